@@ -1,0 +1,27 @@
+# tf_dlrm: the same environment CI builds, via scripts/install.sh; the default command runs the demo.
+#   docker build -t tf_dlrm .
+#   docker run --rm tf_dlrm                 # make demo: synthetic data + horovodrun -np 2 + AUC
+#   docker run --rm -v /data:/data tf_dlrm .venv/bin/horovodrun -np 2 -H localhost:2 --gloo \
+#       .venv/bin/python main.py --dataset_path=/data/my_dataset
+FROM python:3.11-slim-bookworm
+
+# Compilers and CMake build Horovod against TensorFlow; procps gives horovodrun `ps`.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ make cmake procps \
+    && rm -rf /var/lib/apt/lists/*
+
+WORKDIR /opt/tf_dlrm
+# Install first from the files that decide the environment, so code edits reuse this layer.
+COPY setup.cfg pyproject.toml README.md ./
+COPY scripts/ scripts/
+COPY tf_dlrm/__init__.py tf_dlrm/__init__.py
+COPY preprocessing/__init__.py preprocessing/__init__.py
+COPY main.py ./
+RUN PYTHON=python3.11 bash scripts/install.sh
+
+# tf_dlrm is installed in editable mode, so the rest of the code needs no further install step.
+COPY . .
+
+ENV TF_CPP_MIN_LOG_LEVEL=2 \
+    PATH=/opt/tf_dlrm/.venv/bin:$PATH
+CMD ["make", "demo"]

@@ -1,0 +1,39 @@
+# tf_dlrm: `make demo` and `make test` are the two set-up commands (see README.md).
+SHELL := /bin/bash
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+DEMO_DIR ?= data/demo
+DEMO_RANKS ?= 2
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: install install-spark demo test test-fast bench clean
+
+install:
+	bash scripts/install.sh
+
+install-spark:
+	TF_DLRM_EXTRAS=test,spark bash scripts/install.sh
+
+# Builds a synthetic dataset (once), trains DLRM on it with horovodrun and prints the validation AUC
+# next to the dataset's oracle AUC (the AUC of the hidden model that drew the labels).
+demo: install
+	@if [ ! -f $(DEMO_DIR)/feature_spec.yaml ]; then \
+	  $(PYTHON) -m tf_dlrm.data.synthetic --feature_spec=feature_specs/synthetic_small.yaml \
+	    --output_dir=$(DEMO_DIR) --num_train_samples=400000 --num_valid_samples=100000 --seed=1; fi
+	$(VENV)/bin/horovodrun -np $(DEMO_RANKS) -H localhost:$(DEMO_RANKS) --gloo $(PYTHON) main.py \
+	  --dataset_path=$(DEMO_DIR) --embedding_dim=16 --bottom_mlp_dims=64,16 --top_mlp_dims=64,32,1 \
+	  --batch_size=1024 --learning_rate=1.0 --epochs=4 --print_freq=200 --log_path=$(DEMO_DIR)/demo_log.jsonl
+	@$(PYTHON) scripts/print_auc.py $(DEMO_DIR)/demo_log.jsonl $(DEMO_DIR)/feature_spec.yaml
+
+# The whole suite, Spark engine tests included (installs PySpark into the venv).
+test: install-spark
+	$(PYTHON) -m pytest -q tests
+
+test-fast: install
+	$(PYTHON) -m pytest -q tests -m "not multirank"
+
+bench: install
+	$(PYTHON) benchmarks/run_all.py --output=benchmarks/results.json
+
+clean:
+	rm -rf data/demo .pytest_cache

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# The one installer of tf_dlrm: used by `make`, CI and the Dockerfile, so all three get the same
+# environment. Creates ./.venv (Python 3.11), installs pinned TensorFlow 2.18.1, builds Horovod
+# 0.28.1 against it with Gloo (reusing a cached wheel), then installs tf_dlrm in editable mode.
+# Idempotent: when nothing it depends on changed, a second run only checks a stamp and exits.
+#
+# Environment:
+#   TF_DLRM_VENV         where to create the virtual environment (default: ./.venv)
+#   TF_DLRM_WHEEL_CACHE  where built Horovod wheels are kept (default: ~/.cache/tf_dlrm/wheels)
+#   TF_DLRM_EXTRAS       pip extras of tf_dlrm to install, e.g. "test,spark" (default: "test")
+#   TF_DLRM_FORCE_CPU=1  install tensorflow-cpu even when an NVIDIA GPU is visible
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$here"
+
+venv="${TF_DLRM_VENV:-$here/.venv}"
+wheel_cache="${TF_DLRM_WHEEL_CACHE:-${HOME:-/root}/.cache/tf_dlrm/wheels}"
+extras="${TF_DLRM_EXTRAS:-test}"
+tf_version="2.18.1"
+horovod_version="0.28.1"
+
+log() { printf '[install] %s\n' "$*" >&2; }
+
+find_python() {
+  local candidate
+  for candidate in "${PYTHON:-}" python3.11 python3; do
+    [[ -n "$candidate" ]] || continue
+    if command -v "$candidate" >/dev/null 2>&1 &&
+       "$candidate" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' 2>/dev/null; then
+      command -v "$candidate"; return 0
+    fi
+  done
+  log "Python 3.11 is required (TensorFlow ${tf_version} and Horovod ${horovod_version} are pinned for it); none found on PATH."
+  log "Install python3.11 or set PYTHON=/path/to/python3.11."
+  return 1
+}
+
+if [[ "${TF_DLRM_FORCE_CPU:-0}" != "1" ]] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  tf_requirement="tensorflow[and-cuda]==${tf_version}"
+else
+  tf_requirement="tensorflow-cpu==${tf_version}"
+fi
+
+# The stamp records everything that decides the environment's contents.
+stamp_key="$(cat scripts/install.sh setup.cfg pyproject.toml 2>/dev/null | sha256sum | cut -c1-16) ${tf_requirement} ${extras}"
+stamp="$venv/.tf_dlrm_install_stamp"
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$stamp_key" ]] && "$venv/bin/python" -c 'import horovod.tensorflow, tf_dlrm' 2>/dev/null; then
+  log "environment in $venv is up to date"
+  exit 0
+fi
+
+python_bin="$(find_python)"
+if [[ ! -x "$venv/bin/python" ]]; then
+  log "creating $venv with $python_bin"
+  "$python_bin" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+"${pip[@]}" install --quiet --upgrade "pip>=24" "setuptools>=69,<80" wheel
+
+log "installing ${tf_requirement}"
+"${pip[@]}" install --quiet "${tf_requirement}" "keras==3.8.0" "numpy<2.1" "pyyaml>=6" "absl-py>=2" "psutil>=5"
+
+if ! "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
+  py_tag="$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
+  cache_dir="$wheel_cache/horovod-${horovod_version}-tf-${tf_version}-${py_tag}-$(uname -m)"
+  mkdir -p "$cache_dir"
+  wheel="$(ls "$cache_dir"/horovod-"${horovod_version}"-*.whl 2>/dev/null | head -n1 || true)"
+  if [[ -z "$wheel" ]]; then
+    command -v cmake >/dev/null 2>&1 || "${pip[@]}" install --quiet "cmake<4"
+    log "building horovod ${horovod_version} against TensorFlow ${tf_version} with Gloo (several minutes, once; cached in $cache_dir)"
+    build_dir="$(mktemp -d)"
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+    MAKEFLAGS="-j$(nproc)" \
+      "${pip[@]}" wheel --no-build-isolation --no-deps --no-cache-dir \
+        "horovod==${horovod_version}" -w "$build_dir"
+    # Publish the wheel with one rename so an interrupted build never leaves a broken cache entry.
+    built="$(ls "$build_dir"/horovod-*.whl)"
+    cp "$built" "$cache_dir/.partial.whl"
+    mv "$cache_dir/.partial.whl" "$cache_dir/$(basename "$built")"
+    rm -rf "$build_dir"
+    wheel="$cache_dir/$(basename "$built")"
+  else
+    log "reusing cached $wheel"
+  fi
+  "${pip[@]}" install --quiet --no-deps "$wheel"
+  # horovod's own runtime requirements (its wheel was installed without dependency resolution)
+  "${pip[@]}" install --quiet cloudpickle psutil pyyaml packaging cffi
+fi
+
+log "installing tf_dlrm[${extras}] (editable)"
+"${pip[@]}" install --quiet --no-build-isolation -e ".[${extras}]"
+
+"$venv/bin/python" -c 'import tensorflow as tf, horovod.tensorflow as hvd; print("[install] tensorflow", tf.__version__, "horovod ok, gloo built:", hvd.gloo_built())' >&2
+echo "$stamp_key" > "$stamp"
+log "done"

@@ -1,0 +1,50 @@
+"""Shared fixtures: launching real Horovod ranks from pytest."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def worker_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", "")})
+    env.update(extra or {})
+    return env
+
+
+def launch(num_ranks: int, args: list[str], timeout: float = 600, check: bool = True, env: dict | None = None):
+    """Runs ``horovodrun -np N --gloo python ARGS`` on localhost; returns the CompletedProcess.
+
+    horovodrun exits non-zero when any rank does, so one exit code covers every rank; with
+    ``check`` a failure shows the tail of the combined output.
+    """
+    command = [HOROVODRUN, "-np", str(num_ranks), "-H", f"localhost:{num_ranks}", "--gloo", sys.executable, *args]
+    completed = subprocess.run(
+        command, cwd=REPO, env=worker_env(env), capture_output=True, text=True, timeout=timeout
+    )
+    if check and completed.returncode != 0:
+        tail = (completed.stdout + completed.stderr)[-6000:]
+        pytest.fail(f"horovodrun -np {num_ranks} failed with exit code {completed.returncode}:\n{tail}")
+    return completed
+
+
+def run_python(args: list[str], timeout: float = 600, check: bool = True, env: dict | None = None):
+    """Runs ``python ARGS`` in the repository with quiet TensorFlow logs."""
+    completed = subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=worker_env(env), capture_output=True, text=True, timeout=timeout
+    )
+    if check and completed.returncode != 0:
+        pytest.fail(f"python {' '.join(args)} failed with exit code {completed.returncode}:\n{(completed.stdout + completed.stderr)[-6000:]}")
+    return completed
+
+
+@pytest.fixture
+def horovodrun():
+    return launch

@@ -1,0 +1,138 @@
+"""Run under horovodrun: N-rank DLRM vs the single-process reference on the same data and seed.
+
+Usage: ``horovodrun -np N python tests/distributed/equivalence_worker.py CASES.json OUT_DIR``.
+For each case every rank writes the largest differences it saw into ``OUT_DIR/rank<r>.json``:
+
+- ``initial_tables``: gathered full tables (on rank 0) vs the reference's initial tables;
+- ``forward``: the global batch's logits (gathered) vs the reference's;
+- ``tables`` / ``mlp``: after ``steps`` SGD steps, gathered full tables and MLP weights vs the
+  reference's (absolute and relative differences).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf  # noqa: E402
+
+from tf_dlrm.distributed import collectives  # noqa: E402
+from tf_dlrm.distributed import env as env_module  # noqa: E402
+from tf_dlrm.distributed.embedding import DistributedEmbedding  # noqa: E402
+from tf_dlrm.distributed.env import DistributedEnv  # noqa: E402
+from tf_dlrm.distributed.plan import TableSpec, make_plan  # noqa: E402
+from tf_dlrm.model.dlrm import DLRM  # noqa: E402
+from tf_dlrm.model.embedding import EmbeddingBank  # noqa: E402
+from tf_dlrm.train.builder import build_with_dummy_batch  # noqa: E402
+from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
+from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
+
+NUM_NUMERICAL = 5
+
+
+def make_models(case, env):
+    dim = case["dim"]
+    tables = [TableSpec(f"t{i}", rows, dim) for i, rows in enumerate(case["cardinalities"])]
+    plan = make_plan(
+        tables, env.world_size, case["strategy"], data_parallel_threshold=case["data_parallel_threshold"],
+        column_slice_threshold=case.get("column_slice_threshold"),
+    )
+    kwargs = dict(num_numerical=NUM_NUMERICAL, bottom_mlp_dims=[8, dim], top_mlp_dims=[8, 4, 1], seed=case["seed"])
+    embedding = DistributedEmbedding(plan, rank=env.rank, seed=case["seed"], data_parallel_input=case["data_parallel_input"])
+    model = DLRM(embedding, **kwargs)
+    build_with_dummy_batch(model, NUM_NUMERICAL, embedding, env.world_size)
+    reference = DLRM(EmbeddingBank(case["cardinalities"], dim, seed=case["seed"]), **kwargs)
+    build_with_dummy_batch(reference, NUM_NUMERICAL, reference.embedding, 1)
+    return plan, model, reference
+
+
+def make_batches(case, count):
+    rng = np.random.default_rng(case["seed"] + 99)
+    batches = []
+    for _ in range(count):
+        size = case["global_batch"]
+        numerical = rng.random((size, NUM_NUMERICAL), dtype=np.float32)
+        # Few distinct ids so that rows repeat within a batch (duplicate sparse updates).
+        ids = [rng.integers(0, min(rows, 6), size).astype(np.int32) for rows in case["cardinalities"]]
+        label = rng.integers(0, 2, (size, 1)).astype(np.float32)
+        batches.append((numerical, ids, label))
+    return batches
+
+
+def local_inputs(batch, embedding, env):
+    numerical, ids, label = batch
+    local = numerical.shape[0] // env.world_size
+    rows = slice(env.rank * local, (env.rank + 1) * local)
+    categorical = [ids[t] for t in embedding.global_categorical] + [ids[t][rows] for t in embedding.local_categorical]
+    return numerical[rows], tuple(categorical), label[rows]
+
+
+def max_differences(actual, expected):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    absolute = np.abs(actual - expected)
+    relative = absolute / np.maximum(np.abs(expected), 1e-3)
+    return {"abs": float(absolute.max(initial=0.0)), "rel": float(relative.max(initial=0.0))}
+
+
+def worst(first, second):
+    return {k: max(first[k], second[k]) for k in first}
+
+
+def gathered_tables_diff(model, reference, plan):
+    result = {"abs": 0.0, "rel": 0.0}
+    for table in range(len(plan.tables)):
+        full = model.embedding.get_full_table(table)
+        if full is not None:
+            result = worst(result, max_differences(full, reference.embedding.get_full_table(table)))
+    return result
+
+
+def run_case(case, env):
+    plan, model, reference = make_models(case, env)
+    config = OptimizerConfig(LearningRateSchedule(case["learning_rate"]))
+    trainer = Trainer(model, env, config)
+    trainer.broadcast_initial_state()
+    reference_trainer = Trainer(reference, DistributedEnv(), config)
+    batches = make_batches(case, case["steps"] + 1)
+    initial = [reference.embedding.get_full_table(t) for t in range(len(plan.tables))]
+    record = {"case": case["name"], "rank": env.rank, "rank_slices": [str(s) for s in plan.rank_slices[env.rank]]}
+    record["initial_tables"] = gathered_tables_diff(model, reference, plan)
+
+    numerical, categorical, _ = local_inputs(batches[0], model.embedding, env)
+    logits = collectives.allgather(env, model((numerical, categorical)))
+    expected = reference((batches[0][0], tuple(batches[0][1])))
+    record["forward"] = max_differences(logits.numpy(), expected.numpy())
+
+    for batch in batches[1:]:
+        trainer.train_step(*local_inputs(batch, model.embedding, env))
+        reference_trainer.train_step(batch[0], tuple(batch[1]), batch[2])
+    record["tables"] = gathered_tables_diff(model, reference, plan)
+    mlp = {"abs": 0.0, "rel": 0.0}
+    for mine, theirs in zip(model.mlp_variables, reference.mlp_variables):
+        mlp = worst(mlp, max_differences(mine.numpy(), theirs.numpy()))
+    record["mlp"] = mlp
+    # The weights must have moved, or a no-op update would "match" too.
+    record["tables_moved"] = max(
+        float(np.abs(reference.embedding.get_full_table(t) - initial[t]).max()) for t in range(len(plan.tables))
+    )
+    return record
+
+
+def main():
+    cases_path, out_dir = sys.argv[1], sys.argv[2]
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    env = env_module.initialize(force_horovod=True)
+    with open(cases_path) as handle:
+        cases = json.load(handle)
+    records = [run_case(case, env) for case in cases]
+    with open(os.path.join(out_dir, f"rank{env.rank}.json"), "w") as handle:
+        json.dump(records, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

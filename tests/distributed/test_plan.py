@@ -1,0 +1,308 @@
+"""Tests of the pure-Python sharding plan: exact assignments on small hand-computed cases,
+ownership and permutation properties on many generated plans, and the Criteo balance goal."""
+
+import itertools
+import json
+import os
+import pathlib
+import random
+import subprocess
+import sys
+
+import pytest
+
+from tf_dlrm.distributed.plan import (ColumnSlice, ShardingPlan, Strategy, TableSpec, make_plan,
+                                      split_columns)
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+STRATEGIES = [s.value for s in Strategy]
+CRITEO_CARDINALITIES = [40000000] * 4 + [
+    40790948, 3067956, 590152, 405282, 39060, 20265, 17295, 12973, 11938, 7424, 7122, 2209,
+    1543, 976, 155, 108, 63, 36, 14, 10, 4, 3]
+
+
+def tables_of(*shapes):
+    return [TableSpec(f"t{index}", rows, dim) for index, (rows, dim) in enumerate(shapes)]
+
+
+TABLE_SETS = {
+    "odd_dim": tables_of((5000, 7), (3000, 7), (100, 4)),
+    "one_table": tables_of((10000, 16),),
+    "two_tables": tables_of((10000, 16), (5000, 16)),
+    "skewed": tables_of((1000000, 8), (20000, 8), (9000, 8), (4000, 8), (2500, 8), (50, 8)),
+    "narrow": tables_of((4000, 1), (4000, 2), (9000, 3)),
+    "mixed_dims": tables_of((70000, 32), (3000, 64), (8000, 5), (2048, 3), (2047, 16)),
+    "all_replicated": tables_of((10, 4), (2000, 4)),
+}
+
+
+def column_owners(plan):
+    """(table, column) -> list of ranks, computed from rank_slices without plan methods."""
+    owners = {}
+    for rank, slices in enumerate(plan.rank_slices):
+        for piece in slices:
+            for column in range(piece.column_start, piece.column_end):
+                owners.setdefault((piece.table, column), []).append(rank)
+    return owners
+
+
+def all_plans():
+    for (set_name, tables), world_size, strategy in itertools.product(
+            TABLE_SETS.items(), range(1, 9), STRATEGIES):
+        yield f"{set_name}-{world_size}-{strategy}", make_plan(tables, world_size, strategy)
+
+
+def test_plan_module_imports_no_framework():
+    code = ("import sys, tf_dlrm.distributed.plan; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'tensorflow', 'horovod', 'numpy', 'keras'}))")
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env,
+                            capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+def test_every_model_parallel_column_is_owned_exactly_once():
+    for label, plan in all_plans():
+        owners = column_owners(plan)
+        expected = {(t, c) for t in plan.model_parallel for c in range(plan.tables[t].dim)}
+        assert set(owners) == expected, label
+        assert all(len(ranks) == 1 for ranks in owners.values()), label
+        for rank, slices in enumerate(plan.rank_slices):
+            assert list(slices) == sorted(slices, key=lambda p: (p.table, p.column_start)), label
+            assert len({p.table for p in slices}) == len(slices), label
+
+
+@pytest.mark.parametrize("threshold", [0, 2048, 5000, 10**9])
+def test_replicated_tables_are_exactly_those_under_the_threshold(threshold):
+    tables = TABLE_SETS["mixed_dims"]
+    for world_size, strategy in itertools.product([1, 3, 4], STRATEGIES):
+        plan = make_plan(tables, world_size, strategy, data_parallel_threshold=threshold)
+        assert plan.replicated == tuple(t for t, s in enumerate(tables) if s.rows < threshold)
+        assert plan.model_parallel == tuple(t for t, s in enumerate(tables) if s.rows >= threshold)
+
+
+@pytest.mark.parametrize("world_size", [2, 4, 8, 16, 32, 64])
+def test_auto_plan_balances_criteo(world_size):
+    tables = [TableSpec(f"cat_{i}", rows, 128) for i, rows in enumerate(CRITEO_CARDINALITIES)]
+    plan = make_plan(tables, world_size)
+    assert plan.strategy == "auto"
+    assert plan.imbalance() <= 1.10
+    assert all(plan.rank_slices), "every rank must own at least one slice"
+    assert plan.replicated == tuple(range(16, 26))
+    assert make_plan(tables, world_size) == plan  # deterministic
+
+
+def test_split_columns_widths_differ_by_at_most_one():
+    assert split_columns(7, 3) == ((0, 3), (3, 5), (5, 7))
+    assert split_columns(128, 3) == ((0, 43), (43, 86), (86, 128))
+    for dim in range(1, 40):
+        for num_slices in range(1, dim + 1):
+            bounds = split_columns(dim, num_slices)
+            widths = [end - start for start, end in bounds]
+            assert len(bounds) == num_slices and min(widths) >= 1
+            assert max(widths) - min(widths) <= 1
+            assert widths == sorted(widths, reverse=True)  # extra columns go first
+            assert [b[0] for b in bounds] == [0] + [b[1] for b in bounds[:-1]]
+            assert bounds[-1][1] == dim
+
+
+def test_split_columns_rejects_bad_counts():
+    with pytest.raises(ValueError, match=r"Cannot split a table of dim 5 into 7 column slices"):
+        split_columns(5, 7)
+    with pytest.raises(ValueError, match=r"Cannot split table 'cat_3' of dim 5 into 0 column"):
+        split_columns(5, 0, table_name="cat_3")
+
+
+def whole(table, dim=8):
+    return ColumnSlice(table, 0, dim)
+
+
+def test_table_wise_greedy_assignment():
+    # Elements 8000, 4800, 4000, 2400, 2400 (the last two tie: lower id first).
+    tables = tables_of((1000, 8), (600, 8), (500, 8), (300, 8), (300, 8))
+    plan = make_plan(tables, 2, "table_wise", data_parallel_threshold=0)
+    # A->r0 (8000); B->r1 (4800); C->r1 (8800); D->r0 (10400); E->r1 (11200).
+    assert plan.rank_slices == ((whole(0), whole(3)), (whole(1), whole(2), whole(4)))
+    assert [plan.rank_bytes(r) for r in range(2)] == [41600, 44800]
+    assert make_plan(tables, 3, "table_wise", data_parallel_threshold=0).rank_slices == (
+        (whole(0),), (whole(1), whole(4)), (whole(2), whole(3)))
+
+
+def test_table_wise_allows_idle_ranks_and_respects_column_slice_threshold():
+    tables = tables_of((10000, 16), (5000, 16))
+    plan = make_plan(tables, 4, "table_wise")
+    assert [len(s) for s in plan.rank_slices] == [1, 1, 0, 0]
+    # 160000 elements / 50000 -> 4 slices; 80000 / 50000 -> 2 slices.
+    plan = make_plan(tables, 4, "table_wise", column_slice_threshold=50000)
+    assert [p.width for _, p in plan.table_slices(0)] == [4, 4, 4, 4]
+    assert [p.width for _, p in plan.table_slices(1)] == [8, 8]
+    assert make_plan(tables, 1, "table_wise", column_slice_threshold=50000).rank_slices == (
+        (ColumnSlice(0, 0, 16), ColumnSlice(1, 0, 16)),)
+
+
+def test_column_wise_splits_dim_7_over_3_distinct_ranks():
+    plan = make_plan(tables_of((5000, 7)), 3, "column_wise")
+    pairs = plan.table_slices(0)
+    assert [p.width for _, p in pairs] == [3, 2, 2]
+    assert [(p.column_start, p.column_end) for _, p in pairs] == [(0, 3), (3, 5), (5, 7)]
+    assert sorted(rank for rank, _ in pairs) == [0, 1, 2]
+    # More ranks than columns: only dim slices, the other ranks idle.
+    plan = make_plan(tables_of((5000, 2)), 4, "column_wise")
+    assert sum(len(s) for s in plan.rank_slices) == 2
+
+
+def test_world_size_one_holds_whole_tables():
+    for strategy in STRATEGIES:
+        plan = make_plan(TABLE_SETS["mixed_dims"], 1, strategy)
+        assert plan.rank_slices == ((ColumnSlice(0, 0, 32), ColumnSlice(1, 0, 64),
+                                     ColumnSlice(2, 0, 5), ColumnSlice(3, 0, 3)),)
+        assert plan.imbalance() == 1.0
+
+
+def test_auto_fills_every_rank_when_there_are_fewer_tables_than_ranks():
+    # 160000 and 80000 elements on 3 ranks: halving the first table balances exactly.
+    plan = make_plan(tables_of((10000, 16), (5000, 16)), 3)
+    assert all(plan.rank_slices)
+    assert plan.imbalance() == 1.0
+    plan = make_plan(tables_of((10000, 4), (5000, 2)), 8)  # only 6 columns for 8 ranks
+    assert sum(1 for s in plan.rank_slices if s) == 6
+
+
+def test_all_replicated_plan_has_no_slices():
+    for strategy in STRATEGIES:
+        plan = make_plan(TABLE_SETS["all_replicated"], 3, strategy)
+        assert plan.replicated == (0, 1) and plan.rank_slices == ((), (), ())
+        assert plan.received_column_order() == ()
+        assert plan.imbalance() == 1.0
+        assert plan.alltoall_bytes_per_step(6) == 0
+
+
+def hand_plan():
+    # t0 (dim 3) split over both ranks, t1 replicated, t2 (dim 2) whole on rank 1.
+    return ShardingPlan(
+        world_size=2, tables=tables_of((5000, 3), (100, 2), (4000, 2)), strategy="auto",
+        replicated=(1,),
+        rank_slices=((ColumnSlice(0, 1, 3),), (ColumnSlice(0, 0, 1), ColumnSlice(2, 0, 2))))
+
+
+def test_hand_plan_accessors():
+    plan = hand_plan()
+    # Received columns: [t0c1, t0c2 | t0c0, t2c0, t2c1] -> t0c0 t0c1 t0c2 t2c0 t2c1.
+    assert plan.received_column_order() == (2, 0, 1, 3, 4)
+    assert plan.model_parallel == (0, 2)
+    assert plan.table_slices(0) == ((1, ColumnSlice(0, 0, 1)), (0, ColumnSlice(0, 1, 3)))
+    assert plan.table_slices(1) == ()
+    assert plan.tables_on_rank(0) == (0,) and plan.tables_on_rank(1) == (0, 2)
+    assert [plan.rank_width(r) for r in range(2)] == [2, 3]
+    # rank 0: 5000*2 + 200 replicated; rank 1: 5000 + 8000 + 200; 4 bytes each.
+    assert [plan.rank_bytes(r) for r in range(2)] == [40800, 52800]
+    assert plan.total_bytes() == (15000 + 200 + 8000) * 4
+    assert plan.imbalance() == pytest.approx(52800 / 46800)
+    # Global batch 8 -> local 4; the widest rank (3 columns) sends 1 block of 4x3 floats.
+    assert plan.alltoall_bytes_per_step(8) == 48
+    assert plan.alltoall_bytes_per_step(8, bytes_per_value=2) == 24
+    with pytest.raises(ValueError, match="multiple of world_size=2"):
+        plan.alltoall_bytes_per_step(7)
+
+
+def test_received_column_order_reassembles_tables_for_many_plans():
+    generator = random.Random(1234)
+    plans = [plan for _, plan in all_plans()]
+    for _ in range(40):
+        shapes = [(generator.choice([100, 3000, 50000, 10**6]), generator.randint(1, 12))
+                  for _ in range(generator.randint(1, 7))]
+        world_size, strategy = generator.randint(1, 9), generator.choice(STRATEGIES)
+        plans.append(make_plan(tables_of(*shapes), world_size, strategy,
+                               column_slice_threshold=generator.choice([None, 20000])))
+    for plan in plans:
+        received = [(p.table, column) for slices in plan.rank_slices for p in slices
+                    for column in range(p.column_start, p.column_end)]
+        perm = plan.received_column_order()
+        expected = [(t, c) for t in plan.model_parallel for c in range(plan.tables[t].dim)]
+        assert [received[index] for index in perm] == expected
+        assert sorted(perm) == list(range(len(received)))
+
+
+def test_dict_round_trip_through_json():
+    plans = [hand_plan()] + [plan for label, plan in all_plans() if label.endswith("-3-auto")]
+    for plan in plans:
+        config = plan.to_dict()
+        assert ShardingPlan.from_dict(config) == plan
+        assert ShardingPlan.from_dict(json.loads(json.dumps(config))) == plan
+    assert hand_plan().to_dict()["rank_slices"] == [[[0, 1, 3]], [[0, 0, 1], [2, 0, 2]]]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.pop("tables"), r"Missing: \['tables'\]"),
+    (lambda d: d.update(shards=[]), r"unknown: \['shards'\]"),
+    (lambda d: d.update(world_size="2"), r"Expected world_size to be an integer"),
+    (lambda d: d.update(strategy="row_wise"), r"Expected strategy to be one of"),
+    (lambda d: d["tables"][0].pop("dim"), r"expected each table as \{name, rows, dim\}"),
+    (lambda d: d["rank_slices"][1].append([2, 0]), r"expected a slice \[table, start, end\]"),
+    (lambda d: d.update(rank_slices="[]"), r"expected rank_slices to be a list"),
+    (lambda d: d["rank_slices"][1][0].__setitem__(2, 2), r"Columns \[1:2\) of table 't0'"),
+])
+def test_from_dict_rejects_malformed_input(change, message):
+    config = hand_plan().to_dict()
+    change(config)
+    with pytest.raises(ValueError, match=r"Malformed sharding plan dict.*" + message):
+        ShardingPlan.from_dict(config)
+    with pytest.raises(ValueError, match="Expected a sharding plan dict"):
+        ShardingPlan.from_dict([config])
+
+
+@pytest.mark.parametrize("rank_slices, message", [
+    (((ColumnSlice(0, 1, 3),), (ColumnSlice(2, 0, 2),)),
+     r"Columns \[0:1\) of table 't0' \(id 0, dim 3\) are owned by no rank"),
+    (((ColumnSlice(0, 0, 3),), (ColumnSlice(0, 2, 3), ColumnSlice(2, 0, 2))),
+     r"Columns \[2:3\) of table 't0' .* more than one rank \(ranks 0 and 1\)"),
+    (((ColumnSlice(0, 0, 4),), (ColumnSlice(2, 0, 2),)), r"Columns \[3:4\) of table 't0'"),
+    (((ColumnSlice(0, 0, 3), ColumnSlice(1, 0, 2)), (ColumnSlice(2, 0, 2),)),
+     r"model-parallel tables only.*table 1 't1' is replicated"),
+    (((ColumnSlice(0, 0, 3),), (ColumnSlice(2, 0, 2),), ()), r"one slice list per rank \(2\)"),
+    (((ColumnSlice(0, 0, 2), ColumnSlice(0, 2, 3)), (ColumnSlice(2, 0, 2),)),
+     r"sorted by table, at most one per table"),
+])
+def test_plan_validation_names_table_and_columns(rank_slices, message):
+    with pytest.raises(ValueError, match=message):
+        ShardingPlan(world_size=2, tables=hand_plan().tables, strategy="auto", replicated=(1,),
+                     rank_slices=rank_slices)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(world_size=0), r"Expected world_size >= 1. Received: world_size=0"),
+    (dict(world_size=2.0), r"Expected world_size to be an integer. Received: world_size=2.0"),
+    (dict(strategy="row_wise"),
+     r"Expected strategy to be one of 'table_wise', 'column_wise', 'auto'. "
+     r"Received: strategy='row_wise'"),
+    (dict(data_parallel_threshold=-1), r"Expected data_parallel_threshold >= 0"),
+    (dict(column_slice_threshold=0), r"Expected column_slice_threshold >= 1"),
+    (dict(tables=[]), r"Expected at least one embedding table"),
+    (dict(tables=tables_of((10, 4)) * 2), r"Expected unique table names. Received: 't0'"),
+])
+def test_make_plan_errors(kwargs, message):
+    arguments = {"tables": tables_of((5000, 4)), "world_size": 2, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        make_plan(**arguments)
+
+
+def test_table_spec_and_slice_validation():
+    with pytest.raises(ValueError, match=r"Expected rows >= 1 for table 'cat_0'. Received: rows=0"):
+        TableSpec("cat_0", 0, 4)
+    with pytest.raises(ValueError, match=r"Expected dim to be an integer for table 'x'"):
+        TableSpec("x", 10, True)
+    with pytest.raises(ValueError, match=r"Expected column_end >= 3"):
+        ColumnSlice(0, 2, 2)
+    assert TableSpec("x", 10, 4).elements == 40 and ColumnSlice(1, 2, 7).width == 5
+    assert make_plan(tables_of((5000, 4)), 2, Strategy.COLUMN_WISE).strategy == "column_wise"
+
+
+def test_describe_lists_every_rank():
+    text = hand_plan().describe()
+    lines = text.splitlines()
+    assert "world_size=2" in lines[0] and "strategy=auto" in lines[0]
+    assert "rank 0:" in lines[1] and "t0[1:3]" in lines[1]
+    assert "t0[0:1] t2[0:2]" in lines[2] and "51.56 KiB" in lines[2]
+    assert "replicated" in lines[3] and "t1" in lines[3]
+    assert lines[4].endswith("1.128")

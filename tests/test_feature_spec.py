@@ -1,0 +1,203 @@
+"""FeatureSpec: every validation error names what is wrong; save/load round trip; atomic save."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+from tf_dlrm.feature_spec import FeatureSpec, FeatureSpecError, categorical_dtype_for
+
+
+def _raw_spec() -> dict:
+    """A small NVIDIA-style spec written out by hand (not with nvidia_layout)."""
+    return {
+        "feature_spec": {
+            "label": {"dtype": "bool"},
+            "num_0": {"dtype": "float16"},
+            "num_1": {"dtype": "float16"},
+            "cat_0.bin": {"dtype": "int8", "cardinality": 10},
+            "cat_1.bin": {"dtype": "int16", "cardinality": 300},
+        },
+        "channel_spec": {"label": ["label"], "numerical": ["num_0", "num_1"], "categorical": ["cat_0.bin", "cat_1.bin"]},
+        "source_spec": {
+            "train": [
+                {"type": "split_binary", "features": ["label"], "files": ["train/label.bin"]},
+                {"type": "split_binary", "features": ["num_0", "num_1"], "files": ["train/numerical.bin"]},
+                {"type": "split_binary", "features": ["cat_0.bin"], "files": ["train/cat_0.bin"]},
+                {"type": "split_binary", "features": ["cat_1.bin"], "files": ["train/cat_1.bin"]},
+            ]
+        },
+        "metadata": {"note": "hand written"},
+    }
+
+
+def _write(directory, raw: dict, num_samples: int = 5) -> str:
+    """Writes the yaml and data files of ``num_samples`` samples; returns the yaml path."""
+    train = os.path.join(directory, "train")
+    os.makedirs(train, exist_ok=True)
+    np.zeros(num_samples, np.bool_).tofile(os.path.join(train, "label.bin"))
+    np.zeros((num_samples, 2), np.float16).tofile(os.path.join(train, "numerical.bin"))
+    np.zeros(num_samples, np.int8).tofile(os.path.join(train, "cat_0.bin"))
+    np.zeros(num_samples, np.int16).tofile(os.path.join(train, "cat_1.bin"))
+    path = os.path.join(directory, "feature_spec.yaml")
+    with open(path, "w") as handle:
+        yaml.safe_dump(raw, handle)
+    return path
+
+
+def _expect_error(raw: dict, *fragments: str, check_files: bool = False) -> str:
+    with pytest.raises(FeatureSpecError) as caught:
+        FeatureSpec.from_dict(raw, source="spec.yaml", check_files=check_files)
+    message = str(caught.value)
+    for fragment in ("spec.yaml",) + fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+    return message
+
+
+def test_valid_spec_loads_with_files(tmp_path):
+    spec = FeatureSpec.load(_write(tmp_path, _raw_spec(), num_samples=7))
+    assert spec.cardinalities() == [10, 300]
+    assert spec.split_files("train").num_samples == 7
+    assert spec.split_files("train").categorical[1] == os.path.join(tmp_path, "train", "cat_1.bin")
+
+
+def test_unknown_channel_is_named():
+    raw = _raw_spec()
+    raw["channel_spec"]["dense"] = ["num_0"]
+    _expect_error(raw, "dense", "channel")
+
+
+def test_channel_feature_missing_from_feature_spec_is_named():
+    raw = _raw_spec()
+    raw["channel_spec"]["categorical"].append("cat_9.bin")
+    _expect_error(raw, "cat_9.bin", "feature_spec")
+
+
+@pytest.mark.parametrize("cardinality", ["missing", 0, -3, 2.5, "7", True])
+def test_categorical_needs_positive_integer_cardinality(cardinality):
+    raw = _raw_spec()
+    if cardinality == "missing":
+        del raw["feature_spec"]["cat_1.bin"]["cardinality"]
+    else:
+        raw["feature_spec"]["cat_1.bin"]["cardinality"] = cardinality
+    _expect_error(raw, "cat_1.bin", "cardinality")
+
+
+@pytest.mark.parametrize("feature,dtype", [("num_1", "float64"), ("cat_0.bin", "uint8"), ("label", "string")])
+def test_unsupported_dtype_is_named(feature, dtype):
+    raw = _raw_spec()
+    raw["feature_spec"][feature]["dtype"] = dtype
+    _expect_error(raw, feature, dtype)
+
+
+def test_cardinality_too_large_for_dtype():
+    raw = _raw_spec()
+    raw["feature_spec"]["cat_0.bin"]["cardinality"] = 1000  # int8 holds ids up to 127
+    _expect_error(raw, "cat_0.bin", "int8")
+
+
+def test_missing_data_file_is_named(tmp_path):
+    path = _write(tmp_path, _raw_spec())
+    os.unlink(os.path.join(tmp_path, "train", "cat_1.bin"))
+    with pytest.raises(FeatureSpecError, match="not found") as caught:
+        FeatureSpec.load(path)
+    assert os.path.join(str(tmp_path), "train", "cat_1.bin") in str(caught.value)
+    FeatureSpec.load(path, check_files=False)  # structure alone is still fine
+
+
+def test_truncated_file_is_named(tmp_path):
+    path = _write(tmp_path, _raw_spec())
+    numerical = os.path.join(tmp_path, "train", "numerical.bin")
+    with open(numerical, "ab") as handle:
+        handle.write(b"\x00\x00")  # half a record: two float16 features make 4 bytes
+    with pytest.raises(FeatureSpecError) as caught:
+        FeatureSpec.load(path)
+    assert numerical in str(caught.value) and "4-byte records" in str(caught.value)
+
+
+def test_files_of_one_split_with_different_counts(tmp_path):
+    path = _write(tmp_path, _raw_spec(), num_samples=5)
+    np.zeros(6, np.int16).tofile(os.path.join(tmp_path, "train", "cat_1.bin"))
+    with pytest.raises(FeatureSpecError) as caught:
+        FeatureSpec.load(path)
+    message = str(caught.value)
+    assert "different sample counts" in message and "cat_1.bin=6" in message and "label.bin=5" in message
+
+
+def test_missing_yaml_and_bad_yaml(tmp_path):
+    with pytest.raises(FeatureSpecError, match="not found"):
+        FeatureSpec.load(str(tmp_path / "absent.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("feature_spec: [unclosed\n")
+    with pytest.raises(FeatureSpecError, match="bad.yaml"):
+        FeatureSpec.load(str(bad))
+
+
+def test_chunk_with_undefined_feature_and_bad_type():
+    raw = _raw_spec()
+    raw["source_spec"]["train"][2]["features"] = ["cat_7.bin"]
+    _expect_error(raw, "cat_7.bin", "source_spec.train[2]")
+    raw = _raw_spec()
+    raw["source_spec"]["train"][0]["type"] = "parquet"
+    _expect_error(raw, "parquet", "source_spec.train[0]")
+
+
+def test_save_load_round_trip(tmp_path):
+    spec = FeatureSpec.from_dict(_raw_spec())
+    path = str(tmp_path / "out" / "feature_spec.yaml")
+    spec.save(path)
+    loaded = FeatureSpec.load(path, check_files=False)
+    assert loaded.to_dict() == spec.to_dict()
+    assert loaded.base_directory == str(tmp_path / "out")
+    assert loaded.metadata == {"note": "hand written"}
+
+
+def test_save_replaces_atomically(tmp_path, monkeypatch):
+    path = str(tmp_path / "feature_spec.yaml")
+    FeatureSpec.from_dict(_raw_spec()).save(path)
+    before = open(path).read()
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's private 0600
+
+    changed = _raw_spec()
+    changed["metadata"] = {"note": "second"}
+    real_dump = yaml.safe_dump
+
+    def failing_dump(data, stream, **kwargs):
+        stream.write("feature_spec: {half")  # a partial write, then the failure
+        raise OSError("disk full")
+
+    monkeypatch.setattr(yaml, "safe_dump", failing_dump)
+    with pytest.raises(OSError, match="disk full"):
+        FeatureSpec.from_dict(changed).save(path)
+    monkeypatch.setattr(yaml, "safe_dump", real_dump)
+    assert open(path).read() == before
+    assert os.listdir(tmp_path) == ["feature_spec.yaml"]  # no temporary file left
+
+    FeatureSpec.from_dict(changed).save(path)
+    assert FeatureSpec.load(path, check_files=False).metadata == {"note": "second"}
+    assert os.listdir(tmp_path) == ["feature_spec.yaml"]
+
+
+def test_categorical_dtype_rule():
+    assert categorical_dtype_for(3) == np.int8
+    assert categorical_dtype_for(126) == np.int8
+    assert categorical_dtype_for(127) == np.int16  # NVIDIA's rule: cardinality < iinfo.max
+    assert categorical_dtype_for(40000) == np.int32
+    assert categorical_dtype_for(2**31) == np.int64
+
+
+def test_with_split_binary_sources_layout(tmp_path):
+    raw = copy.deepcopy(_raw_spec())
+    raw["feature_spec"]["cat_1.bin"]["dtype"] = "int64"
+    spec = FeatureSpec.from_dict(raw).with_split_binary_sources(["train", "test"], str(tmp_path))
+    assert spec.dtype("cat_1.bin") == np.int16
+    assert [c["files"] for c in spec.chunks("test")] == [
+        ["test/label.bin"], ["test/numerical.bin"], ["test/cat_0.bin"], ["test/cat_1.bin"]
+    ]
+    spec.validate(check_files=False)

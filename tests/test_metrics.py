@@ -1,0 +1,58 @@
+"""Exact AUC against scikit-learn (ties included) and logloss against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from tf_dlrm.metrics import exact_auc, logloss
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exact_auc_matches_sklearn_with_many_ties(seed):
+    rng = np.random.default_rng(seed)
+    count = int(rng.integers(300, 5000))
+    labels = rng.random(count) < rng.uniform(0.05, 0.6)
+    labels[:2] = [True, False]  # both classes present
+    # Few distinct scores, weakly related to the labels: most scores are tied with others.
+    scores = np.round(rng.random(count) + 0.3 * labels, decimals=int(rng.integers(0, 3)))
+    assert len(np.unique(scores)) <= 131 < count / 2  # at most 131 values for 300+ samples
+    assert exact_auc(labels, scores) == pytest.approx(roc_auc_score(labels, scores), abs=1e-6)
+
+
+def test_exact_auc_on_float32_scores_and_column_shapes():
+    rng = np.random.default_rng(7)
+    labels = (rng.random((1000, 1)) < 0.3).astype(np.float32)
+    scores = rng.random((1000, 1)).astype(np.float32)
+    assert exact_auc(labels, scores) == pytest.approx(roc_auc_score(labels.ravel(), scores.ravel()), abs=1e-6)
+
+
+def test_exact_auc_hand_computed():
+    # positives 0.4, 0.35; negatives 0.1, 0.8: pairs (0.4>0.1), (0.35>0.1) right, two wrong -> 2/4.
+    assert exact_auc([0, 1, 1, 0], [0.1, 0.4, 0.35, 0.8]) == 0.5
+    assert exact_auc([0, 0, 1, 1], [0.1, 0.2, 0.3, 0.4]) == 1.0
+    assert exact_auc([1, 1, 0, 0], [0.1, 0.2, 0.3, 0.4]) == 0.0
+    # a tie between a positive and a negative counts one half: (1 + 0.5) / 2
+    assert exact_auc([0, 1, 0, 1], [0.1, 0.5, 0.5, 0.9]) == pytest.approx(0.875)
+
+
+def test_exact_auc_single_class_and_bad_shapes():
+    assert math.isnan(exact_auc([1, 1, 1], [0.2, 0.3, 0.4]))
+    assert math.isnan(exact_auc([0, 0], [0.2, 0.3]))
+    with pytest.raises(ValueError, match="differ in length"):
+        exact_auc([0, 1, 1], [0.2, 0.3])
+
+
+def test_logloss_hand_computed():
+    expected = -(math.log(0.8) + math.log(1 - 0.4)) / 2
+    assert logloss([1, 0], [0.8, 0.4]) == pytest.approx(expected, rel=1e-12)
+    assert logloss([1, 0, 1], [0.5, 0.5, 0.5]) == pytest.approx(math.log(2), rel=1e-12)
+
+
+def test_logloss_clips_certain_mistakes():
+    # p = 0 for a positive is clipped to 1e-7 instead of giving infinity
+    assert logloss([1, 0], [0.0, 0.0]) == pytest.approx(-(math.log(1e-7) + math.log(1 - 1e-7)) / 2, rel=1e-9)
+    assert logloss([0], [1.0]) == pytest.approx(-math.log(1e-7), rel=1e-6)

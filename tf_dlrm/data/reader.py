@@ -1,0 +1,209 @@
+"""A tf.data reader of split_binary datasets that reads whole batches and knows about ranks.
+
+Rank ``r`` of ``N`` sees global batch ``b`` (samples ``[b*B, (b+1)*B)``) as:
+
+- label and numerical features: its **local slice** ``[b*B + r*B/N, b*B + (r+1)*B/N)``;
+- each categorical feature it asks for **globally**: all ``B`` ids of the global batch (the
+  model-parallel tables it owns look up the whole batch before the alltoall);
+- each categorical feature it asks for **locally**: its local slice (replicated tables, or the
+  ``--data_parallel_input`` mode that exchanges ids with an alltoall).
+
+A batch is one ``pread`` per file (contiguous bytes), never sample by sample. Every rank builds the
+same batch order from the same seed, so ranks agree on which global batch is current.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tf_dlrm.feature_spec import FeatureSpec
+
+LAST_BATCH_MODES = ("drop", "keep", "pad")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Column:
+    path: str
+    dtype: np.dtype
+    width: int  # values per sample
+    scope: str  # "global" or "local"
+    out_dtype: np.dtype
+
+
+class SplitBinaryReader:
+    """Reads one split of a split_binary dataset as batches for one rank.
+
+    Args:
+        spec: a validated FeatureSpec.
+        split: which ``source_spec`` split to read.
+        global_batch_size: ``B``; must divide by ``world_size``.
+        rank, world_size: this process's place among the data-parallel ranks.
+        global_categorical: indices (into the categorical channel) read for the whole global batch.
+        local_categorical: indices read for the local slice; default: every feature not global.
+        last_batch: ``"drop"`` (training), ``"keep"`` (single process evaluation: a short last batch)
+            or ``"pad"`` (distributed evaluation: the last global batch is padded with zeros to ``B``
+            so every rank runs the same shapes; callers trim to :attr:`num_samples`).
+        shuffle: shuffle the order of batches each epoch, from ``seed`` and the epoch number.
+        seed: the shuffle seed, the same on every rank.
+        parallel_reads: batches read concurrently.
+
+    Yields:
+        ``(numerical float32 [b, n_num], categorical tuple, label float32 [b, 1])`` where
+        ``categorical`` holds the global features then the local ones, in the order asked for,
+        each ``int32`` (``int64`` when a cardinality exceeds int32) of shape ``[B]`` or ``[b]``.
+    """
+
+    def __init__(
+        self,
+        spec: FeatureSpec,
+        split: str,
+        global_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        global_categorical: Sequence[int] = (),
+        local_categorical: Sequence[int] | None = None,
+        last_batch: str = "drop",
+        shuffle: bool = False,
+        seed: int = 0,
+        parallel_reads: int = 2,
+    ):
+        if global_batch_size <= 0:
+            raise ValueError(f"Expected a positive global batch size. Received: global_batch_size={global_batch_size}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"Expected 0 <= rank < world_size. Received: rank={rank}, world_size={world_size}")
+        if global_batch_size % world_size:
+            raise ValueError(
+                f"The global batch size must divide by the number of ranks. "
+                f"Received: batch_size={global_batch_size}, world_size={world_size}"
+            )
+        if last_batch not in LAST_BATCH_MODES:
+            raise ValueError(f"Expected last_batch in {LAST_BATCH_MODES}. Received: last_batch={last_batch!r}")
+        self.files = spec.split_files(split)
+        self.num_samples = self.files.num_samples
+        self.global_batch_size = global_batch_size
+        self.local_batch_size = global_batch_size // world_size
+        self.rank, self.world_size = rank, world_size
+        self.last_batch = last_batch
+        self.shuffle, self.seed = shuffle, seed
+        self.parallel_reads = parallel_reads
+        num_categorical = len(spec.categorical_features)
+        global_categorical = list(global_categorical)
+        if local_categorical is None:
+            local_categorical = [i for i in range(num_categorical) if i not in set(global_categorical)]
+        for index in list(global_categorical) + list(local_categorical):
+            if not 0 <= index < num_categorical:
+                raise ValueError(f"categorical feature index {index} out of range [0, {num_categorical})")
+        self.global_categorical = tuple(global_categorical)
+        self.local_categorical = tuple(local_categorical)
+
+        cardinalities = spec.cardinalities()
+        self._label = _Column(self.files.label, spec.dtype(spec.label_feature), 1, "local", np.dtype(np.float32))
+        self._numerical = None
+        if self.files.numerical:
+            self._numerical = _Column(
+                self.files.numerical, spec.numerical_dtype(), len(spec.numerical_features), "local", np.dtype(np.float32)
+            )
+        self._categorical = []
+        for scope, indices in (("global", self.global_categorical), ("local", self.local_categorical)):
+            for index in indices:
+                name = spec.categorical_features[index]
+                out = np.int64 if cardinalities[index] > np.iinfo(np.int32).max else np.int32
+                self._categorical.append(_Column(self.files.categorical[index], spec.dtype(name), 1, scope, np.dtype(out)))
+        self.num_numerical = len(spec.numerical_features)
+        self._descriptors: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ sizes
+
+    @property
+    def num_batches(self) -> int:
+        full, rest = divmod(self.num_samples, self.global_batch_size)
+        return full + (1 if rest and self.last_batch != "drop" else 0)
+
+    def batch_order(self, epoch: int) -> np.ndarray:
+        order = np.arange(self.num_batches, dtype=np.int64)
+        if self.shuffle:
+            order = np.random.default_rng([self.seed, epoch]).permutation(order)
+        return order
+
+    # ------------------------------------------------------------------ reading
+
+    def _descriptor(self, path: str) -> int:
+        # One descriptor per file, shared by the reading threads: pread carries its own offset.
+        if path not in self._descriptors:
+            self._descriptors[path] = os.open(path, os.O_RDONLY)
+        return self._descriptors[path]
+
+    def _read_rows(self, column: _Column, start: int, count: int) -> np.ndarray:
+        """Rows ``[start, start+count)`` of a column, zero-padded past the end of the split."""
+        available = max(0, min(count, self.num_samples - start))
+        record = column.dtype.itemsize * column.width
+        raw = os.pread(self._descriptor(column.path), available * record, start * record)
+        values = np.frombuffer(raw, dtype=column.dtype).reshape(available, column.width)
+        if available < count and self.last_batch == "pad":
+            values = np.concatenate([values, np.zeros((count - available, column.width), column.dtype)])
+        return values.astype(column.out_dtype)
+
+    def _spans(self, batch: int) -> dict[str, tuple[int, int]]:
+        start = batch * self.global_batch_size
+        global_count = self.global_batch_size
+        local_start, local_count = start + self.rank * self.local_batch_size, self.local_batch_size
+        if self.last_batch == "keep":
+            # A short last batch, only meaningful with one rank: clip to the data.
+            global_count = min(global_count, self.num_samples - start)
+            local_count = max(0, min(local_count, self.num_samples - local_start))
+        return {"global": (start, global_count), "local": (local_start, local_count)}
+
+    def read_batch(self, batch: int) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+        """One batch as numpy arrays, in the layout the dataset yields."""
+        spans = self._spans(int(batch))
+        label = self._read_rows(self._label, *spans["local"])
+        numerical = (
+            self._read_rows(self._numerical, *spans["local"])
+            if self._numerical
+            else np.zeros((label.shape[0], 0), np.float32)
+        )
+        categorical = [self._read_rows(c, *spans[c.scope]).reshape(-1) for c in self._categorical]
+        return numerical, categorical, label
+
+    def _read_flat(self, batch):
+        numerical, categorical, label = self.read_batch(batch)
+        return (numerical, *categorical, label)
+
+    def dataset(self, epoch: int = 0, start_batch: int = 0) -> tf.data.Dataset:
+        """The batches of one epoch, from position ``start_batch`` of that epoch's order."""
+        order = self.batch_order(epoch)[start_batch:]
+        out_types = [tf.float32] + [tf.as_dtype(c.out_dtype) for c in self._categorical] + [tf.float32]
+        fixed = self.last_batch != "keep"
+        local = self.local_batch_size if fixed else None
+        shapes = [[local, self.num_numerical]]
+        for column in self._categorical:
+            shapes.append([self.global_batch_size if fixed and column.scope == "global" else local])
+        shapes.append([local, 1])
+
+        def read(batch):
+            tensors = tf.numpy_function(self._read_flat, [batch], out_types, stateful=False)
+            for tensor, shape in zip(tensors, shapes):
+                tensor.set_shape(shape)
+            return tensors[0], tuple(tensors[1:-1]), tensors[-1]
+
+        options = tf.data.Options()
+        options.deterministic = True
+        dataset = tf.data.Dataset.from_tensor_slices(order).with_options(options)
+        dataset = dataset.map(read, num_parallel_calls=self.parallel_reads, deterministic=True)
+        return dataset.prefetch(tf.data.AUTOTUNE)
+
+    def close(self) -> None:
+        for descriptor in self._descriptors.values():
+            os.close(descriptor)
+        self._descriptors.clear()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing useful left to do
+            pass

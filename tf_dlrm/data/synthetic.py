@@ -1,0 +1,351 @@
+"""A learnable synthetic click dataset for a FeatureSpec, with its ground-truth model's own AUC.
+
+Samples are drawn like click logs: categorical ids follow a power law (Zipf-like, a few ids are very
+frequent) through a random permutation per table, so the frequent ids are not simply the small ones;
+numerical features are heavy-tailed counts stored after Criteo's ``log(1 + x)`` transform. Labels
+are ``Bernoulli(sigmoid(logit))`` from a hidden model a DLRM can represent::
+
+    logit = bias + sum_j w_j * standardised(num_j)            (what the bottom MLP sees)
+                 + sum_t e_t[id_t]                              (one scalar per id: an embedding)
+                 + sum_(a, b) <v_a[id_a], v_b[id_b]>            (4-d hidden vectors: dot interaction)
+
+Per-id effects shrink with the id's popularity rank, ``(1 + rank / head) ** -decay``, so the
+signal sits on ids seen often enough to be learnt from a few hundred thousand samples. The three
+parts are scaled on a calibration sample to fixed shares of a target logit spread, and the bias is
+set so the mean click probability hits ``positive_rate``.
+
+The validation split is written as ``test`` (NVIDIA's name); ``metadata.oracle_valid_auc`` is the
+exact AUC of the true probabilities on the generated validation labels: the best a model can do.
+
+Usage::
+
+    python -m tf_dlrm.data.synthetic --feature_spec=feature_specs/synthetic_small.yaml \\
+        --output_dir=/tmp/synthetic --num_train_samples=200000 --num_valid_samples=50000 --seed=1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from tf_dlrm import metrics
+from tf_dlrm.data.split_binary import SplitBinaryWriter
+from tf_dlrm.feature_spec import FeatureSpec, TEST_SPLIT, TRAIN_SPLIT
+
+DEFAULT_BLOCK_SIZE = 1 << 18
+HIDDEN_DIM = 4
+MAX_PAIRS = 8
+# Ranks past this get no effect of their own (the decay has made it negligible): bounds memory
+# for tables of tens of millions of rows.
+MAX_EFFECT_RANKS = 1 << 16
+# Tables up to this size get an explicit random permutation; larger ones an affine one (no memory).
+MAX_EXPLICIT_PERMUTATION = 1 << 22
+_CALIBRATION_SAMPLES = 1 << 16
+_SPLIT_STREAMS = {TRAIN_SPLIT: 1, TEST_SPLIT: 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratorConfig:
+    """Shape of the hidden model and of the sample distribution.
+
+    Attributes:
+        zipf_exponent: power-law exponent ``s`` of id popularity, ``p(rank) ~ (rank + 1) ** -s``.
+        logit_std: spread of the hidden logit (bias aside); sets the oracle AUC (~0.8 at 1.6).
+        positive_rate: mean click probability the bias is solved for.
+        effect_head, effect_decay: per-id effects scale as ``(1 + rank / head) ** -decay``.
+        numerical_share, pairwise_share: fractions of the logit variance from the numerical part
+            and the pairwise dot products; the per-id scalar effects take the rest.
+    """
+
+    zipf_exponent: float = 1.3
+    logit_std: float = 1.6
+    positive_rate: float = 0.25
+    effect_head: float = 2.0
+    effect_decay: float = 1.5
+    numerical_share: float = 0.35
+    pairwise_share: float = 0.15
+
+    def __post_init__(self):
+        if self.zipf_exponent <= 0:
+            raise ValueError(f"Expected zipf_exponent > 0. Received: zipf_exponent={self.zipf_exponent}")
+        if not 0 < self.positive_rate < 1:
+            raise ValueError(f"Expected 0 < positive_rate < 1. Received: positive_rate={self.positive_rate}")
+        if self.logit_std < 0:
+            raise ValueError(f"Expected logit_std >= 0. Received: logit_std={self.logit_std}")
+        if self.numerical_share < 0 or self.pairwise_share < 0 or self.numerical_share + self.pairwise_share > 1:
+            raise ValueError(
+                "Expected non-negative shares summing to at most 1. Received: "
+                f"numerical_share={self.numerical_share}, pairwise_share={self.pairwise_share}"
+            )
+
+
+class _IdMap:
+    """A random bijection popularity rank -> id over ``[0, cardinality)``."""
+
+    def __init__(self, cardinality: int, rng: np.random.Generator):
+        self.cardinality = cardinality
+        if cardinality <= MAX_EXPLICIT_PERMUTATION:
+            self._table = rng.permutation(cardinality).astype(np.int64)
+        else:
+            self._table = None
+            multiplier = int(rng.integers(1, cardinality))
+            while math.gcd(multiplier, cardinality) != 1:
+                multiplier = int(rng.integers(1, cardinality))
+            self._multiplier, self._offset = multiplier, int(rng.integers(0, cardinality))
+
+    def __call__(self, ranks: np.ndarray) -> np.ndarray:
+        if self._table is not None:
+            return self._table[ranks]
+        return (ranks * self._multiplier + self._offset) % self.cardinality
+
+
+def _power_law_ranks(rng: np.random.Generator, count: int, cardinality: int, exponent: float) -> np.ndarray:
+    """Ranks in ``[0, cardinality)`` with ``P(rank = k) ~ (k + 1) ** -exponent`` (approximately).
+
+    Inverse CDF of the continuous power law on ``[1, cardinality + 1)``, floored: one uniform and
+    one ``pow`` per sample, no table of probabilities.
+    """
+    uniform = rng.random(count)
+    top = float(cardinality + 1)
+    if abs(exponent - 1.0) < 1e-9:
+        values = np.exp(uniform * math.log(top))
+    else:
+        power = 1.0 - exponent
+        values = (1.0 + uniform * (top**power - 1.0)) ** (1.0 / power)
+    return np.minimum(values.astype(np.int64) - 1, cardinality - 1)
+
+
+class HiddenModel:
+    """The ground truth: draws samples and gives their true click logits.
+
+    Args:
+        spec: a FeatureSpec (only its channels, dtypes and cardinalities are used).
+        seed: everything below derives from it.
+        config: the distribution's shape.
+    """
+
+    def __init__(self, spec: FeatureSpec, seed: int, config: GeneratorConfig = GeneratorConfig()):
+        self.config = config
+        self.cardinalities = spec.cardinalities()
+        self.num_numerical = len(spec.numerical_features)
+        self.numerical_dtype = spec.numerical_dtype()
+        rng = np.random.default_rng([seed, 0])
+        # Heavy-tailed counts: floor(lognormal), a different location and spread per feature.
+        self.count_mu = rng.uniform(0.0, 3.0, self.num_numerical)
+        self.count_sigma = rng.uniform(0.8, 2.0, self.num_numerical)
+        self.numerical_weights = rng.normal(size=self.num_numerical)
+        self.id_maps, self.effects, self.vectors = [], [], {}
+        num_tables = len(self.cardinalities)
+        self.pairs = [(a, a + 1) for a in range(0, num_tables - 1, 2)][:MAX_PAIRS]
+        paired = {t for pair in self.pairs for t in pair}
+        for table, cardinality in enumerate(self.cardinalities):
+            self.id_maps.append(_IdMap(cardinality, rng))
+            ranks = np.arange(min(cardinality, MAX_EFFECT_RANKS), dtype=np.float64)
+            shrink = (1.0 + ranks / config.effect_head) ** -config.effect_decay
+            self.effects.append(rng.normal(size=ranks.shape[0]) * shrink)
+            if table in paired:
+                self.vectors[table] = rng.normal(size=(ranks.shape[0], HIDDEN_DIM)) * shrink[:, None]
+        # Calibration: standardise the numerical part, scale the parts, solve the bias.
+        self.numerical_mean = np.zeros(self.num_numerical)
+        self.numerical_std = np.ones(self.num_numerical)
+        self.part_scales = np.ones(3)
+        self.bias = 0.0
+        numerical, ranks, _ = self.sample(np.random.default_rng([seed, 3]), _CALIBRATION_SAMPLES)
+        wide = numerical.astype(np.float64)  # float16 sums overflow
+        self.numerical_mean = wide.mean(axis=0)
+        self.numerical_std = np.maximum(wide.std(axis=0), 1e-6)
+        parts = self._parts(numerical, ranks)
+        shares = np.array([config.numerical_share, 1.0 - config.numerical_share - config.pairwise_share, config.pairwise_share])
+        spreads = np.array([part.std() for part in parts])
+        # Each part to its share of the variance; then the sum (parts are nearly independent) to logit_std.
+        self.part_scales = np.sqrt(shares) * config.logit_std / np.where(spreads > 0, spreads, np.inf)
+        total = float(np.std(sum(scale * part for scale, part in zip(self.part_scales, parts))))
+        if total > 0:
+            self.part_scales *= config.logit_std / total
+        self.bias = _solve_bias(self.logits(numerical, ranks), config.positive_rate)
+
+    def sample(self, rng: np.random.Generator, count: int) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+        """``count`` samples: numerical ``[count, n]`` in the spec's dtype, then ranks and ids per table."""
+        numerical = np.empty((count, self.num_numerical), self.numerical_dtype)
+        for j in range(self.num_numerical):
+            counts = np.floor(rng.lognormal(self.count_mu[j], self.count_sigma[j], count))
+            numerical[:, j] = np.log1p(counts)
+        ranks, ids = [], []
+        for cardinality, id_map in zip(self.cardinalities, self.id_maps):
+            table_ranks = _power_law_ranks(rng, count, cardinality, self.config.zipf_exponent)
+            ranks.append(table_ranks)
+            ids.append(id_map(table_ranks))
+        return numerical, ranks, ids
+
+    def _parts(self, numerical: np.ndarray, ranks: Sequence[np.ndarray]) -> list[np.ndarray]:
+        count = numerical.shape[0]
+        standardised = (numerical.astype(np.float64) - self.numerical_mean) / self.numerical_std
+        numerical_part = standardised @ self.numerical_weights if self.num_numerical else np.zeros(count)
+        scalar_part = np.zeros(count)
+        for table_ranks, effects in zip(ranks, self.effects):
+            scalar_part += _lookup(effects, table_ranks)
+        pairwise_part = np.zeros(count)
+        for a, b in self.pairs:
+            pairwise_part += np.einsum("ij,ij->i", _lookup(self.vectors[a], ranks[a]), _lookup(self.vectors[b], ranks[b]))
+        return [numerical_part, scalar_part, pairwise_part]
+
+    def logits(self, numerical: np.ndarray, ranks: Sequence[np.ndarray]) -> np.ndarray:
+        parts = self._parts(numerical, ranks)
+        return self.bias + sum(scale * part for scale, part in zip(self.part_scales, parts))
+
+
+def _lookup(values: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Rows of ``values`` for ``ranks``; ranks past the stored effects get zeros."""
+    if ranks.size and ranks.max() < values.shape[0]:
+        return values[ranks]
+    inside = ranks < values.shape[0]
+    out = np.zeros((ranks.shape[0],) + values.shape[1:])
+    out[inside] = values[ranks[inside]]
+    return out
+
+
+def _sigmoid(logits: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * logits))  # overflow-free form of 1 / (1 + exp(-x))
+
+
+def _solve_bias(logits: np.ndarray, positive_rate: float) -> float:
+    """The shift ``c`` with ``mean(sigmoid(logits + c)) = positive_rate`` (bisection)."""
+    low, high = -30.0, 30.0
+    for _ in range(60):
+        middle = 0.5 * (low + high)
+        if _sigmoid(logits + middle).mean() < positive_rate:
+            low = middle
+        else:
+            high = middle
+    return 0.5 * (low + high)
+
+
+def generate(
+    spec: FeatureSpec,
+    output_dir: str,
+    num_train_samples: int,
+    num_valid_samples: int,
+    seed: int = 0,
+    config: GeneratorConfig = GeneratorConfig(),
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> FeatureSpec:
+    """Writes a synthetic dataset for ``spec`` under ``output_dir`` and returns its spec.
+
+    Writes ``train/`` and ``test/`` (validation) in NVIDIA's split_binary layout, then
+    ``feature_spec.yaml`` last, so an interrupted run never leaves a spec pointing at missing data.
+    The same arguments give byte-identical files.
+
+    Raises:
+        ValueError: on a negative sample count or a non-positive block size.
+    """
+    for name, value in (("num_train_samples", num_train_samples), ("num_valid_samples", num_valid_samples)):
+        if value < 0:
+            raise ValueError(f"Expected {name} >= 0. Received: {name}={value}")
+    if block_size <= 0:
+        raise ValueError(f"Expected block_size > 0. Received: block_size={block_size}")
+    output_dir = os.path.abspath(output_dir)
+    out_spec = spec.with_split_binary_sources([TRAIN_SPLIT, TEST_SPLIT], output_dir)
+    model = HiddenModel(out_spec, seed, config)
+    counts = {TRAIN_SPLIT: num_train_samples, TEST_SPLIT: num_valid_samples}
+    writers = {}
+    try:
+        # Both splits stay as .partial files until both are complete.
+        for split in (TRAIN_SPLIT, TEST_SPLIT):
+            writers[split] = SplitBinaryWriter(out_spec, split)
+        valid_labels, valid_probabilities, train_positives = [], [], 0
+        for split, writer in writers.items():
+            for block, start in enumerate(range(0, counts[split], block_size)):
+                rng = np.random.default_rng([seed, _SPLIT_STREAMS[split], block])
+                count = min(block_size, counts[split] - start)
+                numerical, ranks, ids = model.sample(rng, count)
+                probabilities = _sigmoid(model.logits(numerical, ranks))
+                labels = rng.random(count) < probabilities
+                writer.append(labels, numerical if model.num_numerical else None, ids)
+                if split == TEST_SPLIT:
+                    valid_labels.append(labels)
+                    valid_probabilities.append(probabilities)
+                else:
+                    train_positives += int(labels.sum())
+        for writer in writers.values():
+            writer.close()
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
+    labels = np.concatenate(valid_labels) if valid_labels else np.zeros(0, bool)
+    probabilities = np.concatenate(valid_probabilities) if valid_probabilities else np.zeros(0)
+    auc = metrics.exact_auc(labels, probabilities) if labels.size else float("nan")
+    out_spec.metadata.update(
+        {
+            "oracle_valid_auc": None if math.isnan(auc) else round(float(auc), 6),
+            "oracle_valid_logloss": round(metrics.logloss(labels, probabilities), 6) if labels.size else None,
+            "num_train_samples": int(num_train_samples),
+            "num_valid_samples": int(num_valid_samples),
+            "train_positive_rate": round(train_positives / num_train_samples, 6) if num_train_samples else None,
+            "seed": int(seed),
+            "generator": (
+                f"tf_dlrm.data.synthetic: zipf({config.zipf_exponent}) ids, log1p(lognormal counts) numericals, "
+                f"labels ~ Bernoulli(sigmoid(linear numerical + per-id effects + {HIDDEN_DIM}-d pairwise dots))"
+            ),
+        }
+    )
+    out_spec.source = os.path.join(output_dir, "feature_spec.yaml")
+    out_spec.save(out_spec.source)
+    return out_spec
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def _define_flags() -> None:
+    # Flags are defined only when run as a program, so importing this module (e.g. from main.py,
+    # which has its own --feature_spec) never clashes.
+    from absl import flags
+
+    flags.DEFINE_string("feature_spec", None, "FeatureSpec yaml giving features and cardinalities (its sources are ignored).")
+    flags.DEFINE_string("output_dir", None, "Directory for train/, test/ and feature_spec.yaml.")
+    flags.DEFINE_integer("num_train_samples", 1_000_000, "Training samples.", lower_bound=0)
+    flags.DEFINE_integer("num_valid_samples", 100_000, "Validation samples (the 'test' split).", lower_bound=0)
+    flags.DEFINE_integer("seed", 0, "Seed of the hidden model and the samples.")
+    flags.DEFINE_float("zipf_exponent", GeneratorConfig.zipf_exponent, "Power-law exponent of id popularity.")
+    flags.DEFINE_float("positive_rate", GeneratorConfig.positive_rate, "Mean click probability.")
+    flags.DEFINE_integer("block_size", DEFAULT_BLOCK_SIZE, "Samples generated per block (bounds memory).", lower_bound=1)
+    flags.mark_flags_as_required(["feature_spec", "output_dir"])
+
+
+def main(argv: Sequence[str]) -> None:
+    from absl import flags
+
+    if len(argv) > 1:
+        sys.exit(f"error: unexpected arguments {list(argv[1:])}")
+    options = flags.FLAGS
+    try:
+        spec = FeatureSpec.load(options.feature_spec, check_files=False)
+        config = GeneratorConfig(zipf_exponent=options.zipf_exponent, positive_rate=options.positive_rate)
+        written = generate(
+            spec, options.output_dir, options.num_train_samples, options.num_valid_samples,
+            seed=options.seed, config=config, block_size=options.block_size,
+        )
+    except (ValueError, OSError) as error:  # FeatureSpecError is a ValueError
+        sys.exit(f"error: {error}")
+    print(
+        f"wrote {options.num_train_samples} train + {options.num_valid_samples} valid samples to {written.source}; "
+        f"oracle_valid_auc={written.metadata['oracle_valid_auc']}"
+    )
+
+
+def run() -> None:
+    """Console script entry point ``tf-dlrm-synthetic``."""
+    from absl import app
+
+    _define_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

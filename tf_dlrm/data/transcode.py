@@ -1,0 +1,283 @@
+"""CSV -> split_binary: converts a "bring your own dataset" FeatureSpec with csv chunks.
+
+The input spec names, for every split, exactly one chunk of ``type: csv`` whose ``features`` are the
+file's columns in order (columns of features no channel uses are skipped) and whose ``files`` are
+read one after the other::
+
+    source_spec:
+      train:
+        - type: csv
+          features: [label, num_0, num_1, cat_0, cat_1]
+          files: [train_part0.csv, train_part1.csv]
+          header: true        # optional, default false: the first line of each file names the columns
+          delimiter: ","      # optional, default ","
+
+Cells are plain values (no quoting): labels 0 or 1, numerical values finite numbers (stored as given:
+apply transforms such as log(1+x) before), categorical ids integers in ``[0, cardinality)``.
+
+Output: NVIDIA's per-split split_binary layout under ``output_dir`` and ``output_dir/feature_spec.yaml``
+written last. Files are parsed in blocks of lines with numpy; a block that fails is rescanned cell by
+cell only to name the first bad file, line and column. On any error nothing is published: the
+``.partial`` files are removed, and a dataset already in ``output_dir`` is left as it was.
+
+Usage::
+
+    python -m tf_dlrm.data.transcode --input_spec=my_data/feature_spec.yaml --output_dir=my_data/binary
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from tf_dlrm.data.split_binary import SplitBinaryWriter
+from tf_dlrm.feature_spec import CSV, FeatureSpec
+
+DEFAULT_BLOCK_LINES = 1 << 16
+
+
+class TranscodeError(ValueError):
+    """The csv input is not valid; the message names the file, line and column."""
+
+
+class _Column:
+    """One used csv column: where it goes and how its cells are checked."""
+
+    def __init__(self, feature: str, index: int, kind: str, dtype: np.dtype, cardinality: int | None = None):
+        self.feature, self.index, self.kind = feature, index, kind
+        self.dtype, self.cardinality = dtype, cardinality
+
+    def describe(self) -> str:
+        return f"column {self.index + 1} ('{self.feature}')"
+
+
+def _cell_error(column: _Column, cell: str) -> str | None:
+    """Why one cell is invalid for its column, or None when it is valid."""
+    text = cell.strip()
+    if not text:
+        return f"missing value in {column.describe()}"
+    if column.kind == "categorical":
+        try:
+            value = int(text)
+        except ValueError:
+            return f"{column.describe()}: categorical id {cell!r} is not an integer"
+        if not 0 <= value < column.cardinality:
+            return f"{column.describe()}: categorical id {value} is outside [0, {column.cardinality})"
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return f"{column.describe()}: {cell!r} is not a number"
+    if column.kind == "label" and value not in (0.0, 1.0):
+        return f"{column.describe()}: label must be 0 or 1. Received: {cell!r}"
+    if not np.isfinite(value):
+        return f"{column.describe()}: {cell!r} is not a finite number"
+    if column.kind == "numerical" and abs(value) > float(np.finfo(column.dtype).max):
+        return f"{column.describe()}: {value} overflows the feature's dtype {column.dtype}"
+    return None
+
+
+def _first_bad_cell(column: _Column, cells: np.ndarray) -> tuple[int, str] | None:
+    for row, cell in enumerate(cells.tolist()):
+        reason = _cell_error(column, cell)
+        if reason:
+            return row, reason
+    return None
+
+
+def _parse_column(column: _Column, cells: np.ndarray) -> tuple[np.ndarray | None, int, str]:
+    """Parses a column of cells with numpy; on failure returns (None, row, reason) of the first bad cell."""
+    try:
+        if column.kind == "categorical":
+            values = cells.astype(np.int64)
+            valid = (values >= 0) & (values < column.cardinality)
+        else:
+            values = cells.astype(np.float64)
+            valid = np.isfinite(values)
+            if column.kind == "label":
+                valid &= (values == 0) | (values == 1)
+            else:
+                valid &= np.abs(values) <= float(np.finfo(column.dtype).max)
+        if valid.all():
+            return values, -1, ""
+    except (ValueError, OverflowError):
+        pass
+    found = _first_bad_cell(column, cells)
+    if found is None:  # numpy rejected a cell Python accepts: the precise scan decides
+        parse = int if column.kind == "categorical" else float
+        return np.array([parse(cell) for cell in cells.tolist()]), -1, ""
+    return None, found[0], found[1]
+
+
+class _SplitTranscoder:
+    """Streams one split's csv files into a SplitBinaryWriter."""
+
+    def __init__(self, spec: FeatureSpec, split: str, block_lines: int):
+        chunks = spec.chunks(split)
+        if len(chunks) != 1 or chunks[0]["type"] != CSV:
+            types = [chunk["type"] for chunk in chunks]
+            raise TranscodeError(
+                f"{spec.source}: source_spec.{split}: expected exactly one chunk of type 'csv' holding all "
+                f"features of the split. Received {len(chunks)} chunk(s) of type(s) {types}"
+            )
+        chunk = chunks[0]
+        self.features = list(chunk["features"])
+        self.header = chunk.get("header", False)
+        self.delimiter = chunk.get("delimiter", ",")
+        if not isinstance(self.header, bool):
+            raise TranscodeError(f"{spec.source}: source_spec.{split}[0].header: expected true or false. Received: {self.header!r}")
+        if not isinstance(self.delimiter, str) or not self.delimiter or "\n" in self.delimiter:
+            raise TranscodeError(
+                f"{spec.source}: source_spec.{split}[0].delimiter: expected a non-empty string. Received: {self.delimiter!r}"
+            )
+        self.paths = [spec.resolve(relative) for relative in chunk["files"]]
+        self.block_lines = block_lines
+        position = {feature: index for index, feature in enumerate(self.features)}
+        self.label = _Column(spec.label_feature, position[spec.label_feature], "label", np.dtype(np.float64))
+        self.numerical = [_Column(f, position[f], "numerical", spec.dtype(f)) for f in spec.numerical_features]
+        self.categorical = [
+            _Column(f, position[f], "categorical", spec.dtype(f), int(spec.feature_spec[f]["cardinality"]))
+            for f in spec.categorical_features
+        ]
+
+    def write(self, writer: SplitBinaryWriter) -> int:
+        for path in self.paths:
+            self._write_file(path, writer)
+        return writer.num_samples
+
+    def _write_file(self, path: str, writer: SplitBinaryWriter) -> None:
+        with open(path, "r", encoding="utf-8", newline=None) as handle:
+            line_number = 1  # of the next line read
+            if self.header:
+                first = handle.readline()
+                if not first:
+                    raise TranscodeError(f"{path}: the file is empty; expected a header line (the chunk sets header: true)")
+                names = [name.strip() for name in first.rstrip("\n").split(self.delimiter)]
+                if names != self.features:
+                    raise TranscodeError(
+                        f"{path}, line 1: the header names {names} do not match the chunk's features {self.features}"
+                    )
+                line_number = 2
+            while True:
+                try:
+                    lines = list(itertools.islice(handle, self.block_lines))
+                except UnicodeDecodeError as error:
+                    raise TranscodeError(f"{path}: not UTF-8 text (after line {line_number - 1}): {error}") from error
+                if not lines:
+                    return
+                self._write_block(path, line_number, lines, writer)
+                line_number += len(lines)
+
+    def _write_block(self, path: str, first_line: int, lines: list[str], writer: SplitBinaryWriter) -> None:
+        rows = [line[:-1].split(self.delimiter) if line.endswith("\n") else line.split(self.delimiter) for line in lines]
+        widths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        wrong = np.flatnonzero(widths != len(self.features))
+        if wrong.size:
+            row = int(wrong[0])
+            raise TranscodeError(
+                f"{path}, line {first_line + row}: expected {len(self.features)} columns separated by "
+                f"{self.delimiter!r} ({', '.join(self.features)}). Received {widths[row]}"
+            )
+        table = np.array(rows, dtype=str).reshape(len(rows), len(self.features))
+
+        def parse(column: _Column) -> np.ndarray:
+            values, row, reason = _parse_column(column, table[:, column.index])
+            if values is None:
+                raise TranscodeError(f"{path}, line {first_line + row}: {reason}")
+            return values
+
+        label = parse(self.label).astype(bool)
+        numerical = np.stack([parse(c) for c in self.numerical], axis=1) if self.numerical else None
+        categorical = [parse(c) for c in self.categorical]
+        writer.append(label, numerical, categorical)
+
+
+def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_BLOCK_LINES) -> FeatureSpec:
+    """Converts every split of a csv FeatureSpec to split_binary under ``output_dir``.
+
+    Args:
+        input_spec_path: a FeatureSpec yaml whose splits are csv chunks (paths relative to the yaml).
+        output_dir: where ``<split>/...bin`` and ``feature_spec.yaml`` are written.
+        block_lines: lines parsed at a time (bounds memory).
+
+    Returns:
+        The written spec (categorical dtypes chosen by cardinality, label bool).
+
+    Raises:
+        FeatureSpecError: the input spec is invalid or names a missing file.
+        TranscodeError: a csv file is invalid (message: file, 1-based line, column and reason).
+    """
+    if block_lines <= 0:
+        raise ValueError(f"Expected block_lines > 0. Received: block_lines={block_lines}")
+    spec = FeatureSpec.load(input_spec_path, check_files=True)
+    if not spec.splits:
+        raise TranscodeError(f"{input_spec_path}: source_spec lists no splits to transcode")
+    transcoders = {split: _SplitTranscoder(spec, split, block_lines) for split in spec.splits}
+    output_dir = os.path.abspath(output_dir)
+    out_spec = spec.with_split_binary_sources(spec.splits, output_dir)
+    created = [d for d in [output_dir] + [os.path.join(output_dir, s) for s in spec.splits] if not os.path.isdir(d)]
+    writers: dict[str, SplitBinaryWriter] = {}
+    try:
+        counts = {}
+        for split, transcoder in transcoders.items():
+            writers[split] = SplitBinaryWriter(out_spec, split)
+            counts[split] = transcoder.write(writers[split])
+        # Publish only once every split has been read without error.
+        for writer in writers.values():
+            writer.close()
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        for directory in reversed(created):  # the directories this run made, if still empty
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+        raise
+    out_spec.metadata.update({"transcoded_from": os.path.abspath(input_spec_path), "num_samples": counts})
+    out_spec.source = os.path.join(output_dir, "feature_spec.yaml")
+    out_spec.save(out_spec.source)
+    return out_spec
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def _define_flags() -> None:
+    # Defined only when run as a program, so importing this module never clashes with other flags.
+    from absl import flags
+
+    flags.DEFINE_string("input_spec", None, "FeatureSpec yaml with one csv chunk per split.")
+    flags.DEFINE_string("output_dir", None, "Directory for the split_binary files and feature_spec.yaml.")
+    flags.DEFINE_integer("block_lines", DEFAULT_BLOCK_LINES, "Lines parsed at a time (bounds memory).", lower_bound=1)
+    flags.mark_flags_as_required(["input_spec", "output_dir"])
+
+
+def main(argv: Sequence[str]) -> None:
+    from absl import flags
+
+    if len(argv) > 1:
+        sys.exit(f"error: unexpected arguments {list(argv[1:])}")
+    options = flags.FLAGS
+    try:
+        spec = transcode(options.input_spec, options.output_dir, block_lines=options.block_lines)
+    except (ValueError, OSError) as error:  # TranscodeError and FeatureSpecError are ValueErrors
+        sys.exit(f"error: {error}")
+    counts: Any = spec.metadata["num_samples"]
+    print(f"wrote {spec.source}: " + ", ".join(f"{split}={count} samples" for split, count in counts.items()))
+
+
+def run() -> None:
+    """Console script entry point ``tf-dlrm-transcode``."""
+    from absl import app
+
+    _define_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,1 @@
+"""Model-parallel embeddings: the sharding plan and the layers that execute it."""

@@ -1,0 +1,73 @@
+"""Thin wrappers of the Horovod collectives, so Horovod is imported in one place only.
+
+Every function is a no-op (identity) with one rank. All ranks must call them in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from tf_dlrm.distributed.env import DistributedEnv
+
+
+def _hvd():
+    import horovod.tensorflow as hvd
+
+    return hvd
+
+
+def alltoall(env: DistributedEnv, tensor: tf.Tensor, splits: Sequence[int] | None = None, name: str | None = None) -> tf.Tensor:
+    """Sends ``splits[k]`` leading rows (equal parts when None) to rank k; returns what arrives, by source rank."""
+    if not env.distributed:
+        return tensor
+    hvd = _hvd()
+    if splits is not None:
+        splits = tf.constant(list(splits), dtype=tf.int32)
+    received = hvd.alltoall(tensor, splits=splits, name=name)
+    # Horovod >= 0.21 returns (tensor, received_splits) when splits are given.
+    return received[0] if isinstance(received, (tuple, list)) else received
+
+
+def grouped_mean(env: DistributedEnv, tensors: Sequence[tf.Tensor], name: str | None = None) -> list[tf.Tensor]:
+    """Averages each tensor over ranks in one grouped allreduce."""
+    if not env.distributed or not tensors:
+        return list(tensors)
+    hvd = _hvd()
+    return list(hvd.grouped_allreduce(list(tensors), op=hvd.Average, name=name))
+
+
+def allreduce_sum(env: DistributedEnv, tensor: tf.Tensor, name: str | None = None) -> tf.Tensor:
+    if not env.distributed:
+        return tensor
+    hvd = _hvd()
+    return hvd.allreduce(tensor, op=hvd.Sum, name=name)
+
+
+def allgather(env: DistributedEnv, tensor: tf.Tensor, name: str | None = None) -> tf.Tensor:
+    """Concatenates every rank's tensor along axis 0, in rank order."""
+    if not env.distributed:
+        return tensor
+    return _hvd().allgather(tensor, name=name)
+
+
+def broadcast(env: DistributedEnv, tensor: tf.Tensor, root_rank: int = 0, name: str | None = None) -> tf.Tensor:
+    if not env.distributed:
+        return tensor
+    return _hvd().broadcast(tensor, root_rank=root_rank, name=name)
+
+
+def broadcast_variables(env: DistributedEnv, variables: Sequence, root_rank: int = 0) -> None:
+    """Gives every rank rank 0's values of ``variables`` (used for dense weights at start)."""
+    if not env.distributed or not variables:
+        return
+    hvd = _hvd()
+    for variable in variables:
+        value = hvd.broadcast(tf.convert_to_tensor(variable), root_rank=root_rank)
+        variable.assign(value)
+
+
+def barrier(env: DistributedEnv) -> None:
+    if env.distributed:
+        _hvd().allreduce(tf.constant(0.0), op=_hvd().Sum, name="barrier")

@@ -1,0 +1,287 @@
+"""DistributedEmbedding: executes a ShardingPlan; holds only this rank's shards.
+
+Storage. The model-parallel slices this rank owns are fused by width: all slices of width ``w``
+live in one ``[sum of their rows, w]`` variable, each at a row offset, so one gather serves them
+all. Replicated (small) tables are fused the same way into one data-parallel variable.
+
+Forward on rank r of N (global batch B, local batch b = B / N):
+
+1. each owned slice looks up the global batch of ids -> packed side by side ``[B, W_r]``
+   (the packing order is :func:`packing_groups`: by width, then plan order);
+2. one ``hvd.alltoall`` sends row block k (``b`` rows) to rank k; rank r receives ``[b, W_s]``
+   from every source s, puts them side by side and permutes the columns once into
+   ``[b, T_mp, D]`` in table order;
+3. replicated tables look up the local batch directly; the two parts are merged in
+   feature-spec order -> ``[b, T, D]``.
+
+With ``data_parallel_input`` every rank reads its local batch of every feature and one
+``hvd.alltoall`` of ids gives each rank the global batch of the tables it owns.
+
+The backward of the alltoall (registered by Horovod) returns to each shard the sum over ranks of
+its gradient, i.e. N times the gradient of the global mean loss: the trainer scales shard
+gradients by 1/N.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Mapping
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_dlrm.distributed import collectives
+from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.distributed.plan import ColumnSlice, ShardingPlan
+from tf_dlrm.model.table_init import initial_table_slice
+
+
+def packing_groups(plan: ShardingPlan, rank: int) -> list[tuple[int, list[ColumnSlice]]]:
+    """This rank's slices grouped by width (widest first), plan order within a group."""
+    groups: dict[int, list[ColumnSlice]] = collections.OrderedDict()
+    for width in sorted({s.width for s in plan.rank_slices[rank]}, reverse=True):
+        groups[width] = [s for s in plan.rank_slices[rank] if s.width == width]
+    return list(groups.items())
+
+
+def received_permutation(plan: ShardingPlan) -> np.ndarray:
+    """Columns of the received ``[b, sum_s W_s]`` block that give the model-parallel tables in order."""
+    labels = []
+    for rank in range(plan.world_size):
+        for _, slices in packing_groups(plan, rank):
+            for piece in slices:
+                labels.extend((piece.table, column) for column in range(piece.column_start, piece.column_end))
+    position = {label: index for index, label in enumerate(labels)}
+    return np.array(
+        [position[(t, c)] for t in plan.model_parallel for c in range(plan.tables[t].dim)], dtype=np.int32
+    )
+
+
+@keras.saving.register_keras_serializable(package="tf_dlrm")
+class DistributedEmbedding(keras.layers.Layer):
+    """The embedding tables of DLRM, sharded table-wise and column-wise over ranks.
+
+    Args:
+        plan: a :class:`ShardingPlan` (or its ``to_dict()``); all tables must share one dim.
+        rank: this process's rank (``plan.world_size`` ranks in all).
+        seed: initial values depend only on ``(seed, table)``.
+        data_parallel_input: read local batches of every feature and exchange ids (see module doc).
+    """
+
+    def __init__(self, plan, rank: int = 0, seed: int = 0, data_parallel_input: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
+        dims = {t.dim for t in self.plan.tables}
+        if len(dims) != 1:
+            raise ValueError(f"DLRM needs one embedding dim for all tables. Received dims: {sorted(dims)}")
+        self.embedding_dim = dims.pop()
+        self.env = DistributedEnv(rank=rank, world_size=self.plan.world_size)
+        self.seed = int(seed)
+        self.data_parallel_input = bool(data_parallel_input)
+        self.num_tables = len(self.plan.tables)
+        self.cardinalities = tuple(t.rows for t in self.plan.tables)
+        self.model_parallel = tuple(self.plan.model_parallel)
+        self.replicated = tuple(self.plan.replicated)
+        self.owned_tables = tuple(self.plan.tables_on_rank(rank))
+        if self.data_parallel_input:
+            self.global_categorical, self.local_categorical = (), tuple(range(self.num_tables))
+        else:
+            self.global_categorical, self.local_categorical = self.owned_tables, self.replicated
+        self.groups = packing_groups(self.plan, rank)
+        self.rank_widths = [self.plan.rank_width(r) for r in range(self.plan.world_size)]
+        self.permutation = received_permutation(self.plan)
+        order = list(self.model_parallel) + list(self.replicated)
+        self.feature_order = np.array([order.index(t) for t in range(self.num_tables)], dtype=np.int32)
+        self.shard_variables, self.replicated_variable = [], None
+
+    # ------------------------------------------------------------------ weights
+
+    def _row_offsets(self, tables) -> tuple[np.ndarray, int]:
+        rows = [self.cardinalities[t] for t in tables]
+        offsets = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64) if rows else np.zeros(0, np.int64)
+        return offsets, int(sum(rows))
+
+    def build(self, input_shape=None):
+        self.group_offsets = []
+        for width, slices in self.groups:
+            offsets, total_rows = self._row_offsets([s.table for s in slices])
+            values = np.concatenate(
+                [initial_table_slice(self.seed, s.table, self.cardinalities[s.table], self.embedding_dim, s.column_start, s.column_end) for s in slices]
+            )
+            # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round away.
+            self.shard_variables.append(
+                self.add_weight(name=f"shards_w{width}", shape=(total_rows, width), dtype="float32",
+                                initializer=lambda shape, dtype, v=values: tf.constant(v))
+            )
+            self.group_offsets.append(offsets)
+        if self.replicated:
+            self.replicated_offsets, total_rows = self._row_offsets(self.replicated)
+            values = np.concatenate(
+                [initial_table_slice(self.seed, t, self.cardinalities[t], self.embedding_dim) for t in self.replicated]
+            )
+            self.replicated_variable = self.add_weight(
+                name="replicated", shape=(total_rows, self.embedding_dim), dtype="float32",
+                initializer=lambda shape, dtype, v=values: tf.constant(v),
+            )
+
+    @property
+    def sparse_variables(self) -> list:
+        return list(self.shard_variables)
+
+    @property
+    def dense_variables(self) -> list:
+        return [self.replicated_variable] if self.replicated_variable is not None else []
+
+    # ------------------------------------------------------------------ forward
+
+    def _exchange_ids(self, local_ids) -> dict[int, tf.Tensor]:
+        """Local batches of every table -> global batches of the tables this rank owns."""
+        world = self.plan.world_size
+        sends, splits = [], []
+        for destination in range(world):
+            tables = self.plan.tables_on_rank(destination)
+            splits.append(len(tables))
+            if tables:
+                sends.append(tf.reshape(tf.stack([local_ids[t] for t in tables], axis=1), [-1]))
+        local_batch = tf.shape(local_ids[0])[0]
+        flat = tf.concat(sends, axis=0) if sends else tf.zeros([0], local_ids[0].dtype)
+        if not self.env.distributed:
+            received = flat
+        else:
+            static_batch = local_ids[0].shape[0]
+            received = collectives.alltoall(self.env, flat, [static_batch * n for n in splits], name="id_exchange")
+        owned = len(self.owned_tables)
+        global_ids = tf.reshape(received, [world * local_batch, owned]) if owned else None
+        return {t: global_ids[:, j] for j, t in enumerate(self.owned_tables)}
+
+    def call(self, categorical):
+        categorical = list(categorical)
+        if self.data_parallel_input:
+            global_ids = self._exchange_ids(categorical)
+            replicated_ids = [categorical[t] for t in self.replicated]
+        else:
+            count = len(self.global_categorical)
+            global_ids = dict(zip(self.global_categorical, categorical[:count]))
+            replicated_ids = categorical[count:]
+        parts = []
+        if self.model_parallel:
+            parts.append(self._model_parallel_lookup(global_ids))
+        if self.replicated:
+            ids = tf.stack([tf.cast(i, tf.int64) for i in replicated_ids], axis=1) + self.replicated_offsets
+            parts.append(tf.cast(tf.gather(self.replicated_variable, ids), self.compute_dtype))
+        embeddings = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
+        if len(parts) > 1 and np.any(self.feature_order != np.arange(self.num_tables)):
+            embeddings = tf.gather(embeddings, self.feature_order, axis=1)
+        return embeddings
+
+    def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor]) -> tf.Tensor:
+        packed = []
+        for (width, slices), variable, offsets in zip(self.groups, self.shard_variables, self.group_offsets):
+            ids = tf.stack([tf.cast(global_ids[s.table], tf.int64) for s in slices], axis=1) + offsets
+            vectors = tf.gather(variable, ids)  # [B, slices, width]
+            global_batch = tf.shape(vectors)[0]
+            packed.append(tf.reshape(vectors, [global_batch, len(slices) * width]))
+        # Cast before the exchange: under mixed precision the alltoall carries half the bytes.
+        local_block = tf.cast(tf.concat(packed, axis=1), self.compute_dtype) if packed else None
+        if self.env.distributed:
+            flat = tf.reshape(local_block, [-1]) if local_block is not None else tf.zeros([0], self.compute_dtype)
+            received = collectives.alltoall(self.env, flat, name="embedding_exchange")
+            # Every source sends b rows of its own width W_s; b is the same for all.
+            total_width = sum(self.rank_widths)
+            local_batch = tf.shape(received)[0] // total_width
+            sizes = [local_batch * w for w in self.rank_widths if w]
+            chunks = tf.split(received, tf.stack(sizes), num=len(sizes))
+            widths = [w for w in self.rank_widths if w]
+            block = tf.concat([tf.reshape(c, [local_batch, w]) for c, w in zip(chunks, widths)], axis=1)
+        else:
+            block = local_block
+        mp = tf.gather(block, self.permutation, axis=1)
+        return tf.reshape(mp, [-1, len(self.model_parallel), self.embedding_dim])
+
+    def compute_output_shape(self, input_shape):
+        return (None, self.num_tables, self.embedding_dim)
+
+    # ------------------------------------------------------------------ full tables (collective)
+
+    def _my_pieces(self, table: int):
+        """(variable index, row offset, slice) for every slice of ``table`` on this rank, plan order."""
+        pieces = []
+        for index, ((width, slices), offsets) in enumerate(zip(self.groups, self.group_offsets)):
+            for piece, offset in zip(slices, offsets):
+                if piece.table == table:
+                    pieces.append((index, int(offset), piece))
+        return pieces
+
+    def _table_layout(self, table: int):
+        """(rank, slice) of ``table`` in the order ranks send them: rank order, packing order within."""
+        layout = []
+        for rank in range(self.plan.world_size):
+            for _, slices in packing_groups(self.plan, rank):
+                layout.extend((rank, s) for s in slices if s.table == table)
+        return layout
+
+    def get_full_table(self, table: int) -> np.ndarray | None:
+        """Collective: the full ``[rows, D]`` table on rank 0 (None elsewhere); one table at a time."""
+        rows = self.cardinalities[table]
+        if table in self.replicated:
+            offset = int(self.replicated_offsets[self.replicated.index(table)])
+            return self.replicated_variable[offset:offset + rows].numpy() if self.env.is_chief else None
+        mine = [tf.reshape(self.shard_variables[i][o:o + rows], [-1]) for i, o, _ in self._my_pieces(table)]
+        flat = tf.concat(mine, axis=0) if mine else tf.zeros([0], tf.float32)
+        if self.env.distributed:
+            # Everything goes to rank 0: an alltoall whose splits send all to 0 is a gather to the root.
+            splits = [int(flat.shape[0])] + [0] * (self.plan.world_size - 1)
+            flat = collectives.alltoall(self.env, flat, splits, name=f"gather_table_{table}")
+        if not self.env.is_chief:
+            return None
+        full = np.empty((rows, self.embedding_dim), np.float32)
+        position, values = 0, flat.numpy()
+        for _, piece in self._table_layout(table):
+            size = rows * piece.width
+            full[:, piece.column_start:piece.column_end] = values[position:position + size].reshape(rows, piece.width)
+            position += size
+        return full
+
+    def set_full_table(self, table: int, values: np.ndarray | None) -> None:
+        """Collective: rank 0 passes the full table (others None); each rank keeps what it owns."""
+        rows = self.cardinalities[table]
+        if table in self.replicated:
+            offset = int(self.replicated_offsets[self.replicated.index(table)])
+            full = values if self.env.is_chief else np.zeros((rows, self.embedding_dim), np.float32)
+            full = collectives.broadcast(self.env, tf.constant(full, tf.float32), name=f"set_table_{table}")
+            self._assign_rows(self.replicated_variable, offset, full)
+            return
+        if self.env.is_chief:
+            values = np.asarray(values, np.float32)
+            if values.shape != (rows, self.embedding_dim):
+                raise ValueError(f"table {table}: expected shape {(rows, self.embedding_dim)}. Received: {values.shape}")
+            per_rank = [[] for _ in range(self.plan.world_size)]
+            for rank, piece in self._table_layout(table):
+                per_rank[rank].append(values[:, piece.column_start:piece.column_end].reshape(-1))
+            sends = [np.concatenate(p) if p else np.zeros(0, np.float32) for p in per_rank]
+            flat, splits = np.concatenate(sends), [s.shape[0] for s in sends]
+        else:
+            flat, splits = np.zeros(0, np.float32), [0] * self.plan.world_size
+        received = collectives.alltoall(self.env, tf.constant(flat), splits, name=f"scatter_table_{table}")
+        received = received.numpy()
+        position = 0
+        for index, offset, piece in self._my_pieces(table):
+            size = rows * piece.width
+            self._assign_rows(self.shard_variables[index], offset, received[position:position + size].reshape(rows, piece.width))
+            position += size
+
+    @staticmethod
+    def _assign_rows(variable, offset: int, values) -> None:
+        values = tf.convert_to_tensor(values, tf.float32)
+        indices = tf.range(offset, offset + values.shape[0], dtype=tf.int64)
+        variable.value.scatter_update(tf.IndexedSlices(values, indices))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "plan": self.plan.to_dict(),
+            "rank": self.env.rank,
+            "seed": self.seed,
+            "data_parallel_input": self.data_parallel_input,
+        }

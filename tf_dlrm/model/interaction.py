@@ -1,0 +1,89 @@
+"""Feature interactions of DLRM: pairwise dot products (``dot``) or plain concatenation (``cat``)."""
+
+from __future__ import annotations
+
+import enum
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+class InteractionKind(str, enum.Enum):
+    DOT = "dot"
+    CAT = "cat"
+
+
+def lower_triangle_indices(num_vectors: int, include_diagonal: bool) -> np.ndarray:
+    """Flat indices ``i * F + j`` of the pairs ``j < i`` (or ``j <= i``), row by row."""
+    rows, cols = np.tril_indices(num_vectors, k=0 if include_diagonal else -1)
+    return (rows * num_vectors + cols).astype(np.int32)
+
+
+@keras.saving.register_keras_serializable(package="tf_dlrm")
+class DotInteraction(keras.layers.Layer):
+    """Dot interaction: all pairwise dot products of the bottom-MLP output and the embeddings.
+
+    With ``X = [bottom; e_1; ...; e_T]`` of shape ``[B, F, D]`` (``F = T + 1``), computes
+    ``Z = X X^T`` with one batched matmul and keeps its strict lower triangle (``i > j``), or the lower
+    triangle with the diagonal, with one gather; the output is ``[bottom, tril(Z)]`` of width
+    ``D + F (F - 1) / 2`` (``D + F (F + 1) / 2`` with the diagonal). Reference: Naumov et al. 2019,
+    "Deep Learning Recommendation Model for Personalization and Recommendation Systems".
+    """
+
+    def __init__(self, include_diagonal: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.include_diagonal = bool(include_diagonal)
+
+    def build(self, input_shapes):
+        bottom_shape, embedding_shape = input_shapes
+        if bottom_shape[-1] != embedding_shape[-1]:
+            raise ValueError(
+                "The dot interaction needs the bottom MLP's last width to equal the embedding dim. "
+                f"Received: bottom MLP width={bottom_shape[-1]}, embedding_dim={embedding_shape[-1]}"
+            )
+        self.num_vectors = int(embedding_shape[1]) + 1
+        self.pair_indices = lower_triangle_indices(self.num_vectors, self.include_diagonal)
+
+    def call(self, inputs):
+        bottom, embeddings = inputs
+        vectors = tf.concat([tf.expand_dims(bottom, 1), embeddings], axis=1)
+        products = tf.matmul(vectors, vectors, transpose_b=True)
+        flat = tf.reshape(products, [-1, self.num_vectors * self.num_vectors])
+        pairs = tf.gather(flat, self.pair_indices, axis=1)
+        return tf.concat([bottom, pairs], axis=1)
+
+    def compute_output_shape(self, input_shapes):
+        bottom_shape, embedding_shape = input_shapes
+        count = int(embedding_shape[1]) + 1
+        pairs = count * (count + 1) // 2 if self.include_diagonal else count * (count - 1) // 2
+        return (bottom_shape[0], bottom_shape[-1] + pairs)
+
+    def get_config(self):
+        return {**super().get_config(), "include_diagonal": self.include_diagonal}
+
+
+@keras.saving.register_keras_serializable(package="tf_dlrm")
+class CatInteraction(keras.layers.Layer):
+    """Concatenation of the bottom-MLP output and all embeddings: ``[B, D_bottom + T * D]``."""
+
+    def call(self, inputs):
+        bottom, embeddings = inputs
+        flat = tf.reshape(embeddings, [-1, embeddings.shape[1] * embeddings.shape[2]])
+        return tf.concat([bottom, flat], axis=1)
+
+    def compute_output_shape(self, input_shapes):
+        bottom_shape, embedding_shape = input_shapes
+        return (bottom_shape[0], bottom_shape[-1] + embedding_shape[1] * embedding_shape[2])
+
+
+def make_interaction(kind: str, include_diagonal: bool = False, dtype=None) -> keras.layers.Layer:
+    try:
+        kind = InteractionKind(kind)
+    except ValueError:
+        raise ValueError(
+            f"Expected interaction in {[k.value for k in InteractionKind]}. Received: interaction={kind!r}"
+        ) from None
+    if kind is InteractionKind.DOT:
+        return DotInteraction(include_diagonal=include_diagonal, dtype=dtype, name="interaction")
+    return CatInteraction(dtype=dtype, name="interaction")

@@ -1,0 +1,35 @@
+"""Initial values of embedding tables that depend only on ``(seed, table)``, never on the sharding.
+
+A table's rows are generated in fixed blocks of :data:`ROW_BLOCK` rows, each block from its own
+counter-based stream keyed by ``(seed, table, block)``. Any rank can therefore produce exactly the
+rows and columns it owns, and the full table that one process builds is bit-identical to the
+union of the shards that N ranks build.
+
+Values are uniform in ``[-1/sqrt(rows), 1/sqrt(rows)]`` (the DLRM reference initialisation).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ROW_BLOCK = 16384
+
+
+def _block_values(seed: int, table: int, block: int, rows_in_block: int, dim: int, bound: float) -> np.ndarray:
+    generator = np.random.Generator(np.random.Philox(key=[seed & 0xFFFFFFFFFFFFFFFF, (table << 32) | block]))
+    return generator.uniform(-bound, bound, size=(rows_in_block, dim)).astype(np.float32)
+
+
+def initial_table_slice(
+    seed: int, table: int, rows: int, dim: int, column_start: int = 0, column_end: int | None = None
+) -> np.ndarray:
+    """Columns ``[column_start, column_end)`` of table ``table``'s initial values, shape ``[rows, w]``."""
+    column_end = dim if column_end is None else column_end
+    if not 0 <= column_start < column_end <= dim:
+        raise ValueError(f"Expected 0 <= column_start < column_end <= dim={dim}. Received: [{column_start}, {column_end})")
+    bound = 1.0 / np.sqrt(rows)
+    out = np.empty((rows, column_end - column_start), dtype=np.float32)
+    for block, start in enumerate(range(0, rows, ROW_BLOCK)):
+        stop = min(rows, start + ROW_BLOCK)
+        out[start:stop] = _block_values(seed, table, block, stop - start, dim, bound)[:, column_start:column_end]
+    return out

@@ -1,0 +1,124 @@
+"""From a FeatureSpec and small config objects to a sharding plan, a built DLRM and its readers."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import keras
+import numpy as np
+
+from tf_dlrm.data.reader import SplitBinaryReader
+from tf_dlrm.distributed.embedding import DistributedEmbedding
+from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.distributed.plan import ShardingPlan, Strategy, TableSpec, make_plan
+from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.model.dlrm import DLRM
+from tf_dlrm.model.interaction import InteractionKind
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    embedding_dim: int = 128
+    bottom_mlp_dims: tuple[int, ...] = (512, 256, 128)
+    top_mlp_dims: tuple[int, ...] = (1024, 1024, 512, 256, 1)
+    interaction: str = "dot"
+    include_diagonal: bool = False
+
+    def __post_init__(self):
+        if self.embedding_dim <= 0:
+            raise ValueError(f"Expected --embedding_dim > 0. Received: embedding_dim={self.embedding_dim}")
+        for name in ("bottom_mlp_dims", "top_mlp_dims"):
+            dims = getattr(self, name)
+            if not dims or any(d <= 0 for d in dims):
+                raise ValueError(f"Expected --{name} to be positive widths. Received: {name}={list(dims)}")
+        if self.top_mlp_dims[-1] != 1:
+            raise ValueError(f"Expected --top_mlp_dims to end with 1 (the logit). Received: {list(self.top_mlp_dims)}")
+        if self.interaction not in [k.value for k in InteractionKind]:
+            raise ValueError(f"Expected --interaction in {[k.value for k in InteractionKind]}. Received: {self.interaction!r}")
+        if self.interaction == "dot" and self.bottom_mlp_dims[-1] != self.embedding_dim:
+            raise ValueError(
+                "The dot interaction needs the bottom MLP's last width to equal the embedding dim. "
+                f"Received: --bottom_mlp_dims={','.join(map(str, self.bottom_mlp_dims))}, --embedding_dim={self.embedding_dim}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingConfig:
+    strategy: str = Strategy.AUTO.value
+    data_parallel_threshold: int = 2048
+    column_slice_threshold: int | None = None
+    data_parallel_input: bool = False
+
+
+def make_tables(spec: FeatureSpec, embedding_dim: int) -> list[TableSpec]:
+    return [TableSpec(name, rows, embedding_dim) for name, rows in zip(spec.categorical_features, spec.cardinalities())]
+
+
+def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: ShardingConfig, world_size: int) -> ShardingPlan:
+    return make_plan(
+        make_tables(spec, model.embedding_dim),
+        world_size,
+        strategy=sharding.strategy,
+        data_parallel_threshold=sharding.data_parallel_threshold,
+        column_slice_threshold=sharding.column_slice_threshold,
+    )
+
+
+def build_model(
+    spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, env: DistributedEnv, seed: int, data_parallel_input: bool = False
+) -> DLRM:
+    """A built DLRM whose embedding executes ``plan`` on ``env.rank``."""
+    embedding = DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input, name="embedding")
+    model = DLRM(
+        embedding,
+        num_numerical=len(spec.numerical_features),
+        bottom_mlp_dims=config.bottom_mlp_dims,
+        top_mlp_dims=config.top_mlp_dims,
+        interaction=config.interaction,
+        include_diagonal=config.include_diagonal,
+        seed=seed,
+    )
+    build_with_dummy_batch(model, len(spec.numerical_features), embedding, env.world_size)
+    return model
+
+
+def build_with_dummy_batch(model: DLRM, num_numerical: int, embedding, world_size: int, local_batch: int = 1) -> None:
+    """Creates all weights by calling the model once on zeros shaped like a real batch."""
+    global_batch = local_batch * world_size
+    categorical = [np.zeros([global_batch], np.int32) for _ in embedding.global_categorical]
+    categorical += [np.zeros([local_batch], np.int32) for _ in embedding.local_categorical]
+    model((np.zeros([local_batch, num_numerical], np.float32), tuple(categorical)))
+
+
+def make_reader(
+    spec: FeatureSpec, split: str, global_batch_size: int, env: DistributedEnv, embedding, training: bool, seed: int
+) -> SplitBinaryReader:
+    return SplitBinaryReader(
+        spec,
+        split,
+        global_batch_size,
+        rank=env.rank,
+        world_size=env.world_size,
+        global_categorical=embedding.global_categorical,
+        local_categorical=embedding.local_categorical,
+        last_batch="drop" if training else "pad",
+        shuffle=training,
+        seed=seed,
+    )
+
+
+def set_precision(amp: bool, on_gpu: bool) -> str:
+    """Keras global policy: ``mixed_float16`` on GPU, ``mixed_bfloat16`` on CPU, else float32."""
+    policy = ("mixed_float16" if on_gpu else "mixed_bfloat16") if amp else "float32"
+    keras.mixed_precision.set_global_policy(policy)
+    return policy
+
+
+def parse_dims(text: str | Sequence[int], flag: str) -> tuple[int, ...]:
+    if not isinstance(text, str):
+        return tuple(int(x) for x in text)
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"Expected --{flag} as comma-separated integers, e.g. 512,256,128. Received: {text!r}") from None

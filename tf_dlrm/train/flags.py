@@ -1,0 +1,142 @@
+"""The command-line flags of ``main.py`` (names follow NVIDIA's TF2 DLRM), parsed once into configs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from absl import flags
+
+from tf_dlrm.train.builder import ModelConfig, ShardingConfig, parse_dims
+from tf_dlrm.train.loop import LoopConfig
+from tf_dlrm.train.schedule import LearningRateSchedule
+from tf_dlrm.train.step import OptimizerConfig
+
+MODES = ("train", "eval", "inference", "export")
+
+
+def define_flags() -> None:
+    f = flags
+    f.DEFINE_string("dataset_path", None, "Directory of the dataset (split_binary files + feature spec).")
+    f.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file, relative to --dataset_path unless absolute.")
+    f.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "synthetic"], "tf_raw: split_binary files; synthetic: random batches in memory.")
+    f.DEFINE_integer("batch_size", 4096, "Global training batch size (all ranks together).")
+    f.DEFINE_integer("valid_batch_size", None, "Global evaluation batch size (default: --batch_size).")
+    f.DEFINE_float("epochs", 1.0, "Epochs to train (fractions allowed).")
+    f.DEFINE_integer("max_steps", -1, "Stop after this many steps (-1: no limit).")
+    f.DEFINE_float("learning_rate", 0.5, "Base learning rate of the schedule.")
+    f.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "Optimizer of the MLPs (embeddings always use SGD).")
+    f.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warmup steps.")
+    f.DEFINE_integer("decay_start_step", 0, "Step at which polynomial (power 2) decay starts.")
+    f.DEFINE_integer("decay_steps", 0, "Steps of decay to zero (0: no decay).")
+    f.DEFINE_integer("embedding_dim", 128, "Embedding dimension of every table.")
+    f.DEFINE_string("bottom_mlp_dims", "512,256,128", "Bottom MLP widths; the last equals --embedding_dim for dot.")
+    f.DEFINE_string("top_mlp_dims", "1024,1024,512,256,1", "Top MLP widths; the last is 1.")
+    f.DEFINE_enum("interaction", "dot", ["dot", "cat"], "Feature interaction.")
+    f.DEFINE_bool("dot_include_diagonal", False, "Keep self dot products in the dot interaction.")
+    f.DEFINE_bool("amp", False, "Mixed precision: mixed_float16 with loss scaling on GPU, mixed_bfloat16 on CPU.")
+    f.DEFINE_float("loss_scale", 0.0, "Static loss scale for mixed_float16 (0: 1024 static; ignored on CPU).")
+    f.DEFINE_bool("xla", False, "Compile the dense part of the step with XLA.")
+    f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise"], "How embedding tables are sharded.")
+    f.DEFINE_integer("column_slice_threshold", None, "Tables with more elements than this are column-sliced.")
+    f.DEFINE_integer("data_parallel_threshold", 2048, "Tables with fewer rows are replicated (data-parallel).")
+    f.DEFINE_bool("data_parallel_input", False, "Read local batches of every feature and exchange ids with one alltoall.")
+    f.DEFINE_string("save_checkpoint_path", None, "Directory to save checkpoints to.")
+    f.DEFINE_string("restore_checkpoint_path", None, "Checkpoint directory to restore from.")
+    f.DEFINE_enum("mode", "train", list(MODES), "What to do.")
+    f.DEFINE_integer("evals_per_epoch", 1, "Evaluations per epoch (0: only at the end).")
+    f.DEFINE_float("auc_threshold", None, "Stop training once validation AUC reaches this.")
+    f.DEFINE_integer("print_freq", 100, "Steps between progress lines.")
+    f.DEFINE_string("log_path", None, "JSON-lines log file (rank 0).")
+    f.DEFINE_string("tensorboard_dir", None, "Directory for TensorBoard scalars (rank 0).")
+    f.DEFINE_integer("seed", 12345, "Seed of weights and data order.")
+    f.DEFINE_integer("inter_op_parallelism", 0, "TensorFlow inter-op threads (0: a default per world size).")
+    f.DEFINE_integer("intra_op_parallelism", 0, "TensorFlow intra-op threads (0: cores / ranks on this machine).")
+    f.DEFINE_string("train_split", "train", "source_spec split to train on.")
+    f.DEFINE_string("valid_split", "test", "source_spec split to evaluate on.")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    mode: str
+    dataset_path: str | None
+    feature_spec: str
+    dataset_type: str
+    batch_size: int
+    valid_batch_size: int
+    seed: int
+    amp: bool
+    xla: bool
+    log_path: str | None
+    tensorboard_dir: str | None
+    inter_op_parallelism: int
+    intra_op_parallelism: int
+    train_split: str
+    valid_split: str
+    save_checkpoint_path: str | None
+    restore_checkpoint_path: str | None
+    model: ModelConfig
+    sharding: ShardingConfig
+    optimizer: OptimizerConfig
+    loop: LoopConfig
+
+    def __post_init__(self):
+        if self.batch_size <= 0:
+            raise ValueError(f"Expected --batch_size > 0. Received: --batch_size={self.batch_size}")
+        if self.valid_batch_size <= 0:
+            raise ValueError(f"Expected --valid_batch_size > 0. Received: --valid_batch_size={self.valid_batch_size}")
+        if self.dataset_type == "tf_raw" and not self.dataset_path:
+            raise ValueError("--dataset_path is required with --dataset_type=tf_raw")
+
+    def check_world_size(self, world_size: int) -> None:
+        for flag, value in (("batch_size", self.batch_size), ("valid_batch_size", self.valid_batch_size)):
+            if value % world_size:
+                raise ValueError(
+                    f"--{flag}={value} does not divide by the number of ranks ({world_size}); "
+                    f"use a multiple of {world_size}"
+                )
+
+
+def config_from_flags(values: flags.FlagValues) -> RunConfig:
+    """Turns parsed flags into frozen configs; raises ValueError naming the flag on bad values."""
+    model = ModelConfig(
+        embedding_dim=values.embedding_dim,
+        bottom_mlp_dims=parse_dims(values.bottom_mlp_dims, "bottom_mlp_dims"),
+        top_mlp_dims=parse_dims(values.top_mlp_dims, "top_mlp_dims"),
+        interaction=values.interaction,
+        include_diagonal=values.dot_include_diagonal,
+    )
+    schedule = LearningRateSchedule(values.learning_rate, values.warmup_steps, values.decay_start_step, values.decay_steps)
+    return RunConfig(
+        mode=values.mode,
+        dataset_path=values.dataset_path,
+        feature_spec=values.feature_spec,
+        dataset_type=values.dataset_type,
+        batch_size=values.batch_size,
+        valid_batch_size=values.valid_batch_size or values.batch_size,
+        seed=values.seed,
+        amp=values.amp,
+        xla=values.xla,
+        log_path=values.log_path,
+        tensorboard_dir=values.tensorboard_dir,
+        inter_op_parallelism=values.inter_op_parallelism,
+        intra_op_parallelism=values.intra_op_parallelism,
+        train_split=values.train_split,
+        valid_split=values.valid_split,
+        save_checkpoint_path=values.save_checkpoint_path,
+        restore_checkpoint_path=values.restore_checkpoint_path,
+        model=model,
+        sharding=ShardingConfig(
+            strategy=values.dist_strategy,
+            data_parallel_threshold=values.data_parallel_threshold,
+            column_slice_threshold=values.column_slice_threshold,
+            data_parallel_input=values.data_parallel_input,
+        ),
+        optimizer=OptimizerConfig(schedule, values.optimizer, loss_scale=values.loss_scale or 1.0),
+        loop=LoopConfig(
+            epochs=values.epochs,
+            max_steps=values.max_steps,
+            evals_per_epoch=values.evals_per_epoch,
+            auc_threshold=values.auc_threshold,
+            print_freq=values.print_freq,
+        ),
+    )
