@@ -125,7 +125,7 @@ def run_case(case, env):
 def main():
     cases_path, out_dir = sys.argv[1], sys.argv[2]
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(int(os.environ.get("EQ_INTER", "1")))
     env = env_module.initialize(force_horovod=True)
     with open(cases_path) as handle:
         cases = json.load(handle)

@@ -52,6 +52,10 @@ def received_permutation(plan: ShardingPlan) -> np.ndarray:
         for _, slices in packing_groups(plan, rank):
             for piece in slices:
                 labels.extend((piece.table, column) for column in range(piece.column_start, piece.column_end))
+        if not plan.rank_slices[rank] and plan.world_size > 1:
+            # Horovod's alltoall hangs when a rank sends zero elements, so a rank owning no slice
+            # sends one column of zeros, which this permutation skips.
+            labels.append(("padding", rank))
     position = {label: index for index, label in enumerate(labels)}
     return np.array(
         [position[(t, c)] for t in plan.model_parallel for c in range(plan.tables[t].dim)], dtype=np.int32
@@ -89,8 +93,8 @@ class DistributedEmbedding(keras.layers.Layer):
         else:
             self.global_categorical, self.local_categorical = self.owned_tables, self.replicated
         self.groups = packing_groups(self.plan, rank)
-        self.rank_widths = [self.plan.rank_width(r) for r in range(self.plan.world_size)]
         self.permutation = received_permutation(self.plan)
+        self.send_widths = [max(1, self.plan.rank_width(r)) for r in range(self.plan.world_size)]
         order = list(self.model_parallel) + list(self.replicated)
         self.feature_order = np.array([order.index(t) for t in range(self.num_tables)], dtype=np.int32)
         self.shard_variables, self.replicated_variable = [], None
@@ -115,6 +119,14 @@ class DistributedEmbedding(keras.layers.Layer):
                                 initializer=lambda shape, dtype, v=values: tf.constant(v))
             )
             self.group_offsets.append(offsets)
+        self.padding_variables = []
+        if self.env.distributed and not self.groups and self.model_parallel:
+            # A rank owning no slice still takes part in the alltoall and in its backward. Its
+            # padding must depend on a variable the trainer differentiates, or TensorFlow prunes
+            # this rank's backward alltoall and the other ranks wait for it forever.
+            self.padding_variables.append(
+                self.add_weight(name="exchange_padding", shape=(1, 1), dtype="float32", initializer="zeros", trainable=False)
+            )
         if self.replicated:
             self.replicated_offsets, total_rows = self._row_offsets(self.replicated)
             values = np.concatenate(
@@ -155,8 +167,11 @@ class DistributedEmbedding(keras.layers.Layer):
         global_ids = tf.reshape(received, [world * local_batch, owned]) if owned else None
         return {t: global_ids[:, j] for j, t in enumerate(self.owned_tables)}
 
-    def call(self, categorical):
+    def call(self, categorical, local_batch=None):
+        """``local_batch`` (the local batch size) is needed only by a rank that reads no ids."""
         categorical = list(categorical)
+        if local_batch is None:
+            local_batch = self._local_batch_from(categorical)
         if self.data_parallel_input:
             global_ids = self._exchange_ids(categorical)
             replicated_ids = [categorical[t] for t in self.replicated]
@@ -166,7 +181,7 @@ class DistributedEmbedding(keras.layers.Layer):
             replicated_ids = categorical[count:]
         parts = []
         if self.model_parallel:
-            parts.append(self._model_parallel_lookup(global_ids))
+            parts.append(self._model_parallel_lookup(global_ids, local_batch))
         if self.replicated:
             ids = tf.stack([tf.cast(i, tf.int64) for i in replicated_ids], axis=1) + self.replicated_offsets
             parts.append(tf.cast(tf.gather(self.replicated_variable, ids), self.compute_dtype))
@@ -175,7 +190,14 @@ class DistributedEmbedding(keras.layers.Layer):
             embeddings = tf.gather(embeddings, self.feature_order, axis=1)
         return embeddings
 
-    def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor]) -> tf.Tensor:
+    def _local_batch_from(self, categorical):
+        if self.data_parallel_input or len(categorical) > len(self.global_categorical):
+            return tf.shape(categorical[-1])[0]
+        if categorical:
+            return tf.shape(categorical[0])[0] // self.plan.world_size
+        raise ValueError("This rank reads no ids: pass local_batch to DistributedEmbedding.call")
+
+    def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch) -> tf.Tensor:
         packed = []
         for (width, slices), variable, offsets in zip(self.groups, self.shard_variables, self.group_offsets):
             ids = tf.stack([tf.cast(global_ids[s.table], tf.int64) for s in slices], axis=1) + offsets
@@ -185,15 +207,13 @@ class DistributedEmbedding(keras.layers.Layer):
         # Cast before the exchange: under mixed precision the alltoall carries half the bytes.
         local_block = tf.cast(tf.concat(packed, axis=1), self.compute_dtype) if packed else None
         if self.env.distributed:
-            flat = tf.reshape(local_block, [-1]) if local_block is not None else tf.zeros([0], self.compute_dtype)
-            received = collectives.alltoall(self.env, flat, name="embedding_exchange")
-            # Every source sends b rows of its own width W_s; b is the same for all.
-            total_width = sum(self.rank_widths)
-            local_batch = tf.shape(received)[0] // total_width
-            sizes = [local_batch * w for w in self.rank_widths if w]
-            chunks = tf.split(received, tf.stack(sizes), num=len(sizes))
-            widths = [w for w in self.rank_widths if w]
-            block = tf.concat([tf.reshape(c, [local_batch, w]) for c, w in zip(chunks, widths)], axis=1)
+            if local_block is None:
+                padding = tf.cast(self.padding_variables[0], self.compute_dtype)
+                local_block = tf.tile(padding, [local_batch * self.plan.world_size, 1])
+            received = collectives.alltoall(self.env, tf.reshape(local_block, [-1]), name="embedding_exchange")
+            # Every source s sends this rank b rows of its width; b is the same for all sources.
+            chunks = tf.split(received, [local_batch * w for w in self.send_widths], num=len(self.send_widths))
+            block = tf.concat([tf.reshape(c, [local_batch, w]) for c, w in zip(chunks, self.send_widths)], axis=1)
         else:
             block = local_block
         mp = tf.gather(block, self.permutation, axis=1)
@@ -228,19 +248,28 @@ class DistributedEmbedding(keras.layers.Layer):
             offset = int(self.replicated_offsets[self.replicated.index(table)])
             return self.replicated_variable[offset:offset + rows].numpy() if self.env.is_chief else None
         mine = [tf.reshape(self.shard_variables[i][o:o + rows], [-1]) for i, o, _ in self._my_pieces(table)]
-        flat = tf.concat(mine, axis=0) if mine else tf.zeros([0], tf.float32)
         if self.env.distributed:
-            # Everything goes to rank 0: an alltoall whose splits send all to 0 is a gather to the root.
+            # Everything goes to rank 0: an alltoall whose splits send all to rank 0 gathers to
+            # the root. A rank holding none of this table sends one padding value (Horovod's
+            # alltoall hangs on an empty send), which the root skips.
+            flat = tf.concat(mine, axis=0) if mine else tf.zeros([1], tf.float32)
             splits = [int(flat.shape[0])] + [0] * (self.plan.world_size - 1)
             flat = collectives.alltoall(self.env, flat, splits, name=f"gather_table_{table}")
+        else:
+            flat = tf.concat(mine, axis=0)
         if not self.env.is_chief:
             return None
         full = np.empty((rows, self.embedding_dim), np.float32)
         position, values = 0, flat.numpy()
-        for _, piece in self._table_layout(table):
-            size = rows * piece.width
-            full[:, piece.column_start:piece.column_end] = values[position:position + size].reshape(rows, piece.width)
-            position += size
+        layout = self._table_layout(table)
+        for rank in range(self.plan.world_size):
+            pieces = [piece for owner, piece in layout if owner == rank]
+            if not pieces and self.env.distributed:
+                position += 1
+            for piece in pieces:
+                size = rows * piece.width
+                full[:, piece.column_start:piece.column_end] = values[position:position + size].reshape(rows, piece.width)
+                position += size
         return full
 
     def set_full_table(self, table: int, values: np.ndarray | None) -> None:
@@ -259,12 +288,15 @@ class DistributedEmbedding(keras.layers.Layer):
             per_rank = [[] for _ in range(self.plan.world_size)]
             for rank, piece in self._table_layout(table):
                 per_rank[rank].append(values[:, piece.column_start:piece.column_end].reshape(-1))
-            sends = [np.concatenate(p) if p else np.zeros(0, np.float32) for p in per_rank]
+            # One padding value to ranks holding none of the table: Horovod hangs on empty sends.
+            sends = [np.concatenate(p) if p else np.zeros(1, np.float32) for p in per_rank]
             flat, splits = np.concatenate(sends), [s.shape[0] for s in sends]
         else:
-            flat, splits = np.zeros(0, np.float32), [0] * self.plan.world_size
-        received = collectives.alltoall(self.env, tf.constant(flat), splits, name=f"scatter_table_{table}")
-        received = received.numpy()
+            flat, splits = np.zeros(1, np.float32), [1] + [0] * (self.plan.world_size - 1)
+        if self.env.distributed:
+            received = collectives.alltoall(self.env, tf.constant(flat), splits, name=f"scatter_table_{table}").numpy()
+        else:
+            received = flat
         position = 0
         for index, offset, piece in self._my_pieces(table):
             size = rows * piece.width

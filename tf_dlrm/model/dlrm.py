@@ -61,7 +61,7 @@ class DLRM(keras.Model):
 
     def call(self, inputs, training=False):
         numerical, categorical = inputs
-        embeddings = self.embedding(categorical)
+        embeddings = self.embedding(categorical, local_batch=tf.shape(numerical)[0])
         if self.bottom_mlp is not None:
             bottom = self.bottom_mlp(tf.cast(numerical, self.compute_dtype))
         else:

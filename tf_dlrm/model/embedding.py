@@ -73,7 +73,7 @@ class EmbeddingBank(keras.layers.Layer):
     def dense_variables(self) -> list:
         return []
 
-    def call(self, categorical):
+    def call(self, categorical, local_batch=None):
         vectors = [tf.gather(table, ids) for table, ids in zip(self.tables, categorical)]
         return tf.cast(tf.stack(vectors, axis=1), self.compute_dtype)
 

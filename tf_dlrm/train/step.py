@@ -71,6 +71,8 @@ class Trainer:
         self.shards = list(model.embedding.sparse_variables)
         self.replicated = list(model.embedding.dense_variables)
         self.mlp = list(model.mlp_variables)
+        # Differentiated but never updated: they keep every rank's backward collectives alive.
+        self.padding = list(getattr(model.embedding, "padding_variables", []))
         self.dense_optimizer = make_dense_optimizer(config)
         self.dense_optimizer.build(self.mlp)
         self.learning_rate = tf.Variable(config.schedule.base, dtype=tf.float32, trainable=False, name="learning_rate")
@@ -84,7 +86,7 @@ class Trainer:
         return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
 
     def _train_step(self, numerical, categorical, label):
-        variables = self.shards + self.replicated + self.mlp
+        variables = self.shards + self.replicated + self.mlp + self.padding
         with tf.GradientTape() as tape:
             tape.watch([v.value for v in variables])
             loss = self._loss(numerical, categorical, label)
@@ -94,7 +96,7 @@ class Trainer:
             gradients = [_unscale(g, self.config.loss_scale) for g in gradients]
         shard_grads = gradients[: len(self.shards)]
         dense_vars = self.replicated + self.mlp
-        dense_grads = [_dense(g, v) for g, v in zip(gradients[len(self.shards):], dense_vars)]
+        dense_grads = [_dense(g, v) for g, v in zip(gradients[len(self.shards):len(self.shards) + len(dense_vars)], dense_vars)]
         dense_grads = collectives.grouped_mean(self.env, dense_grads, name="dense_gradients")
         rate = self.config.schedule.tensor(self.step)
         self.learning_rate.assign(rate)
@@ -106,6 +108,11 @@ class Trainer:
             variable.assign_sub(gradient * rate)
         self.dense_optimizer.learning_rate = rate
         self.dense_optimizer.apply(dense_grads[len(self.replicated):], self.mlp)
+        # Grappler prunes results nobody reads, and a control dependency is not enough to keep
+        # them: storing the padding gradient (exactly zero, receivers skip that column) keeps this
+        # rank's backward alltoall in the graph, as on every other rank.
+        for variable, gradient in zip(self.padding, gradients[len(variables) - len(self.padding):]):
+            variable.assign(gradient)
         self.step.assign_add(1)
         return loss
 
