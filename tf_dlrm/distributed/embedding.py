@@ -62,6 +62,47 @@ def received_permutation(plan: ShardingPlan) -> np.ndarray:
     )
 
 
+def gather_rows(variable, ids: tf.Tensor) -> tf.Tensor:
+    """``variable[ids]`` with one ``ResourceGather`` that reads only the rows asked for.
+
+    ``tf.gather`` on a Keras variable first reads the whole variable (``ReadVariableOp``), and once
+    a variable has been updated by scatter ops TensorFlow keeps it in copy-on-read mode: that read
+    copies the whole table every step. The underlying ``tf.Variable`` is gathered from directly
+    (the tables are created with ``autocast=False``, so ``.value`` is never a cast copy).
+    """
+    return tf.gather(variable.value, ids)
+
+
+def index_dtype(total_rows: int) -> tf.DType:
+    """int32 ids when a fused variable's rows fit: no int64 casts, half the id bytes."""
+    return tf.int32 if total_rows < np.iinfo(np.int32).max else tf.int64
+
+
+def permute(tensor: tf.Tensor, permutation: np.ndarray, axis: int) -> tf.Tensor:
+    """``tf.gather(tensor, permutation, axis)`` for a permutation that may skip entries, whose
+    gradient is one gather as well (the generic gradient of a gather along an inner axis is two
+    transposes and a segment sum). Skipped entries (padding columns) get a zero gradient."""
+    size = int(tensor.shape[axis])
+    if len(permutation) == size and np.array_equal(permutation, np.arange(size)):
+        return tensor
+    # inverse[j]: where entry j of the input went; entries that were skipped read an appended zero.
+    inverse = np.full(size, len(permutation), dtype=np.int32)
+    inverse[permutation] = np.arange(len(permutation), dtype=np.int32)
+    complete = len(permutation) == size
+
+    @tf.custom_gradient
+    def forward(values):
+        def backward(upstream):
+            if not complete:
+                zero_shape = tf.tensor_scatter_nd_update(tf.shape(upstream), [[axis]], [1])
+                upstream = tf.concat([upstream, tf.zeros(zero_shape, upstream.dtype)], axis=axis)
+            return tf.gather(upstream, inverse, axis=axis)
+
+        return tf.gather(values, permutation, axis=axis), backward
+
+    return forward(tensor)
+
+
 @keras.saving.register_keras_serializable(package="tf_dlrm")
 class DistributedEmbedding(keras.layers.Layer):
     """The embedding tables of DLRM, sharded table-wise and column-wise over ranks.
@@ -103,7 +144,8 @@ class DistributedEmbedding(keras.layers.Layer):
 
     def _row_offsets(self, tables) -> tuple[np.ndarray, int]:
         rows = [self.cardinalities[t] for t in tables]
-        offsets = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(np.int64) if rows else np.zeros(0, np.int64)
+        dtype = index_dtype(int(sum(rows))).as_numpy_dtype
+        offsets = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(dtype) if rows else np.zeros(0, dtype)
         return offsets, int(sum(rows))
 
     def build(self, input_shape=None):
@@ -113,10 +155,11 @@ class DistributedEmbedding(keras.layers.Layer):
             values = np.concatenate(
                 [initial_table_slice(self.seed, s.table, self.cardinalities[s.table], self.embedding_dim, s.column_start, s.column_end) for s in slices]
             )
-            # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round away.
+            # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round
+            # away. autocast=False: Keras would otherwise cast the whole table on every read.
             self.shard_variables.append(
                 self.add_weight(name=f"shards_w{width}", shape=(total_rows, width), dtype="float32",
-                                initializer=lambda shape, dtype, v=values: tf.constant(v))
+                                initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False)
             )
             self.group_offsets.append(offsets)
         self.padding_variables = []
@@ -127,6 +170,11 @@ class DistributedEmbedding(keras.layers.Layer):
             self.padding_variables.append(
                 self.add_weight(name="exchange_padding", shape=(1, 1), dtype="float32", initializer="zeros", trainable=False)
             )
+        self.id_sink = None
+        if self.env.distributed and self.data_parallel_input and not self.owned_tables and self.model_parallel:
+            # This rank receives no ids in the id exchange; Grappler would prune an alltoall whose
+            # (empty) result nobody reads, and the other ranks would wait forever: store it.
+            self.id_sink = self.add_weight(name="id_sink", shape=(), dtype="int64", initializer="zeros", trainable=False)
         if self.replicated:
             self.replicated_offsets, total_rows = self._row_offsets(self.replicated)
             values = np.concatenate(
@@ -134,7 +182,7 @@ class DistributedEmbedding(keras.layers.Layer):
             )
             self.replicated_variable = self.add_weight(
                 name="replicated", shape=(total_rows, self.embedding_dim), dtype="float32",
-                initializer=lambda shape, dtype, v=values: tf.constant(v),
+                initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False,
             )
 
     @property
@@ -164,6 +212,8 @@ class DistributedEmbedding(keras.layers.Layer):
             static_batch = local_ids[0].shape[0]
             received = collectives.alltoall(self.env, flat, [static_batch * n for n in splits], name="id_exchange")
         owned = len(self.owned_tables)
+        if self.id_sink is not None:
+            self.id_sink.assign(tf.reduce_sum(tf.cast(received, tf.int64)))
         global_ids = tf.reshape(received, [world * local_batch, owned]) if owned else None
         return {t: global_ids[:, j] for j, t in enumerate(self.owned_tables)}
 
@@ -183,12 +233,16 @@ class DistributedEmbedding(keras.layers.Layer):
         if self.model_parallel:
             parts.append(self._model_parallel_lookup(global_ids, local_batch))
         if self.replicated:
-            ids = tf.stack([tf.cast(i, tf.int64) for i in replicated_ids], axis=1) + self.replicated_offsets
-            parts.append(tf.cast(tf.gather(self.replicated_variable, ids), self.compute_dtype))
+            ids = self._fused_ids(replicated_ids, self.replicated_offsets)
+            parts.append(tf.cast(gather_rows(self.replicated_variable, ids), self.compute_dtype))
         embeddings = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
-        if len(parts) > 1 and np.any(self.feature_order != np.arange(self.num_tables)):
-            embeddings = tf.gather(embeddings, self.feature_order, axis=1)
-        return embeddings
+        return permute(embeddings, self.feature_order, axis=1)
+
+    @staticmethod
+    def _fused_ids(ids, offsets: np.ndarray) -> tf.Tensor:
+        """``[batch, tables]`` row numbers in a fused variable: each table's ids plus its row offset."""
+        dtype = tf.as_dtype(offsets.dtype)
+        return tf.stack([tf.cast(i, dtype) for i in ids], axis=1) + offsets
 
     def _local_batch_from(self, categorical):
         if self.data_parallel_input or len(categorical) > len(self.global_categorical):
@@ -200,8 +254,8 @@ class DistributedEmbedding(keras.layers.Layer):
     def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch) -> tf.Tensor:
         packed = []
         for (width, slices), variable, offsets in zip(self.groups, self.shard_variables, self.group_offsets):
-            ids = tf.stack([tf.cast(global_ids[s.table], tf.int64) for s in slices], axis=1) + offsets
-            vectors = tf.gather(variable, ids)  # [B, slices, width]
+            ids = self._fused_ids([global_ids[s.table] for s in slices], offsets)
+            vectors = gather_rows(variable, ids)  # [B, slices, width]
             global_batch = tf.shape(vectors)[0]
             packed.append(tf.reshape(vectors, [global_batch, len(slices) * width]))
         # Cast before the exchange: under mixed precision the alltoall carries half the bytes.
@@ -216,7 +270,7 @@ class DistributedEmbedding(keras.layers.Layer):
             block = tf.concat([tf.reshape(c, [local_batch, w]) for c, w in zip(chunks, self.send_widths)], axis=1)
         else:
             block = local_block
-        mp = tf.gather(block, self.permutation, axis=1)
+        mp = permute(block, self.permutation, axis=1)
         return tf.reshape(mp, [-1, len(self.model_parallel), self.embedding_dim])
 
     def compute_output_shape(self, input_shape):

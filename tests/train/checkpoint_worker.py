@@ -1,0 +1,84 @@
+"""Runs several ``main.py``-style tasks in one process (one horovodrun launch), for the checkpoint tests.
+
+Usage: ``[horovodrun -np N] python tests/train/checkpoint_worker.py TASKS.json OUT_DIR``. Each task is
+``{"name", "action", "argv", "expect_error"?}`` with ``argv`` the flags of ``main.py``:
+
+- ``train`` / ``mode``: what ``main.py`` does with those flags (training, or eval/inference/export);
+- ``predict``: restore the checkpoint of the flags, evaluate the validation split, and predict the
+  first validation batch; rank 0 writes ``OUT_DIR/<name>_predictions.npy`` and, with one rank,
+  that batch as ``OUT_DIR/<name>_batch.npz`` (numerical, categorical in feature-spec order).
+
+Rank 0 writes ``OUT_DIR/results.json``: ``{name: record}``; with ``expect_error`` the record is
+``{"error": message}`` of the CheckpointError / ValueError the task raised (on every rank).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tf_dlrm.train import cli  # noqa: E402  (defines main.py's flags)
+from tf_dlrm.train.flags import config_from_flags  # noqa: E402
+
+
+def parse(argv):
+    cli.FLAGS.unparse_flags()
+    cli.FLAGS(["main.py", *argv])
+    return config_from_flags(cli.FLAGS)
+
+
+def predict(config, name, out_dir):
+    from tf_dlrm.train import builder, modes
+    from tf_dlrm.train.loop import evaluate
+
+    session = modes.open_session(config)
+    header = modes.restore(session)
+    embedding = session.model.embedding
+    reader = builder.make_reader(session.spec, config.valid_split, config.valid_batch_size, session.env, embedding, False, config.seed)
+    result = evaluate(session.trainer, reader)
+    numerical, categorical, label = reader.read_batch(0)
+    probabilities, _ = session.trainer.predict_step(numerical, tuple(categorical), label)
+    if session.env.is_chief:
+        np.save(os.path.join(out_dir, f"{name}_predictions.npy"), probabilities.numpy())
+        if session.env.world_size == 1:
+            columns = dict(zip(list(embedding.global_categorical) + list(embedding.local_categorical), categorical))
+            ids = np.stack([columns[t].astype(np.int64) for t in range(len(columns))], axis=1)
+            np.savez(os.path.join(out_dir, f"{name}_batch.npz"), numerical=numerical, categorical=ids)
+    return {"auc": result.auc, "logloss": result.logloss, "samples": result.samples, "step": header["step"], "checkpoint": header["path"]}
+
+
+def run_task(task, out_dir):
+    from tf_dlrm.train import modes
+
+    config = parse(task["argv"])
+    try:
+        if task["action"] == "train":
+            return cli.run_training(config)
+        if task["action"] == "mode":
+            return modes.run(config)
+        return predict(config, task["name"], out_dir)
+    except ValueError as error:
+        if not task.get("expect_error"):
+            raise
+        return {"error": str(error)}
+
+
+def main():
+    tasks_path, out_dir = sys.argv[1], sys.argv[2]
+    with open(tasks_path) as handle:
+        tasks = json.load(handle)
+    results = {}
+    for task in tasks:
+        results[task["name"]] = run_task(task, out_dir)
+    if os.environ.get("HOROVOD_RANK", "0") == "0":
+        with open(os.path.join(out_dir, "results.json"), "w") as handle:
+            json.dump(results, handle, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Checkpoints: what a save holds, restoring on other world sizes and plans, and refusing bad ones.
+
+Saved with ``-np 2`` (column-wise), restored with ``-np 1`` (auto plan) and ``-np 3`` (table-wise):
+validation AUC / logloss and the predictions of a fixed batch agree within 1e-6 (only the batch
+split of the forward pass differs). Corrupt, truncated, unsafe or mismatching checkpoints are
+refused with a message naming the file, flag or feature.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from checkpoint_runs import EVERY, STEPS, ckpt, single, straight, table_wise
+from tf_dlrm.train import checkpoint
+
+pytestmark = pytest.mark.multirank
+
+
+def test_a_checkpoint_holds_the_whole_state(tmp_path_factory):
+    run = straight(tmp_path_factory)
+    directory = ckpt(run["save"], STEPS)
+    manifest = checkpoint.read_manifest(directory)
+    checkpoint.verify_files(directory, manifest)
+    assert manifest["step"] == STEPS
+    # 8 batches per epoch: step 10 resumes at epoch 1, batch 2.
+    assert manifest["position"] == {"epoch": 1, "batch": 2, "steps_per_epoch": 8, "batch_size": 192}
+    assert manifest["rng"]["seed"] == 7 and manifest["saved_world_size"] == 2
+    assert [t["rows"] for t in manifest["tables"]] == [3, 16, 120, 600, 1500, 2048, 3500, 5000]
+    names = [s["name"] for s in manifest["optimizer_state"]]
+    assert names[:2] == ["iteration", "learning_rate"]
+    assert "bottom_mlp_dense_0_kernel_momentum" in names and "top_mlp_dense_1_bias_velocity" in names
+    assert {"model_config.json", "feature_spec.yaml"} <= set(manifest["files"])
+    iteration = np.load(os.path.join(directory, "optimizer", "iteration.npy"), allow_pickle=False)
+    assert int(iteration) == STEPS
+    with open(os.path.join(run["save"], "latest")) as handle:
+        assert handle.read().strip() == f"ckpt-{STEPS:08d}"
+    assert [step for step, _ in checkpoint.list_checkpoints(run["save"])] == [EVERY, STEPS]
+
+
+def test_tables_are_saved_in_full_table_layout(tmp_path_factory):
+    """Column slices of two ranks join into whole tables: the first rows match the -np 1 initial ones."""
+    from tf_dlrm.model.table_init import initial_table_slice
+
+    run = straight(tmp_path_factory)
+    saved = np.load(os.path.join(ckpt(run["save"], STEPS), "tables", "table_007.npy"), allow_pickle=False)
+    initial = initial_table_slice(7, 7, 5000, 8)
+    assert saved.shape == (5000, 8)
+    # Training touched few rows: most rows still equal the (sharding-independent) initial table.
+    assert np.mean(np.all(saved == initial, axis=1)) > 0.5
+
+
+@pytest.mark.parametrize("other", ["single", "table_wise"])
+def test_restore_on_another_world_size_and_plan_gives_the_same_results(other, tmp_path_factory):
+    reference = straight(tmp_path_factory)
+    run = single(tmp_path_factory) if other == "single" else table_wise(tmp_path_factory)
+    mine, theirs = run["results"]["predict"], reference["results"]["predict"]
+    assert mine["step"] == theirs["step"] == STEPS
+    assert abs(mine["auc"] - theirs["auc"]) <= 1e-6, (mine, theirs)
+    assert abs(mine["logloss"] - theirs["logloss"]) <= 1e-6, (mine, theirs)
+    expected = np.load(os.path.join(reference["out"], "predict_predictions.npy"))
+    actual = np.load(os.path.join(run["out"], "predict_predictions.npy"))
+    assert expected.shape == actual.shape == (384,)
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-6)
+
+
+def test_training_run_evaluates_like_its_restored_checkpoint(tmp_path_factory):
+    reference = straight(tmp_path_factory)
+    final = reference["results"]["train"]
+    restored = reference["results"]["predict"]
+    assert final["steps"] == STEPS
+    assert abs(final["auc"] - restored["auc"]) <= 1e-6 and abs(final["logloss"] - restored["logloss"]) <= 1e-6
+
+
+def _copy(run, tmp_path) -> str:
+    directory = str(tmp_path / f"ckpt-{STEPS:08d}")
+    shutil.copytree(ckpt(run["save"], STEPS), directory)
+    return directory
+
+
+def test_truncated_file_is_refused_naming_it(tmp_path_factory, tmp_path):
+    directory = _copy(straight(tmp_path_factory), tmp_path)
+    path = os.path.join(directory, "tables", "table_005.npy")
+    with open(path, "r+b") as handle:
+        handle.truncate(os.path.getsize(path) // 2)
+    with pytest.raises(checkpoint.CheckpointError, match=r"tables/table_005\.npy.*truncated"):
+        checkpoint.verify_files(directory, checkpoint.read_manifest(directory))
+
+
+def test_wrong_checksum_is_refused_naming_the_file(tmp_path_factory, tmp_path):
+    directory = _copy(straight(tmp_path_factory), tmp_path)
+    path = os.path.join(directory, "dense", "top_mlp.dense_0.kernel.npy")
+    with open(path, "r+b") as handle:
+        handle.seek(-3, os.SEEK_END)
+        byte = handle.read(1)
+        handle.seek(-3, os.SEEK_END)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(checkpoint.CheckpointError, match=r"dense/top_mlp\.dense_0\.kernel\.npy fails its sha256"):
+        checkpoint.verify_files(directory, checkpoint.read_manifest(directory))
+
+
+def test_refusals_through_the_command_line(tmp_path_factory):
+    results = single(tmp_path_factory)["results"]
+    assert "tables/table_006.npy" in results["truncated"]["error"] and "truncated" in results["truncated"]["error"]
+    assert "--embedding_dim: 8 in the checkpoint, 16 from the flags" in results["wrong_model"]["error"]
+    assert "--bottom_mlp_dims" in results["wrong_model"]["error"]
+    assert "feature cat_7.bin: cardinality 5000 in the checkpoint, 5001" in results["wrong_spec"]["error"]
+    assert "--optimizer=adam" in results["wrong_optimizer"]["error"]
+
+
+class _Trap:
+    """Unpickling this would create a file: proof that loading executed code."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_pickled_arrays_and_escaping_paths_are_refused_without_running_code(tmp_path_factory, tmp_path):
+    directory = _copy(straight(tmp_path_factory), tmp_path)
+    marker = str(tmp_path / "code_ran")
+    name = "dense/top_mlp.dense_1.bias.npy"
+    trap = np.empty(1, dtype=object)
+    trap[0] = _Trap(marker)
+    np.save(os.path.join(directory, name), trap, allow_pickle=True)
+    manifest_path = os.path.join(directory, "manifest.json")
+    with open(manifest_path) as handle:
+        manifest = json.load(handle)
+    # An attacker can recompute the checksums, so they pass; the array is still refused.
+    manifest["files"][name].update(bytes=os.path.getsize(os.path.join(directory, name)),
+                                   sha256=checkpoint._sha256(os.path.join(directory, name)))
+    with open(manifest_path, "w") as handle:
+        json.dump(manifest, handle)
+    checkpoint.verify_files(directory, checkpoint.read_manifest(directory))
+    with pytest.raises(checkpoint.CheckpointError, match=r"top_mlp\.dense_1\.bias\.npy is not a plain \.npy"):
+        checkpoint.load_array(directory, name, (1,), np.float32)
+    assert not os.path.exists(marker)
+
+    manifest["files"]["../../outside.npy"] = manifest["files"].pop(name)
+    with open(manifest_path, "w") as handle:
+        json.dump(manifest, handle)
+    with pytest.raises(checkpoint.CheckpointError, match="unsafe file name"):
+        checkpoint.read_manifest(directory)
+
+
+def test_latest_ignores_unpublished_and_incomplete_directories(tmp_path_factory, tmp_path):
+    run = straight(tmp_path_factory)
+    for step in (EVERY, STEPS):
+        shutil.copytree(ckpt(run["save"], step), tmp_path / f"ckpt-{step:08d}")
+    # A save killed before its rename, and a directory without manifest (e.g. a partial copy).
+    shutil.copytree(ckpt(run["save"], STEPS), tmp_path / ".ckpt-00000015.tmp")
+    os.makedirs(tmp_path / "ckpt-00000020" / "tables")
+    assert checkpoint.latest_checkpoint(str(tmp_path)) == str(tmp_path / f"ckpt-{STEPS:08d}")
+    assert checkpoint.resolve(str(tmp_path)) == str(tmp_path / f"ckpt-{STEPS:08d}")
+    with pytest.raises(checkpoint.CheckpointError, match="not a complete checkpoint"):
+        checkpoint.read_manifest(str(tmp_path / "ckpt-00000020"))
+    checkpoint.remove_stale(str(tmp_path))
+    assert not os.path.exists(tmp_path / ".ckpt-00000015.tmp")
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path_factory):
+    """The -np 3 run saved at steps 6, 8 and 10 with --keep_checkpoints=2."""
+    run = table_wise(tmp_path_factory)
+    assert sorted(os.listdir(run["save"])) == ["ckpt-00000008", "ckpt-00000010", "latest"]

@@ -1,0 +1,44 @@
+"""The exported SavedModel serves with TensorFlow alone and predicts what the training model predicts."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from checkpoint_runs import STEPS, single, straight
+from conftest import run_python
+
+pytestmark = pytest.mark.multirank
+
+
+def test_saved_model_predicts_like_the_training_model(tmp_path_factory, tmp_path):
+    run = single(tmp_path_factory)
+    batch = os.path.join(run["out"], "predict_batch.npz")
+    served = str(tmp_path / "served.npy")
+    # A fresh interpreter that never imports tf_dlrm (the script checks) loads it with tf.saved_model.load.
+    run_python(["tests/train/serve_saved_model.py", run["saved_model"], batch, served])
+    probabilities = np.load(served)
+    one_process = np.load(os.path.join(run["out"], "predict_predictions.npy"))
+    two_ranks = np.load(os.path.join(straight(tmp_path_factory)["out"], "predict_predictions.npy"))
+    assert probabilities.shape == one_process.shape == (384,)
+    np.testing.assert_allclose(probabilities, one_process, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(probabilities, two_ranks, rtol=0, atol=1e-6)
+
+
+def test_saved_model_describes_its_inputs(tmp_path_factory):
+    run = single(tmp_path_factory)
+    with open(os.path.join(run["saved_model"], "tf_dlrm_serving.json")) as handle:
+        info = json.load(handle)
+    assert info["step"] == STEPS
+    assert info["inputs"]["numerical"]["shape"] == [None, 13]
+    assert info["inputs"]["categorical"]["columns"] == [f"cat_{i}.bin" for i in range(8)]
+    assert run["results"]["export"]["step"] == STEPS
+
+
+def test_export_never_overwrites_a_saved_model(tmp_path_factory):
+    run = single(tmp_path_factory)
+    assert "exists and is not empty" in run["results"]["export_again"]["error"]
+    assert os.path.isfile(os.path.join(run["saved_model"], "saved_model.pb"))

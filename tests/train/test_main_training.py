@@ -1,0 +1,133 @@
+"""``main.py`` end to end: learns synthetic data, N ranks equal one, NVIDIA-layout data trains, errors.
+
+These run the real entry point in subprocesses (``python main.py`` and ``horovodrun -np 2``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import launch, run_python
+from tf_dlrm.data.synthetic import generate
+from tf_dlrm.feature_spec import FeatureSpec
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL_FLAGS = [
+    "--embedding_dim=16", "--bottom_mlp_dims=64,16", "--top_mlp_dims=64,32,1", "--batch_size=1024",
+    "--learning_rate=1.0", "--epochs=3", "--print_freq=100", "--seed=7",
+]
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("synthetic_small")
+    spec = FeatureSpec.load(os.path.join(REPO, "feature_specs", "synthetic_small.yaml"), check_files=False)
+    generate(spec, str(directory), num_train_samples=200_000, num_valid_samples=50_000, seed=1)
+    return directory
+
+
+def final_record(log_path) -> dict:
+    lines = [json.loads(line) for line in open(log_path, encoding="utf-8").read().splitlines()]
+    assert lines[-1]["event"] == "final"
+    return lines[-1]
+
+
+@pytest.fixture(scope="module")
+def single_process_run(synthetic, tmp_path_factory):
+    log = tmp_path_factory.mktemp("np1") / "log.jsonl"
+    run_python(["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", *MODEL_FLAGS])
+    return final_record(log)
+
+
+def test_training_reaches_the_oracle_auc(synthetic, single_process_run):
+    oracle = yaml.safe_load(open(synthetic / "feature_spec.yaml"))["metadata"]["oracle_valid_auc"]
+    assert single_process_run["auc"] >= oracle - 0.02, (single_process_run, oracle)
+
+
+def test_final_log_line_follows_the_contract(single_process_run):
+    assert set(single_process_run) == {"event", "auc", "logloss", "train_samples_per_s", "steps", "world_size"}
+    assert single_process_run["world_size"] == 1
+    assert single_process_run["steps"] == 3 * (200_000 // 1024)
+    assert single_process_run["train_samples_per_s"] > 0
+    assert 0 < single_process_run["logloss"] < 0.69
+
+
+@pytest.mark.multirank
+def test_two_ranks_end_with_the_same_auc_as_one(synthetic, single_process_run, tmp_path):
+    log = tmp_path / "log.jsonl"
+    launch(2, ["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", *MODEL_FLAGS], timeout=600)
+    two = final_record(log)
+    assert two["world_size"] == 2
+    assert two["steps"] == single_process_run["steps"]
+    assert abs(two["auc"] - single_process_run["auc"]) <= 1e-3, (two, single_process_run)
+    config = json.loads(open(log).readline())
+    assert config["event"] == "config" and len(config["rank_embedding_bytes"]) == 2
+    assert config["alltoall_bytes_per_step"] > 0
+
+
+def write_nvidia_layout_by_hand(directory, num_samples: int, seed: int) -> None:
+    """NVIDIA's split_binary layout written with plain numpy, independent of tf_dlrm's writer."""
+    rng = np.random.default_rng(seed)
+    cardinalities = [7, 3000, 100]
+    weights = [rng.normal(0, 1.5, c) for c in cardinalities]
+    for split, count in (("train", num_samples), ("test", num_samples // 4)):
+        os.makedirs(directory / split)
+        numerical = rng.random((count, 4)).astype(np.float16)
+        ids = [rng.integers(0, c, count) for c in cardinalities]
+        logit = sum(w[i] for w, i in zip(weights, ids)) + 2 * numerical[:, 0].astype(np.float64) - 1
+        label = rng.random(count) < 1 / (1 + np.exp(-logit))
+        label.astype(np.bool_).tofile(directory / split / "label.bin")
+        numerical.tofile(directory / split / "numerical.bin")
+        for index, (values, dtype) in enumerate(zip(ids, (np.int8, np.int16, np.int8))):
+            values.astype(dtype).tofile(directory / split / f"cat_{index}.bin")
+    features = {"label": {"dtype": "bool"}}
+    features.update({f"num_{i}": {"dtype": "float16"} for i in range(4)})
+    features.update({f"cat_{i}.bin": {"dtype": d, "cardinality": c} for i, (d, c) in enumerate(zip(("int8", "int16", "int8"), cardinalities))})
+    sources = {
+        split: [
+            {"type": "split_binary", "features": [f"num_{i}" for i in range(4)], "files": [f"{split}/numerical.bin"]},
+            {"type": "split_binary", "features": ["label"], "files": [f"{split}/label.bin"]},
+        ] + [{"type": "split_binary", "features": [f"cat_{i}.bin"], "files": [f"{split}/cat_{i}.bin"]} for i in range(3)]
+        for split in ("train", "test")
+    }
+    spec = {
+        "feature_spec": features,
+        "channel_spec": {"label": ["label"], "numerical": [f"num_{i}" for i in range(4)], "categorical": [f"cat_{i}.bin" for i in range(3)]},
+        "source_spec": sources,
+        "metadata": {},
+    }
+    (directory / "feature_spec.yaml").write_text(yaml.safe_dump(spec))
+
+
+def test_dataset_written_by_an_independent_numpy_writer_trains(tmp_path):
+    write_nvidia_layout_by_hand(tmp_path, 40_000, seed=3)
+    log = tmp_path / "log.jsonl"
+    run_python([
+        "main.py", f"--dataset_path={tmp_path}", f"--log_path={log}", "--embedding_dim=8", "--bottom_mlp_dims=16,8",
+        "--top_mlp_dims=16,1", "--batch_size=500", "--learning_rate=0.5", "--epochs=2", "--print_freq=40",
+    ])
+    final = final_record(log)
+    assert final["steps"] == 2 * 80
+    assert final["auc"] > 0.75, final  # labels depend strongly on the ids: a model that reads them learns
+
+
+def test_flag_errors_are_clear(synthetic, tmp_path):
+    bad = run_python(["main.py", f"--dataset_path={synthetic}", "--bottom_mlp_dims=64,8", "--embedding_dim=16"], check=False)
+    assert bad.returncode != 0
+    assert "--bottom_mlp_dims=64,8" in bad.stderr and "--embedding_dim=16" in bad.stderr
+    missing = run_python(["main.py", f"--dataset_path={tmp_path}"], check=False)
+    assert missing.returncode != 0 and "feature_spec.yaml" in missing.stderr
+
+
+@pytest.mark.multirank
+def test_batch_size_not_divisible_by_ranks_fails_before_any_work(synthetic, tmp_path):
+    log = tmp_path / "log.jsonl"
+    result = launch(2, ["main.py", f"--dataset_path={synthetic}", "--batch_size=1001", f"--log_path={log}"], check=False, timeout=300)
+    assert result.returncode != 0
+    assert "--batch_size=1001 does not divide by the number of ranks (2)" in result.stdout + result.stderr
+    assert not log.exists(), "work started before the batch size was checked"
