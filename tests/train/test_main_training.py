@@ -131,3 +131,17 @@ def test_batch_size_not_divisible_by_ranks_fails_before_any_work(synthetic, tmp_
     assert result.returncode != 0
     assert "--batch_size=1001 does not divide by the number of ranks (2)" in result.stdout + result.stderr
     assert not log.exists(), "work started before the batch size was checked"
+
+
+def test_in_memory_synthetic_batches_and_tensorboard(tmp_path):
+    log, board = tmp_path / "log.jsonl", tmp_path / "board"
+    run_python([
+        "main.py", "--dataset_type=synthetic", f"--feature_spec={REPO}/feature_specs/synthetic_small.yaml",
+        "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--batch_size=256", "--max_steps=30",
+        "--print_freq=10", f"--log_path={log}", f"--tensorboard_dir={board}",
+    ])
+    final = final_record(log)
+    assert final["steps"] == 30 and final["auc"] is None  # no validation split in a data-less spec
+    events = [json.loads(line) for line in open(log, encoding="utf-8")]
+    assert [e["step"] for e in events if e["event"] == "train"] == [10, 20, 30]
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(board))

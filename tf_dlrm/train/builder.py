@@ -8,6 +8,7 @@ from typing import Sequence
 import keras
 import numpy as np
 
+from tf_dlrm.data.random_batches import RandomBatches
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.distributed.embedding import DistributedEmbedding
 from tf_dlrm.distributed.env import DistributedEnv
@@ -92,8 +93,16 @@ def build_with_dummy_batch(model: DLRM, num_numerical: int, embedding, world_siz
 
 
 def make_reader(
-    spec: FeatureSpec, split: str, global_batch_size: int, env: DistributedEnv, embedding, training: bool, seed: int
-) -> SplitBinaryReader:
+    spec: FeatureSpec, split: str, global_batch_size: int, env: DistributedEnv, embedding, training: bool, seed: int,
+    dataset_type: str = "tf_raw", synthetic_batches: int = 64,
+):
+    """The reader of one split for this rank: split_binary files, or random in-memory batches."""
+    if dataset_type == "synthetic":
+        return RandomBatches(
+            spec, synthetic_batches * global_batch_size, global_batch_size, rank=env.rank, world_size=env.world_size,
+            global_categorical=embedding.global_categorical, local_categorical=embedding.local_categorical,
+            seed=seed if training else seed + 1,
+        )
     return SplitBinaryReader(
         spec,
         split,
