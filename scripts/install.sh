@@ -42,12 +42,23 @@ else
   tf_requirement="tensorflow-cpu==${tf_version}"
 fi
 
-# The stamp records everything that decides the environment's contents.
-stamp_key="$(cat scripts/install.sh setup.cfg pyproject.toml 2>/dev/null | sha256sum | cut -c1-16) ${tf_requirement} ${extras}"
+# The stamp records everything that decides the environment's contents; extras already
+# installed by an earlier run (e.g. `make test` installs spark, `make demo` asks only for test) count.
 stamp="$venv/.tf_dlrm_install_stamp"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$stamp_key" ]] && "$venv/bin/python" -c 'import horovod.tensorflow, tf_dlrm' 2>/dev/null; then
-  log "environment in $venv is up to date"
-  exit 0
+files_key="$(cat scripts/install.sh setup.cfg pyproject.toml 2>/dev/null | sha256sum | cut -c1-16) ${tf_requirement}"
+installed_extras=""
+if [[ -f "$stamp" ]]; then
+  read -r stamped_key installed_extras < "$stamp" || true
+  stamped_key="${stamped_key//|/ }"
+  if [[ "$stamped_key" == "$files_key" ]]; then
+    missing=""
+    for extra in ${extras//,/ }; do [[ ",$installed_extras," == *",$extra,"* ]] || missing=1; done
+    if [[ -z "$missing" ]] && "$venv/bin/python" -c 'import horovod.tensorflow, tf_dlrm' 2>/dev/null; then
+      log "environment in $venv is up to date (extras: $installed_extras)"
+      exit 0
+    fi
+    extras="$(printf '%s\n' ${extras//,/ } ${installed_extras//,/ } | sort -u | paste -sd, -)"
+  fi
 fi
 
 python_bin="$(find_python)"
@@ -93,5 +104,5 @@ log "installing tf_dlrm[${extras}] (editable)"
 "${pip[@]}" install --quiet --no-build-isolation -e ".[${extras}]"
 
 "$venv/bin/python" -c 'import tensorflow as tf, horovod.tensorflow as hvd; print("[install] tensorflow", tf.__version__, "horovod ok, gloo built:", hvd.gloo_built())' >&2
-echo "$stamp_key" > "$stamp"
+echo "${files_key// /|} ${extras}" > "$stamp"
 log "done"
