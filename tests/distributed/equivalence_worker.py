@@ -24,7 +24,8 @@ from tf_dlrm.distributed import collectives  # noqa: E402
 from tf_dlrm.distributed import env as env_module  # noqa: E402
 from tf_dlrm.distributed.embedding import DistributedEmbedding  # noqa: E402
 from tf_dlrm.distributed.env import DistributedEnv  # noqa: E402
-from tf_dlrm.distributed.plan import TableSpec, make_plan  # noqa: E402
+from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
+from tf_dlrm.distributed.planner import make_plan  # noqa: E402
 from tf_dlrm.model.dlrm import DLRM  # noqa: E402
 from tf_dlrm.model.embedding import EmbeddingBank  # noqa: E402
 from tf_dlrm.train.builder import build_with_dummy_batch  # noqa: E402

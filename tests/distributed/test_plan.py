@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from tf_dlrm.distributed.plan import (ColumnSlice, ShardingPlan, Strategy, TableSpec, make_plan,
-                                      split_columns)
+from tf_dlrm.distributed.plan import ColumnSlice, ShardingPlan, Strategy, TableSpec
+from tf_dlrm.distributed.planner import make_plan, split_columns
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 STRATEGIES = [s.value for s in Strategy]
@@ -53,7 +53,7 @@ def all_plans():
 
 
 def test_plan_module_imports_no_framework():
-    code = ("import sys, tf_dlrm.distributed.plan; "
+    code = ("import sys, tf_dlrm.distributed.planner; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "
             "{'tensorflow', 'horovod', 'numpy', 'keras'}))")
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))

@@ -12,7 +12,8 @@ from tf_dlrm.data.random_batches import RandomBatches
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.distributed.embedding import DistributedEmbedding
 from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.distributed.plan import ShardingPlan, Strategy, TableSpec, make_plan
+from tf_dlrm.distributed.plan import ShardingPlan, Strategy, TableSpec
+from tf_dlrm.distributed.planner import make_plan
 from tf_dlrm.feature_spec import FeatureSpec
 from tf_dlrm.model.dlrm import DLRM
 from tf_dlrm.model.interaction import InteractionKind
