@@ -46,6 +46,7 @@ def run_training(config: RunConfig) -> dict:
 
     from tf_dlrm.feature_spec import FeatureSpec
     from tf_dlrm.train import builder
+    from tf_dlrm.train.checkpoint import Checkpointer
     from tf_dlrm.train.loop import train
     from tf_dlrm.train.reporting import Reporter
     from tf_dlrm.train.step import Trainer
@@ -80,11 +81,14 @@ def run_training(config: RunConfig) -> dict:
     )
 
     embedding = model.embedding
-    train_reader = builder.make_reader(spec, config.train_split, config.batch_size, env, embedding, True, config.seed)
+    train_reader = builder.make_reader(spec, config.train_split, config.batch_size, env, embedding, True, config.seed, config.dataset_type)
     valid_reader = None
     if config.valid_split in spec.splits:
         valid_reader = builder.make_reader(spec, config.valid_split, config.valid_batch_size, env, embedding, False, config.seed)
-    result = train(trainer, train_reader, valid_reader, config.loop, reporter)
+    checkpointer = Checkpointer.from_config(config, trainer, spec, env, reporter)
+    start_step = checkpointer.restore_for_training(config, train_reader.num_batches)
+    result = train(trainer, train_reader, valid_reader, config.loop, reporter, start_step=start_step, on_step=checkpointer.on_step)
+    checkpointer.finish(result.steps)
 
     last = result.last_eval
     final = {
@@ -114,9 +118,12 @@ def main(argv):
     del argv
     try:
         config = config_from_flags(FLAGS)
-        if config.mode != "train":
-            raise ValueError(f"--mode={config.mode} is not available yet; use --mode=train")
-        run_training(config)
+        if config.mode == "train":
+            run_training(config)
+        else:
+            from tf_dlrm.train import modes
+
+            modes.run(config)
     except (ValueError, OSError) as error:
         rank = os.environ.get("HOROVOD_RANK", "0")
         print(f"error (rank {rank}): {error}", file=sys.stderr, flush=True)

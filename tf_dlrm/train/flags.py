@@ -22,7 +22,7 @@ def define_flags() -> None:
     f.DEFINE_integer("batch_size", 4096, "Global training batch size (all ranks together).")
     f.DEFINE_integer("valid_batch_size", None, "Global evaluation batch size (default: --batch_size).")
     f.DEFINE_float("epochs", 1.0, "Epochs to train (fractions allowed).")
-    f.DEFINE_integer("max_steps", -1, "Stop after this many steps (-1: no limit).")
+    f.DEFINE_integer("max_steps", -1, "Stop after this many steps (-1: no limit); --mode=inference: timed batches per size.")
     f.DEFINE_float("learning_rate", 0.5, "Base learning rate of the schedule.")
     f.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "Optimizer of the MLPs (embeddings always use SGD).")
     f.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warmup steps.")
@@ -41,7 +41,19 @@ def define_flags() -> None:
     f.DEFINE_integer("data_parallel_threshold", 2048, "Tables with fewer rows are replicated (data-parallel).")
     f.DEFINE_bool("data_parallel_input", False, "Read local batches of every feature and exchange ids with one alltoall.")
     f.DEFINE_string("save_checkpoint_path", None, "Directory to save checkpoints to.")
-    f.DEFINE_string("restore_checkpoint_path", None, "Checkpoint directory to restore from.")
+    f.DEFINE_string(
+        "restore_checkpoint_path", None,
+        "Checkpoint to restore: a ckpt-<step> directory, or a directory of them (its latest is used).",
+    )
+    f.DEFINE_integer("checkpoint_every_steps", 0, "Save a checkpoint every this many steps (0: only at the end).")
+    f.DEFINE_integer("keep_checkpoints", 2, "Checkpoints kept under --save_checkpoint_path (older ones are deleted).")
+    f.DEFINE_bool(
+        "resume", False,
+        "Continue from the latest checkpoint under --save_checkpoint_path (else from --restore_checkpoint_path, "
+        "else from scratch).",
+    )
+    f.DEFINE_string("saved_model_path", None, "--mode=export: directory to write the TF SavedModel to (must not exist).")
+    f.DEFINE_string("inference_batch_sizes", "1,64,1024,4096", "--mode=inference: global batch sizes to time.")
     f.DEFINE_enum("mode", "train", list(MODES), "What to do.")
     f.DEFINE_integer("evals_per_epoch", 1, "Evaluations per epoch (0: only at the end).")
     f.DEFINE_float("auc_threshold", None, "Stop training once validation AUC reaches this.")
@@ -78,6 +90,11 @@ class RunConfig:
     sharding: ShardingConfig
     optimizer: OptimizerConfig
     loop: LoopConfig
+    checkpoint_every_steps: int = 0
+    keep_checkpoints: int = 2
+    resume: bool = False
+    saved_model_path: str | None = None
+    inference_batch_sizes: tuple[int, ...] = (1, 64, 1024, 4096)
 
     def __post_init__(self):
         if self.batch_size <= 0:
@@ -86,9 +103,32 @@ class RunConfig:
             raise ValueError(f"Expected --valid_batch_size > 0. Received: --valid_batch_size={self.valid_batch_size}")
         if self.dataset_type == "tf_raw" and not self.dataset_path:
             raise ValueError("--dataset_path is required with --dataset_type=tf_raw")
+        self._check_checkpoint_flags()
+
+    def _check_checkpoint_flags(self) -> None:
+        if self.checkpoint_every_steps < 0:
+            raise ValueError(f"Expected --checkpoint_every_steps >= 0. Received: --checkpoint_every_steps={self.checkpoint_every_steps}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"Expected --keep_checkpoints >= 1. Received: --keep_checkpoints={self.keep_checkpoints}")
+        if self.resume and not self.save_checkpoint_path:
+            raise ValueError("--resume continues from the latest checkpoint under --save_checkpoint_path: give that flag too")
+        if self.checkpoint_every_steps and not self.save_checkpoint_path:
+            raise ValueError("--checkpoint_every_steps needs --save_checkpoint_path (where to save)")
+        if self.mode in ("eval", "export") and not (self.restore_checkpoint_path or self.resume):
+            raise ValueError(
+                f"--mode={self.mode} needs a checkpoint: give --restore_checkpoint_path=DIR "
+                "(or --resume with --save_checkpoint_path)"
+            )
+        if self.mode == "export" and not self.saved_model_path:
+            raise ValueError("--mode=export needs --saved_model_path=DIR (where to write the SavedModel)")
+        if self.mode == "inference" and (not self.inference_batch_sizes or any(b <= 0 for b in self.inference_batch_sizes)):
+            raise ValueError(f"Expected --inference_batch_sizes to be positive sizes. Received: {list(self.inference_batch_sizes)}")
 
     def check_world_size(self, world_size: int) -> None:
-        for flag, value in (("batch_size", self.batch_size), ("valid_batch_size", self.valid_batch_size)):
+        sizes = [("batch_size", self.batch_size), ("valid_batch_size", self.valid_batch_size)]
+        if self.mode == "inference":
+            sizes = [("inference_batch_sizes", size) for size in self.inference_batch_sizes]
+        for flag, value in sizes:
             if value % world_size:
                 raise ValueError(
                     f"--{flag}={value} does not divide by the number of ranks ({world_size}); "
@@ -139,4 +179,9 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
             auc_threshold=values.auc_threshold,
             print_freq=values.print_freq,
         ),
+        checkpoint_every_steps=values.checkpoint_every_steps,
+        keep_checkpoints=values.keep_checkpoints,
+        resume=values.resume,
+        saved_model_path=values.saved_model_path,
+        inference_batch_sizes=parse_dims(values.inference_batch_sizes, "inference_batch_sizes"),
     )

@@ -1,0 +1,694 @@
+"""Checkpoints of a hybrid-parallel DLRM run: save, verify, restore on any world size and plan.
+
+One checkpoint is a directory ``ckpt-<step>`` under ``--save_checkpoint_path``::
+
+    manifest.json          format, step, data position, learning rate, RNG, model, and every other
+                           file with its size and sha256
+    model_config.json      the model and optimizer the weights belong to
+    feature_spec.yaml      a copy of the dataset's feature spec (sources and metadata included)
+    tables/table_000.npy   one full ``[rows, dim]`` float32 table per categorical feature, spec order
+    dense/<name>.npy       MLP weights (identical on every rank: data-parallel)
+    optimizer/<name>.npy   the dense optimizer's variables (iterations, rate, Adam moments)
+
+Tables are stored in full-table layout, independent of the sharding plan, so a checkpoint restores
+on any number of ranks with any plan. Saving and restoring are **collective** (every rank calls
+them at the same point), but only rank 0 touches the disk: it gathers one table at a time
+(:meth:`DistributedEmbedding.get_full_table`), writes it and drops it, so no process holds more
+than one full table beyond its own shards; restoring scatters one table at a time the same way.
+
+Atomic publish: a save writes ``.ckpt-<step>.tmp``, fsyncs it, and publishes it with one
+``os.rename``; only published directories with a ``manifest.json`` (written last) count as
+checkpoints, so a run killed at any moment leaves the previous checkpoint complete and loadable.
+Then the ``latest`` pointer file is replaced atomically and all but the newest
+``--keep_checkpoints`` are deleted.
+
+Safe to load: the manifest is JSON, the spec copy is read with ``yaml.safe_load`` and arrays with
+``np.load(allow_pickle=False)``; file names in a manifest must stay inside the checkpoint; every
+file's size and sha256 are verified before any weight is touched. An untrusted checkpoint can at
+worst be refused (:class:`CheckpointError`, naming the file).
+
+Data position and RNG: the reader's batch order is a pure function of ``(seed, epoch)`` and
+training draws no other random numbers, so the step, ``(epoch, batch)`` of the next batch and
+the seed restore the data stream exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+import yaml
+
+from tf_dlrm.distributed import collectives
+
+FORMAT = "tf_dlrm.checkpoint"
+VERSION = 1
+MANIFEST = "manifest.json"
+MODEL_CONFIG = "model_config.json"
+SPEC_COPY = "feature_spec.yaml"
+LATEST = "latest"
+# Test-only: seconds rank 0 sleeps after writing each table, to kill a run in the middle of a save.
+DELAY_ENV = "TF_DLRM_TEST_CHECKPOINT_DELAY_S"
+_NAME = re.compile(r"^ckpt-(\d+)$")
+_SAFE_FILE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*(/[A-Za-z0-9_\-][A-Za-z0-9_.\-]*)*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_MODEL_FLAGS = {
+    "embedding_dim": "--embedding_dim",
+    "bottom_mlp_dims": "--bottom_mlp_dims",
+    "top_mlp_dims": "--top_mlp_dims",
+    "interaction": "--interaction",
+    "include_diagonal": "--dot_include_diagonal",
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, corrupt, unsafe, or does not fit the model of the flags."""
+
+
+# ---------------------------------------------------------------------- finding checkpoints
+
+
+def checkpoint_name(step: int) -> str:
+    return f"ckpt-{step:08d}"
+
+
+def list_checkpoints(directory: str) -> list[tuple[int, str]]:
+    """Published checkpoints under ``directory`` (``ckpt-<step>`` holding a manifest), oldest first.
+
+    Temporary (``.ckpt-*.tmp``) and half-deleted directories never match.
+    """
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for name in names:
+        match = _NAME.match(name)
+        path = os.path.join(directory, name)
+        if match and os.path.isfile(os.path.join(path, MANIFEST)):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(directory: str) -> str | None:
+    """The newest published checkpoint under ``directory``, or None."""
+    found = list_checkpoints(directory)
+    return found[-1][1] if found else None
+
+
+def resolve(path: str) -> str:
+    """``path`` if it is a checkpoint, else the latest checkpoint under it."""
+    if os.path.isfile(os.path.join(path, MANIFEST)):
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        if not os.path.exists(path):
+            raise CheckpointError(f"Checkpoint path not found: {path}")
+        raise CheckpointError(
+            f"{path} is not a complete checkpoint (no {MANIFEST}) and holds no complete checkpoint (ckpt-<step>/{MANIFEST})"
+        )
+    return latest
+
+
+# ---------------------------------------------------------------------- reading and verifying
+
+
+def read_manifest(directory: str) -> dict:
+    """The parsed, structurally checked manifest of a checkpoint directory."""
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path, "rb") as handle:
+            manifest = json.loads(handle.read().decode("utf-8"))
+    except FileNotFoundError as error:
+        raise CheckpointError(f"{directory}: no {MANIFEST}: not a complete checkpoint") from error
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: not valid JSON: {error}") from error
+    _check_manifest(manifest, path)
+    return manifest
+
+
+def _check_manifest(manifest, path: str) -> None:
+    def fail(what):
+        raise CheckpointError(f"{path}: malformed manifest: {what}")
+
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        fail(f"expected format {FORMAT!r}")
+    if manifest.get("version") != VERSION:
+        fail(f"version {manifest.get('version')!r}; this code reads version {VERSION}")
+    for key, kind in (("step", int), ("position", dict), ("model", dict), ("optimizer", dict), ("files", dict),
+                      ("tables", list), ("dense", list), ("optimizer_state", list)):
+        if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
+            fail(f"key {key!r} missing or not a {kind.__name__}")
+    for name, entry in manifest["files"].items():
+        if not isinstance(name, str) or not _SAFE_FILE.match(name) or ".." in name.split("/"):
+            fail(f"unsafe file name {name!r} (names must be relative and stay inside the checkpoint)")
+        if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or not _SHA256.match(str(entry.get("sha256"))):
+            fail(f"file {name!r} needs integer 'bytes' and a hex 'sha256'")
+    for key in ("tables", "dense", "optimizer_state", "loss_scale"):
+        for item in manifest.get(key, []):
+            if not isinstance(item, dict) or item.get("file") not in manifest["files"] or not isinstance(item.get("name"), str):
+                fail(f"every {key} entry needs a 'name' and a 'file' listed under 'files'. Received: {item!r}")
+    for name in (MODEL_CONFIG, SPEC_COPY):
+        if name not in manifest["files"]:
+            fail(f"{name} is not listed")
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(8 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_files(directory: str, manifest: dict) -> None:
+    """Checks every listed file's size and sha256; raises CheckpointError naming the first bad one."""
+    root = os.path.realpath(directory)
+    for name, entry in manifest["files"].items():
+        path = os.path.join(directory, name)
+        if not os.path.realpath(path).startswith(root + os.sep):
+            raise CheckpointError(f"checkpoint {directory}: file {name} points outside the checkpoint")
+        try:
+            size = os.path.getsize(path)
+        except OSError as error:
+            raise CheckpointError(f"checkpoint {directory}: file {name} is missing ({error.strerror})") from error
+        if size != entry["bytes"]:
+            raise CheckpointError(
+                f"checkpoint {directory}: file {name} has {size} bytes but the manifest says {entry['bytes']}: "
+                "truncated or replaced; refusing to load it"
+            )
+        if _sha256(path) != entry["sha256"]:
+            raise CheckpointError(
+                f"checkpoint {directory}: file {name} fails its sha256 checksum: corrupt or modified; refusing to load it"
+            )
+
+
+def load_array(directory: str, name: str, shape, dtype, mmap: bool = False) -> np.ndarray:
+    """One verified ``.npy`` file, refused unless it is a plain array of ``shape`` and ``dtype``."""
+    path = os.path.join(directory, name)
+    try:
+        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise CheckpointError(f"checkpoint {directory}: file {name} is not a plain .npy array: {error}") from error
+    if not isinstance(array, np.ndarray) or array.dtype != np.dtype(dtype) or tuple(array.shape) != tuple(shape):
+        found = (getattr(array, "dtype", type(array).__name__), getattr(array, "shape", None))
+        raise CheckpointError(
+            f"checkpoint {directory}: file {name} holds {found[0]} {found[1]}; expected {np.dtype(dtype).name} {tuple(shape)}"
+        )
+    return array
+
+
+def model_record(spec, model) -> dict:
+    """What the weights' shapes depend on: the model flags and the categorical features."""
+    return {
+        "embedding_dim": model.embedding_dim,
+        "bottom_mlp_dims": list(model.bottom_mlp_dims),
+        "top_mlp_dims": list(model.top_mlp_dims),
+        "interaction": model.interaction,
+        "include_diagonal": bool(model.include_diagonal),
+        "num_numerical": len(spec.numerical_features),
+        "categorical_features": list(spec.categorical_features),
+        "cardinalities": list(spec.cardinalities()),
+    }
+
+
+def check_compatible(directory: str, manifest: dict, spec, model) -> None:
+    """Refuses a checkpoint whose model config or feature spec differs from the flags'."""
+    saved, current = manifest["model"], model_record(spec, model)
+    differences = [
+        f"{flag}: {saved.get(key)!r} in the checkpoint, {current[key]!r} from the flags"
+        for key, flag in _MODEL_FLAGS.items()
+        if saved.get(key) != current[key]
+    ]
+    if differences:
+        raise CheckpointError(f"checkpoint {directory} was saved for a different model: " + "; ".join(differences))
+    try:
+        with open(os.path.join(directory, SPEC_COPY), "r", encoding="utf-8") as handle:
+            saved_spec = yaml.safe_load(handle)
+        saved_features, saved_channels = saved_spec["feature_spec"], saved_spec["channel_spec"]
+        if not isinstance(saved_features, dict) or not isinstance(saved_channels, dict):
+            raise TypeError("feature_spec and channel_spec must be mappings")
+    except (yaml.YAMLError, TypeError, KeyError) as error:
+        raise CheckpointError(f"checkpoint {directory}: {SPEC_COPY} is not a feature spec: {error}") from error
+    problems = []
+    for channel in ("label", "numerical", "categorical"):
+        if list(saved_channels.get(channel) or []) != list(spec.channel_spec.get(channel) or []):
+            problems.append(f"channel {channel}: {saved_channels.get(channel)} in the checkpoint, {spec.channel_spec.get(channel)} now")
+    for name in spec.categorical_features + spec.numerical_features:
+        for key in ("dtype", "cardinality"):
+            entry = saved_features.get(name)
+            before, now = (entry if isinstance(entry, dict) else {}).get(key), spec.feature_spec.get(name, {}).get(key)
+            if before != now:
+                problems.append(f"feature {name}: {key} {before!r} in the checkpoint, {now!r} in {spec.source}")
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {directory} was trained on a different feature spec than {spec.source}: " + "; ".join(problems[:5])
+        )
+    if saved.get("num_numerical") != current["num_numerical"] or saved.get("cardinalities") != current["cardinalities"]:
+        raise CheckpointError(f"checkpoint {directory}: its manifest disagrees with its own {SPEC_COPY}")
+
+
+# ---------------------------------------------------------------------- writing
+
+
+class _HashingSink:
+    """A write-only file object that hashes what passes through (np.save writes in chunks to it)."""
+
+    def __init__(self, handle):
+        self.handle, self.digest, self.size = handle, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.handle.write(data)
+
+
+def _write_file(root: str, name: str, write) -> dict:
+    path = os.path.join(root, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as handle:
+        sink = _HashingSink(handle)
+        write(sink)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return {"bytes": sink.size, "sha256": sink.digest.hexdigest()}
+
+
+def _write_npy(root: str, name: str, array: np.ndarray) -> dict:
+    array = np.asarray(array)
+    if not array.flags.c_contiguous:  # (not np.ascontiguousarray: it turns scalars into [1] arrays)
+        array = array.copy(order="C")
+    entry = _write_file(root, name, lambda sink: np.lib.format.write_array(sink, array, allow_pickle=False))
+    return {**entry, "shape": list(array.shape), "dtype": array.dtype.name}
+
+
+def _write_text(root: str, name: str, text: str) -> dict:
+    return _write_file(root, name, lambda sink: sink.write(text.encode("utf-8")))
+
+
+def _fsync_directory(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def replace_text_atomically(path: str, text: str) -> None:
+    temporary = f"{path}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def remove_stale(directory: str) -> None:
+    """Removes temporary and half-deleted checkpoint directories left by killed runs."""
+    for name in os.listdir(directory):
+        if name.startswith(".ckpt-") and (name.endswith(".tmp") or name.endswith(".deleting")):
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def retain(directory: str, keep: int) -> None:
+    """Deletes all but the newest ``keep`` checkpoints (hidden by a rename before the slow delete)."""
+    for _, path in list_checkpoints(directory)[:-keep]:
+        doomed = os.path.join(directory, f".{os.path.basename(path)}.deleting")
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- collective helpers
+
+
+def broadcast_json(env, value, name: str):
+    """Rank 0's JSON-serialisable ``value`` on every rank (others pass anything, e.g. None)."""
+    if not env.distributed:
+        return value
+    data = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8) if env.is_chief else np.zeros(0, np.uint8)
+    length = collectives.broadcast(env, tf.constant([data.size], tf.int64), name=f"{name}_length")
+    count = int(length.numpy()[0])
+    buffer = data if env.is_chief else np.zeros(count, np.uint8)
+    received = collectives.broadcast(env, tf.constant(buffer), name=f"{name}_bytes")
+    return json.loads(bytes(received.numpy()).decode("utf-8"))
+
+
+class MemoryWatch:
+    """Resident memory of this process before and at its peak during a block (sampled every 5 ms)."""
+
+    def __enter__(self):
+        import psutil
+
+        self._process = psutil.Process()
+        self.before = self.peak = self._process.memory_info().rss
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, self._process.memory_info().rss)
+
+    def __exit__(self, *exc_info):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._process.memory_info().rss)
+        return False
+
+    def gathered(self, env) -> list[dict]:
+        """Every rank's figures in MiB, on every rank (collective)."""
+        mine = tf.constant([[self.before, self.peak]], tf.int64)
+        rows = collectives.allgather(env, mine, name="checkpoint_memory").numpy()
+        return [{"rank": r, "rss_before_mib": round(b / 2**20, 1), "peak_rss_mib": round(p / 2**20, 1)} for r, (b, p) in enumerate(rows)]
+
+
+# ---------------------------------------------------------------------- save and restore a run
+
+
+def _relative(path: str) -> str:
+    """A variable path without its model's name: ``dlrm/bottom_mlp/dense_0/kernel`` -> ``bottom_mlp/dense_0/kernel``."""
+    return path.split("/", 1)[1] if "/" in path else path
+
+
+def _file_safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-]", ".", name)
+
+
+class Checkpointer:
+    """Saves and restores one run's state; every method is collective (all ranks, same order).
+
+    Args:
+        trainer: the run's :class:`tf_dlrm.train.step.Trainer` (model, optimizer, step).
+        spec: the run's FeatureSpec (copied into every checkpoint, checked on restore).
+        model_config: the :class:`tf_dlrm.train.builder.ModelConfig` of the flags.
+        env: this rank's place.
+        reporter: progress and JSON-lines events (rank 0).
+        save_path: directory of the run's checkpoints, or None (never save).
+        every_steps: save every this many steps (0: only at the end).
+        keep: checkpoints kept under ``save_path``.
+        seed: the run's seed (data order and initial weights).
+        batch_size: the global training batch size (the data position is counted in its batches).
+    """
+
+    def __init__(self, trainer, spec, model_config, env, reporter, save_path=None, every_steps=0, keep=2, seed=0, batch_size=0):
+        self.trainer, self.spec, self.model_config = trainer, spec, model_config
+        self.env, self.reporter = env, reporter
+        self.save_path, self.every_steps, self.keep = save_path, every_steps, keep
+        self.seed, self.batch_size = seed, batch_size
+        self.steps_per_epoch = None
+        self.last_saved_step = None
+        self.embedding = trainer.model.embedding
+        model_name = trainer.model.name
+        self.dense = [(_relative(v.path), v) for v in trainer.mlp]
+        # Optimizer slots are named after the model variable: "adam/dlrm_bottom_mlp_dense_0_kernel_momentum".
+        self.optimizer_state = [
+            (_relative(v.path).removeprefix(f"{model_name}_"), v) for v in trainer.dense_optimizer.variables
+        ]
+        # float16 training's loss scale (None otherwise): restored only when both sides have one.
+        scale = getattr(trainer, "loss_scale", None)
+        self.loss_scale = [] if scale is None else [("loss_scale/scale", scale.scale), ("loss_scale/good_steps", scale.good_steps)]
+
+    @classmethod
+    def from_config(cls, config, trainer, spec, env, reporter) -> "Checkpointer":
+        return cls(
+            trainer, spec, config.model, env, reporter, save_path=config.save_checkpoint_path,
+            every_steps=config.checkpoint_every_steps, keep=config.keep_checkpoints, seed=config.seed,
+            batch_size=config.batch_size,
+        )
+
+    # ------------------------------------------------------------------ training hooks
+
+    def restore_for_training(self, config, steps_per_epoch: int) -> int:
+        """Restores what the flags ask for (``--resume``, ``--restore_checkpoint_path``); returns the start step."""
+        self.steps_per_epoch = steps_per_epoch
+        if not (config.restore_checkpoint_path or config.resume or self.save_path):
+            return 0  # the same on every rank: no collective needed
+        header = self.restore(config.restore_checkpoint_path, resume=config.resume, for_training=True)
+        return header["step"] if header else 0
+
+    def on_step(self, step: int, epoch: int, batch_in_epoch: int) -> None:
+        """The loop's hook: saves every ``every_steps`` steps."""
+        if self.save_path and self.every_steps and step % self.every_steps == 0:
+            self.save(step)
+
+    def finish(self, step: int) -> None:
+        """Saves the final state unless that step is saved already."""
+        if self.save_path and step != self.last_saved_step:
+            self.save(step)
+
+    # ------------------------------------------------------------------ save
+
+    def save(self, step: int) -> str:
+        """Gathers and writes every table, then the rest; publishes atomically and prunes; returns the path."""
+        started = time.time()
+        delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+        error, temporary, final, files = None, None, None, {}
+        with MemoryWatch() as memory:
+            if self.env.is_chief:
+                try:
+                    temporary, final = self._prepare(step)
+                except (OSError, CheckpointError) as failure:
+                    error = f"cannot save a checkpoint under {self.save_path}: {failure}"
+            tables = []
+            for table, name in enumerate(self.spec.categorical_features):
+                full = self.embedding.get_full_table(table)  # collective: every rank, every table, in order
+                if self.env.is_chief and error is None:
+                    file = f"tables/table_{table:03d}.npy"
+                    try:
+                        files[file] = _write_npy(temporary, file, full)
+                    except OSError as failure:
+                        error = f"cannot write {os.path.join(temporary, file)}: {failure}"
+                    tables.append({"name": name, "file": file, "rows": int(full.shape[0])})
+                    if delay:
+                        time.sleep(delay)
+                del full
+            if self.env.is_chief and error is None:
+                try:
+                    self._write_rest(temporary, step, files, tables)
+                    self._publish(temporary, final)
+                except OSError as failure:
+                    published = os.path.isdir(final) and not os.path.exists(temporary)
+                    error = f"{'published' if published else 'cannot complete'} checkpoint {final}, then failed: {failure}"
+            if self.env.is_chief and error is not None and temporary is not None:
+                shutil.rmtree(temporary, ignore_errors=True)
+        status = broadcast_json(self.env, {"error": error, "path": final}, "checkpoint_save_status")
+        figures = memory.gathered(self.env)
+        if status["error"]:
+            raise CheckpointError(status["error"])
+        self.last_saved_step = step
+        seconds = time.time() - started
+        size = sum(entry["bytes"] for entry in files.values())
+        self.reporter.say(
+            f"saved checkpoint {status['path']} (step {step}, {size / 2**20:.1f} MiB) in {seconds:.2f} s; "
+            f"peak RSS rank 0 {figures[0]['peak_rss_mib']:.0f} MiB ({figures[0]['rss_before_mib']:.0f} MiB before)"
+        )
+        self.reporter.event("checkpoint_saved", path=status["path"], step=step, seconds=seconds, bytes=size, memory=figures)
+        return status["path"]
+
+    def _prepare(self, step: int) -> tuple[str, str]:
+        os.makedirs(self.save_path, exist_ok=True)
+        remove_stale(self.save_path)
+        name = checkpoint_name(step)
+        final = os.path.join(self.save_path, name)
+        if os.path.exists(final):
+            raise CheckpointError(f"{final} exists already")
+        temporary = os.path.join(self.save_path, f".{name}.tmp")
+        os.makedirs(temporary)
+        return temporary, final
+
+    def _position(self, step: int) -> dict:
+        epoch, batch = divmod(step, self.steps_per_epoch) if self.steps_per_epoch else (None, None)
+        return {"epoch": epoch, "batch": batch, "steps_per_epoch": self.steps_per_epoch, "batch_size": self.batch_size}
+
+    def _write_rest(self, root: str, step: int, files: dict, tables: list) -> None:
+        dense, state, scale = [], [], []
+        for entries, variables, folder in (
+            (dense, self.dense, "dense"), (state, self.optimizer_state, "optimizer"), (scale, self.loss_scale, "optimizer")
+        ):
+            for name, variable in variables:
+                file = f"{folder}/{_file_safe(name)}.npy"
+                files[file] = _write_npy(root, file, variable.numpy())
+                entries.append({"name": name, "file": file})
+        optimizer = self.trainer.config
+        model = model_record(self.spec, self.model_config)
+        optimizer_record = {
+            "name": optimizer.optimizer,
+            "schedule": {k: getattr(optimizer.schedule, k) for k in ("base", "warmup_steps", "decay_start_step", "decay_steps")},
+            "loss_scale": optimizer.loss_scale,
+        }
+        files[MODEL_CONFIG] = _write_text(root, MODEL_CONFIG, json.dumps({"model": model, "optimizer": optimizer_record, "seed": self.seed}, indent=1))
+        files[SPEC_COPY] = _write_text(root, SPEC_COPY, yaml.safe_dump(self.spec.to_dict(), sort_keys=False))
+        position = self._position(step)
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "step": int(step),
+            "position": position,
+            "learning_rate": float(self.trainer.learning_rate.numpy()),
+            "rng": {
+                "seed": self.seed,
+                "data_order": "numpy.random.default_rng([seed, epoch]).permutation(batches of the epoch)",
+                "epoch": position["epoch"],
+                "batch": position["batch"],
+                "note": "training draws no other random numbers",
+            },
+            "saved_world_size": self.env.world_size,
+            "saved_plan": self.embedding.plan.to_dict(),
+            "model": model,
+            "optimizer": optimizer_record,
+            "tables": tables,
+            "dense": dense,
+            "optimizer_state": state,
+            "loss_scale": scale,
+            "files": files,
+        }
+        for folder in ("tables", "dense", "optimizer"):
+            if os.path.isdir(os.path.join(root, folder)):
+                _fsync_directory(os.path.join(root, folder))
+        # The manifest goes last: a directory without one is never taken for a checkpoint.
+        _write_text(root, MANIFEST, json.dumps(manifest, indent=1))
+        _fsync_directory(root)
+
+    def _publish(self, temporary: str, final: str) -> None:
+        os.rename(temporary, final)  # the one atomic step that makes the checkpoint exist
+        _fsync_directory(self.save_path)
+        replace_text_atomically(os.path.join(self.save_path, LATEST), os.path.basename(final) + "\n")
+        retain(self.save_path, self.keep)
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, restore_path: str | None, resume: bool = False, for_training: bool = False, required: bool = False) -> dict | None:
+        """Loads a checkpoint into the trainer on every rank; returns its header (None: nothing to restore).
+
+        With ``resume`` the latest checkpoint under ``save_path`` wins, then ``restore_path``.
+        ``for_training`` also restores the optimizer state and checks the data position.
+        """
+        started = time.time()
+        with MemoryWatch() as memory:
+            header = None
+            if self.env.is_chief:
+                try:
+                    header = self._check(restore_path, resume, for_training, required)
+                except (ValueError, TypeError, KeyError, OSError) as failure:  # CheckpointError is a ValueError
+                    # Rank 0 must not fail alone: every rank raises the same error below.
+                    header = {"error": str(failure) if isinstance(failure, CheckpointError) else f"checkpoint {restore_path or self.save_path} is malformed: {failure!r}"}
+            header = broadcast_json(self.env, header, "checkpoint_restore_header")
+            if "error" in header:
+                raise CheckpointError(header["error"])
+            if header["path"] is None:
+                if header["note"]:
+                    self.reporter.say(header["note"])
+                return None
+            directory = header["path"]
+            dim = self.model_config.embedding_dim
+            for table, rows in enumerate(self.spec.cardinalities()):
+                values = None
+                if self.env.is_chief:
+                    values = load_array(directory, header["tables"][table], (rows, dim), np.float32, mmap=True)
+                self.embedding.set_full_table(table, values)  # collective
+                del values
+            variables = [v for _, v in self.dense]
+            if for_training:
+                variables += [v for _, v in self.optimizer_state] + ([v for _, v in self.loss_scale] if header["loss_scale"] else [])
+            if self.env.is_chief:
+                entries = header["dense"] + (header["optimizer_state"] + header["loss_scale"] if for_training else [])
+                for file, variable in zip(entries, variables):
+                    variable.assign(load_array(directory, file, variable.shape, variable.dtype))
+            collectives.broadcast_variables(self.env, variables)
+            self.trainer.step.assign(header["step"])
+            self.trainer.learning_rate.assign(header["learning_rate"])
+        figures = memory.gathered(self.env)
+        seconds = time.time() - started
+        if self.save_path and os.path.dirname(os.path.abspath(directory)) == os.path.abspath(self.save_path):
+            self.last_saved_step = header["step"]
+        self.reporter.say(
+            f"restored checkpoint {directory} (step {header['step']}) in {seconds:.2f} s on {self.env.world_size} rank(s); "
+            f"peak RSS rank 0 {figures[0]['peak_rss_mib']:.0f} MiB ({figures[0]['rss_before_mib']:.0f} MiB before)"
+        )
+        self.reporter.event("checkpoint_restored", path=directory, step=header["step"], seconds=seconds, memory=figures)
+        return header
+
+    def _choose(self, restore_path: str | None, resume: bool) -> str | None:
+        if resume and self.save_path:
+            latest = latest_checkpoint(self.save_path)
+            if latest:
+                return latest
+        if restore_path:
+            return resolve(restore_path)
+        return None
+
+    def _check(self, restore_path, resume: bool, for_training: bool, required: bool) -> dict:
+        """Rank 0: picks and fully verifies the checkpoint before any weight changes."""
+        if for_training and self.save_path and not resume and list_checkpoints(self.save_path):
+            raise CheckpointError(
+                f"--save_checkpoint_path={self.save_path} already holds checkpoints (latest "
+                f"{os.path.basename(latest_checkpoint(self.save_path))}): pass --resume to continue from it, "
+                "or choose another directory"
+            )
+        directory = self._choose(restore_path, resume)
+        if directory is None:
+            if required:
+                raise CheckpointError("no checkpoint to restore: give --restore_checkpoint_path (or --resume with --save_checkpoint_path)")
+            return {"path": None, "note": f"no checkpoint under {self.save_path} yet: starting from step 0" if resume else ""}
+        manifest = read_manifest(directory)
+        verify_files(directory, manifest)
+        check_compatible(directory, manifest, self.spec, self.model_config)
+        names = [n for n, _ in self.dense]
+        if [d["name"] for d in manifest["dense"]] != names:
+            raise CheckpointError(f"checkpoint {directory}: dense weights {[d['name'] for d in manifest['dense']]}, the model has {names}")
+        if for_training:
+            self._check_training(directory, manifest)
+        # Every array's header (and the small arrays whole) before any collective: rank 0 must not
+        # fail half-way through a restore while the other ranks wait for it.
+        dim, cardinalities = self.model_config.embedding_dim, self.spec.cardinalities()
+        if len(manifest["tables"]) != len(cardinalities):
+            raise CheckpointError(f"checkpoint {directory}: {len(manifest['tables'])} tables, the model has {len(cardinalities)}")
+        for entry, rows in zip(manifest["tables"], cardinalities):
+            load_array(directory, entry["file"], (rows, dim), np.float32, mmap=True)
+        pairs = list(zip(manifest["dense"], self.dense))
+        if for_training:
+            pairs += list(zip(manifest["optimizer_state"], self.optimizer_state))
+            if self._loss_scale_matches(manifest):
+                pairs += list(zip(manifest["loss_scale"], self.loss_scale))
+        for entry, (_, variable) in pairs:
+            load_array(directory, entry["file"], variable.shape, variable.dtype)
+        return {
+            "path": directory,
+            "step": manifest["step"],
+            "learning_rate": float(manifest.get("learning_rate", 0.0)),
+            "tables": [t["file"] for t in manifest["tables"]],
+            "dense": [d["file"] for d in manifest["dense"]],
+            "optimizer_state": [s["file"] for s in manifest["optimizer_state"]],
+            "loss_scale": [s["file"] for s in manifest["loss_scale"]] if self._loss_scale_matches(manifest) else [],
+        }
+
+    def _loss_scale_matches(self, manifest: dict) -> bool:
+        return bool(self.loss_scale) and [s["name"] for s in manifest.get("loss_scale", [])] == [n for n, _ in self.loss_scale]
+
+    def _check_training(self, directory: str, manifest: dict) -> None:
+        saved = manifest["optimizer"].get("name")
+        if saved != self.trainer.config.optimizer:
+            raise CheckpointError(
+                f"checkpoint {directory} was trained with --optimizer={saved}; the flags give "
+                f"--optimizer={self.trainer.config.optimizer}, whose state cannot be restored from it"
+            )
+        names = [n for n, _ in self.optimizer_state]
+        if [s["name"] for s in manifest["optimizer_state"]] != names:
+            raise CheckpointError(f"checkpoint {directory}: optimizer state {[s['name'] for s in manifest['optimizer_state']]}, expected {names}")
+        position, step = manifest["position"], manifest["step"]
+        if self.steps_per_epoch and [position.get("epoch"), position.get("batch")] != list(divmod(step, self.steps_per_epoch)):
+            raise CheckpointError(
+                f"checkpoint {directory} stopped at epoch {position.get('epoch')}, batch {position.get('batch')} of "
+                f"{position.get('steps_per_epoch')} (--batch_size={position.get('batch_size')}); with --batch_size="
+                f"{self.batch_size} this dataset has {self.steps_per_epoch} batches per epoch and step {step} would "
+                "land elsewhere: resume with the same --batch_size and dataset"
+            )

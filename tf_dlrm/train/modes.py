@@ -1,0 +1,217 @@
+"""``--mode=eval``, ``--mode=inference`` and ``--mode=export``: what a checkpoint is for besides training.
+
+- eval: exact AUC and logloss of a checkpoint on the validation split, on any world size and plan;
+- inference: latency (mean, p50, p90, p99) and throughput of the forward pass per global batch
+  size, from a checkpoint (or the initial weights when none is given);
+- export: a TF SavedModel with full tables and a serving signature (:mod:`tf_dlrm.train.export`).
+
+Each prints a one-screen summary on rank 0 and logs JSON lines ending with a ``final`` record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from tf_dlrm.train import checkpoint
+
+
+@dataclasses.dataclass
+class Session:
+    """A built model on this rank, as the flags describe it."""
+
+    config: object
+    env: object
+    spec: object
+    policy: str
+    model: object
+    trainer: object
+    reporter: object
+    checkpointer: checkpoint.Checkpointer
+
+
+def run(config) -> dict:
+    runners = {"eval": run_eval, "inference": run_inference, "export": run_export}
+    if config.mode not in runners:
+        raise ValueError(f"Expected --mode in {['train', *runners]}. Received: --mode={config.mode}")
+    return runners[config.mode](config)
+
+
+def _start(config):
+    """This rank's env with threads configured, the feature spec and the reporter."""
+    from tf_dlrm.distributed import env as env_module
+    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.train.cli import configure_threads, resolve_spec_path
+    from tf_dlrm.train.reporting import Reporter
+
+    env = env_module.initialize()
+    config.check_world_size(env.world_size)
+    configure_threads(config, env.local_size)
+    spec = FeatureSpec.load(resolve_spec_path(config), check_files=config.dataset_type == "tf_raw")
+    return env, spec, Reporter(env.is_chief, config.log_path, config.tensorboard_dir)
+
+
+def open_session(config) -> Session:
+    """Builds the model and trainer of the flags on this rank (collective with several ranks)."""
+    import tensorflow as tf
+
+    from tf_dlrm.train import builder
+    from tf_dlrm.train.step import Trainer
+
+    env, spec, reporter = _start(config)
+    policy = builder.set_precision(config.amp, bool(tf.config.list_physical_devices("GPU")))
+    plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
+    model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input)
+    trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla)
+    trainer.broadcast_initial_state()
+    checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, env, reporter)
+    reporter.say(plan.describe())
+    return Session(config, env, spec, policy, model, trainer, reporter, checkpointer)
+
+
+def restore(session: Session, required: bool = True) -> dict | None:
+    """Loads the checkpoint the flags name into the session's model (not the optimizer state)."""
+    config = session.config
+    return session.checkpointer.restore(config.restore_checkpoint_path, resume=config.resume, required=required)
+
+
+def _finish(session: Session, record: dict, summary: dict) -> dict:
+    session.reporter.summary(summary)
+    session.reporter.event("final", **record)
+    session.reporter.close()
+    return record
+
+
+# ---------------------------------------------------------------------- eval
+
+
+def run_eval(config) -> dict:
+    from tf_dlrm.train import builder
+    from tf_dlrm.train.loop import evaluate
+
+    session = open_session(config)
+    header = restore(session)
+    if config.valid_split not in session.spec.splits:
+        raise ValueError(f"--valid_split={config.valid_split} is not a split of {session.spec.source}: {session.spec.splits}")
+    reader = builder.make_reader(
+        session.spec, config.valid_split, config.valid_batch_size, session.env, session.model.embedding, False, config.seed,
+        dataset_type=config.dataset_type,
+    )
+    result = evaluate(session.trainer, reader)
+    record = {
+        "mode": "eval", "auc": result.auc, "logloss": result.logloss, "samples": result.samples,
+        "checkpoint": header["path"], "steps": header["step"], "world_size": session.env.world_size,
+        "train_samples_per_s": None,
+    }
+    summary = {
+        "checkpoint": header["path"], "step": header["step"], "world size": session.env.world_size,
+        "validation samples": result.samples, "validation AUC": result.auc, "validation logloss": result.logloss,
+        "eval seconds": result.seconds,
+    }
+    return _finish(session, record, summary)
+
+
+# ---------------------------------------------------------------------- inference
+
+
+def latency_figures(seconds, batch_size: int) -> dict:
+    """Mean and percentiles in milliseconds of per-batch latencies, and samples per second."""
+    milliseconds = np.asarray(seconds, np.float64) * 1e3
+    p50, p90, p99 = np.percentile(milliseconds, [50, 90, 99])
+    mean = float(milliseconds.mean())
+    return {
+        "batch_size": batch_size, "batches": int(milliseconds.size), "mean_ms": mean, "p50_ms": float(p50),
+        "p90_ms": float(p90), "p99_ms": float(p99), "samples_per_s": batch_size / (mean / 1e3),
+    }
+
+
+def _batches(session: Session, batch_size: int, count: int = 8):
+    """Up to ``count`` distinct batches of this size, read ahead so disk time is not measured."""
+    from tf_dlrm.train import builder
+
+    spec, config = session.spec, session.config
+    split = config.valid_split if config.valid_split in spec.splits else config.train_split
+    reader = builder.make_reader(
+        spec, split, batch_size, session.env, session.model.embedding, False, config.seed, dataset_type=config.dataset_type
+    )
+    batches = [(numerical, categorical) for numerical, categorical, _ in reader.dataset(epoch=0).take(count)]
+    if not batches:
+        raise ValueError(f"--inference_batch_sizes={batch_size}: the {split} split has no batch of that size to time")
+    return batches
+
+
+def run_inference(config, warmup: int = 5) -> dict:
+    import tensorflow as tf
+
+    session = open_session(config)
+    header = restore(session, required=False)
+    if header is None:
+        session.reporter.say("no checkpoint given: timing the initial weights")
+    model = session.model
+    forward = tf.function(lambda numerical, categorical: tf.sigmoid(model((numerical, categorical), training=False)))
+    timed = config.loop.max_steps if config.loop.max_steps > 0 else 100
+    results = []
+    for batch_size in config.inference_batch_sizes:
+        batches = _batches(session, batch_size)
+        seconds = []
+        for index in range(warmup + timed):
+            numerical, categorical = batches[index % len(batches)]
+            started = time.perf_counter()
+            forward(numerical, categorical).numpy()  # .numpy() waits for the result
+            if index >= warmup:
+                seconds.append(time.perf_counter() - started)
+        figures = latency_figures(seconds, batch_size)
+        results.append(figures)
+        session.reporter.event("inference", world_size=session.env.world_size, precision=session.policy, **figures)
+    session.reporter.say(format_latency_table(results))
+    record = {
+        "mode": "inference", "results": results, "checkpoint": header["path"] if header else None,
+        "world_size": session.env.world_size, "precision": session.policy,
+    }
+    summary = {"checkpoint": record["checkpoint"], "world size": session.env.world_size, "precision": session.policy}
+    summary.update({f"batch {r['batch_size']} samples/s": r["samples_per_s"] for r in results})
+    return _finish(session, record, summary)
+
+
+def format_latency_table(results: list[dict]) -> str:
+    lines = [f"{'batch size':>10}  {'mean ms':>9}  {'p50 ms':>9}  {'p90 ms':>9}  {'p99 ms':>9}  {'samples/s':>12}"]
+    for r in results:
+        lines.append(
+            f"{r['batch_size']:>10}  {r['mean_ms']:>9.3f}  {r['p50_ms']:>9.3f}  {r['p90_ms']:>9.3f}  {r['p99_ms']:>9.3f}  {r['samples_per_s']:>12,.0f}"
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- export
+
+
+def run_export(config) -> dict:
+    """Rank 0 verifies the checkpoint and writes the SavedModel; other ranks only wait for the outcome."""
+    from tf_dlrm.train import export
+
+    env, spec, reporter = _start(config)
+    outcome = None
+    if env.is_chief:
+        started = time.time()
+        try:
+            directory = checkpoint.latest_checkpoint(config.save_checkpoint_path) if config.resume else None
+            directory = directory or checkpoint.resolve(config.restore_checkpoint_path)
+            manifest = checkpoint.read_manifest(directory)
+            checkpoint.verify_files(directory, manifest)
+            checkpoint.check_compatible(directory, manifest, spec, config.model)
+            info = export.export_checkpoint(directory, manifest, config.saved_model_path)
+            outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started}
+        except (ValueError, TypeError, KeyError, OSError) as error:  # every rank raises it below
+            outcome = {"error": str(error)}
+    outcome = checkpoint.broadcast_json(env, outcome, "export_status")
+    if "error" in outcome:
+        raise checkpoint.CheckpointError(outcome["error"])
+    record = {"mode": "export", "saved_model_path": config.saved_model_path, **outcome, "world_size": env.world_size}
+    reporter.say(f"exported {outcome['checkpoint']} (step {outcome['step']}) to {config.saved_model_path}")
+    reporter.summary({"checkpoint": outcome["checkpoint"], "step": outcome["step"], "SavedModel": config.saved_model_path,
+                      "export seconds": outcome["seconds"]})
+    reporter.event("final", **record)
+    reporter.close()
+    return record
