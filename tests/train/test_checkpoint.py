@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from checkpoint_runs import EVERY, STEPS, ckpt, single, straight, table_wise
-from tf_dlrm.train import checkpoint
+from tf_dlrm.train import checkpoint, checkpoint_store
 
 pytestmark = pytest.mark.multirank
 
@@ -134,7 +134,7 @@ def test_pickled_arrays_and_escaping_paths_are_refused_without_running_code(tmp_
         manifest = json.load(handle)
     # An attacker can recompute the checksums, so they pass; the array is still refused.
     manifest["files"][name].update(bytes=os.path.getsize(os.path.join(directory, name)),
-                                   sha256=checkpoint._sha256(os.path.join(directory, name)))
+                                   sha256=checkpoint_store._sha256(os.path.join(directory, name)))
     with open(manifest_path, "w") as handle:
         json.dump(manifest, handle)
     checkpoint.verify_files(directory, checkpoint.read_manifest(directory))
