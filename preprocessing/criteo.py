@@ -1,0 +1,304 @@
+r"""Criteo click logs -> split_binary dataset + ``feature_spec.yaml`` (what ``main.py`` reads).
+
+    python -m preprocessing.criteo --input=day_0.gz,...,day_23.gz --output_dir=DIR \
+        --frequency_threshold=3 --split=days [--engine=local|spark] [--spark_master=URL]
+    python -m preprocessing.criteo --input=train.txt --output_dir=DIR --split=fraction --test_fraction=0.1
+
+Inputs: TSV without header (1TB days, Kaggle ``train.txt``) or CSV with the Criteo header, plain
+or ``.gz``. The transform (label as bool; integers ``log(1 + max(x, 0))`` as float16, missing 0;
+categorical hashes -> ids: 0 missing, 1 rare/unseen, 2.. by descending training count) is
+described in :mod:`preprocessing.criteo_format` and :mod:`preprocessing.vocabulary`; the splits in
+:mod:`preprocessing.splits`.
+
+``OUTPUT_DIR`` gets ``feature_spec.yaml``, ``<split>/label.bin, numerical.bin, cat_<i>.bin``,
+``vocabulary/`` (reuse it with ``--vocab_dir`` to transform new days with the same ids) and
+``preprocess_report.json`` (rows per split, bad rows per reason with the first line numbers). The
+output is built in a temporary directory next to ``OUTPUT_DIR`` and renamed into place at the
+end: a failed run leaves an existing ``OUTPUT_DIR`` untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import glob
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from preprocessing.criteo_format import NUM_CATEGORICAL, NUM_INTEGER
+from preprocessing.splits import SPLIT_RULES, make_plan
+from preprocessing.vocabulary import Vocabulary, VocabularyError
+from tf_dlrm.data.split_binary import SplitBinaryWriter
+from tf_dlrm.feature_spec import FeatureSpec, categorical_dtype_for
+
+ENGINES = ("local", "spark")
+SPEC_FILE = "feature_spec.yaml"
+REPORT_FILE = "preprocess_report.json"
+VOCABULARY_DIR = "vocabulary"
+TRANSFORM = {
+    "label": "0/1 -> bool",
+    "numerical": "I1..I13: missing -> 0, negative -> 0, then log(1 + x) in float64, stored float16",
+    "categorical": (
+        "C1..C26 (8-hex-digit hashes): id 0 missing, id 1 rare (training count < frequency_threshold) or unseen, "
+        "ids 2.. values with training count >= frequency_threshold by descending count, ties by hash ascending"
+    ),
+}
+
+log = logging.getLogger("preprocessing.criteo")
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessConfig:
+    """Everything one run needs; checked on construction."""
+
+    inputs: tuple[str, ...]
+    output_dir: str
+    frequency_threshold: int | None = None  # None: 1, or the --vocab_dir vocabulary's threshold
+    engine: str = "local"
+    split: str = "fraction"
+    test_fraction: float = 0.1
+    vocab_dir: str | None = None
+    strict: bool = False
+    num_workers: int = 0
+    spark_master: str = "local[*]"
+    block_bytes: int = 1 << 20  # bytes parsed at a time (tests use small blocks)
+
+    def __post_init__(self):
+        if not self.inputs:
+            raise ValueError("--input: expected one or more files (comma-separated, globs allowed). Received: none")
+        if not self.output_dir:
+            raise ValueError("--output_dir: expected a directory. Received: ''")
+        if self.frequency_threshold is not None and self.frequency_threshold < 0:
+            raise ValueError(f"--frequency_threshold must be >= 0. Received: frequency_threshold={self.frequency_threshold}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {list(ENGINES)}. Received: engine={self.engine!r}")
+        if self.split not in SPLIT_RULES:
+            raise ValueError(f"--split must be one of {list(SPLIT_RULES)}. Received: split={self.split!r}")
+        if not 0.0 <= self.test_fraction < 1.0:
+            raise ValueError(f"--test_fraction must lie in [0, 1). Received: test_fraction={self.test_fraction}")
+
+
+def expand_inputs(patterns) -> tuple[str, ...]:
+    """Comma-separated paths or glob patterns -> paths (a glob's matches sorted); missing ones fail."""
+    paths = []
+    for pattern in patterns:
+        if "://" in pattern:
+            paths.append(pattern)
+        elif glob.has_magic(pattern):
+            matches = sorted(glob.glob(pattern))
+            if not matches:
+                raise FileNotFoundError(f"--input: no file matches {pattern!r}")
+            paths.extend(matches)
+        elif not os.path.isfile(pattern):
+            raise FileNotFoundError(f"--input: file not found: {pattern}")
+        else:
+            paths.append(pattern)
+    return tuple(paths)
+
+
+def _check_output_dir(output_dir: str) -> None:
+    """Refuses to replace a directory that is neither empty nor an earlier output of this tool."""
+    if os.path.exists(output_dir):
+        if not os.path.isdir(output_dir):
+            raise FileExistsError(f"--output_dir={output_dir} exists and is not a directory")
+        if os.listdir(output_dir) and not os.path.isfile(os.path.join(output_dir, SPEC_FILE)):
+            raise FileExistsError(
+                f"--output_dir={output_dir} is not empty and holds no {SPEC_FILE}: refusing to replace it. "
+                f"Choose a new or empty directory (an earlier output of this tool is replaced)."
+            )
+
+
+def _publish(workspace: str, output_dir: str) -> None:
+    """Renames the finished workspace to ``output_dir``, replacing an earlier output only now."""
+    if not os.path.exists(output_dir):
+        os.rename(workspace, output_dir)
+        return
+    parent, name = os.path.split(os.path.abspath(output_dir))
+    old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
+    os.rmdir(old)
+    os.rename(output_dir, old)
+    try:
+        os.rename(workspace, output_dir)
+    except BaseException:
+        os.rename(old, output_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _make_engine(config: PreprocessConfig, spark):
+    if config.engine == "local":
+        from preprocessing.local_engine import LocalEngine
+
+        return LocalEngine(num_workers=config.num_workers, block_bytes=config.block_bytes)
+    from preprocessing.spark_engine import SparkEngine
+
+    return SparkEngine(spark=spark, master=config.spark_master, block_bytes=config.block_bytes)
+
+
+def preprocess(config: PreprocessConfig, spark=None) -> dict:
+    """Runs the whole preprocessing; returns the report written to ``preprocess_report.json``.
+
+    Args:
+        config: the run's settings.
+        spark: an existing SparkSession for ``engine="spark"`` (else one is started on
+            ``config.spark_master`` and stopped at the end).
+
+    Raises:
+        CriteoFormatError: an input is not Criteo-shaped.
+        BadRowError: ``strict`` and a bad row (names file and line).
+        ValueError, FileNotFoundError, FileExistsError: bad settings, naming the flag.
+    """
+    paths = expand_inputs(config.inputs)
+    _check_output_dir(config.output_dir)
+    vocabulary = None
+    if config.vocab_dir:
+        vocabulary = Vocabulary.load(config.vocab_dir, NUM_CATEGORICAL)
+        if config.frequency_threshold not in (None, vocabulary.frequency_threshold):
+            raise VocabularyError(
+                f"--frequency_threshold={config.frequency_threshold} differs from the threshold "
+                f"{vocabulary.frequency_threshold} of --vocab_dir={config.vocab_dir}; leave the flag out"
+            )
+    threshold = vocabulary.frequency_threshold if vocabulary else (1 if config.frequency_threshold is None else config.frequency_threshold)
+    parent, name = os.path.split(os.path.abspath(config.output_dir))
+    os.makedirs(parent, exist_ok=True)
+    workspace = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(workspace, 0o777 & ~umask)  # mkdtemp makes it private; the dataset is not
+    engine = None
+    try:
+        engine = _make_engine(config, spark)
+        started = time.perf_counter()
+        files = engine.describe(paths)
+        plan = make_plan(files, config.split, config.test_fraction)
+        log.info("pass 0 (formats, %d data lines): %.1fs", sum(f.data_lines for f in files), time.perf_counter() - started)
+        counted_rows = None
+        if vocabulary is None:
+            started = time.perf_counter()
+            counts, counted_rows = engine.count(files, plan, config.strict, threshold)
+            if counted_rows == 0:
+                raise ValueError(
+                    f"No valid training rows to count frequencies on (split={config.split}, inputs={list(paths)}); "
+                    f"see the bad-row reasons with --strict"
+                )
+            vocabulary = Vocabulary.from_counts(counts, NUM_CATEGORICAL, threshold)
+            log.info("pass 1 (counts over %d training rows): %.1fs", counted_rows, time.perf_counter() - started)
+        cardinalities = vocabulary.cardinalities
+        dtypes = [categorical_dtype_for(c) for c in cardinalities]
+        spec = FeatureSpec.nvidia_layout(
+            NUM_INTEGER, cardinalities, splits=plan.names, base_directory=workspace,
+            metadata={
+                "source": "preprocessing.criteo",
+                "transform": dict(TRANSFORM),
+                "frequency_threshold": threshold,
+                "split": plan.metadata(),
+                "inputs": [os.path.basename(p) for p in paths],
+                "vocabulary": f"{VOCABULARY_DIR}/manifest.json",
+            },
+        )
+        started = time.perf_counter()
+        with contextlib.ExitStack() as stack:
+            writers = {split: stack.enter_context(SplitBinaryWriter(spec, split)) for split in plan.names}
+
+            def sink(split, label, numerical, ids):
+                writers[split].append(label, numerical, ids)
+
+            tally = engine.transform(files, plan, vocabulary, dtypes, sink, config.strict, workspace)
+            rows = {split: writer.num_samples for split, writer in writers.items()}
+        log.info("pass 2 (transform, %s rows): %.1fs", rows, time.perf_counter() - started)
+        spec.metadata["num_samples"] = rows
+        vocabulary.save(os.path.join(workspace, VOCABULARY_DIR))
+        spec.save(os.path.join(workspace, SPEC_FILE))
+        os.chmod(os.path.join(workspace, SPEC_FILE), 0o666 & ~umask)  # save() writes through a private mkstemp
+        FeatureSpec.load(os.path.join(workspace, SPEC_FILE), check_files=True)
+        report = {
+            "inputs": [
+                {"file": f.path, "format": f.input_format.name, "header": f.input_format.header,
+                 "compressed": f.compressed, "data_lines": f.data_lines}
+                for f in files
+            ],
+            "split": plan.metadata(),
+            "rows": rows,
+            "training_rows_counted": counted_rows,
+            "frequency_threshold": threshold,
+            "cardinalities": cardinalities,
+            "bad_rows": tally.to_json([f.path for f in files]),
+        }
+        with open(os.path.join(workspace, REPORT_FILE), "w", encoding="utf-8") as stream:
+            json.dump(report, stream, indent=2)
+            stream.write("\n")
+        _publish(workspace, config.output_dir)
+        return report
+    finally:
+        if engine is not None:
+            engine.close()
+        if os.path.exists(workspace):
+            shutil.rmtree(workspace, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _define_flags():
+    from absl import flags
+
+    flags.DEFINE_list("input", None, "Criteo files: comma-separated paths or globs (TSV or CSV with header, plain or .gz).")
+    flags.DEFINE_string("output_dir", None, "Where feature_spec.yaml and the split_binary files go.")
+    flags.DEFINE_integer("frequency_threshold", None, "Values seen fewer times in training share the rare id 1 (default 1).")
+    flags.DEFINE_enum("engine", "local", list(ENGINES), "local: all cores of this machine; spark: PySpark.")
+    flags.DEFINE_enum("split", "fraction", list(SPLIT_RULES), "fraction: last --test_fraction of rows is test; "
+                      "days: day_0..22 train, day_23 halves test/validation; none: all train.")
+    flags.DEFINE_float("test_fraction", 0.1, "--split=fraction: share of rows (from the end) that go to test.")
+    flags.DEFINE_string("vocab_dir", None, "Reuse the vocabulary of an earlier run (its OUTPUT_DIR/vocabulary).")
+    flags.DEFINE_bool("strict", False, "Stop at the first bad row instead of skipping and counting it.")
+    flags.DEFINE_integer("num_workers", 0, "--engine=local: worker processes (0: all cores).")
+    flags.DEFINE_string("spark_master", "local[*]", "--engine=spark: the Spark master URL.")
+    flags.mark_flags_as_required(["input", "output_dir"])
+    return flags.FLAGS
+
+
+def main(argv) -> None:
+    from absl import app, flags
+
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    values = flags.FLAGS
+    try:
+        config = PreprocessConfig(
+            inputs=tuple(values.input),
+            output_dir=values.output_dir,
+            frequency_threshold=values.frequency_threshold,
+            engine=values.engine,
+            split=values.split,
+            test_fraction=values.test_fraction,
+            vocab_dir=values.vocab_dir,
+            strict=values.strict,
+            num_workers=values.num_workers,
+            spark_master=values.spark_master,
+        )
+    except ValueError as error:
+        sys.exit(f"preprocessing.criteo: error: {error}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        report = preprocess(config)
+    except (ValueError, OSError, ImportError, RuntimeError) as error:  # the message says what to fix
+        sys.exit(f"preprocessing.criteo: error: {error}")
+    print(json.dumps({"output_dir": config.output_dir, "rows": report["rows"],
+                      "bad_rows": report["bad_rows"]["total"], "cardinalities": report["cardinalities"]}))
+
+
+def run() -> None:
+    """Console script ``tf-dlrm-preprocess-criteo``."""
+    from absl import app
+
+    _define_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
