@@ -78,13 +78,39 @@ def index_dtype(total_rows: int) -> tf.DType:
     return tf.int32 if total_rows < np.iinfo(np.int32).max else tf.int64
 
 
+def block_size(permutation: np.ndarray, size: int) -> int:
+    """The largest ``g`` such that ``permutation`` (of ``size`` entries) moves whole aligned blocks
+    of ``g`` consecutive entries: e.g. 128 when whole tables of dim 128 change places."""
+    common = int(np.gcd(len(permutation), size))
+    for g in sorted((d for d in range(1, common + 1) if common % d == 0), reverse=True):
+        starts = permutation[::g]
+        if np.all(starts % g == 0) and np.array_equal(permutation, (starts[:, None] + np.arange(g)).reshape(-1)):
+            return g
+    return 1
+
+
 def permute(tensor: tf.Tensor, permutation: np.ndarray, axis: int) -> tf.Tensor:
-    """``tf.gather(tensor, permutation, axis)`` for a permutation that may skip entries, whose
-    gradient is one gather as well (the generic gradient of a gather along an inner axis is two
-    transposes and a segment sum). Skipped entries (padding columns) get a zero gradient."""
+    """``tf.gather(tensor, permutation, axis)`` for a permutation that may skip entries (padding
+    columns, whose gradient is zero), made cheap in both directions.
+
+    TensorFlow gathers along an inner axis one element at a time, and its generic gradient is two
+    transposes and a segment sum. Columns of a ``[b, W]`` block move as whole table slices, so they
+    are gathered as blocks of :func:`block_size` columns (one memcpy per block), and the gradient
+    is the inverse gather, written by hand.
+    """
     size = int(tensor.shape[axis])
     if len(permutation) == size and np.array_equal(permutation, np.arange(size)):
         return tensor
+    block = block_size(permutation, size) if tensor.shape.rank == 2 and axis == 1 else 1
+    if block == 1:
+        return _gather_with_inverse(tensor, permutation, axis)
+    blocks = tf.reshape(tensor, [-1, size // block, block])
+    moved = _gather_with_inverse(blocks, permutation[::block] // block, axis=1)
+    return tf.reshape(moved, [-1, len(permutation)])
+
+
+def _gather_with_inverse(tensor: tf.Tensor, permutation: np.ndarray, axis: int) -> tf.Tensor:
+    size = int(tensor.shape[axis])
     # inverse[j]: where entry j of the input went; entries that were skipped read an appended zero.
     inverse = np.full(size, len(permutation), dtype=np.int32)
     inverse[permutation] = np.arange(len(permutation), dtype=np.int32)
@@ -101,6 +127,27 @@ def permute(tensor: tf.Tensor, permutation: np.ndarray, axis: int) -> tf.Tensor:
         return tf.gather(values, permutation, axis=axis), backward
 
     return forward(tensor)
+
+
+def bfloat16_alltoall(env: DistributedEnv, flat: tf.Tensor, received_splits, name: str) -> tf.Tensor:
+    """``alltoall`` of a 1-D bfloat16 tensor (equal parts to every rank), sent as its 16-bit patterns.
+
+    Horovod 0.28 has no bfloat16 type; a bitcast to uint16 is exact and keeps the halved bytes.
+    A bitcast has no gradient, so the backward is written here as Horovod writes its own: the
+    upstream gradient goes back with ``received_splits`` (what each source rank sent here).
+    """
+
+    @tf.custom_gradient
+    def exchange(values):
+        received = collectives.alltoall(env, tf.bitcast(values, tf.uint16), name=name)
+
+        def backward(upstream):
+            returned = collectives.alltoall(env, tf.bitcast(upstream, tf.uint16), received_splits, name=f"{name}_grad")
+            return tf.bitcast(returned, tf.bfloat16)
+
+        return tf.bitcast(received, tf.bfloat16), backward
+
+    return exchange(flat)
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
@@ -264,7 +311,7 @@ class DistributedEmbedding(keras.layers.Layer):
             if local_block is None:
                 padding = tf.cast(self.padding_variables[0], self.compute_dtype)
                 local_block = tf.tile(padding, [local_batch * self.plan.world_size, 1])
-            received = collectives.alltoall(self.env, tf.reshape(local_block, [-1]), name="embedding_exchange")
+            received = self._exchange(local_block, local_batch)
             # Every source s sends this rank b rows of its width; b is the same for all sources.
             chunks = tf.split(received, [local_batch * w for w in self.send_widths], num=len(self.send_widths))
             block = tf.concat([tf.reshape(c, [local_batch, w]) for c, w in zip(chunks, self.send_widths)], axis=1)
@@ -272,6 +319,19 @@ class DistributedEmbedding(keras.layers.Layer):
             block = local_block
         mp = permute(block, self.permutation, axis=1)
         return tf.reshape(mp, [-1, len(self.model_parallel), self.embedding_dim])
+
+    def _exchange(self, local_block: tf.Tensor, local_batch) -> tf.Tensor:
+        """The embedding alltoall of ``local_block [B, W_r]`` (row block k to rank k), flattened."""
+        flat = tf.reshape(local_block, [-1])
+        if flat.dtype != tf.bfloat16:
+            return collectives.alltoall(self.env, flat, name="embedding_exchange")
+        world = self.plan.world_size
+        static_batch = local_block.shape[0] // world if local_block.shape[0] is not None else tf.get_static_value(local_batch)
+        if static_batch is None:
+            # The gradient's routing needs the local batch size; unknown at trace time, exchange float32.
+            received = collectives.alltoall(self.env, tf.cast(flat, tf.float32), name="embedding_exchange")
+            return tf.cast(received, tf.bfloat16)
+        return bfloat16_alltoall(self.env, flat, [int(static_batch) * w for w in self.send_widths], "embedding_exchange")
 
     def compute_output_shape(self, input_shape):
         return (None, self.num_tables, self.embedding_dim)

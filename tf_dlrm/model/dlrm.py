@@ -62,6 +62,11 @@ class DLRM(keras.Model):
     def call(self, inputs, training=False):
         numerical, categorical = inputs
         embeddings = self.embedding(categorical, local_batch=tf.shape(numerical)[0])
+        return self.dense_call(numerical, embeddings)
+
+    def dense_call(self, numerical, embeddings):
+        """Everything after the embedding lookup (the data-parallel part): bottom MLP, interaction,
+        top MLP; ``embeddings [b, T, D]`` -> logits ``[b, 1]`` (float32). The XLA path compiles this."""
         if self.bottom_mlp is not None:
             bottom = self.bottom_mlp(tf.cast(numerical, self.compute_dtype))
         else:

@@ -44,14 +44,45 @@ class DotInteraction(keras.layers.Layer):
             )
         self.num_vectors = int(embedding_shape[1]) + 1
         self.pair_indices = lower_triangle_indices(self.num_vectors, self.include_diagonal)
+        # For the backward pass: entry (i, j) of the F x F gradient reads pair (i, j) or (j, i),
+        # whichever is kept; entries of no pair read an appended zero column.
+        count = self.num_vectors
+        sources = np.full(count * count, len(self.pair_indices), dtype=np.int32)
+        sources[self.pair_indices] = np.arange(len(self.pair_indices), dtype=np.int32)
+        rows, cols = np.divmod(self.pair_indices, count)
+        sources[cols * count + rows] = np.arange(len(self.pair_indices), dtype=np.int32)
+        self.symmetric_sources = sources
 
     def call(self, inputs):
         bottom, embeddings = inputs
         vectors = tf.concat([tf.expand_dims(bottom, 1), embeddings], axis=1)
-        products = tf.matmul(vectors, vectors, transpose_b=True)
-        flat = tf.reshape(products, [-1, self.num_vectors * self.num_vectors])
-        pairs = tf.gather(flat, self.pair_indices, axis=1)
-        return tf.concat([bottom, pairs], axis=1)
+        return tf.concat([bottom, self._pairwise_dots(vectors)], axis=1)
+
+    def _pairwise_dots(self, vectors):
+        """``tril(X X^T)`` flattened, with a hand-written gradient: for ``Z = X X^T`` the gradient is
+        ``(G + G^T) X`` where ``G`` holds the upstream gradient at the kept pairs: one gather builds
+        ``G + G^T`` and one batched matmul finishes, instead of the generic two matmuls and a
+        segment sum (about twice as fast at dim 128)."""
+        count = self.num_vectors
+
+        @tf.custom_gradient
+        def pairwise(vectors):
+            products = tf.matmul(vectors, vectors, transpose_b=True)
+            pairs = tf.gather(tf.reshape(products, [-1, count * count]), self.pair_indices, axis=1)
+
+            def backward(upstream):
+                # Gathering whole rows of the transposed gradient is several times faster than
+                # gathering single elements along axis 1 (the transposes are cheap in oneDNN).
+                columns = tf.transpose(upstream)  # [pairs, b]
+                columns = tf.concat([columns, tf.zeros_like(columns[:1])], axis=0)
+                symmetric = tf.transpose(tf.gather(columns, self.symmetric_sources))  # [b, F * F]
+                if self.include_diagonal:  # d(x_i . x_i) / d x_i = 2 x_i
+                    symmetric = symmetric * tf.constant(1.0 + np.eye(count).reshape(-1), symmetric.dtype)
+                return tf.matmul(tf.reshape(symmetric, [-1, count, count]), vectors)
+
+            return pairs, backward
+
+        return pairwise(vectors)
 
     def compute_output_shape(self, input_shapes):
         bottom_shape, embedding_shape = input_shapes

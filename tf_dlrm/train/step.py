@@ -9,11 +9,17 @@ Gradients, with N ranks each computing the mean loss over its local batch:
   scatter per fused variable to the touched rows only.
 
 All embeddings train with SGD; the MLPs with SGD or Adam. One learning-rate schedule drives both.
+
+With ``jit_compile`` the step is cut in three: the embedding lookup and exchange (Horovod ops,
+never compiled) under a tape; one XLA-compiled function computing the loss and the gradients of
+the dense part with respect to the MLP weights and to the exchanged embeddings; then the backward
+of the exchange (the alltoall's registered gradient) from those embedding gradients.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import keras
 import tensorflow as tf
@@ -27,15 +33,18 @@ OPTIMIZERS = ("sgd", "adam")
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
+    """``loss_scale``: float16 only (ignored for float32 and bfloat16): a static scale, or 0 for
+    dynamic loss scaling (see :class:`LossScale`)."""
+
     schedule: LearningRateSchedule
     optimizer: str = "sgd"
-    loss_scale: float = 1.0  # static loss scale (float16 only)
+    loss_scale: float = 1.0
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"Expected optimizer in {OPTIMIZERS}. Received: optimizer={self.optimizer!r}")
-        if self.loss_scale <= 0:
-            raise ValueError(f"Expected a positive loss scale. Received: loss_scale={self.loss_scale}")
+        if self.loss_scale < 0:
+            raise ValueError(f"Expected a loss scale >= 0 (0: dynamic). Received: loss_scale={self.loss_scale}")
 
 
 def make_dense_optimizer(config: OptimizerConfig) -> keras.optimizers.Optimizer:
@@ -44,11 +53,63 @@ def make_dense_optimizer(config: OptimizerConfig) -> keras.optimizers.Optimizer:
     return keras.optimizers.SGD(learning_rate=config.schedule.base)
 
 
+class LossScale:
+    """Loss scaling of float16 training: the loss is multiplied by ``S`` before the backward pass so
+    that small gradients do not flush to zero in float16, and gradients are divided by ``S`` after.
+
+    Static (``initial > 0``): ``S`` never changes. Dynamic (``initial == 0``): ``S`` starts at
+    ``2**15``; a step whose gradients hold an inf or NaN on any rank is skipped and halves ``S``;
+    after ``growth_interval`` finite steps in a row ``S`` doubles (the scheme of
+    ``keras.optimizers.LossScaleOptimizer``).
+    """
+
+    INITIAL_DYNAMIC = 2.0**15
+    GROWTH_INTERVAL = 2000
+
+    def __init__(self, initial: float):
+        self.dynamic = initial == 0
+        self.scale = tf.Variable(self.INITIAL_DYNAMIC if self.dynamic else float(initial), dtype=tf.float32,
+                                 trainable=False, name="loss_scale")
+        self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="loss_scale_good_steps")
+
+    def update(self, finite: tf.Tensor) -> None:
+        """After a step: grow after enough finite steps, shrink (and restart counting) on overflow."""
+        if not self.dynamic:
+            return
+        grown = self.good_steps + 1 >= self.GROWTH_INTERVAL
+        self.scale.assign(tf.where(finite, tf.where(grown, self.scale * 2.0, self.scale), tf.maximum(self.scale / 2.0, 1.0)))
+        self.good_steps.assign(tf.where(finite & ~grown, self.good_steps + 1, tf.zeros_like(self.good_steps)))
+
+
+def prefer_legacy_xla_cpu_runtime() -> None:
+    """Asks XLA:CPU for its classic runtime, unless ``XLA_FLAGS`` already chooses.
+
+    On TF 2.18 the default "thunk" runtime of XLA:CPU ran the compiled dense step of DLRM about 10%
+    slower than the classic one (benchmarks/train_throughput.py, case ``tf_dlrm_xla``). XLA reads
+    ``XLA_FLAGS`` at its first compilation in the process; later changes are ignored.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_cpu_use_thunk_runtime" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_use_thunk_runtime=false".strip()
+
+
 def _dense(gradient, variable):
     """Replicated tables are small: a dense gradient joins the grouped allreduce cheaply."""
     if isinstance(gradient, tf.IndexedSlices):
         return tf.math.unsorted_segment_sum(gradient.values, gradient.indices, variable.shape[0])
     return gradient
+
+
+def _values(gradient):
+    return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+
+
+def _all_finite(gradients) -> tf.Tensor:
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(_values(g))) for g in gradients])
+
+
+def binary_cross_entropy(label, logits):
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
 
 
 class Trainer:
@@ -59,14 +120,15 @@ class Trainer:
         env: this rank's place.
         config: optimizer settings.
         jit_compile: compile the forward/backward of the dense part with XLA. The Horovod
-            collectives stay outside the compiled function.
+            collectives, the embedding lookups and the sparse updates stay outside the compiled
+            function.
     """
 
     def __init__(self, model, env: DistributedEnv, config: OptimizerConfig, jit_compile: bool = False):
         self.model = model
         self.env = env
         self.config = config
-        self.jit_compile = jit_compile
+        self.jit_compile = bool(jit_compile)
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.shards = list(model.embedding.sparse_variables)
         self.replicated = list(model.embedding.dense_variables)
@@ -76,43 +138,101 @@ class Trainer:
         self.dense_optimizer = make_dense_optimizer(config)
         self.dense_optimizer.build(self.mlp)
         self.learning_rate = tf.Variable(config.schedule.base, dtype=tf.float32, trainable=False, name="learning_rate")
+        # bfloat16 has float32's exponent range: only float16 needs its loss scaled.
+        self.loss_scale = LossScale(config.loss_scale) if model.compute_dtype == "float16" else None
         self.train_step = tf.function(self._train_step, reduce_retracing=True)
         self.predict_step = tf.function(self._predict_step, reduce_retracing=True)
+        if self.jit_compile:
+            prefer_legacy_xla_cpu_runtime()
+            self._dense_gradients = tf.function(self._dense_loss_and_gradients, jit_compile=True, reduce_retracing=True)
 
     # ------------------------------------------------------------------ training
 
     def _loss(self, numerical, categorical, label):
-        logits = self.model((numerical, categorical), training=True)
-        return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
+        return binary_cross_entropy(label, self.model((numerical, categorical), training=True))
+
+    def _scaled(self, loss):
+        return loss * self.loss_scale.scale if self.loss_scale is not None else loss
+
+    def _dense_loss_and_gradients(self, numerical, embeddings, label):
+        """Compiled with XLA: loss and gradients w.r.t. ``embeddings`` and the MLP weights."""
+        mlp = [v.value for v in self.mlp]
+        with tf.GradientTape() as tape:
+            tape.watch(embeddings)
+            tape.watch(mlp)
+            loss = binary_cross_entropy(label, self.model.dense_call(numerical, embeddings))
+            scaled = self._scaled(loss)
+        gradients = tape.gradient(scaled, [embeddings] + mlp)
+        return loss, gradients[0], gradients[1:]
+
+    def _gradients(self, numerical, categorical, label):
+        """Loss and gradients (still scaled) of shards + replicated + padding, then MLP weights."""
+        tables = [v.value for v in self.shards + self.replicated + self.padding]
+        mlp = [v.value for v in self.mlp]
+        if not self.jit_compile:
+            with tf.GradientTape() as tape:
+                tape.watch(tables + mlp)
+                loss = self._loss(numerical, categorical, label)
+                scaled = self._scaled(loss)
+            gradients = tape.gradient(scaled, tables + mlp)
+            return loss, gradients[: len(tables)], gradients[len(tables):]
+        with tf.GradientTape() as tape:
+            tape.watch(tables)
+            embeddings = self.model.embedding(categorical, local_batch=tf.shape(numerical)[0])
+        loss, embedding_gradient, mlp_gradients = self._dense_gradients(numerical, embeddings, label)
+        table_gradients = tape.gradient(embeddings, tables, output_gradients=embedding_gradient)
+        return loss, table_gradients, mlp_gradients
+
+    def _average_over_ranks(self, gradients: list) -> list:
+        """One allreduce per gradient rather than one group: each starts as soon as the backward
+        pass has produced it (top MLP first), so the exchange overlaps the rest of the backward
+        pass; Horovod still fuses the ones that are ready together. Faster at ``-np 2`` on one
+        machine (benchmarks/scaling.py); every rank issues the same names, Horovod matches them."""
+        if not self.env.distributed:
+            return list(gradients)
+        return [collectives.grouped_mean(self.env, [g], name=f"dense_gradient_{i}")[0] for i, g in enumerate(gradients)]
 
     def _train_step(self, numerical, categorical, label):
-        variables = self.shards + self.replicated + self.mlp + self.padding
-        with tf.GradientTape() as tape:
-            tape.watch([v.value for v in variables])
-            loss = self._loss(numerical, categorical, label)
-            scaled = loss * self.config.loss_scale if self.config.loss_scale != 1.0 else loss
-        gradients = tape.gradient(scaled, [v.value for v in variables])
-        if self.config.loss_scale != 1.0:
-            gradients = [_unscale(g, self.config.loss_scale) for g in gradients]
-        shard_grads = gradients[: len(self.shards)]
-        dense_vars = self.replicated + self.mlp
-        dense_grads = [_dense(g, v) for g, v in zip(gradients[len(self.shards):len(self.shards) + len(dense_vars)], dense_vars)]
-        dense_grads = collectives.grouped_mean(self.env, dense_grads, name="dense_gradients")
+        loss, table_grads, mlp_grads = self._gradients(numerical, categorical, label)
+        count = len(self.shards)
+        shard_grads = table_grads[:count]
+        replicated_grads = [_dense(g, v) for g, v in zip(table_grads[count:count + len(self.replicated)], self.replicated)]
+        padding_grads = table_grads[count + len(self.replicated):]
+        dense_grads = replicated_grads + list(mlp_grads)
+        finite = None
+        if self.loss_scale is not None:
+            inverse = 1.0 / self.loss_scale.scale
+            shard_grads = [_scale(g, inverse) for g in shard_grads]
+            dense_grads = [g * tf.cast(inverse, g.dtype) for g in dense_grads]
+            if self.loss_scale.dynamic:
+                # Every rank must skip the same steps: the finite flag is averaged with the gradients.
+                dense_grads.append(tf.cast(_all_finite(shard_grads + dense_grads), tf.float32))
+        dense_grads = self._average_over_ranks(dense_grads)
+        if self.loss_scale is not None and self.loss_scale.dynamic:
+            finite = tf.equal(dense_grads.pop(), 1.0)
         rate = self.config.schedule.tensor(self.step)
         self.learning_rate.assign(rate)
-        scale = rate / self.env.world_size
-        for variable, gradient in zip(self.shards, shard_grads):
-            variable.value.scatter_sub(tf.IndexedSlices(gradient.values * scale, gradient.indices))
-        replicated_grads = dense_grads[: len(self.replicated)]
-        for variable, gradient in zip(self.replicated, replicated_grads):
-            variable.assign_sub(gradient * rate)
-        self.dense_optimizer.learning_rate = rate
-        self.dense_optimizer.apply(dense_grads[len(self.replicated):], self.mlp)
+
+        def apply():
+            scale = rate / self.env.world_size
+            for variable, gradient in zip(self.shards, shard_grads):
+                variable.value.scatter_sub(tf.IndexedSlices(gradient.values * scale, gradient.indices))
+            for variable, gradient in zip(self.replicated, dense_grads[: len(self.replicated)]):
+                variable.assign_sub(gradient * rate)
+            self.dense_optimizer.learning_rate = rate
+            self.dense_optimizer.apply(dense_grads[len(self.replicated):], self.mlp)
+            return tf.constant(True)
+
+        if finite is None:
+            apply()
+        else:
+            tf.cond(finite, apply, lambda: tf.constant(False))
+            self.loss_scale.update(finite)
         # Grappler prunes results nobody reads, and a control dependency is not enough to keep
         # them: storing the padding gradient (exactly zero, receivers skip that column) keeps this
         # rank's backward alltoall in the graph, as on every other rank.
-        for variable, gradient in zip(self.padding, gradients[len(variables) - len(self.padding):]):
-            variable.assign(gradient)
+        for variable, gradient in zip(self.padding, padding_grads):
+            variable.assign(tf.cast(gradient, variable.dtype))
         self.step.assign_add(1)
         return loss
 
@@ -133,7 +253,7 @@ class Trainer:
         collectives.broadcast_variables(self.env, self.replicated + self.mlp)
 
 
-def _unscale(gradient, scale):
+def _scale(gradient, factor):
     if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(gradient.values / scale, gradient.indices, gradient.dense_shape)
-    return gradient / scale
+        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype), gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)

@@ -1,0 +1,128 @@
+r"""Weak-machine scaling: one process with all cores vs N ranks sharing them, same global batch.
+
+    python benchmarks/scaling.py --config=criteo_capped [--world_sizes=1,2] [--rounds=2]
+
+Launches ``horovodrun -np N --gloo python benchmarks/scaling_worker.py`` for each world size,
+alternating (``1, 2, 1, 2, ...`` for ``--rounds`` rounds) so that a change of machine load hits
+both alike. Ranks on one machine share its cores: the trainer's default gives each rank
+``cores / N`` intra-op threads (2 threads for ``-np 1`` and 1 each for ``-np 2`` on 2 cores).
+The global batch stays the config's; each rank trains on ``batch / N`` samples of it. Throughput
+of a window is ``global batch * steps / (slowest rank's seconds)``.
+
+Prints one JSON object per world size and line:
+``{"benchmark": "scaling", "config": ..., "impl": "tf_dlrm", "precision": "fp32", "xla": false,
+"world_size": N, "samples_per_s": {"median": ..., "min": ..., "max": ...}, "vs_world_size_1": ...,
+"max_rank_embedding_bytes": ..., "single_process_embedding_bytes": ..., "max_rank_embedding_fraction": ...}``
+where the embedding bytes are those of the variables each rank really holds (its shards and the
+replicated small tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from train_throughput import CONFIGS, REPOSITORY, load_average, make_dataset, summarize  # noqa: E402
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scaling_worker.py")
+
+
+def launch(world_size: int, spec_path: str, out_dir: str, config: str, worker_args: list[str], timeout: float) -> list[dict]:
+    """One horovodrun launch; returns every rank's record."""
+    os.makedirs(out_dir, exist_ok=True)
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    command = [horovodrun, "-np", str(world_size), "-H", f"localhost:{world_size}", "--gloo",
+               sys.executable, WORKER, spec_path, out_dir, config, *worker_args]
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPOSITORY + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    completed = subprocess.run(command, cwd=REPOSITORY, env=environment, capture_output=True, text=True, timeout=timeout)
+    if completed.returncode != 0:
+        tail = (completed.stdout + completed.stderr)[-4000:]
+        raise RuntimeError(f"horovodrun -np {world_size} failed with exit code {completed.returncode}:\n{tail}")
+    records = []
+    for rank in range(world_size):
+        with open(os.path.join(out_dir, f"rank{rank}.json")) as handle:
+            records.append(json.load(handle))
+    return records
+
+
+def window_throughputs(records: list[dict]) -> list[float]:
+    first = records[0]
+    samples = first["global_batch_size"] * first["window_steps"]
+    slowest = [max(times) for times in zip(*(r["window_seconds"] for r in records))]
+    return [samples / seconds for seconds in slowest]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="criteo_capped", choices=sorted(CONFIGS))
+    parser.add_argument("--world_sizes", default="1,2")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--windows", type=int, default=5, help="timed windows per launch")
+    parser.add_argument("--window_steps", type=int, default=8)
+    parser.add_argument("--warmup_steps", type=int, default=5)
+    parser.add_argument("--num_batches", type=int, default=8)
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per launch")
+    parser.add_argument("--work_dir", default=None, help="where the synthetic data goes (default: a temporary directory)")
+    parser.add_argument("--seed", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    config = CONFIGS[args.config]
+    world_sizes = [int(w) for w in args.world_sizes.split(",")]
+    if any(config.batch_size % w for w in world_sizes):
+        raise SystemExit(f"--world_sizes={args.world_sizes}: each must divide the batch size {config.batch_size}")
+    worker_args = [f"--windows={args.windows}", f"--window_steps={args.window_steps}",
+                   f"--warmup_steps={args.warmup_steps}", f"--num_batches={args.num_batches}", f"--seed={args.seed}"]
+    throughputs = {w: [] for w in world_sizes}
+    last = {}
+    with tempfile.TemporaryDirectory(prefix="tf_dlrm_scaling_") as temporary:
+        directory = args.work_dir or temporary
+        spec = make_dataset(config, os.path.join(directory, f"{args.config}_train"), config.batch_size * args.num_batches, args.seed)
+        load_before = load_average()
+        for round_index in range(args.rounds):
+            for world_size in world_sizes:
+                out_dir = os.path.join(temporary, f"round{round_index}_np{world_size}")
+                records = launch(world_size, spec.source, out_dir, args.config, worker_args, args.timeout)
+                throughputs[world_size].extend(window_throughputs(records))
+                last[world_size] = records
+    single = last[1][0]["embedding_bytes"] if 1 in last else None
+    out = []
+    for world_size in world_sizes:
+        records = last[world_size]
+        held = max(r["embedding_bytes"] for r in records)
+        reference = statistics.median(throughputs[1]) if 1 in throughputs else None
+        record = {
+            "benchmark": "scaling",
+            "config": args.config,
+            "impl": "tf_dlrm",
+            "precision": "fp32",
+            "xla": False,
+            "world_size": world_size,
+            "global_batch_size": config.batch_size,
+            "intra_op_threads": records[0]["intra_op_threads"],
+            "inter_op_threads": records[0]["inter_op_threads"],
+            "samples_per_s": summarize(throughputs[world_size]),
+            "vs_world_size_1": round(statistics.median(throughputs[world_size]) / reference, 3) if reference else None,
+            "max_rank_embedding_bytes": held,
+            "single_process_embedding_bytes": single,
+            "max_rank_embedding_fraction": round(held / single, 4) if single else None,
+            "launches": args.rounds,
+            "windows": args.rounds * args.windows,
+            "load_average_1m": [load_before, load_average()],
+        }
+        print(json.dumps(record), flush=True)
+        out.append(record)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+r"""Training throughput of tf_dlrm and of a naive Keras DLRM, measured in one process.
+
+    python benchmarks/train_throughput.py --config=criteo_capped \
+        [--cases=naive_fp32,naive_bf16,tf_dlrm_fp32,tf_dlrm_amp,tf_dlrm_xla] [--windows=7] [--window_steps=10]
+
+Both implementations train on the same batches: ``--num_batches`` global batches of a synthetic
+dataset of the config's shape (written with :mod:`tf_dlrm.data.synthetic`, read back with the
+split_binary reader) held in memory, so the figures measure the training step, not the disk
+(``loader_throughput.py`` measures the loader alone). After ``--warmup_steps`` steps per case
+(tracing included), the cases take turns: one window of ``--window_steps`` steps each, ``--windows``
+rounds, so a change of machine load hits every case alike. Precision ``bf16`` is Keras'
+``mixed_bfloat16`` policy (``--amp`` on CPU; ``fp16`` would be ``mixed_float16`` on GPU).
+
+Prints one JSON object per case and line:
+``{"benchmark": "train_throughput", "config": ..., "impl": "tf_dlrm"|"naive_keras", "precision": "fp32"|"bf16",
+"xla": false, "world_size": 1, "samples_per_s": {"median": ..., "min": ..., "max": ...},
+"vs_naive_fp32": ..., ...}`` where ``vs_naive_fp32`` is the ratio of medians to the naive fp32 case.
+The diagnostic case ``mlp_only_fp32`` (``"impl": "mlp_only"``, only when asked for) trains the two
+MLPs alone: no DLRM of the config can train faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import types
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPOSITORY)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    feature_spec: str  # relative to the repository
+    embedding_dim: int
+    bottom_mlp_dims: tuple[int, ...]
+    top_mlp_dims: tuple[int, ...]
+    batch_size: int
+
+
+CONFIGS = {
+    # Criteo 1TB's shape, every table capped at 100k rows; NVIDIA's DLRM MLPs.
+    "criteo_capped": BenchConfig("feature_specs/criteo_capped.yaml", 128, (512, 256, 128), (1024, 1024, 512, 256, 1), 2048),
+    # The same tables with dim 16 and small MLPs: the embedding path weighs more.
+    "small": BenchConfig("feature_specs/criteo_capped.yaml", 16, (512, 256, 64, 16), (512, 256, 1), 2048),
+    # For smoke tests only.
+    "tiny": BenchConfig("feature_specs/synthetic_small.yaml", 8, (16, 8), (16, 1), 256),
+}
+
+# case name -> (impl, amp, xla)
+CASES = {
+    "naive_fp32": ("naive_keras", False, False),
+    "naive_bf16": ("naive_keras", True, False),
+    "tf_dlrm_fp32": ("tf_dlrm", False, False),
+    "tf_dlrm_amp": ("tf_dlrm", True, False),
+    "tf_dlrm_xla": ("tf_dlrm", False, True),
+}
+# Diagnostic, not run by default: the bottom and top MLPs alone (inputs of the right shapes, no
+# embeddings, no interaction), trained like tf_dlrm's MLPs: the ceiling of any DLRM of the config.
+EXTRA_CASES = {"mlp_only_fp32": ("mlp_only", False, False)}
+ALL_CASES = {**CASES, **EXTRA_CASES}
+
+
+def summarize(values) -> dict:
+    return {"median": round(statistics.median(values), 1), "min": round(min(values), 1), "max": round(max(values), 1)}
+
+
+def load_average() -> float | None:
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
+def configure_threads(intra: int, inter: int, local_size: int = 1) -> tuple[int, int]:
+    """The trainer's own rule (``tf_dlrm.train.cli.configure_threads``); 0 picks its default."""
+    from tf_dlrm.train.cli import configure_threads as configure
+
+    return configure(types.SimpleNamespace(intra_op_parallelism=intra, inter_op_parallelism=inter), local_size)
+
+
+def make_dataset(config: BenchConfig, directory: str, num_samples: int, seed: int = 1):
+    """A synthetic split_binary dataset of the config's shape (reused when already there)."""
+    from tf_dlrm.data.synthetic import generate
+    from tf_dlrm.feature_spec import FeatureSpec
+
+    path = os.path.join(directory, "feature_spec.yaml")
+    if os.path.exists(path):
+        spec = FeatureSpec.load(path)
+        if spec.metadata.get("num_train_samples") == num_samples:
+            return spec
+    spec = FeatureSpec.load(os.path.join(REPOSITORY, config.feature_spec), check_files=False)
+    return generate(spec, directory, num_samples, 0, seed)
+
+
+def read_batches(spec, batch_size: int, count: int):
+    """``count`` global batches as numpy ``(numerical, [ids of every table], label)``."""
+    from tf_dlrm.data.reader import SplitBinaryReader
+
+    tables = len(spec.categorical_features)
+    reader = SplitBinaryReader(spec, "train", batch_size, global_categorical=(), local_categorical=range(tables))
+    if reader.num_batches < count:
+        raise ValueError(f"The dataset holds {reader.num_batches} batches of {batch_size}; {count} are needed")
+    batches = [reader.read_batch(b) for b in range(count)]
+    reader.close()
+    return batches
+
+
+class Case:
+    """One measured implementation: its step function and its batches, as tensors."""
+
+    def __init__(self, name: str, config: BenchConfig, spec, batches, learning_rate: float, seed: int):
+        import keras
+        import tensorflow as tf
+
+        from tf_dlrm.train import builder
+
+        self.name = name
+        self.impl, self.amp, self.xla = ALL_CASES[name]
+        on_gpu = bool(tf.config.list_physical_devices("GPU"))
+        policy = builder.set_precision(self.amp, on_gpu)
+        self.precision = {"float32": "fp32", "mixed_bfloat16": "bf16", "mixed_float16": "fp16"}[policy]
+        try:
+            if self.impl == "naive_keras":
+                self.step, self.batches = self._naive(config, spec, batches, learning_rate)
+            elif self.impl == "mlp_only":
+                self.step, self.batches = self._mlp_only(config, spec, batches, learning_rate)
+            else:
+                self.step, self.batches = self._tf_dlrm(config, spec, batches, learning_rate, seed, self.xla)
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        self.batch_size = config.batch_size
+        self.position = 0
+        self.windows: list[float] = []
+
+    @staticmethod
+    def _naive(config, spec, batches, learning_rate):
+        import tensorflow as tf
+
+        from naive_dlrm import build_naive
+
+        trainer = build_naive(
+            spec.cardinalities(), config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims,
+            len(spec.numerical_features), learning_rate,
+        )
+        tensors = [(tf.constant(n), tuple(tf.constant(i) for i in ids), tf.constant(l)) for n, ids, l in batches]
+        return trainer.train_step, tensors
+
+    @staticmethod
+    def _mlp_only(config, spec, batches, learning_rate):
+        import keras
+        import numpy as np
+        import tensorflow as tf
+
+        from tf_dlrm.model.mlp import MLP
+
+        vectors = len(spec.categorical_features) + 1
+        width = config.bottom_mlp_dims[-1] + vectors * (vectors - 1) // 2  # the top MLP's input
+        bottom = MLP(config.bottom_mlp_dims, final_activation="relu", name="bottom_mlp")
+        top = MLP(config.top_mlp_dims, final_activation=None, name="top_mlp")
+        bottom.build((None, len(spec.numerical_features)))
+        top.build((None, width))
+        variables = bottom.trainable_variables + top.trainable_variables
+        optimizer = keras.optimizers.SGD(learning_rate=learning_rate)
+        optimizer.build(variables)
+        pairs = tf.constant(np.random.default_rng(0).random((config.batch_size, width - config.bottom_mlp_dims[-1]), np.float32))
+
+        @tf.function
+        def step(numerical, label):
+            with tf.GradientTape() as tape:
+                logits = top(tf.concat([bottom(numerical), pairs], axis=1))
+                loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
+            optimizer.apply(tape.gradient(loss, variables), variables)
+            return loss
+
+        return step, [(tf.constant(n), tf.constant(l)) for n, _, l in batches]
+
+    @staticmethod
+    def _tf_dlrm(config, spec, batches, learning_rate, seed, xla):
+        import tensorflow as tf
+
+        from tf_dlrm.distributed.env import DistributedEnv
+        from tf_dlrm.train import builder
+        from tf_dlrm.train.schedule import LearningRateSchedule
+        from tf_dlrm.train.step import OptimizerConfig, Trainer
+
+        env = DistributedEnv()
+        model_config = builder.ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims)
+        plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), env.world_size)
+        model = builder.build_model(spec, plan, model_config, env, seed)
+        trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(learning_rate)), jit_compile=xla)
+        embedding = model.embedding
+        order = list(embedding.global_categorical) + list(embedding.local_categorical)
+        tensors = [(tf.constant(n), tuple(tf.constant(ids[t]) for t in order), tf.constant(l)) for n, ids, l in batches]
+        return trainer.train_step, tensors
+
+    def run(self, steps: int) -> float:
+        """Runs ``steps`` steps; returns samples/s (the last loss is read back: the step is done)."""
+        started = time.perf_counter()
+        for _ in range(steps):
+            loss = self.step(*self.batches[self.position % len(self.batches)])
+            self.position += 1
+        loss.numpy()
+        return steps * self.batch_size / (time.perf_counter() - started)
+
+
+def measure(cases: list[Case], warmup_steps: int, windows: int, window_steps: int) -> None:
+    for case in cases:
+        case.run(warmup_steps)
+    for _ in range(windows):
+        for case in cases:
+            case.windows.append(case.run(window_steps))
+
+
+def records(cases: list[Case], config_name: str, extra: dict) -> list[dict]:
+    naive = [c for c in cases if c.impl == "naive_keras" and c.precision == "fp32"]
+    reference = statistics.median(naive[0].windows) if naive else None
+    out = []
+    for case in cases:
+        median = statistics.median(case.windows)
+        out.append({
+            "benchmark": "train_throughput",
+            "config": config_name,
+            "impl": case.impl,
+            "precision": case.precision,
+            "xla": case.xla,
+            "world_size": 1,
+            "samples_per_s": summarize(case.windows),
+            "vs_naive_fp32": round(median / reference, 3) if reference else None,
+            "case": case.name,
+            **extra,
+        })
+    return out
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="criteo_capped", choices=sorted(CONFIGS))
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, from {list(ALL_CASES)}")
+    parser.add_argument("--batch_size", type=int, default=0, help="global batch (0: the config's)")
+    parser.add_argument("--warmup_steps", type=int, default=5)
+    parser.add_argument("--windows", type=int, default=7)
+    parser.add_argument("--window_steps", type=int, default=10)
+    parser.add_argument("--num_batches", type=int, default=8, help="distinct batches held in memory")
+    parser.add_argument("--learning_rate", type=float, default=0.05)
+    parser.add_argument("--intra_op_parallelism", type=int, default=0, help="0: the trainer's default")
+    parser.add_argument("--inter_op_parallelism", type=int, default=0, help="0: the trainer's default")
+    parser.add_argument("--work_dir", default=None, help="where the synthetic data goes (default: a temporary directory)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    unknown = [c for c in args.cases.split(",") if c not in ALL_CASES]
+    if unknown:
+        parser.error(f"unknown cases {unknown}; expected some of {list(ALL_CASES)}")
+    return args
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    config = CONFIGS[args.config]
+    if args.batch_size:
+        config = dataclasses.replace(config, batch_size=args.batch_size)
+    intra, inter = configure_threads(args.intra_op_parallelism, args.inter_op_parallelism)
+    with tempfile.TemporaryDirectory(prefix="tf_dlrm_bench_") as temporary:
+        directory = args.work_dir or temporary
+        spec = make_dataset(config, os.path.join(directory, f"{args.config}_train"), config.batch_size * args.num_batches, args.seed)
+        batches = read_batches(spec, config.batch_size, args.num_batches)
+    load_before = load_average()
+    cases = [Case(name, config, spec, batches, args.learning_rate, args.seed) for name in args.cases.split(",")]
+    measure(cases, args.warmup_steps, args.windows, args.window_steps)
+    extra = {
+        "batch_size": config.batch_size,
+        "windows": args.windows,
+        "window_steps": args.window_steps,
+        "intra_op_threads": intra,
+        "inter_op_threads": inter,
+        "load_average_1m": [load_before, load_average()],
+    }
+    out = records(cases, args.config, extra)
+    for record in out:
+        print(json.dumps(record), flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()

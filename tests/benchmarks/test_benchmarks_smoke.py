@@ -1,0 +1,76 @@
+"""Every benchmark script runs on a tiny config and prints records of the documented shape.
+
+One ``benchmarks/run_all.py --quick`` run covers train_throughput, loader_throughput and scaling
+(two horovodrun launches), so the whole file takes about half a minute.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_python
+
+TRAIN_CASES = {("naive_keras", "fp32", False), ("naive_keras", "bf16", False), ("tf_dlrm", "fp32", False),
+               ("tf_dlrm", "bf16", False), ("tf_dlrm", "fp32", True)}
+
+
+def check_samples_per_s(record):
+    stats = record["samples_per_s"]
+    assert set(stats) == {"median", "min", "max"}, record
+    assert 0 < stats["min"] <= stats["median"] <= stats["max"], record
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    output = tmp_path_factory.mktemp("bench") / "results.json"
+    completed = run_python(["benchmarks/run_all.py", "--quick", "--config=tiny", "--small_config=tiny", f"--output={output}"],
+                           timeout=300)
+    records = json.loads(output.read_text())
+    printed = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
+    assert printed == records, "stdout and the output file disagree"
+    return records
+
+
+@pytest.mark.multirank
+def test_train_throughput_records(results):
+    train = [r for r in results if r["benchmark"] == "train_throughput"]
+    assert {(r["impl"], r["precision"], r["xla"]) for r in train} == TRAIN_CASES
+    for record in train:
+        assert record["config"] == "tiny" and record["world_size"] == 1
+        check_samples_per_s(record)
+        assert record["vs_naive_fp32"] > 0
+
+
+@pytest.mark.multirank
+def test_loader_records(results):
+    loader = [r for r in results if r["benchmark"] == "loader_throughput"]
+    assert sorted(r["cache"] for r in loader) == ["cold", "warm"]
+    for record in loader:
+        check_samples_per_s(record)
+        assert record["bytes_per_sample"] > 0
+
+
+@pytest.mark.multirank
+def test_scaling_records(results):
+    scaling = {r["world_size"]: r for r in results if r["benchmark"] == "scaling"}
+    assert sorted(scaling) == [1, 2]
+    for record in scaling.values():
+        check_samples_per_s(record)
+        assert record["impl"] == "tf_dlrm" and record["global_batch_size"] == 256
+    assert scaling[1]["vs_world_size_1"] == 1.0 and scaling[1]["max_rank_embedding_fraction"] == 1.0
+    # Two ranks split the model-parallel tables: each holds less than the whole.
+    assert scaling[2]["max_rank_embedding_fraction"] < 1.0
+    assert (scaling[2]["intra_op_threads"], scaling[1]["intra_op_threads"]) in {(1, 2), (1, 1)}
+
+
+@pytest.mark.multirank
+def test_targets_record_names_every_check(results):
+    targets = results[-1]
+    assert targets["benchmark"] == "targets"
+    names = " ".join(check["target"] for check in targets["checks"])
+    for fragment in ("tf_dlrm fp32 / naive fp32", "--amp / naive fp32", "loader (cold cache)", "-np 2 / -np 1",
+                     "max per-rank embedding bytes"):
+        assert fragment in names
+    assert all(isinstance(check["met"], bool) for check in targets["checks"])
