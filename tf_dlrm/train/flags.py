@@ -34,7 +34,7 @@ def define_flags() -> None:
     f.DEFINE_enum("interaction", "dot", ["dot", "cat"], "Feature interaction.")
     f.DEFINE_bool("dot_include_diagonal", False, "Keep self dot products in the dot interaction.")
     f.DEFINE_bool("amp", False, "Mixed precision: mixed_float16 with loss scaling on GPU, mixed_bfloat16 on CPU.")
-    f.DEFINE_float("loss_scale", 0.0, "Static loss scale for mixed_float16 (0: 1024 static; ignored on CPU).")
+    f.DEFINE_float("loss_scale", 0.0, "Loss scale for mixed_float16: > 0 static, 0 dynamic (ignored for float32 and bfloat16).")
     f.DEFINE_bool("xla", False, "Compile the dense part of the step with XLA.")
     f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise"], "How embedding tables are sharded.")
     f.DEFINE_integer("column_slice_threshold", None, "Tables with more elements than this are column-sliced.")
@@ -171,7 +171,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
             column_slice_threshold=values.column_slice_threshold,
             data_parallel_input=values.data_parallel_input,
         ),
-        optimizer=OptimizerConfig(schedule, values.optimizer, loss_scale=values.loss_scale or 1.0),
+        optimizer=OptimizerConfig(schedule, values.optimizer, loss_scale=values.loss_scale),
         loop=LoopConfig(
             epochs=values.epochs,
             max_steps=values.max_steps,
