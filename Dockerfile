@@ -6,6 +6,8 @@
 FROM python:3.11-slim-bookworm
 
 # Compilers and CMake build Horovod against TensorFlow; procps gives horovodrun `ps`.
+# Debian's versions are left to the pinned base image (pinning them breaks on every point release).
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ make cmake procps \
     && rm -rf /var/lib/apt/lists/*
