@@ -380,62 +380,17 @@ class FeatureSpec:
             self._fail(f"source_spec.{split}: files hold different sample counts: {detail}")
         return next(iter(counts.values()))
 
-    # ------------------------------------------------------------------ construction
+    # ------------------------------------------------------------------ construction (tf_dlrm.data.layout)
 
     @staticmethod
-    def nvidia_layout(
-        num_numerical: int,
-        cardinalities: Sequence[int],
-        splits: Sequence[str] = (TRAIN_SPLIT, TEST_SPLIT),
-        numerical_dtype: str = "float16",
-        metadata: Mapping[str, Any] | None = None,
-        base_directory: str = ".",
-    ) -> "FeatureSpec":
-        """A spec with NVIDIA's names and files: label, num_0.., cat_0.bin.., <split>/cat_0.bin..."""
-        numerical = [f"num_{i}" for i in range(num_numerical)]
-        categorical = [f"cat_{i}.bin" for i in range(len(cardinalities))]
-        features: dict[str, dict[str, Any]] = {"label": {"dtype": "bool"}}
-        features.update({name: {"dtype": numerical_dtype} for name in numerical})
-        for name, cardinality in zip(categorical, cardinalities):
-            features[name] = {"dtype": str(categorical_dtype_for(int(cardinality))), "cardinality": int(cardinality)}
-        sources = {}
-        for split in splits:
-            chunks = [{"type": SPLIT_BINARY, "features": ["label"], "files": [f"{split}/label.bin"]}]
-            if numerical:
-                chunks.append({"type": SPLIT_BINARY, "features": numerical, "files": [f"{split}/numerical.bin"]})
-            chunks += [{"type": SPLIT_BINARY, "features": [name], "files": [f"{split}/{name}"]} for name in categorical]
-            sources[split] = chunks
-        return FeatureSpec(
-            feature_spec=features,
-            channel_spec={LABEL_CHANNEL: ["label"], NUMERICAL_CHANNEL: numerical, CATEGORICAL_CHANNEL: categorical},
-            source_spec=sources,
-            metadata=metadata,
-            base_directory=base_directory,
-        )
+    def nvidia_layout(num_numerical: int, cardinalities: Sequence[int], **kwargs) -> "FeatureSpec":
+        """A spec with NVIDIA's names and files; see :func:`tf_dlrm.data.layout.nvidia_spec`."""
+        from tf_dlrm.data.layout import nvidia_spec
+
+        return nvidia_spec(num_numerical, cardinalities, **kwargs)
 
     def with_split_binary_sources(self, splits: Sequence[str], base_directory: str) -> "FeatureSpec":
-        """A copy of this spec whose splits are split_binary files in NVIDIA's per-split layout.
+        """This spec with NVIDIA's per-split files; see :func:`tf_dlrm.data.layout.with_split_binary_sources`."""
+        from tf_dlrm.data.layout import with_split_binary_sources
 
-        File names are derived from feature names; categorical dtypes follow the cardinality rule.
-        """
-        features = copy.deepcopy(self.feature_spec)
-        for name in self.categorical_features:
-            features[name]["dtype"] = str(categorical_dtype_for(int(features[name]["cardinality"])))
-        features[self.label_feature]["dtype"] = "bool"
-        sources = {}
-        for split in splits:
-            chunks = [{"type": SPLIT_BINARY, "features": [self.label_feature], "files": [f"{split}/label.bin"]}]
-            if self.numerical_features:
-                chunks.append({"type": SPLIT_BINARY, "features": self.numerical_features, "files": [f"{split}/numerical.bin"]})
-            for index, name in enumerate(self.categorical_features):
-                chunks.append({"type": SPLIT_BINARY, "features": [name], "files": [f"{split}/{_categorical_file_name(name, index)}"]})
-            sources[split] = chunks
-        return FeatureSpec(features, self.channel_spec, sources, self.metadata, base_directory=base_directory)
-
-
-def _categorical_file_name(feature: str, index: int) -> str:
-    """NVIDIA names categorical features 'cat_<i>.bin' and uses that as the file name."""
-    if feature.endswith(".bin"):
-        return feature
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in feature)
-    return f"cat_{index}_{safe}.bin"
+        return with_split_binary_sources(self, splits, base_directory)

@@ -1,0 +1,68 @@
+"""NVIDIA's split_binary file layout: which files a spec's splits live in, and their names.
+
+Per split ``<split>/label.bin``, ``<split>/numerical.bin`` and one ``<split>/cat_<i>.bin`` per
+categorical feature (NVIDIA names the features themselves ``cat_<i>.bin``); categorical dtypes follow
+:func:`tf_dlrm.feature_spec.categorical_dtype_for`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping, Sequence
+
+from tf_dlrm.feature_spec import (
+    CATEGORICAL_CHANNEL,
+    LABEL_CHANNEL,
+    NUMERICAL_CHANNEL,
+    SPLIT_BINARY,
+    TEST_SPLIT,
+    TRAIN_SPLIT,
+    FeatureSpec,
+    categorical_dtype_for,
+)
+
+
+def nvidia_spec(
+    num_numerical: int,
+    cardinalities: Sequence[int],
+    splits: Sequence[str] = (TRAIN_SPLIT, TEST_SPLIT),
+    numerical_dtype: str = "float16",
+    metadata: Mapping[str, Any] | None = None,
+    base_directory: str = ".",
+) -> FeatureSpec:
+    """A spec with NVIDIA's names and files: label, num_0.., cat_0.bin.., <split>/cat_0.bin..."""
+    numerical = [f"num_{i}" for i in range(num_numerical)]
+    categorical = [f"cat_{i}.bin" for i in range(len(cardinalities))]
+    features: dict[str, dict[str, Any]] = {"label": {"dtype": "bool"}}
+    features.update({name: {"dtype": numerical_dtype} for name in numerical})
+    features.update({name: {"dtype": "int64", "cardinality": int(c)} for name, c in zip(categorical, cardinalities)})
+    channels = {LABEL_CHANNEL: ["label"], NUMERICAL_CHANNEL: numerical, CATEGORICAL_CHANNEL: categorical}
+    return with_split_binary_sources(FeatureSpec(features, channels, metadata=metadata), splits, base_directory)
+
+
+def with_split_binary_sources(spec: FeatureSpec, splits: Sequence[str], base_directory: str) -> FeatureSpec:
+    """A copy of ``spec`` whose splits are split_binary files in NVIDIA's per-split layout.
+
+    File names are derived from feature names; categorical dtypes follow the cardinality rule.
+    """
+    features = copy.deepcopy(spec.feature_spec)
+    for name in spec.categorical_features:
+        features[name]["dtype"] = str(categorical_dtype_for(int(features[name]["cardinality"])))
+    features[spec.label_feature]["dtype"] = "bool"
+    sources = {}
+    for split in splits:
+        chunks = [{"type": SPLIT_BINARY, "features": [spec.label_feature], "files": [f"{split}/label.bin"]}]
+        if spec.numerical_features:
+            chunks.append({"type": SPLIT_BINARY, "features": spec.numerical_features, "files": [f"{split}/numerical.bin"]})
+        for index, name in enumerate(spec.categorical_features):
+            chunks.append({"type": SPLIT_BINARY, "features": [name], "files": [f"{split}/{categorical_file_name(name, index)}"]})
+        sources[split] = chunks
+    return FeatureSpec(features, spec.channel_spec, sources, spec.metadata, base_directory=base_directory)
+
+
+def categorical_file_name(feature: str, index: int) -> str:
+    """NVIDIA names categorical features 'cat_<i>.bin' and uses that as the file name."""
+    if feature.endswith(".bin"):
+        return feature
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in feature)
+    return f"cat_{index}_{safe}.bin"
