@@ -150,13 +150,9 @@ def test_bfloat16_and_float32_take_no_loss_scale():
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    from tf_dlrm.data.synthetic import generate
-    from tf_dlrm.feature_spec import FeatureSpec
+    from conftest import make_synthetic_small
 
-    directory = tmp_path_factory.mktemp("synthetic_small_amp")
-    spec = FeatureSpec.load(os.path.join(REPO, "feature_specs", "synthetic_small.yaml"), check_files=False)
-    generate(spec, str(directory), num_train_samples=200_000, num_valid_samples=50_000, seed=3)
-    return directory
+    return make_synthetic_small(tmp_path_factory.mktemp("synthetic_small_amp"), seed=3)
 
 
 def train_main(directory, log, *flags):

@@ -12,9 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import launch, run_python
-from tf_dlrm.data.synthetic import generate
-from tf_dlrm.feature_spec import FeatureSpec
+from conftest import launch, make_synthetic_small, run_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_FLAGS = [
@@ -25,10 +23,7 @@ MODEL_FLAGS = [
 
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("synthetic_small")
-    spec = FeatureSpec.load(os.path.join(REPO, "feature_specs", "synthetic_small.yaml"), check_files=False)
-    generate(spec, str(directory), num_train_samples=200_000, num_valid_samples=50_000, seed=1)
-    return directory
+    return make_synthetic_small(tmp_path_factory.mktemp("synthetic_small"), seed=1)
 
 
 def final_record(log_path) -> dict:

@@ -38,13 +38,6 @@ def grouped_mean(env: DistributedEnv, tensors: Sequence[tf.Tensor], name: str | 
     return list(hvd.grouped_allreduce(list(tensors), op=hvd.Average, name=name))
 
 
-def allreduce_sum(env: DistributedEnv, tensor: tf.Tensor, name: str | None = None) -> tf.Tensor:
-    if not env.distributed:
-        return tensor
-    hvd = _hvd()
-    return hvd.allreduce(tensor, op=hvd.Sum, name=name)
-
-
 def allgather(env: DistributedEnv, tensor: tf.Tensor, name: str | None = None) -> tf.Tensor:
     """Concatenates every rank's tensor along axis 0, in rank order."""
     if not env.distributed:
