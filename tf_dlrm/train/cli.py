@@ -127,9 +127,20 @@ def main(argv):
 
             modes.run(config)
     except (ValueError, OSError) as error:
-        rank = os.environ.get("HOROVOD_RANK", "0")
-        print(f"error (rank {rank}): {error}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        _fail(str(error))
+    except Exception as error:  # noqa: BLE001: a data error raised inside tf.data comes wrapped in a TF error
+        from tf_dlrm.data.validation import message_of
+
+        message = message_of(error)
+        if message is None:
+            raise
+        _fail(message)
+
+
+def _fail(message: str) -> None:
+    rank = os.environ.get("HOROVOD_RANK", "0")
+    print(f"error (rank {rank}): {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def run():

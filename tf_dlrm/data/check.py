@@ -1,0 +1,137 @@
+"""``python -m tf_dlrm.data.check --dataset_path=DIR``: scan a split_binary dataset once, report every problem.
+
+Problems found (all of them, one line each, not only the first):
+
+- a data file missing, or whose size is not a whole number of records;
+- files of one split holding different sample counts;
+- a label other than 0/1;
+- a categorical id outside ``[0, cardinality)`` (per feature: how many, and the first sample);
+- a NaN or inf numerical value (per feature: how many, and the first sample).
+
+Every file is read once, in blocks of ``--block_samples`` samples (memory stays bounded). Exit
+status 0 when the dataset is clean, 1 when a problem was found, 2 when the spec itself is unusable.
+Numpy only: no TensorFlow is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+from absl import app, flags
+
+from tf_dlrm.data.validation import id_problem
+from tf_dlrm.feature_spec import SPLIT_BINARY, FeatureSpec, FeatureSpecError
+
+
+def _file_problems(spec: FeatureSpec, split: str) -> tuple[list[str], int | None]:
+    """Missing and wrongly sized files of a split, and its sample count when the sizes agree."""
+    problems, counts = [], {}
+    for chunk in spec.chunks(split):
+        path = spec.resolve(chunk["files"][0])
+        if not os.path.isfile(path):
+            problems.append(f"split '{split}': data file not found: {path} (features {chunk['features']})")
+            continue
+        size, record = os.path.getsize(path), spec.record_bytes(chunk)
+        if size % record:
+            problems.append(
+                f"split '{split}': file {path} has {size} bytes, not a whole number of {record}-byte records "
+                f"(features {chunk['features']}); it may be truncated"
+            )
+        counts[path] = size // record
+    if len(set(counts.values())) > 1:
+        detail = ", ".join(f"{os.path.basename(p)}={n}" for p, n in counts.items())
+        problems.append(f"split '{split}': files hold different sample counts: {detail}")
+    count = next(iter(counts.values())) if len(set(counts.values())) == 1 and not problems else None
+    return problems, count
+
+
+def _blocks(path: str, dtype: np.dtype, width: int, count: int, block: int):
+    """``(first sample, [n, width] values)`` over a whole file, ``block`` samples at a time."""
+    values = np.memmap(path, dtype=dtype, mode="r", shape=(count, width)) if count else np.zeros((0, width), dtype)
+    for start in range(0, count, block):
+        yield start, np.asarray(values[start:start + block])
+
+
+def _count_and_first(mask: np.ndarray, start: int, found: dict, key) -> None:
+    if mask.any():
+        total, first = found.get(key, (0, None))
+        found[key] = (total + int(mask.sum()), first if first is not None else start + int(np.flatnonzero(mask)[0]))
+
+
+def scan_split(spec: FeatureSpec, split: str, block: int = 1 << 20) -> list[str]:
+    """Every problem of one split, as readable lines (empty: the split is clean)."""
+    problems, count = _file_problems(spec, split)
+    if count is None:
+        return problems  # sizes disagree: values at a sample index would not line up
+    files = spec.split_files(split)
+    found: dict = {}
+    for start, labels in _blocks(files.label, spec.dtype(spec.label_feature), 1, count, block):
+        _count_and_first((labels != 0) & (labels != 1), start, found, ("label", spec.label_feature, files.label))
+    if files.numerical:
+        names = spec.numerical_features
+        for start, values in _blocks(files.numerical, spec.numerical_dtype(), len(names), count, block):
+            bad = ~np.isfinite(values)
+            for column in np.flatnonzero(bad.any(axis=0)):
+                _count_and_first(bad[:, column], start, found, ("numerical", names[column], files.numerical))
+    for name, path, cardinality in zip(spec.categorical_features, files.categorical, spec.cardinalities()):
+        for start, ids in _blocks(path, spec.dtype(name), 1, count, block):
+            ids = ids.reshape(-1)
+            if id_problem(ids, cardinality, start) is not None:
+                _count_and_first((ids < 0) | (ids >= cardinality), start, found, ("categorical", name, path))
+    what = {"label": "label(s) not 0 or 1", "numerical": "NaN or inf value(s)"}
+    for (kind, name, path), (total, first) in found.items():
+        if kind == "categorical":
+            cardinality = spec.cardinalities()[spec.categorical_features.index(name)]
+            description = f"id(s) outside [0, {cardinality})"
+        else:
+            description = what[kind]
+        problems.append(
+            f"split '{split}', feature '{name}', file {path}: {total} {description}, the first at sample {first}"
+        )
+    if count == 0:
+        problems.append(f"split '{split}': no samples (its files are empty)")
+    return problems
+
+
+def scan(spec: FeatureSpec, block: int = 1 << 20) -> dict[str, list[str]]:
+    """Problems per split_binary split of ``spec`` (other chunk types are only checked to exist)."""
+    report = {}
+    for split in spec.splits:
+        if spec.chunk_type(split) == SPLIT_BINARY:
+            report[split] = scan_split(spec, split, block)
+    return report
+
+
+flags.DEFINE_string("dataset_path", None, "Directory of the dataset.")
+flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file, relative to --dataset_path unless absolute.")
+flags.DEFINE_integer("block_samples", 1 << 20, "Samples read at a time per file.")
+
+
+def main(argv) -> None:
+    del argv
+    values = flags.FLAGS
+    if not values.dataset_path:
+        print("error: --dataset_path is required", file=sys.stderr)
+        sys.exit(2)
+    if values.block_samples <= 0:
+        print(f"error: Expected --block_samples > 0. Received: --block_samples={values.block_samples}", file=sys.stderr)
+        sys.exit(2)
+    path = os.path.join(values.dataset_path, values.feature_spec)
+    try:
+        spec = FeatureSpec.load(path, check_files=False)
+        report = scan(spec, values.block_samples)
+    except (FeatureSpecError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    problems = [line for lines in report.values() for line in lines]
+    for line in problems:
+        print(line)
+    splits = ", ".join(f"{split}: {'ok' if not lines else f'{len(lines)} problem(s)'}" for split, lines in report.items())
+    print(f"checked {path}: {splits}")
+    sys.exit(1 if problems else 0)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,70 @@
+"""Checks of data values that no file size or dtype can catch: ids out of range, non-finite numericals.
+
+Both the reader (on every batch it reads, for the features this rank reads) and the dataset scanner
+(:mod:`tf_dlrm.data.check`, every sample of every file once) use these functions, so a problem gets
+the same message whichever finds it. An id outside ``[0, cardinality)`` must never reach the
+embedding: tables share one fused variable with row offsets, so id 5 of a 3-row table would read
+and train the next table's rows without any error.
+
+Cost per batch: one ``min``/``max`` per categorical column and one ``isfinite`` over the numerical
+block, which ``benchmarks/train_throughput.py`` measures (case ``tf_dlrm_unchecked``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+# tf.data wraps an exception raised in the reader's numpy_function into its own error text; the
+# marker lets the command line recover this message alone (see :func:`message_of`).
+_MARKER = "BadDataError: "
+
+
+class BadDataError(ValueError):
+    """A dataset value or file is wrong; the message names the split, feature, file and sample."""
+
+
+def id_problem(ids: np.ndarray, cardinality: int, first_sample: int) -> str | None:
+    """None when every id lies in ``[0, cardinality)``; else which sample holds the first bad one.
+
+    Args:
+        ids: ``[n]`` ids of consecutive samples.
+        cardinality: rows of the feature's table.
+        first_sample: index in the split of ``ids[0]``.
+    """
+    if ids.size == 0:
+        return None
+    if ids.min() >= 0 and ids.max() < cardinality:  # the cheap common case: two reductions
+        return None
+    bad = np.flatnonzero((ids < 0) | (ids >= cardinality))
+    return (
+        f"sample {first_sample + int(bad[0])} has id {int(ids[bad[0]])} outside [0, {cardinality}) "
+        f"({bad.size} such sample(s) among samples {first_sample}..{first_sample + ids.size - 1})"
+    )
+
+
+def numerical_problem(values: np.ndarray, names, first_sample: int) -> str | None:
+    """None when every value is finite; else the first sample and feature holding a NaN or inf.
+
+    Args:
+        values: ``[n, len(names)]`` numerical features of consecutive samples.
+        names: the numerical features' names, in column order.
+        first_sample: index in the split of ``values[0]``.
+    """
+    if values.size == 0 or np.isfinite(values).all():
+        return None
+    rows, columns = np.nonzero(~np.isfinite(values))
+    return (
+        f"sample {first_sample + int(rows[0])}, feature '{names[columns[0]]}' is {values[rows[0], columns[0]]} "
+        f"({rows.size} non-finite value(s) among samples {first_sample}..{first_sample + values.shape[0] - 1}); "
+        "numerical features must be finite"
+    )
+
+
+def message_of(error: BaseException) -> str | None:
+    """The BadDataError message inside a TensorFlow error raised through tf.data, or None."""
+    if isinstance(error, BadDataError):
+        return str(error)
+    match = re.search(re.escape(_MARKER) + r"(.*)", str(error))
+    return match.group(1).strip() if match else None
