@@ -67,6 +67,10 @@ CASES = [
          r"split 'test', feature 'cat_1.bin', file \S*test/cat_1.bin: sample 10 has id 5000 outside \[0, 5000\)"),
     Case("NaN numerical value", lambda d, t: poke_numerical(d, "train", 513, 2, float("nan")), (),
          r"split 'train', file \S*train/numerical.bin: sample 513, feature 'num_2' is nan"),
+    Case("diverging learning rate", _nothing, ("--learning_rate=1e6", "--epochs=3"),
+         r"training loss is (nan|inf) at step \d+ \(learning rate 1e\+06\); the last finite loss was \S+ at step \d+"),
+    Case("diverging learning rate, 2 ranks", _nothing, ("--learning_rate=1e6", "--epochs=3"),
+         r"training loss is (nan|inf) at step \d+ \(learning rate 1e\+06\); the last finite loss was", ranks=2),
     Case("inf numerical value", lambda d, t: poke_numerical(d, "train", 2047, 0, float("inf")), (),
          r"split 'train', file \S*train/numerical.bin: sample 2047, feature 'num_0' is inf"),
 ]

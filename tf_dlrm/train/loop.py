@@ -10,6 +10,7 @@ import numpy as np
 
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.metrics import exact_auc, logloss
+from tf_dlrm.train.guards import LossWatch, check_scores
 from tf_dlrm.train.reporting import Reporter
 from tf_dlrm.train.step import Trainer
 
@@ -39,8 +40,12 @@ class EvalResult:
     seconds: float
 
 
-def evaluate(trainer: Trainer, reader: SplitBinaryReader) -> EvalResult:
-    """Exact AUC and logloss over the whole split (padded last batch trimmed), same on every rank."""
+def evaluate(trainer: Trainer, reader: SplitBinaryReader, where: str = "evaluation") -> EvalResult:
+    """Exact AUC and logloss over the whole split (padded last batch trimmed), same on every rank.
+
+    Raises:
+        NonFiniteError: when a score is NaN or inf (no AUC is computed from such scores).
+    """
     started = time.time()
     predictions, labels = [], []
     for numerical, categorical, label in reader.dataset(epoch=0):
@@ -49,6 +54,7 @@ def evaluate(trainer: Trainer, reader: SplitBinaryReader) -> EvalResult:
         labels.append(truth.numpy())
     predictions = np.concatenate(predictions)[: reader.num_samples]
     labels = np.concatenate(labels)[: reader.num_samples]
+    check_scores(predictions, where)
     return EvalResult(exact_auc(labels, predictions), logloss(labels, predictions), len(labels), time.time() - started)
 
 
@@ -89,10 +95,11 @@ def train(
     window_start, window_steps = time.time(), 0
     stopped_early = False
     last_eval_step = -1
+    losses = LossWatch(start_step)
 
     def run_eval():
         nonlocal last_eval_step
-        result = evaluate(trainer, valid_reader)
+        result = evaluate(trainer, valid_reader, where=f"evaluation at step {step}")
         evals.append(result)
         last_eval_step = step
         reporter.say(f"eval at step {step}: AUC {result.auc:.6f}  logloss {result.logloss:.6f}  ({result.samples} samples, {result.seconds:.1f} s)")
@@ -108,19 +115,20 @@ def train(
         loss = None
         for batch_in_epoch, (numerical, categorical, label) in enumerate(dataset, start=start_batch):
             loss = trainer.train_step(numerical, categorical, label)
+            losses.add(loss)
             step += 1
             window_steps += 1
             if on_step is not None:
                 on_step(step, epoch, batch_in_epoch + 1)
             if step % config.print_freq == 0 or step == total_steps:
-                loss_value = float(loss.numpy())  # the only host sync of the hot loop
+                rate = float(trainer.learning_rate.numpy())
+                loss_value = losses.read(_rates(trainer, rate))  # the only host sync of the hot loop
                 now = time.time()
                 # The first window includes tracing; throughput counts later windows when there are any.
                 speed = window_steps * global_batch / max(now - window_start, 1e-9)
                 if step > config.print_freq or step == total_steps:
                     timed_samples += window_steps * global_batch
                     timed_seconds += now - window_start
-                rate = float(trainer.learning_rate.numpy())
                 reporter.progress(step, total_steps, loss_value, rate, speed)
                 reporter.event("train", step=step, epoch=epoch, loss=loss_value, lr=rate, samples_per_s=speed)
                 reporter.scalars(step, loss=loss_value, learning_rate=rate, samples_per_s=speed)
@@ -137,3 +145,9 @@ def train(
         run_eval()
     throughput = timed_samples / timed_seconds if timed_seconds > 0 else float("nan")
     return TrainResult(step, throughput, evals[-1] if evals else None, evals, stopped_early)
+
+
+def _rates(trainer: Trainer, rate: float) -> str:
+    """The learning rates in force, for a message: the embeddings' and, when it differs, the MLPs'."""
+    factor = getattr(trainer.config, "dense_rate_factor", 1.0)
+    return f"learning rate {rate:.6g}" + (f", MLP learning rate {rate * factor:.6g}" if factor != 1.0 else "")
