@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import threading
 import time
 
 import numpy as np
@@ -35,6 +34,9 @@ import yaml
 
 from tf_dlrm.distributed import collectives
 from tf_dlrm.train import checkpoint_store as store
+from tf_dlrm.train.checkpoint_choice import check_same_data, newest_intact
+from tf_dlrm.train.guards import non_finite_arrays
+from tf_dlrm.train.memory_watch import MemoryWatch
 
 # Re-exported: callers use checkpoint.<name> for the store's public names too.
 from tf_dlrm.train.checkpoint_store import (  # noqa: F401
@@ -60,36 +62,6 @@ def broadcast_json(env, value, name: str):
     buffer = data if env.is_chief else np.zeros(count, np.uint8)
     received = collectives.broadcast(env, tf.constant(buffer), name=f"{name}_bytes")
     return json.loads(bytes(received.numpy()).decode("utf-8"))
-
-
-class MemoryWatch:
-    """Resident memory of this process before and at its peak during a block (sampled every 5 ms)."""
-
-    def __enter__(self):
-        import psutil
-
-        self._process = psutil.Process()
-        self.before = self.peak = self._process.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self):
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, self._process.memory_info().rss)
-
-    def __exit__(self, *exc_info):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._process.memory_info().rss)
-        return False
-
-    def gathered(self, env) -> list[dict]:
-        """Every rank's figures in MiB, on every rank (collective)."""
-        mine = tf.constant([[self.before, self.peak]], tf.int64)
-        rows = collectives.allgather(env, mine, name="checkpoint_memory").numpy()
-        return [{"rank": r, "rss_before_mib": round(b / 2**20, 1), "peak_rss_mib": round(p / 2**20, 1)} for r, (b, p) in enumerate(rows)]
 
 
 # ---------------------------------------------------------------------- save and restore a run
@@ -126,6 +98,7 @@ class Checkpointer:
         self.save_path, self.every_steps, self.keep = save_path, every_steps, keep
         self.seed, self.batch_size = seed, batch_size
         self.steps_per_epoch = None
+        self.data = None  # checkpoint_choice.data_record of the training split, when training
         self.last_saved_step = None
         self.embedding = trainer.model.embedding
         model_name = trainer.model.name
@@ -148,9 +121,13 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ training hooks
 
-    def restore_for_training(self, config, steps_per_epoch: int) -> int:
-        """Restores what the flags ask for (``--resume``, ``--restore_checkpoint_path``); returns the start step."""
-        self.steps_per_epoch = steps_per_epoch
+    def restore_for_training(self, config, steps_per_epoch: int, data: dict | None = None) -> int:
+        """Restores what the flags ask for (``--resume``, ``--restore_checkpoint_path``); returns the start step.
+
+        ``data``: :func:`checkpoint_choice.data_record` of the training split, saved with every
+        checkpoint and compared on ``--resume``.
+        """
+        self.steps_per_epoch, self.data = steps_per_epoch, data
         if not (config.restore_checkpoint_path or config.resume or self.save_path):
             return 0  # the same on every rank: no collective needed
         header = self.restore(config.restore_checkpoint_path, resume=config.resume, for_training=True)
@@ -175,6 +152,11 @@ class Checkpointer:
         error, temporary, final, files = None, None, None, {}
         with MemoryWatch() as memory:
             if self.env.is_chief:
+                # Non-finite weights are never saved: they would replace (through retention) the good ones.
+                bad = non_finite_arrays((name, variable.numpy()) for name, variable in self.dense + self.optimizer_state)
+                if bad:
+                    error = self._refusal(step, f"{', '.join(bad)} hold NaN or inf")
+            if self.env.is_chief and error is None:
                 try:
                     temporary, final = store.prepare(self.save_path, step)
                 except (OSError, CheckpointError) as failure:
@@ -182,6 +164,8 @@ class Checkpointer:
             tables = []
             for table, name in enumerate(self.spec.categorical_features):
                 full = self.embedding.get_full_table(table)  # collective: every rank, every table, in order
+                if self.env.is_chief and error is None and non_finite_arrays([(name, full)]):
+                    error = self._refusal(step, f"table '{name}' holds NaN or inf")
                 if self.env.is_chief and error is None:
                     file = f"tables/table_{table:03d}.npy"
                     try:
@@ -215,6 +199,13 @@ class Checkpointer:
         self.reporter.event("checkpoint_saved", path=status["path"], step=step, seconds=seconds, bytes=size, memory=figures)
         return status["path"]
 
+    def _refusal(self, step: int, what: str) -> str:
+        kept = latest_checkpoint(self.save_path) if self.save_path else None
+        return (
+            f"refusing to save a checkpoint at step {step}: the weights {what} (the run diverged); "
+            f"the last good checkpoint is kept: {kept or 'none saved yet'}"
+        )
+
     def _position(self, step: int) -> dict:
         epoch, batch = divmod(step, self.steps_per_epoch) if self.steps_per_epoch else (None, None)
         return {"epoch": epoch, "batch": batch, "steps_per_epoch": self.steps_per_epoch, "batch_size": self.batch_size}
@@ -245,6 +236,7 @@ class Checkpointer:
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "step": int(step),
             "position": position,
+            "data": self.data or {},
             "learning_rate": float(self.trainer.learning_rate.numpy()),
             "rng": {
                 "seed": self.seed,
@@ -283,6 +275,8 @@ class Checkpointer:
                     # Rank 0 must not fail alone: every rank raises the same error below.
                     header = {"error": str(failure) if isinstance(failure, CheckpointError) else f"checkpoint {restore_path or self.save_path} is malformed: {failure!r}"}
             header = broadcast_json(self.env, header, "checkpoint_restore_header")
+            for line in header.get("skipped", []):
+                self.reporter.say(line)
             if "error" in header:
                 raise CheckpointError(header["error"])
             if header["path"] is None:
@@ -309,7 +303,7 @@ class Checkpointer:
             self.trainer.learning_rate.assign(header["learning_rate"])
         figures = memory.gathered(self.env)
         seconds = time.time() - started
-        if self.save_path and os.path.dirname(os.path.abspath(directory)) == os.path.abspath(self.save_path):
+        if self._is_own(directory):
             self.last_saved_step = header["step"]
         self.reporter.say(
             f"restored checkpoint {directory} (step {header['step']}) in {seconds:.2f} s on {self.env.world_size} rank(s); "
@@ -318,14 +312,20 @@ class Checkpointer:
         self.reporter.event("checkpoint_restored", path=directory, step=header["step"], seconds=seconds, memory=figures)
         return header
 
-    def _choose(self, restore_path: str | None, resume: bool) -> str | None:
+    def _choose(self, restore_path: str | None, resume: bool, for_training: bool) -> tuple[str | None, list[str]]:
+        """The checkpoint to load and the lines saying which newer ones were skipped and why."""
+        skipped = []
         if resume and self.save_path:
-            latest = latest_checkpoint(self.save_path)
+            latest, skipped = newest_intact(self.save_path, move_aside=for_training)
             if latest:
-                return latest
+                return latest, skipped
         if restore_path:
-            return resolve(restore_path)
-        return None
+            return resolve(restore_path), skipped
+        return None, skipped
+
+    def _is_own(self, directory: str) -> bool:
+        """Whether ``directory`` is one of this run's checkpoints (under ``--save_checkpoint_path``)."""
+        return bool(self.save_path) and os.path.dirname(os.path.abspath(directory)) == os.path.abspath(self.save_path)
 
     def _check(self, restore_path, resume: bool, for_training: bool, required: bool) -> dict:
         """Rank 0: picks and fully verifies the checkpoint before any weight changes."""
@@ -335,11 +335,12 @@ class Checkpointer:
                 f"{os.path.basename(latest_checkpoint(self.save_path))}): pass --resume to continue from it, "
                 "or choose another directory"
             )
-        directory = self._choose(restore_path, resume)
+        directory, skipped = self._choose(restore_path, resume, for_training)
         if directory is None:
             if required:
                 raise CheckpointError("no checkpoint to restore: give --restore_checkpoint_path (or --resume with --save_checkpoint_path)")
-            return {"path": None, "note": f"no checkpoint under {self.save_path} yet: starting from step 0" if resume else ""}
+            note = f"no {'intact ' if skipped else ''}checkpoint under {self.save_path} yet: starting from step 0" if resume else ""
+            return {"path": None, "note": note, "skipped": skipped}
         manifest = read_manifest(directory)
         verify_files(directory, manifest)
         check_compatible(directory, manifest, self.spec, self.model_config)
@@ -348,6 +349,8 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {directory}: dense weights {[d['name'] for d in manifest['dense']]}, the model has {names}")
         if for_training:
             self._check_training(directory, manifest)
+            if resume and self.data and self._is_own(directory):
+                check_same_data(directory, manifest, self.data, self.spec.source)
         # Every array's header (and the small arrays whole) before any collective: rank 0 must not
         # fail half-way through a restore while the other ranks wait for it.
         dim, cardinalities = self.model_config.embedding_dim, self.spec.cardinalities()
@@ -364,6 +367,7 @@ class Checkpointer:
             load_array(directory, entry["file"], variable.shape, variable.dtype)
         return {
             "path": directory,
+            "skipped": skipped,
             "step": manifest["step"],
             "learning_rate": float(manifest.get("learning_rate", 0.0)),
             "tables": [t["file"] for t in manifest["tables"]],

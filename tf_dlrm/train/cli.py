@@ -47,7 +47,7 @@ def run_training(config: RunConfig) -> dict:
     import tensorflow as tf
 
     from tf_dlrm.feature_spec import FeatureSpec
-    from tf_dlrm.train import builder
+    from tf_dlrm.train import builder, checkpoint_choice
     from tf_dlrm.train.checkpoint import Checkpointer
     from tf_dlrm.train.loop import train
     from tf_dlrm.train.reporting import Reporter
@@ -88,7 +88,8 @@ def run_training(config: RunConfig) -> dict:
     if config.valid_split in spec.splits:
         valid_reader = builder.make_reader(spec, config.valid_split, config.valid_batch_size, env, embedding, False, config.seed)
     checkpointer = Checkpointer.from_config(config, trainer, spec, env, reporter)
-    start_step = checkpointer.restore_for_training(config, train_reader.num_batches)
+    data = checkpoint_choice.data_record(train_reader, config.batch_size)
+    start_step = checkpointer.restore_for_training(config, train_reader.num_batches, data)
     result = train(trainer, train_reader, valid_reader, config.loop, reporter, start_step=start_step, on_step=checkpointer.on_step)
     checkpointer.finish(result.steps)
 

@@ -1,0 +1,83 @@
+"""Checkpoints under faults: no NaN checkpoint, the good ones kept, fallback past a corrupt newest one,
+no resume on another batch size or dataset. All single-process runs of the real ``main.py``."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+import numpy as np
+
+from conftest import run_python
+from tiny_dataset import TINY_MODEL, write_tiny
+from tf_dlrm.train import checkpoint
+
+
+def train(data, save, *flags, check=True):
+    return run_python(["main.py", f"--dataset_path={data}", *TINY_MODEL, f"--save_checkpoint_path={save}", *flags],
+                      check=check, timeout=300)
+
+
+def ckpt(save, step):
+    return os.path.join(str(save), checkpoint.checkpoint_name(step))
+
+
+def all_finite(directory) -> bool:
+    return all(np.isfinite(np.load(path)).all() for path in glob.glob(os.path.join(directory, "*", "*.npy")))
+
+
+def test_a_diverging_run_saves_no_nan_checkpoint_and_keeps_the_good_ones(tmp_path):
+    data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
+    train(data, save, "--max_steps=4", "--checkpoint_every_steps=2", "--keep_checkpoints=2")
+    # Losses are read only every 1000 steps: the checkpoint itself must notice the NaN weights.
+    diverged = train(data, save, "--resume", "--learning_rate=1e6", "--checkpoint_every_steps=1", "--keep_checkpoints=2",
+                     "--print_freq=1000", "--epochs=3", check=False)
+    assert diverged.returncode == 2, diverged.stderr[-3000:]
+    assert "refusing to save a checkpoint at step" in diverged.stderr, diverged.stderr[-3000:]
+    assert re.search(r"refusing to save a checkpoint at step \d+: the weights .* holds? NaN or inf \(the run diverged\); "
+                     r"the last good checkpoint is kept: \S*ckpt-\d+", diverged.stderr), diverged.stderr[-3000:]
+    assert "Traceback" not in diverged.stderr
+    kept = checkpoint.list_checkpoints(str(save))
+    assert len(kept) == 2, kept
+    for _, directory in kept:
+        checkpoint.verify_files(directory, checkpoint.read_manifest(directory))
+        assert all_finite(directory), directory
+    # The newest kept checkpoint still evaluates to a real AUC.
+    log = tmp_path / "eval.jsonl"
+    run_python(["main.py", f"--dataset_path={data}", *TINY_MODEL, f"--save_checkpoint_path={save}", "--resume",
+                "--mode=eval", f"--log_path={log}"], timeout=300)
+    final = json.loads(open(log).read().splitlines()[-1])
+    assert 0 < final["auc"] < 1 and final["checkpoint"] == kept[-1][1]
+
+
+def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path):
+    data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
+    train(data, save, "--max_steps=4", "--checkpoint_every_steps=2")
+    table = os.path.join(ckpt(save, 4), "tables", "table_001.npy")
+    with open(table, "r+b") as handle:
+        handle.seek(-3, os.SEEK_END)
+        handle.write(b"\x7f\x7f\x7f")
+    log = tmp_path / "log.jsonl"
+    resumed = train(data, save, "--resume", "--max_steps=6", "--checkpoint_every_steps=2", f"--log_path={log}")
+    assert (f"skipped checkpoint {ckpt(save, 4)}: checkpoint {ckpt(save, 4)}: file tables/table_001.npy fails its "
+            f"sha256 checksum: corrupt or modified; refusing to load it; moved it aside to {ckpt(save, 4)}.corrupt") in resumed.stderr
+    assert f"restored checkpoint {ckpt(save, 2)} (step 2)" in resumed.stderr
+    assert json.loads(open(log).read().splitlines()[-1])["steps"] == 6
+    assert os.path.isdir(ckpt(save, 4) + ".corrupt")  # moved aside, not deleted
+    assert [step for step, _ in checkpoint.list_checkpoints(str(save))] == [4, 6]
+
+
+def test_resume_with_another_batch_size_or_dataset_is_refused(tmp_path):
+    data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
+    train(data, save, "--max_steps=2")
+    other_batch = train(data, save, "--resume", "--batch_size=512", "--max_steps=4", check=False)
+    assert other_batch.returncode == 2
+    assert ("was trained with --batch_size=256; the flags give --batch_size=512, with which step 2 would point at "
+            "other samples") in other_batch.stderr, other_batch.stderr[-3000:]
+    other_data = write_tiny(tmp_path / "other", seed=1)  # same sizes, other samples
+    refused = train(other_data, save, "--resume", "--max_steps=4", check=False)
+    assert refused.returncode == 2
+    assert "was trained on a different training split (file fingerprint" in refused.stderr, refused.stderr[-3000:]
+    assert [step for step, _ in checkpoint.list_checkpoints(str(save))] == [2]
