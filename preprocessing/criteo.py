@@ -25,9 +25,7 @@ import glob
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 from preprocessing.criteo_format import NUM_CATEGORICAL, NUM_INTEGER
@@ -35,6 +33,7 @@ from preprocessing.splits import SPLIT_RULES, make_plan
 from preprocessing.vocabulary import Vocabulary, VocabularyError
 from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.feature_spec import FeatureSpec, categorical_dtype_for
+from tf_dlrm.io.publish import staged_output
 
 ENGINES = ("local", "spark")
 SPEC_FILE = "feature_spec.yaml"
@@ -101,35 +100,6 @@ def expand_inputs(patterns) -> tuple[str, ...]:
     return tuple(paths)
 
 
-def _check_output_dir(output_dir: str) -> None:
-    """Refuses to replace a directory that is neither empty nor an earlier output of this tool."""
-    if os.path.exists(output_dir):
-        if not os.path.isdir(output_dir):
-            raise FileExistsError(f"--output_dir={output_dir} exists and is not a directory")
-        if os.listdir(output_dir) and not os.path.isfile(os.path.join(output_dir, SPEC_FILE)):
-            raise FileExistsError(
-                f"--output_dir={output_dir} is not empty and holds no {SPEC_FILE}: refusing to replace it. "
-                f"Choose a new or empty directory (an earlier output of this tool is replaced)."
-            )
-
-
-def _publish(workspace: str, output_dir: str) -> None:
-    """Renames the finished workspace to ``output_dir``, replacing an earlier output only now."""
-    if not os.path.exists(output_dir):
-        os.rename(workspace, output_dir)
-        return
-    parent, name = os.path.split(os.path.abspath(output_dir))
-    old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
-    os.rmdir(old)
-    os.rename(output_dir, old)
-    try:
-        os.rename(workspace, output_dir)
-    except BaseException:
-        os.rename(old, output_dir)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _make_engine(config: PreprocessConfig, spark):
     if config.engine == "local":
         from preprocessing.local_engine import LocalEngine
@@ -154,7 +124,13 @@ def preprocess(config: PreprocessConfig, spark=None) -> dict:
         ValueError, FileNotFoundError, FileExistsError: bad settings, naming the flag.
     """
     paths = expand_inputs(config.inputs)
-    _check_output_dir(config.output_dir)
+    inputs = [*paths, config.vocab_dir]
+    with staged_output(config.output_dir, "--output_dir", "preprocessing.criteo", inputs) as workspace:
+        return _preprocess_into(workspace, paths, config, spark)
+
+
+def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> dict:
+    """The three passes, writing the dataset into ``workspace`` (published by the caller)."""
     vocabulary = None
     if config.vocab_dir:
         vocabulary = Vocabulary.load(config.vocab_dir, NUM_CATEGORICAL)
@@ -164,12 +140,8 @@ def preprocess(config: PreprocessConfig, spark=None) -> dict:
                 f"{vocabulary.frequency_threshold} of --vocab_dir={config.vocab_dir}; leave the flag out"
             )
     threshold = vocabulary.frequency_threshold if vocabulary else (1 if config.frequency_threshold is None else config.frequency_threshold)
-    parent, name = os.path.split(os.path.abspath(config.output_dir))
-    os.makedirs(parent, exist_ok=True)
-    workspace = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(workspace, 0o777 & ~umask)  # mkdtemp makes it private; the dataset is not
     engine = None
     try:
         engine = _make_engine(config, spark)
@@ -232,13 +204,10 @@ def preprocess(config: PreprocessConfig, spark=None) -> dict:
         with open(os.path.join(workspace, REPORT_FILE), "w", encoding="utf-8") as stream:
             json.dump(report, stream, indent=2)
             stream.write("\n")
-        _publish(workspace, config.output_dir)
         return report
     finally:
         if engine is not None:
             engine.close()
-        if os.path.exists(workspace):
-            shutil.rmtree(workspace, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- command line

@@ -111,7 +111,8 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path):
         synthetic.generate(spec, str(tmp_path / name), 5000, 2000, seed=11, block_size=2048)
     synthetic.generate(spec, str(tmp_path / "c"), 5000, 2000, seed=12, block_size=2048)
     a, b, c = (_files(tmp_path / name) for name in "abc")
-    assert sorted(a) == ["feature_spec.yaml"] + sorted(f"{s}/{f}" for s in ("test", "train") for f in (
+    # (.tf_dlrm_output.json: the manifest of the files the generator wrote, see tf_dlrm.io.publish)
+    assert sorted(a) == [".tf_dlrm_output.json", "feature_spec.yaml"] + sorted(f"{s}/{f}" for s in ("test", "train") for f in (
         "cat_0.bin", "cat_1.bin", "cat_2.bin", "label.bin", "numerical.bin"))
     assert a == b
     assert all(a[name] != c[name] for name in a if name.endswith(".bin"))

@@ -36,6 +36,7 @@ import numpy as np
 from tf_dlrm import metrics
 from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.feature_spec import FeatureSpec, TEST_SPLIT, TRAIN_SPLIT
+from tf_dlrm.io.publish import staged_output
 
 DEFAULT_BLOCK_SIZE = 1 << 18
 HIDDEN_DIM = 4
@@ -237,11 +238,12 @@ def generate(
     """Writes a synthetic dataset for ``spec`` under ``output_dir`` and returns its spec.
 
     Writes ``train/`` and ``test/`` (validation) in NVIDIA's split_binary layout, then
-    ``feature_spec.yaml`` last, so an interrupted run never leaves a spec pointing at missing data.
-    The same arguments give byte-identical files.
+    ``feature_spec.yaml``, into a temporary sibling published by a rename, so an interrupted run
+    leaves nothing half written. The same arguments give byte-identical files.
 
     Raises:
         ValueError: on a negative sample count or a non-positive block size.
+        OutputDirectoryError: ``output_dir`` holds files this tool did not write, or the input spec.
     """
     for name, value in (("num_train_samples", num_train_samples), ("num_valid_samples", num_valid_samples)):
         if value < 0:
@@ -249,7 +251,18 @@ def generate(
     if block_size <= 0:
         raise ValueError(f"Expected block_size > 0. Received: block_size={block_size}")
     output_dir = os.path.abspath(output_dir)
-    out_spec = spec.with_split_binary_sources([TRAIN_SPLIT, TEST_SPLIT], output_dir)
+    inputs = [spec.source] if os.path.isfile(str(spec.source)) else []
+    # Staged in a temporary sibling and published by one rename (tf_dlrm.io.publish).
+    with staged_output(output_dir, "--output_dir", "tf_dlrm.data.synthetic", inputs) as workspace:
+        out_spec = _generate_into(spec, workspace, num_train_samples, num_valid_samples, seed, config, block_size)
+    out_spec.base_directory = output_dir
+    out_spec.source = os.path.join(output_dir, "feature_spec.yaml")
+    return out_spec
+
+
+def _generate_into(spec, workspace, num_train_samples, num_valid_samples, seed, config, block_size) -> FeatureSpec:
+    """The body of :func:`generate`, writing into ``workspace``."""
+    out_spec = spec.with_split_binary_sources([TRAIN_SPLIT, TEST_SPLIT], workspace)
     model = HiddenModel(out_spec, seed, config)
     counts = {TRAIN_SPLIT: num_train_samples, TEST_SPLIT: num_valid_samples}
     writers = {}
@@ -294,8 +307,7 @@ def generate(
             ),
         }
     )
-    out_spec.source = os.path.join(output_dir, "feature_spec.yaml")
-    out_spec.save(out_spec.source)
+    out_spec.save(os.path.join(workspace, "feature_spec.yaml"))
     return out_spec
 
 

@@ -17,8 +17,10 @@ apply transforms such as log(1+x) before), categorical ids integers in ``[0, car
 
 Output: NVIDIA's per-split split_binary layout under ``output_dir`` and ``output_dir/feature_spec.yaml``
 written last. Files are parsed in blocks of lines with numpy; a block that fails is rescanned cell by
-cell only to name the first bad file, line and column. On any error nothing is published: the
-``.partial`` files are removed, and a dataset already in ``output_dir`` is left as it was.
+cell only to name the first bad file, line and column. The output is staged in a temporary sibling
+and published by a rename (:mod:`tf_dlrm.io.publish`): on any error nothing is published and a
+dataset already in ``output_dir`` is left as it was; a directory holding other files, or the input
+itself (transcoding in place), is refused.
 
 Usage::
 
@@ -36,6 +38,7 @@ import numpy as np
 
 from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.feature_spec import CSV, FeatureSpec
+from tf_dlrm.io.publish import staged_output
 
 DEFAULT_BLOCK_LINES = 1 << 16
 
@@ -218,29 +221,18 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
         raise TranscodeError(f"{input_spec_path}: source_spec lists no splits to transcode")
     transcoders = {split: _SplitTranscoder(spec, split, block_lines) for split in spec.splits}
     output_dir = os.path.abspath(output_dir)
-    out_spec = spec.with_split_binary_sources(spec.splits, output_dir)
-    created = [d for d in [output_dir] + [os.path.join(output_dir, s) for s in spec.splits] if not os.path.isdir(d)]
-    writers: dict[str, SplitBinaryWriter] = {}
-    try:
+    inputs = [input_spec_path] + [spec.resolve(f) for split in spec.splits for chunk in spec.chunks(split) for f in chunk["files"]]
+    # Staged in a temporary sibling and published by one rename once every split is read without error.
+    with staged_output(output_dir, "--output_dir", "tf_dlrm.data.transcode", inputs) as workspace:
+        out_spec = spec.with_split_binary_sources(spec.splits, workspace)
         counts = {}
         for split, transcoder in transcoders.items():
-            writers[split] = SplitBinaryWriter(out_spec, split)
-            counts[split] = transcoder.write(writers[split])
-        # Publish only once every split has been read without error.
-        for writer in writers.values():
-            writer.close()
-    except BaseException:
-        for writer in writers.values():
-            writer.abort()
-        for directory in reversed(created):  # the directories this run made, if still empty
-            try:
-                os.rmdir(directory)
-            except OSError:
-                pass
-        raise
-    out_spec.metadata.update({"transcoded_from": os.path.abspath(input_spec_path), "num_samples": counts})
+            with SplitBinaryWriter(out_spec, split) as writer:
+                counts[split] = transcoder.write(writer)
+        out_spec.metadata.update({"transcoded_from": os.path.abspath(input_spec_path), "num_samples": counts})
+        out_spec.save(os.path.join(workspace, "feature_spec.yaml"))
+    out_spec.base_directory = output_dir
     out_spec.source = os.path.join(output_dir, "feature_spec.yaml")
-    out_spec.save(out_spec.source)
     return out_spec
 
 

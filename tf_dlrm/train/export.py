@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import numpy as np
 import tensorflow as tf
 from absl import logging as absl_logging
 
+from tf_dlrm.io.publish import check_replaceable, staged_output
 from tf_dlrm.model.interaction import lower_triangle_indices
 from tf_dlrm.train import checkpoint
 
 SERVING_INFO = "tf_dlrm_serving.json"
+WRITER = "tf_dlrm export"
 
 
 class DLRMServing(tf.Module):
@@ -104,10 +105,13 @@ def export_checkpoint(directory: str, manifest: dict, saved_model_path: str) -> 
     """Writes the SavedModel of a verified checkpoint atomically; returns a summary.
 
     Loads one table at a time into its variable (the process holds the full model once, as the
-    SavedModel does). Refuses to overwrite a non-empty ``saved_model_path``.
+    SavedModel does). Refuses to overwrite a non-empty ``saved_model_path`` (a SavedModel is never
+    replaced) or to write around the checkpoint it reads; staged and published by
+    :func:`tf_dlrm.io.publish.staged_output`.
     """
     if os.path.exists(saved_model_path) and (not os.path.isdir(saved_model_path) or os.listdir(saved_model_path)):
         raise ValueError(f"--saved_model_path={saved_model_path} exists and is not empty; choose a new directory")
+    check_replaceable(os.path.abspath(saved_model_path), "--saved_model_path", WRITER, [directory])
     model = manifest["model"]
     tables = []
     for index, (entry, rows) in enumerate(zip(manifest["tables"], model["cardinalities"])):
@@ -118,17 +122,25 @@ def export_checkpoint(directory: str, manifest: dict, saved_model_path: str) -> 
     top = _mlp(directory, manifest, "top_mlp", len(model["top_mlp_dims"]))
     module = DLRMServing(tables, bottom, top, model["interaction"], model["include_diagonal"], model["num_numerical"])
     del tables
-    parent = os.path.dirname(os.path.abspath(saved_model_path))
-    os.makedirs(parent, exist_ok=True)
-    temporary = os.path.join(parent, f".{os.path.basename(os.path.abspath(saved_model_path))}.tmp")
-    shutil.rmtree(temporary, ignore_errors=True)
+    with staged_output(saved_model_path, "--saved_model_path", WRITER, [directory]) as temporary:
+        _save(module, temporary, _serving_info(directory, manifest))
+    return _serving_info(directory, manifest)
+
+
+def _save(module, temporary: str, info: dict) -> None:
     verbosity = absl_logging.get_verbosity()
     absl_logging.set_verbosity(absl_logging.WARNING)  # TensorFlow logs every file it writes at INFO
     try:
         tf.saved_model.save(module, temporary, signatures={"serving_default": module.serve})
     finally:
         absl_logging.set_verbosity(verbosity)
-    info = {
+    with open(os.path.join(temporary, SERVING_INFO), "w", encoding="utf-8") as handle:
+        json.dump(info, handle, indent=1)
+
+
+def _serving_info(directory: str, manifest: dict) -> dict:
+    model = manifest["model"]
+    return {
         "signature": "serving_default",
         "inputs": {
             "numerical": {"dtype": "float32", "shape": [None, model["num_numerical"]]},
@@ -139,9 +151,3 @@ def export_checkpoint(directory: str, manifest: dict, saved_model_path: str) -> 
         "checkpoint": os.path.abspath(directory),
         "step": manifest["step"],
     }
-    with open(os.path.join(temporary, SERVING_INFO), "w", encoding="utf-8") as handle:
-        json.dump(info, handle, indent=1)
-    if os.path.isdir(saved_model_path):
-        os.rmdir(saved_model_path)  # empty (checked above)
-    os.rename(temporary, saved_model_path)
-    return info

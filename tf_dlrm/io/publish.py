@@ -1,0 +1,133 @@
+"""Every writer of a directory (preprocessing.criteo, transcode, synthetic, export) goes through here.
+
+The rules, so that no run ever loses a user's file:
+
+1. The output is written into a fresh temporary sibling ``.<name>.tmp-XXXX`` and published with a
+   rename once complete: an interrupted or failed run leaves the earlier output as it was.
+2. A manifest (``.tf_dlrm_output.json``) lists every file the writer put there. An existing
+   ``output_dir`` is replaced only when it is empty, or holds nothing but the files its manifest
+   lists and was written by the same tool; anything else (a user's notes, a checkpoint, files of
+   another tool) makes the writer refuse, naming the first foreign file.
+3. An input the writer reads (a raw log, a csv spec and its files, a vocabulary, a checkpoint) must
+   not lie inside ``output_dir``: replacing the directory would delete it. Transcoding in place is
+   refused by this rule.
+
+Checkpoints follow the same idea in :mod:`tf_dlrm.train.checkpoint_store` (hidden temporary
+directory, rename, retention that only touches ``ckpt-<step>`` directories).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from typing import Iterable, Iterator
+
+MANIFEST = ".tf_dlrm_output.json"
+
+
+class OutputDirectoryError(FileExistsError, ValueError):
+    """An output directory cannot be (re)written without losing something that is not ours."""
+
+
+def _inside(path: str, directory: str) -> bool:
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return path == directory or path.startswith(directory + os.sep)
+
+
+def _files(directory: str) -> list[str]:
+    """Every file and link under ``directory``, relative, sorted (empty directories are not listed)."""
+    found = []
+    for root, directories, names in os.walk(directory):
+        found += [os.path.relpath(os.path.join(root, n), directory) for n in names]
+        # A link to a directory is an entry of its own: never walk into it, never delete through it.
+        found += [os.path.relpath(os.path.join(root, d), directory) for d in directories if os.path.islink(os.path.join(root, d))]
+    return sorted(found)
+
+
+def check_replaceable(output_dir: str, flag: str, writer: str, inputs: Iterable[str] = ()) -> None:
+    """Raises OutputDirectoryError unless ``writer`` may replace ``output_dir`` (rules 2 and 3 above).
+
+    Args:
+        output_dir: the directory to be written.
+        flag: how the user named it (``--output_dir``), for the message.
+        writer: the tool's name, recorded in and compared with the manifest.
+        inputs: paths the writer reads.
+    """
+    for path in inputs:
+        if path and _inside(path, output_dir):
+            raise OutputDirectoryError(
+                f"{flag}={output_dir} holds {path}, an input of this run: writing the output there would delete "
+                "its own input. Choose an output directory outside the input's"
+            )
+    if not os.path.lexists(output_dir):
+        return
+    if not os.path.isdir(output_dir) or os.path.islink(output_dir):
+        raise OutputDirectoryError(f"{flag}={output_dir} exists and is not a directory: refusing to replace it")
+    present = _files(output_dir)
+    if not present:
+        return
+    try:
+        with open(os.path.join(output_dir, MANIFEST), "r", encoding="utf-8") as handle:
+            manifest = json.load(handle)
+        listed, owner = set(manifest["files"]), manifest["writer"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise OutputDirectoryError(
+            f"{flag}={output_dir} is not empty and was not written by {writer} (no readable {MANIFEST}); "
+            f"refusing to replace it, it holds e.g. {present[0]}. Choose a new or empty directory"
+        ) from None
+    if owner != writer:
+        raise OutputDirectoryError(f"{flag}={output_dir} was written by {owner}, not {writer}: refusing to replace it")
+    foreign = [name for name in present if name != MANIFEST and name not in listed]
+    if foreign:
+        raise OutputDirectoryError(
+            f"{flag}={output_dir} holds {len(foreign)} file(s) that {writer} did not write, e.g. {foreign[0]}: "
+            "refusing to replace it. Move them away or choose another directory"
+        )
+
+
+def _publish(workspace: str, output_dir: str) -> None:
+    """Swaps the finished workspace in; an earlier output is removed only after the swap."""
+    if not os.path.lexists(output_dir):
+        os.rename(workspace, output_dir)
+        return
+    parent, name = os.path.split(os.path.abspath(output_dir))
+    old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
+    os.rmdir(old)
+    os.rename(output_dir, old)
+    try:
+        os.rename(workspace, output_dir)
+    except BaseException:
+        os.rename(old, output_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_output(output_dir: str, flag: str, writer: str, inputs: Iterable[str] = ()) -> Iterator[str]:
+    """Yields a fresh temporary sibling of ``output_dir`` to write into; publishes it on success.
+
+    Checks ``output_dir`` before (so a run refuses before any work) and again just before the
+    rename (a user may have put a file there meanwhile). On an exception nothing is published and
+    the temporary directory is removed.
+    """
+    inputs = [os.path.abspath(p) for p in inputs if p]
+    output_dir = os.path.abspath(output_dir)
+    check_replaceable(output_dir, flag, writer, inputs)
+    parent, name = os.path.split(output_dir)
+    os.makedirs(parent, exist_ok=True)
+    workspace = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(workspace, 0o777 & ~umask)  # mkdtemp makes it private; the output is not
+    try:
+        yield workspace
+        with open(os.path.join(workspace, MANIFEST), "w", encoding="utf-8") as handle:
+            json.dump({"writer": writer, "files": _files(workspace)}, handle, indent=1)
+        check_replaceable(output_dir, flag, writer, inputs)
+        _publish(workspace, output_dir)
+    finally:
+        if os.path.exists(workspace):
+            shutil.rmtree(workspace, ignore_errors=True)
