@@ -71,6 +71,17 @@ CASES = [
          r"training loss is (nan|inf) at step \d+ \(learning rate 1e\+06\); the last finite loss was \S+ at step \d+"),
     Case("diverging learning rate, 2 ranks", _nothing, ("--learning_rate=1e6", "--epochs=3"),
          r"training loss is (nan|inf) at step \d+ \(learning rate 1e\+06\); the last finite loss was", ranks=2),
+    Case("typo in --valid_split", _nothing, ("--valid_split=tset",),
+         r"--valid_split=tset is not a split of \S+feature_spec.yaml \(its splits: \['train', 'test'\]\); name one of them, "
+         r"or give --valid_split='' to train without evaluation"),
+    Case("empty validation split", _empty_test_split, (),
+         r"--valid_split=test: the split holds no samples, so nothing can be evaluated on it"),
+    Case("--save_checkpoint_path is a file", _make_file("model"), ("--save_checkpoint_path={tmp}/model",),
+         r"--save_checkpoint_path=\S+/model is a file; expected a directory"),
+    Case("--log_path is a directory", _make_directory("logs"), ("--log_path={tmp}/logs",),
+         r"--log_path=\S+/logs is a directory; expected a file name"),
+    Case("--tensorboard_dir is a file", _make_file("board"), ("--tensorboard_dir={tmp}/board",),
+         r"--tensorboard_dir=\S+/board is a file; expected a directory"),
     Case("inf numerical value", lambda d, t: poke_numerical(d, "train", 2047, 0, float("inf")), (),
          r"split 'train', file \S*train/numerical.bin: sample 2047, feature 'num_0' is inf"),
 ]
@@ -95,3 +106,13 @@ def test_bad_input_is_refused_with_its_message(case, tmp_path):
     assert re.search(case.expected, output), output[-3000:]
     if case.ranks == 1:  # (under horovodrun, horovodrun itself reports the failed rank)
         assert "Traceback" not in completed.stderr, output[-3000:]
+
+
+def test_an_empty_valid_split_flag_trains_without_evaluation(tmp_path):
+    import json
+
+    data = write_tiny(tmp_path / "data", splits=("train",))
+    log = tmp_path / "log.jsonl"
+    run_python(["main.py", f"--dataset_path={data}", *TINY_MODEL, "--valid_split=", f"--log_path={log}"], timeout=300)
+    final = json.loads(open(log).read().splitlines()[-1])
+    assert final["auc"] is None and final["steps"] == 8

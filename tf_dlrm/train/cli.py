@@ -40,6 +40,9 @@ def run_training(config: RunConfig) -> dict:
     """The whole run on this rank; returns the final record (the last JSON log line)."""
     from tf_dlrm.distributed import env as env_module
 
+    from tf_dlrm.train import preflight
+
+    preflight.check_output_paths(config)  # before anything costly: no mistake in a path costs a run
     env = env_module.initialize()
     config.check_world_size(env.world_size)
     intra, inter = configure_threads(config, env.local_size)
@@ -54,6 +57,7 @@ def run_training(config: RunConfig) -> dict:
     from tf_dlrm.train.step import Trainer
 
     spec = FeatureSpec.load(resolve_spec_path(config), check_files=config.dataset_type == "tf_raw")
+    evaluating = preflight.check_valid_split(config, spec)
     on_gpu = bool(tf.config.list_physical_devices("GPU"))
     policy = builder.set_precision(config.amp, on_gpu)
     plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
@@ -85,8 +89,9 @@ def run_training(config: RunConfig) -> dict:
     embedding = model.embedding
     train_reader = builder.make_reader(spec, config.train_split, config.batch_size, env, embedding, True, config.seed, config.dataset_type)
     valid_reader = None
-    if config.valid_split in spec.splits:
+    if evaluating:
         valid_reader = builder.make_reader(spec, config.valid_split, config.valid_batch_size, env, embedding, False, config.seed)
+        preflight.check_not_empty(config.valid_split, valid_reader)
     checkpointer = Checkpointer.from_config(config, trainer, spec, env, reporter)
     data = checkpoint_choice.data_record(train_reader, config.batch_size)
     start_step = checkpointer.restore_for_training(config, train_reader.num_batches, data)
