@@ -38,6 +38,12 @@ def newest_intact(save_path: str, move_aside: bool) -> tuple[str | None, list[st
     return None, skipped
 
 
+def latest(save_path: str | None) -> str | None:
+    """The newest published checkpoint under ``save_path`` (None when there is none or no path)."""
+    found = list_checkpoints(save_path) if save_path else []
+    return found[-1][1] if found else None
+
+
 def _fingerprint(paths) -> str:
     """sha256 of each file's name, size and first and last 64 KiB: cheap, and changes with the data."""
     digest = hashlib.sha256()

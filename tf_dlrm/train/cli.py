@@ -36,11 +36,13 @@ def resolve_spec_path(config: RunConfig) -> str:
     return os.path.join(config.dataset_path, config.feature_spec)
 
 
-def run_training(config: RunConfig) -> dict:
-    """The whole run on this rank; returns the final record (the last JSON log line)."""
-    from tf_dlrm.distributed import env as env_module
+def run_training(config: RunConfig, stop=None) -> dict:
+    """The whole run on this rank; returns the final record (the last JSON log line).
 
-    from tf_dlrm.train import preflight
+    ``stop``: the run's :class:`tf_dlrm.train.interrupt.SignalStop` (None: signals are not handled).
+    """
+    from tf_dlrm.distributed import env as env_module
+    from tf_dlrm.train import interrupt, preflight
 
     preflight.check_output_paths(config)  # before anything costly: no mistake in a path costs a run
     env = env_module.initialize()
@@ -95,7 +97,23 @@ def run_training(config: RunConfig) -> dict:
     checkpointer = Checkpointer.from_config(config, trainer, spec, env, reporter)
     data = checkpoint_choice.data_record(train_reader, config.batch_size)
     start_step = checkpointer.restore_for_training(config, train_reader.num_batches, data)
-    result = train(trainer, train_reader, valid_reader, config.loop, reporter, start_step=start_step, on_step=checkpointer.on_step)
+
+    def on_step(step, epoch, batch_in_epoch):
+        checkpointer.on_step(step, epoch, batch_in_epoch)
+        if stop is not None:
+            stop.poll(trainer, env, step)
+
+    if stop is not None:
+        stop.training = True  # from now on a signal is only recorded, and the loop stops after a step
+    try:
+        result = train(trainer, train_reader, valid_reader, config.loop, reporter, start_step=start_step, on_step=on_step)
+    except interrupt.Interrupted as interrupted:
+        checkpointer.finish(interrupted.step)  # saves unless that step is saved already (or no save path)
+        last = checkpoint_choice.latest(config.save_checkpoint_path) or config.restore_checkpoint_path
+        reporter.event("interrupted", step=interrupted.step, signal=interrupted.signal_number, checkpoint=last)
+        reporter.close()
+        interrupt.report(interrupted, last, env.is_chief)
+        raise SystemExit(interrupted.exit_code) from None
     checkpointer.finish(result.steps)
 
     last = result.last_eval
@@ -124,14 +142,22 @@ def run_training(config: RunConfig) -> dict:
 
 def main(argv):
     del argv
+    from tf_dlrm.train.interrupt import Interrupted, SignalStop
+
+    stop = SignalStop().install()
     try:
         config = config_from_flags(FLAGS)
         if config.mode == "train":
-            run_training(config)
+            run_training(config, stop)
         else:
             from tf_dlrm.train import modes
 
             modes.run(config)
+    except Interrupted as interrupted:  # before the first step (or outside training): nothing to save
+        if os.environ.get("HOROVOD_RANK", "0") == "0":
+            when = "before training started" if FLAGS.mode == "train" else f"(--mode={FLAGS.mode})"
+            print(f"interrupted {when}; nothing was saved", file=sys.stderr, flush=True)
+        sys.exit(interrupted.exit_code)
     except (ValueError, OSError) as error:
         _fail(str(error))
     except Exception as error:  # noqa: BLE001: a data error raised inside tf.data comes wrapped in a TF error

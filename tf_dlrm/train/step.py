@@ -150,6 +150,10 @@ class Trainer:
         self.dense_optimizer = make_dense_optimizer(config)
         self.dense_optimizer.build(self.mlp)
         self.learning_rate = tf.Variable(config.schedule.base, dtype=tf.float32, trainable=False, name="learning_rate")
+        # A stop request (SIGINT/SIGTERM, tf_dlrm.train.interrupt) rides on the gradient allreduce:
+        # every rank sees the average of all ranks' requests after the same step, at no extra collective.
+        self.stop_request = tf.Variable(0.0, trainable=False, name="stop_request")
+        self.stop_agreed = tf.Variable(0.0, trainable=False, name="stop_agreed")
         # bfloat16 has float32's exponent range: only float16 needs its loss scaled.
         self.loss_scale = LossScale(config.loss_scale) if model.compute_dtype == "float16" else None
         self.train_step = tf.function(self._train_step, reduce_retracing=True)
@@ -222,7 +226,11 @@ class Trainer:
             if self.loss_scale.dynamic:
                 # Every rank must skip the same steps: the finite flag is averaged with the gradients.
                 dense_grads.append(tf.cast(_all_finite(shard_grads + dense_grads), tf.float32))
+        if self.env.distributed:
+            dense_grads.append(self.stop_request.value())
         dense_grads = self._average_over_ranks(dense_grads)
+        if self.env.distributed:
+            self.stop_agreed.assign(dense_grads.pop())
         if self.loss_scale is not None and self.loss_scale.dynamic:
             finite = tf.equal(dense_grads.pop(), 1.0)
         rate = self.config.schedule.tensor(self.step)

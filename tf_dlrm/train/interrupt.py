@@ -1,0 +1,78 @@
+"""SIGINT and SIGTERM end a run cleanly: agreed step, a checkpoint, one line, exit 130 or 143.
+
+Ctrl-C in a terminal sends SIGINT to one process; horovodrun, when it is interrupted or killed,
+sends SIGTERM to every rank and SIGKILLs them 5 s later. Either way:
+
+1. Before training starts, a signal ends the process at once (nothing to save yet).
+2. During training the handler only records the signal. Several ranks must stop after the *same*
+   step (a checkpoint save is collective): each rank's request rides on the step's gradient
+   allreduce (``Trainer.stop_request`` / ``stop_agreed``), so all ranks learn of it after the same
+   step without an extra collective. One process needs no agreement.
+3. The loop raises :class:`Interrupted`; ``main`` saves a checkpoint when
+   ``--save_checkpoint_path`` is set and that step is not saved already, prints
+   ``interrupted at step N; last checkpoint: PATH`` (rank 0) and exits with ``128 + signal``.
+   A signal that arrives during a save only marks the run to stop after the save.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(Exception):
+    """Training stopped at ``step`` because of ``signal_number`` (on this rank or another)."""
+
+    def __init__(self, step: int, signal_number: int):
+        super().__init__(f"interrupted at step {step}")
+        self.step, self.signal_number = step, signal_number
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signal_number
+
+
+class SignalStop:
+    """Handles SIGINT and SIGTERM for the whole run; install once, at the start of ``main``."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self.training = False
+        self._previous = {}
+
+    def install(self) -> "SignalStop":
+        for number in SIGNALS:
+            self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous.clear()
+
+    def _handle(self, number, frame) -> None:
+        del frame
+        first = self.received is None
+        self.received = self.received or number
+        if not self.training and first:
+            # Nothing to save yet: leave now, quietly (a traceback would tell the user nothing).
+            raise Interrupted(0, number)
+
+    def poll(self, trainer, env, step: int) -> None:
+        """After each step: raises Interrupted when this rank, or (several ranks) any rank, was signalled."""
+        if not env.distributed:
+            if self.received is not None:
+                raise Interrupted(step, self.received)
+            return
+        if self.received is not None and float(trainer.stop_request.numpy()) == 0.0:
+            trainer.stop_request.assign(1.0)  # voted in the next step's allreduce
+        if float(trainer.stop_agreed.numpy()) > 0.0:
+            raise Interrupted(step, self.received or signal.SIGTERM)
+
+
+def report(interrupted: Interrupted, checkpoint: str | None, is_chief: bool) -> None:
+    """The one line a stopped run ends with (rank 0), on stderr."""
+    if is_chief:
+        print(f"interrupted at step {interrupted.step}; last checkpoint: {checkpoint or 'none'}", file=sys.stderr, flush=True)
