@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Runs a training job under horovodrun on this machine and, when it loses a rank, runs it again from
+# its newest intact checkpoint on the ranks that remain (one fewer each time), with a new sharding plan.
+#
+# Usage:
+#   scripts/train_resilient.sh [--np N] [--min_np M] [--max_restarts R] [--horovodrun PATH] -- \
+#       python main.py --save_checkpoint_path=DIR --checkpoint_every_steps=K [other main.py flags]
+#
+# - The first attempt runs the command as given; every later one adds --resume, so main.py continues
+#   from the newest checkpoint under --save_checkpoint_path that verifies (a checkpoint half written
+#   when the rank died is never published, a corrupt one is skipped and named).
+# - main.py recomputes the plan for the new world size; checkpoints hold full tables, so any world
+#   size restores them. --batch_size must divide by every world size tried.
+# - No restart when the job failed for a reason a restart cannot fix: a rank's clean refusal of its
+#   input or flags (exit status 2), or an interrupt (130, 143, or this script was signalled).
+# - Single machine (localhost) only; several machines need horovodrun's own elastic mode.
+#
+# Exit status: 0 when a run finished; otherwise the status of the last horovodrun.
+set -uo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+np=2
+min_np=1
+max_restarts=3
+horovodrun="${HOROVODRUN:-horovodrun}"
+[[ -x "$here/.venv/bin/horovodrun" && -z "${HOROVODRUN:-}" ]] && horovodrun="$here/.venv/bin/horovodrun"
+
+usage() { sed -n '2,18p' "$0" >&2; exit 2; }
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --np) np="$2"; shift 2 ;;
+    --min_np) min_np="$2"; shift 2 ;;
+    --max_restarts) max_restarts="$2"; shift 2 ;;
+    --horovodrun) horovodrun="$2"; shift 2 ;;
+    --) shift; break ;;
+    *) echo "train_resilient.sh: unknown option $1" >&2; usage ;;
+  esac
+done
+[[ $# -gt 0 ]] || { echo "train_resilient.sh: give the training command after --" >&2; usage; }
+for value in "$np" "$min_np" "$max_restarts"; do
+  [[ "$value" =~ ^[0-9]+$ ]] || { echo "train_resilient.sh: expected whole numbers. Received: $value" >&2; exit 2; }
+done
+if ! printf '%s\n' "$@" | grep -q -- '^--save_checkpoint_path='; then
+  echo "train_resilient.sh: the command needs --save_checkpoint_path=DIR (where a restart resumes from)" >&2
+  exit 2
+fi
+
+interrupted=0
+trap 'interrupted=1' INT TERM
+log="$(mktemp -t train_resilient.XXXXXX)"
+trap 'rm -f "$log"' EXIT
+
+attempt=0
+resume=()
+while true; do
+  echo "train_resilient.sh: attempt $((attempt + 1)) on $np rank(s)${resume:+ (--resume)}" >&2
+  "$horovodrun" -np "$np" -H "localhost:$np" --gloo "$@" "${resume[@]}" 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+  if [[ $status -eq 0 ]]; then
+    exit 0
+  fi
+  # horovodrun names the first rank that failed and its exit code.
+  first_code="$(grep -oE 'Exit code: -?[0-9]+' "$log" | head -n 1 | grep -oE -- '-?[0-9]+$')"
+  if [[ $interrupted -eq 1 || "$first_code" == "2" || "$first_code" == "130" || "$first_code" == "143" ]]; then
+    echo "train_resilient.sh: the job failed (rank exit code ${first_code:-unknown}); a restart would not help: stopping" >&2
+    exit "$status"
+  fi
+  attempt=$((attempt + 1))
+  if [[ $attempt -gt $max_restarts || $((np - 1)) -lt $min_np ]]; then
+    echo "train_resilient.sh: lost a rank again (exit code ${first_code:-unknown}) and no restart is left: stopping" >&2
+    exit "$status"
+  fi
+  np=$((np - 1))
+  resume=(--resume)
+  echo "train_resilient.sh: a rank was lost (exit code ${first_code:-unknown}); restarting from the newest intact checkpoint on $np rank(s)" >&2
+done
