@@ -52,8 +52,9 @@ def define_flags() -> None:
     f.DEFINE_integer("keep_checkpoints", 2, "Checkpoints kept under --save_checkpoint_path (older ones are deleted).")
     f.DEFINE_bool(
         "resume", False,
-        "Continue from the latest checkpoint under --save_checkpoint_path (else from --restore_checkpoint_path, "
-        "else from scratch).",
+        "Continue from the newest intact checkpoint under --save_checkpoint_path (corrupt newer ones are skipped, "
+        "named and moved aside; else from --restore_checkpoint_path, else from scratch); refused when --batch_size "
+        "or the training data differ from the checkpoint's.",
     )
     f.DEFINE_string("saved_model_path", None, "--mode=export: directory to write the TF SavedModel to (must not exist).")
     f.DEFINE_string("inference_batch_sizes", "1,64,1024,4096", "--mode=inference: global batch sizes to time.")
@@ -67,7 +68,8 @@ def define_flags() -> None:
     f.DEFINE_integer("inter_op_parallelism", 0, "TensorFlow inter-op threads (0: a default per world size).")
     f.DEFINE_integer("intra_op_parallelism", 0, "TensorFlow intra-op threads (0: cores / ranks on this machine).")
     f.DEFINE_string("train_split", "train", "source_spec split to train on.")
-    f.DEFINE_string("valid_split", "test", "source_spec split to evaluate on.")
+    f.DEFINE_string("valid_split", "test", "source_spec split to evaluate on ('' or none: no evaluation); a split the "
+                    "spec does not have, or an empty one, is refused before training.")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,8 @@ the same way. What is checked:
   directories, ``--log_path`` a writable file; before issue #15 a file given as
   ``--save_checkpoint_path`` failed only after all training, losing the trained model;
 - splits: ``--valid_split`` must name a split of the spec (a typo used to train without ever
-  evaluating) and hold at least one sample; ``--valid_split=''`` trains without evaluation.
+  evaluating) and hold at least one sample; ``--valid_split=''`` (or ``none``, unless the spec has a
+  split of that name) trains without evaluation.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def check_output_paths(config) -> None:
 
 def check_valid_split(config, spec) -> bool:
     """Whether to evaluate; raises ValueError on a ``--valid_split`` that the spec does not have."""
-    if not config.valid_split:
+    if not config.valid_split or (config.valid_split == "none" and "none" not in spec.splits):
         return False
     if config.dataset_type == "synthetic":
         return config.valid_split in spec.splits  # random in-memory batches: evaluated as before
