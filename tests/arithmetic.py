@@ -93,3 +93,12 @@ def split_label_counts(dataset_directory) -> tuple[int, int]:
     labels = np.fromfile(spec.split_files("test").label, dtype=np.uint8)
     positives = int(labels.sum())
     return positives, int(labels.size - positives)
+
+
+def float32_sum_bound(absolute_sum, terms: int) -> np.ndarray:
+    """Higham, *Accuracy and Stability of Numerical Algorithms* (2002), eq. 3.5: a float32 sum of
+    ``terms`` products, in any order and with or without FMA, is within
+    ``gamma_n * sum |x_i y_i|``, ``gamma_n = n u / (1 - n u)``, of the exact value. ``absolute_sum``
+    is the same computation on the operands' absolute values (in float64)."""
+    n = terms * FLOAT32_UNIT_ROUNDOFF
+    return np.asarray(absolute_sum, np.float64) * n / (1 - n)
