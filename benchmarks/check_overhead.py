@@ -20,7 +20,6 @@ unchecked case of each pair is its baseline (``vs_unchecked`` = ratio of medians
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -32,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+from emit import emit  # noqa: E402
 from train_throughput import CONFIGS, configure_threads, make_dataset, summarize  # noqa: E402
 
 
@@ -126,7 +126,7 @@ def main(argv=None) -> list[dict]:
             for case in pair:
                 case.reader.close()
     for record in out:
-        print(json.dumps(record), flush=True)
+        emit(record)
     return out
 
 

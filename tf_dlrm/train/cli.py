@@ -9,6 +9,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags
 
+from tf_dlrm.precision import PrecisionChoice, choose_precision, read_cpu_info
 from tf_dlrm.train.flags import RunConfig, config_from_flags, define_flags
 
 define_flags()
@@ -36,6 +37,13 @@ def resolve_spec_path(config: RunConfig) -> str:
     return os.path.join(config.dataset_path, config.feature_spec)
 
 
+def report_precision(reporter, config: RunConfig, choice: PrecisionChoice) -> None:
+    """One line (and one JSON event) when ``--amp`` runs emulated here or fell back to float32."""
+    if choice.notice:
+        reporter.say(f"notice: {choice.notice}")
+        reporter.event("notice", flag=f"--amp={config.amp.value}", precision=choice.policy, message=choice.notice)
+
+
 def run_training(config: RunConfig, stop=None) -> dict:
     """The whole run on this rank; returns the final record (the last JSON log line).
 
@@ -60,8 +68,8 @@ def run_training(config: RunConfig, stop=None) -> dict:
 
     spec = FeatureSpec.load(resolve_spec_path(config), check_files=config.dataset_type == "tf_raw")
     evaluating = preflight.check_valid_split(config, spec)
-    on_gpu = bool(tf.config.list_physical_devices("GPU"))
-    policy = builder.set_precision(config.amp, on_gpu)
+    choice = builder.apply_precision(choose_precision(config.amp, bool(tf.config.list_physical_devices("GPU"))))
+    policy = choice.policy
     plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
     model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input)
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla)
@@ -69,12 +77,16 @@ def run_training(config: RunConfig, stop=None) -> dict:
 
     reporter = Reporter(env.is_chief, config.log_path, config.tensorboard_dir)
     rank_bytes = [plan.rank_bytes(r) for r in range(env.world_size)]
-    exchange = plan.alltoall_bytes_per_step(config.batch_size, bytes_per_value=2 if config.amp else 4)
+    exchange = plan.alltoall_bytes_per_step(config.batch_size, bytes_per_value=2 if policy != "float32" else 4)
+    report_precision(reporter, config, choice)
     reporter.say(plan.describe())
     reporter.event(
         "config",
         world_size=env.world_size,
         precision=policy,
+        amp=config.amp.value,
+        precision_native=choice.native,
+        cpu=read_cpu_info().summary(),
         xla=config.xla,
         batch_size=config.batch_size,
         intra_op_threads=intra,
