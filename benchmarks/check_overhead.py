@@ -9,7 +9,9 @@ Two pairs of cases, each pair taking turns window by window (a change of machine
   refuses out-of-range ids and non-finite numericals (``validate=True``, the default) and every
   step's loss goes to a :class:`tf_dlrm.train.guards.LossWatch` read at the end of the window, as
   ``main.py`` reads it every ``--print_freq`` steps. Unchecked: ``validate=False`` and only the last
-  loss is read (the loop before issue #15).
+  loss is read (the loop before issue #15). The checked record also carries ``check_ms_per_batch``
+  (the reader's checks timed alone on the same batches) and ``check_fraction_of_step`` (that over
+  the unchecked step time): a floor of the cost that machine load does not blur.
 - ``loader_checked`` / ``loader_unchecked``: the reader alone (the checks without a step to hide behind).
 
 Prints one JSON object per case and line: ``{"benchmark": "check_overhead", "config": ..., "impl":
@@ -67,6 +69,25 @@ class Pipeline:
         return steps * self.batch_size / (time.perf_counter() - started)
 
 
+def check_milliseconds(pair, batches: int, repeats: int = 5) -> float:
+    """Per-batch cost of the checks alone: ``read_batch`` checked minus unchecked (median of medians).
+
+    Timed on the same batches in turn, without tf.data threads or a training step, so machine load
+    shifts both alike; the training pair's ratio is the end-to-end figure, this one its floor.
+    """
+    unchecked, checked = pair[0].reader, pair[1].reader
+    differences = []
+    for _ in range(repeats):
+        times = {True: [], False: []}
+        for batch in range(batches):
+            for reader in (unchecked, checked):
+                started = time.perf_counter()
+                reader.read_batch(batch)
+                times[reader.validate].append(time.perf_counter() - started)
+        differences.append(statistics.median(times[True]) - statistics.median(times[False]))
+    return max(0.0, statistics.median(differences)) * 1e3
+
+
 def build_trainer(config, spec, seed):
     from tf_dlrm.distributed.env import DistributedEnv
     from tf_dlrm.train import builder
@@ -112,16 +133,22 @@ def main(argv=None) -> list[dict]:
             ("loader", [Pipeline(f"loader_{kind}", spec, config.batch_size, embedding, None, kind == "checked")
                         for kind in ("unchecked", "checked")], args.loader_window_steps),
         ]
-        for _, pair, steps in pairs:
+        for kind, pair, steps in pairs:
             measure(pair, args.warmup_steps, args.windows, steps)
             baseline = statistics.median(pair[0].windows)
+            extra = {}
+            if kind == "train":
+                check_ms = check_milliseconds(pair, args.num_batches)
+                step_ms = config.batch_size / baseline * 1e3
+                extra = {"check_ms_per_batch": round(check_ms, 4), "unchecked_ms_per_step": round(step_ms, 2),
+                         "check_fraction_of_step": round(check_ms / step_ms, 5)}
             for case in pair:
                 out.append({
                     "benchmark": "check_overhead", "config": args.config, "impl": "tf_dlrm", "precision": "fp32",
                     "xla": False, "world_size": 1, "case": case.name, "samples_per_s": summarize(case.windows),
                     "vs_unchecked": round(statistics.median(case.windows) / baseline, 4),
                     "batch_size": config.batch_size, "windows": args.windows, "window_steps": steps,
-                    "intra_op_threads": intra, "inter_op_threads": inter,
+                    "intra_op_threads": intra, "inter_op_threads": inter, **(extra if case is pair[1] else {}),
                 })
             for case in pair:
                 case.reader.close()

@@ -8,9 +8,11 @@ Runs, each in its own process (one after the other: they share the machine's cor
    bf16, tf_dlrm fp32, ``--amp`` and ``--xla``, interleaved in one process (on ``small`` also the
    MLPs alone, ``mlp_only_fp32``: the ceiling of any DLRM of that config);
 2. ``loader_throughput.py --config=criteo_capped``: the reader alone, cold and warm page cache;
-3. ``scaling.py --config=criteo_capped``: ``-np 1`` vs ``-np 2``, same global batch, alternating,
+3. ``check_overhead.py --config=criteo_capped``: the reader's id and non-finite checks and the loss
+   watch, checked vs unchecked, taking turns;
+4. ``scaling.py --config=criteo_capped``: ``-np 1`` vs ``-np 2``, same global batch, alternating,
    and 2 independent processes with no exchange (the ceiling of ``-np 2`` on the machine);
-4. with ``--with_preprocess``: ``preprocess_throughput.py`` (slow; off by default).
+5. with ``--with_preprocess``: ``preprocess_throughput.py`` (slow; off by default).
 
 ``--output`` gets a JSON list of every record, then one ``{"benchmark": "targets", ...}`` record
 with the issue's targets and whether this run met them, and the ceilings measured beside them; the same lines go to stdout, and a
@@ -38,11 +40,13 @@ QUICK = {  # for a fast look (and the smoke test), not for figures
     "train": ["--windows=2", "--window_steps=2", "--warmup_steps=1", "--num_batches=2"],
     "loader": ["--num_samples=32768", "--windows=1"],
     "scaling": ["--rounds=1", "--windows=1", "--window_steps=2", "--warmup_steps=1", "--num_batches=2"],
+    "checks": ["--windows=1", "--window_steps=2", "--warmup_steps=1", "--loader_window_steps=4", "--num_batches=4"],
 }
 FULL = {
     "train": ["--windows=7", "--window_steps=10", "--warmup_steps=5"],
     "loader": ["--num_samples=1048576", "--windows=5"],
     "scaling": ["--rounds=2", "--windows=5", "--window_steps=8", "--warmup_steps=5"],
+    "checks": ["--windows=7", "--window_steps=10", "--warmup_steps=5"],
 }
 
 
@@ -100,6 +104,9 @@ def check_targets(records: list[dict], config: str = "criteo_capped", small: str
         add(f"{config}: loader ({record['cache']} cache) / fastest tf_dlrm trainer",
             _ratio(record["samples_per_s"]["median"], consumed), 10.0)
     for record in records:
+        if record["benchmark"] == "check_overhead" and record["config"] == config and record["case"] == "train_checked":
+            add(f"{config}: training with the id and non-finite checks / without", record["vs_unchecked"], 0.97)
+    for record in records:
         if record["benchmark"] == "scaling" and record["config"] == config and record["world_size"] == 2:
             add(f"{config}: -np 2 / -np 1 samples/s", record["vs_world_size_1"], 0.85)
             if "no_exchange_ceiling" in record:
@@ -120,6 +127,8 @@ def markdown(records: list[dict]) -> str:
             ratio = f"{r['vs_naive_fp32']} x naive fp32"
         elif r["benchmark"] == "loader_throughput":
             case, ratio = f"loader, {r['cache']} cache", ""
+        elif r["benchmark"] == "check_overhead":
+            case, ratio = r["case"].replace("_", ", "), f"{r['vs_unchecked']} x unchecked"
         elif r["benchmark"] == "scaling":
             case = f"-np {r['world_size']} ({r['intra_op_threads']} thread(s) each)"
             ratio = f"{r['vs_world_size_1']} x -np 1; max rank holds {r['max_rank_embedding_fraction']} of the tables"
@@ -156,6 +165,7 @@ def main(argv=None) -> list[dict]:
         cases = [f"--cases={SMALL_CASES}"] if config == args.small_config else []
         records += run("train_throughput.py", [f"--config={config}", *cases, *settings["train"]], args.timeout)
     records += run("loader_throughput.py", [f"--config={args.config}", *settings["loader"]], args.timeout)
+    records += run("check_overhead.py", [f"--config={args.config}", *settings["checks"]], args.timeout)
     if not args.skip_scaling:
         records += run("scaling.py", [f"--config={args.config}", *settings["scaling"]], args.timeout)
     if args.with_preprocess:

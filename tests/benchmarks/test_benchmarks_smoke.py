@@ -53,6 +53,17 @@ def test_loader_records(results):
 
 
 @pytest.mark.multirank
+def test_check_overhead_records(results):
+    checks = {r["case"]: r for r in results if r["benchmark"] == "check_overhead"}
+    assert sorted(checks) == ["loader_checked", "loader_unchecked", "train_checked", "train_unchecked"]
+    for record in checks.values():
+        check_samples_per_s(record)
+        assert record["impl"] == "tf_dlrm" and record["vs_unchecked"] > 0
+    assert checks["train_unchecked"]["vs_unchecked"] == checks["loader_unchecked"]["vs_unchecked"] == 1.0
+    assert checks["train_checked"]["check_ms_per_batch"] >= 0 and checks["train_checked"]["unchecked_ms_per_step"] > 0
+
+
+@pytest.mark.multirank
 def test_scaling_records(results):
     scaling = {r["world_size"]: r for r in results if r["benchmark"] == "scaling"}
     assert sorted(scaling) == [1, 2]
@@ -74,7 +85,7 @@ def test_targets_record_names_every_check(results):
     assert targets["benchmark"] == "targets"
     names = " ".join(check["target"] for check in targets["checks"])
     for fragment in ("tf_dlrm fp32 / naive fp32", "--amp / naive fp32", "loader (cold cache)", "-np 2 / -np 1",
-                     "max per-rank embedding bytes"):
+                     "max per-rank embedding bytes", "with the id and non-finite checks / without"):
         assert fragment in names
     assert all(isinstance(check["met"], bool) for check in targets["checks"])
     ceilings = {c["ceiling"]: c["value"] for c in targets["ceilings"]}

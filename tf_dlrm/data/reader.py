@@ -56,7 +56,7 @@ class SplitBinaryReader:
         parallel_reads: batches read concurrently.
         validate: refuse a batch holding an id outside ``[0, cardinality)`` or a non-finite
             numerical value (:class:`BadDataError` naming split, feature, file and sample); costs
-            two reductions per column per batch. False only to measure that cost.
+            one reduction per column per batch. False only to measure that cost.
 
     Yields:
         ``(numerical float32 [b, n_num], categorical tuple, label float32 [b, 1])`` where
