@@ -9,6 +9,7 @@ import os
 import re
 
 import numpy as np
+import pytest
 
 from conftest import run_python
 from tiny_dataset import TINY_MODEL, write_tiny
@@ -28,6 +29,7 @@ def all_finite(directory) -> bool:
     return all(np.isfinite(np.load(path)).all() for path in glob.glob(os.path.join(directory, "*", "*.npy")))
 
 
+@pytest.mark.slow
 def test_a_diverging_run_saves_no_nan_checkpoint_and_keeps_the_good_ones(tmp_path):
     data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
     train(data, save, "--max_steps=4", "--checkpoint_every_steps=2", "--keep_checkpoints=2")
@@ -52,6 +54,7 @@ def test_a_diverging_run_saves_no_nan_checkpoint_and_keeps_the_good_ones(tmp_pat
     assert 0 < final["auc"] < 1 and final["checkpoint"] == kept[-1][1]
 
 
+@pytest.mark.slow
 def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path):
     data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
     train(data, save, "--max_steps=4", "--checkpoint_every_steps=2")
@@ -69,6 +72,7 @@ def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path):
     assert [step for step, _ in checkpoint.list_checkpoints(str(save))] == [4, 6]
 
 
+@pytest.mark.slow
 def test_resume_with_another_batch_size_or_dataset_is_refused(tmp_path):
     data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
     train(data, save, "--max_steps=2")

@@ -16,8 +16,8 @@ from conftest import REPO, launch, run_python, worker_env
 from tiny_dataset import TINY_MODEL, write_tiny
 from tf_dlrm.train import checkpoint
 
-pytestmark = pytest.mark.multirank
-STEPS, EVERY = 400, 20
+pytestmark = [pytest.mark.multirank, pytest.mark.slow]
+STEPS, EVERY = 200, 20
 FLAGS = [*TINY_MODEL, "--epochs=100", f"--max_steps={STEPS}", f"--checkpoint_every_steps={EVERY}", "--evals_per_epoch=0", "--print_freq=50"]
 
 

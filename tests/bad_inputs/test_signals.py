@@ -16,6 +16,7 @@ from conftest import HOROVODRUN, REPO, worker_env
 from tiny_dataset import TINY_MODEL, write_tiny
 from tf_dlrm.train import checkpoint
 
+pytestmark = pytest.mark.slow
 LONG_RUN = ["--epochs=100000", "--evals_per_epoch=0", "--print_freq=5"]
 LINE = re.compile(r"interrupted at step (\d+); last checkpoint: (\S+)")
 

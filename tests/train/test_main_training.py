@@ -115,10 +115,15 @@ def test_adam_on_the_mlps_trains_with_its_own_learning_rate(synthetic, tmp_path)
     """Embedding SGD wants a rate near 1, Adam near 1e-3: one shared rate made Adam diverge."""
     flags = [f"--dataset_path={synthetic}", *[f for f in MODEL_FLAGS if not f.startswith("--epochs")], "--epochs=1", "--optimizer=adam"]
     run_python(["main.py", *flags, "--dense_learning_rate=0.001", f"--log_path={tmp_path / 'own.jsonl'}"])
-    run_python(["main.py", *flags, f"--log_path={tmp_path / 'shared.jsonl'}"])
-    own, shared = final_record(tmp_path / "own.jsonl"), final_record(tmp_path / "shared.jsonl")
+    diverged = run_python(["main.py", *flags, f"--log_path={tmp_path / 'shared.jsonl'}"], check=False)
+    own = final_record(tmp_path / "own.jsonl")
     assert own["auc"] >= 0.80, own
-    assert shared["auc"] < 0.6, shared  # --learning_rate=1.0 for Adam too
+    # --learning_rate=1.0 for Adam too: the run diverges. Either its loss turns non-finite and the
+    # run stops naming the step (issue #15), or it ends far below the oracle.
+    if diverged.returncode == 0:
+        assert final_record(tmp_path / "shared.jsonl")["auc"] < 0.6
+    else:
+        assert diverged.returncode == 2 and "training loss is" in diverged.stderr, diverged.stderr[-3000:]
 
 
 def test_flag_errors_are_clear(synthetic, tmp_path):
