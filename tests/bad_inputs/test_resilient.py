@@ -51,6 +51,8 @@ def test_a_killed_rank_is_replaced_by_a_restart_that_ends_like_a_resume_by_hand(
     output, _ = script.communicate(timeout=400)
     assert script.returncode == 0, output[-4000:]
     assert "a rank was lost" in output and "attempt 2 on 1 rank(s) (--resume)" in output, output[-4000:]
+    # The surviving rank says what happened in one line, without a Python traceback.
+    assert not [line for line in output.splitlines() if line.startswith("[0]<stderr>:Traceback")], output[-4000:]
     resumed = events(log)
     restored = [e for e in resumed if e["event"] == "checkpoint_restored"]
     assert len(restored) == 1 and restored[0]["step"] % EVERY == 0 and restored[0]["step"] >= EVERY, restored

@@ -174,17 +174,21 @@ def main(argv):
         _fail(str(error))
     except Exception as error:  # noqa: BLE001: a data error raised inside tf.data comes wrapped in a TF error
         from tf_dlrm.data.validation import message_of
+        from tf_dlrm.train.interrupt import lost_rank_message
 
         message = message_of(error)
-        if message is None:
+        if message is not None:
+            _fail(message)
+        lost = lost_rank_message(error)
+        if lost is None:
             raise
-        _fail(message)
+        _fail(lost, code=1)  # not 2: nothing wrong with the input or flags, a restart may succeed
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 2) -> None:
     rank = os.environ.get("HOROVOD_RANK", "0")
     print(f"error (rank {rank}): {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
+    sys.exit(code)
 
 
 def run():

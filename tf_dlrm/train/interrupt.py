@@ -16,6 +16,7 @@ sends SIGTERM to every rank and SIGKILLs them 5 s later. Either way:
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 
@@ -76,3 +77,21 @@ def report(interrupted: Interrupted, checkpoint: str | None, is_chief: bool) -> 
     """The one line a stopped run ends with (rank 0), on stderr."""
     if is_chief:
         print(f"interrupted at step {interrupted.step}; last checkpoint: {checkpoint or 'none'}", file=sys.stderr, flush=True)
+
+
+def lost_rank_message(error: BaseException) -> str | None:
+    """One readable line for a collective that failed because another rank died, else None.
+
+    Horovod over Gloo raises a TensorFlow error whose text ends in the Gloo transport's complaint
+    (``[.../gloo/transport/tcp/pair.cc:589] Read error [127.0.0.1]:55954: Connection reset by peer``);
+    the Python traceback around it tells the user nothing more.
+    """
+    text = str(error)
+    if "gloo" not in text.lower() and "horovod" not in text.lower():
+        return None
+    lines = [line.strip() for line in text.splitlines() if "gloo" in line.lower() or "horovod" in line.lower()]
+    cause = (re.sub(r"^\[[^\]]*\]\s*", "", lines[-1]) if lines else text.splitlines()[0]).rstrip(".")
+    return (
+        f"a collective failed: {cause}. Another rank has probably died (horovodrun names it); continue from "
+        "the last checkpoint with --resume, or run under scripts/train_resilient.sh"
+    )
