@@ -6,6 +6,7 @@ import dataclasses
 
 from absl import flags
 
+from tf_dlrm.config.embedding import parse_width_mapping
 from tf_dlrm.train.builder import ModelConfig, ShardingConfig, parse_dims
 from tf_dlrm.train.loop import LoopConfig
 from tf_dlrm.train.schedule import LearningRateSchedule
@@ -31,7 +32,9 @@ def define_flags() -> None:
     f.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warmup steps.")
     f.DEFINE_integer("decay_start_step", 0, "Step at which polynomial (power 2) decay starts.")
     f.DEFINE_integer("decay_steps", 0, "Steps of decay to zero (0: no decay).")
-    f.DEFINE_integer("embedding_dim", 128, "Embedding dimension of every table.")
+    f.DEFINE_integer("embedding_dim", 128, "Embedding dimension of every table (unless the spec or --embedding_dims says).")
+    f.DEFINE_string("embedding_dims", "", "Per-table widths, e.g. cat_0.bin:16,cat_3.bin:64 (overrides the spec's "
+                    "embedding_dim and --embedding_dim; mixed widths need --interaction=cat).")
     f.DEFINE_string("bottom_mlp_dims", "512,256,128", "Bottom MLP widths; the last equals --embedding_dim for dot.")
     f.DEFINE_string("top_mlp_dims", "1024,1024,512,256,1", "Top MLP widths; the last is 1.")
     f.DEFINE_enum("interaction", "dot", ["dot", "cat"], "Feature interaction.")
@@ -147,6 +150,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         top_mlp_dims=parse_dims(values.top_mlp_dims, "top_mlp_dims"),
         interaction=values.interaction,
         include_diagonal=values.dot_include_diagonal,
+        embedding_dims=tuple(parse_width_mapping(values.embedding_dims).items()),
     )
     schedule = LearningRateSchedule(values.learning_rate, values.warmup_steps, values.decay_start_step, values.decay_steps)
     return RunConfig(
