@@ -66,8 +66,10 @@ class ShardedModel(keras.Model):
         watched = [v.value for v in shards + dense + padding]
         with tf.GradientTape() as tape:
             tape.watch(watched)
-            y_pred = self(x, training=True)
-            loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+            y_pred = self(x, training=True) if self._call_has_training_arg else self(x)
+            loss = self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+            # The loss shown by fit(): this rank's local mean, as Keras' own train_step records it.
+            self._loss_tracker.update_state(loss, sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
         gradients = tape.gradient(loss, watched)
         count = len(shards) + len(dense)
         dense_gradients = [_dense_gradient(g, v) for g, v in zip(gradients[len(shards):count], dense)]
