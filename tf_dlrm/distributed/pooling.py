@@ -2,15 +2,16 @@
 
 Each *entry* is one feature reading one table slice stored in the fused variable at a row offset.
 One-hot entries gather ``[n, E, w]`` directly. Multi-hot entries (fixed hotness as a dense
-``[n, h]`` tensor, or ragged) gather every id once and sum the rows of each (sample, entry) with one
-``unsorted_segment_sum`` into ``[n * E, w]``, batch-major, so the result is the same
-``[n, E * w]`` block as the one-hot case: a multi-hot feature costs the exchange bytes of a one-hot
-one. ``mean`` / ``sqrtn`` scale the pooled sums by ``1 / count`` or ``1 / sqrt(count)`` afterwards
-(``n * E`` multiplies, not one per id).
+``[n, h]`` tensor, or ragged) take the distinct ids of all entries (``tf.unique``), gather each
+distinct row once and sum the rows of each (entry, sample) with one ``sparse_segment_sum`` into
+``[E * n, w]``; one transpose gives the same ``[n, E * w]`` block as the one-hot case: a multi-hot
+feature costs the exchange bytes of a one-hot one. ``mean`` / ``sqrtn`` scale the pooled sums by
+``1 / count`` or ``1 / sqrt(count)`` afterwards (``n * E`` multiplies, not one per id).
 
-Backward: the gradient of ``unsorted_segment_sum`` is a gather of the pooled gradient (one row per
-id), and the gradient of the variable gather is ``IndexedSlices`` with one entry per id, duplicates
-included; the sparse update accumulates them.
+Backward: the gradient of ``sparse_segment_sum`` adds the pooled gradients of every occurrence of
+an id (duplicates within a sample and across the batch accumulated) into one row per distinct id,
+and the gradient of the gather is ``IndexedSlices`` over the distinct rows: the sparse update
+touches each row once.
 """
 
 from __future__ import annotations
@@ -113,17 +114,22 @@ def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType) -> 
     for entry, (ids, offset, combiner) in enumerate(entries):
         if isinstance(ids, tf.RaggedTensor):
             values.append(tf.cast(ids.values, index_dtype) + offset)
-            # Segment (sample, entry) = sample * E + entry: the sums come out batch-major.
-            segments.append(tf.cast(ids.value_rowids(), tf.int32) * count + entry)
+            # Segment (entry, sample) = entry * n + sample: sorted, as sparse_segment_sum needs.
+            segments.append(tf.cast(ids.value_rowids(), tf.int32) + entry * rows)
             scales.append(combiner_scale(ids, combiner))
         else:
             values.append(tf.cast(ids, index_dtype) + offset)
-            segments.append(tf.range(rows) * count + entry)
+            segments.append(tf.range(rows) + entry * rows)
             scales.append(None)
-    gathered = gather_rows(variable, tf.concat(values, axis=0))
-    pooled = tf.math.unsorted_segment_sum(gathered, tf.concat(segments, axis=0), rows * count)
+    # Each distinct row is read once and, in the backward pass, updated once: the pooled gradient
+    # of its ids is summed by sparse_segment_sum's gradient before it reaches the sparse update
+    # (popular ids repeat many times in a multi-hot batch).
+    unique, positions = tf.unique(tf.concat(values, axis=0), out_idx=tf.int32)
+    pooled = tf.sparse.segment_sum(gather_rows(variable, unique), positions, tf.concat(segments, axis=0),
+                                        num_segments=rows * count)
+    pooled = tf.reshape(pooled, [count, rows, width])
     if any(scale is not None for scale in scales):
         ones = tf.ones([rows], tf.float32)
-        factors = tf.stack([ones if s is None else s for s in scales], axis=1)  # [n, E]
-        pooled = tf.reshape(pooled, [rows, count, width]) * factors[:, :, None]
-    return tf.reshape(pooled, [-1, count * width])
+        factors = tf.stack([ones if s is None else s for s in scales], axis=0)  # [E, n]
+        pooled = pooled * factors[:, :, None]
+    return tf.reshape(tf.transpose(pooled, [1, 0, 2]), [-1, count * width])
