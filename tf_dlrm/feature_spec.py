@@ -401,18 +401,3 @@ class FeatureSpec:
             detail = ", ".join(f"{os.path.basename(p)}={n}" for p, n in counts.items())
             self._fail(f"source_spec.{split}: files hold different sample counts: {detail}")
         return next(iter(counts.values()))
-
-    # ------------------------------------------------------------------ construction (tf_dlrm.data.layout)
-
-    @staticmethod
-    def nvidia_layout(num_numerical: int, cardinalities: Sequence[int], **kwargs) -> "FeatureSpec":
-        """A spec with NVIDIA's names and files; see :func:`tf_dlrm.data.layout.nvidia_spec`."""
-        from tf_dlrm.data.layout import nvidia_spec
-
-        return nvidia_spec(num_numerical, cardinalities, **kwargs)
-
-    def with_split_binary_sources(self, splits: Sequence[str], base_directory: str) -> "FeatureSpec":
-        """This spec with NVIDIA's per-split files; see :func:`tf_dlrm.data.layout.with_split_binary_sources`."""
-        from tf_dlrm.data.layout import with_split_binary_sources
-
-        return with_split_binary_sources(self, splits, base_directory)

@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from tf_dlrm import metrics
+from tf_dlrm.data.layout import with_split_binary_sources
 from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.feature_spec import FeatureSpec, TEST_SPLIT, TRAIN_SPLIT
 
@@ -264,7 +265,7 @@ def generate(
     if block_size <= 0:
         raise ValueError(f"Expected block_size > 0. Received: block_size={block_size}")
     output_dir = os.path.abspath(output_dir)
-    out_spec = spec.with_split_binary_sources([TRAIN_SPLIT, TEST_SPLIT], output_dir)
+    out_spec = with_split_binary_sources(spec, [TRAIN_SPLIT, TEST_SPLIT], output_dir)
     model = HiddenModel(out_spec, seed, config)
     counts = {TRAIN_SPLIT: num_train_samples, TEST_SPLIT: num_valid_samples}
     writers = {}

@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tf_dlrm.data.layout import with_split_binary_sources
 from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.feature_spec import CSV, FeatureSpec
 
@@ -241,7 +242,7 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
         raise TranscodeError(f"{input_spec_path}: source_spec lists no splits to transcode")
     transcoders = {split: _SplitTranscoder(spec, split, block_lines) for split in spec.splits}
     output_dir = os.path.abspath(output_dir)
-    out_spec = spec.with_split_binary_sources(spec.splits, output_dir)
+    out_spec = with_split_binary_sources(spec, spec.splits, output_dir)
     created = [d for d in [output_dir] + [os.path.join(output_dir, s) for s in spec.splits] if not os.path.isdir(d)]
     writers: dict[str, SplitBinaryWriter] = {}
     try:

@@ -10,30 +10,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags
 
 from tf_dlrm.train.flags import RunConfig, config_from_flags, define_flags
+from tf_dlrm.train.session import configure_threads, resolve_spec_path  # noqa: F401 (benchmarks import them here)
 
 define_flags()
 FLAGS = flags.FLAGS
-
-
-def configure_threads(config: RunConfig, local_size: int) -> tuple[int, int]:
-    """Ranks on one machine share its cores: by default each gets cores / local ranks intra-op
-    threads (the matmuls), and two inter-op threads, so that independent ops (the bottom MLP and
-    the embedding exchange, the backward pass and the gradient allreduces) overlap: at ``-np 2`` on
-    2 cores two inter-op threads per rank measured about 5% faster than one."""
-    import tensorflow as tf
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    intra = config.intra_op_parallelism or max(1, cores // max(1, local_size))
-    inter = config.inter_op_parallelism or 2
-    tf.config.threading.set_intra_op_parallelism_threads(intra)
-    tf.config.threading.set_inter_op_parallelism_threads(inter)
-    return intra, inter
-
-
-def resolve_spec_path(config: RunConfig) -> str:
-    if os.path.isabs(config.feature_spec) or not config.dataset_path:
-        return config.feature_spec
-    return os.path.join(config.dataset_path, config.feature_spec)
 
 
 def run_training(config: RunConfig) -> dict:
