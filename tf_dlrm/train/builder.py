@@ -127,6 +127,12 @@ def make_reader(
     dataset_type: str = "tf_raw", synthetic_batches: int = 64,
 ):
     """The reader of one split for this rank: split_binary files, or random in-memory batches."""
+    if dataset_type == "split_tfrecords":
+        from tf_dlrm.data.split_tfrecords import SplitTFRecordsReader
+
+        return SplitTFRecordsReader(spec, split, global_batch_size, rank=env.rank, world_size=env.world_size,
+                                    global_categorical=embedding.global_categorical,
+                                    local_categorical=embedding.local_categorical)
     if dataset_type == "synthetic":
         return RandomBatches(
             spec, synthetic_batches * global_batch_size, global_batch_size, rank=env.rank, world_size=env.world_size,

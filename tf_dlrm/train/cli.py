@@ -65,7 +65,12 @@ def run_training(config: RunConfig) -> dict:
     embedding = model.embedding
     train_reader = builder.make_reader(spec, config.train_split, config.batch_size, env, embedding, True, config.seed, config.dataset_type)
     valid_reader = None
-    if config.valid_split in spec.splits:
+    if config.dataset_type == "split_tfrecords":
+        # Pre-batched TFRecords sit in <dataset>/<split>/, whatever the spec's source_spec says.
+        if os.path.isdir(os.path.join(spec.base_directory, config.valid_split)):
+            valid_reader = builder.make_reader(spec, config.valid_split, config.valid_batch_size, env, embedding, False,
+                                               config.seed, config.dataset_type)
+    elif config.valid_split in spec.splits:
         valid_reader = builder.make_reader(spec, config.valid_split, config.valid_batch_size, env, embedding, False, config.seed)
     checkpointer = Checkpointer.from_config(config, trainer, spec, env, reporter)
     start_step = checkpointer.restore_for_training(config, train_reader.num_batches)

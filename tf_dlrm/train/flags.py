@@ -19,7 +19,9 @@ def define_flags() -> None:
     f = flags
     f.DEFINE_string("dataset_path", None, "Directory of the dataset (split_binary files + feature spec).")
     f.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file, relative to --dataset_path unless absolute.")
-    f.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "synthetic"], "tf_raw: split_binary files; synthetic: random batches in memory.")
+    f.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "split_tfrecords", "synthetic"],
+                  "tf_raw: split_binary files; split_tfrecords: NVIDIA DLRM_and_DCNv2's pre-batched TFRecords "
+                  "(<dataset>/<split>/categorical_<i>/...); synthetic: random batches in memory.")
     f.DEFINE_integer("batch_size", 4096, "Global training batch size (all ranks together).")
     f.DEFINE_integer("valid_batch_size", None, "Global evaluation batch size (default: --batch_size).")
     f.DEFINE_float("epochs", 1.0, "Epochs to train (fractions allowed).")
@@ -107,8 +109,8 @@ class RunConfig:
             raise ValueError(f"Expected --batch_size > 0. Received: --batch_size={self.batch_size}")
         if self.valid_batch_size <= 0:
             raise ValueError(f"Expected --valid_batch_size > 0. Received: --valid_batch_size={self.valid_batch_size}")
-        if self.dataset_type == "tf_raw" and not self.dataset_path:
-            raise ValueError("--dataset_path is required with --dataset_type=tf_raw")
+        if self.dataset_type != "synthetic" and not self.dataset_path:
+            raise ValueError(f"--dataset_path is required with --dataset_type={self.dataset_type}")
         self._check_checkpoint_flags()
 
     def _check_checkpoint_flags(self) -> None:
