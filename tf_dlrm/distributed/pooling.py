@@ -23,8 +23,6 @@ import tensorflow as tf
 from tf_dlrm.distributed.exchange import gather_rows
 from tf_dlrm.config.embedding import Combiner, FeatureConfig
 
-# Ids of one feature inside the layer: a 1-D tensor (one-hot) or a RaggedTensor (multi-hot).
-Ids = "tf.Tensor | tf.RaggedTensor"
 
 
 def normalize_ids(ids, feature: FeatureConfig, rows: int, validate: bool = True):

@@ -14,7 +14,7 @@ import keras
 
 from tf_dlrm.distributed.embedding import DistributedEmbedding
 from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.config.embedding import FeatureConfig, TableConfig, as_feature_config
+from tf_dlrm.config.embedding import TableConfig, as_feature_config
 from tf_dlrm.embedding.planning import plan_tables
 
 
