@@ -20,9 +20,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tf_dlrm.distributed.exchange import gather_rows
 from tf_dlrm.config.embedding import Combiner, FeatureConfig
-
+from tf_dlrm.distributed.exchange import gather_rows
 
 
 def normalize_ids(ids, feature: FeatureConfig, rows: int, validate: bool = True):
