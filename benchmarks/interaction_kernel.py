@@ -14,7 +14,6 @@ window. Also times the kernel's forward alone. Prints one JSON object per dim an
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -23,6 +22,9 @@ import types
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from emit import emit  # noqa: E402
 
 
 def summarize(values) -> dict:
@@ -87,7 +89,7 @@ def main(argv=None) -> list[dict]:
             "kernel_forward_ms": summarize(times["kernel_forward"]),
             "speedup": round(statistics.median(times["generic"]) / statistics.median(times["kernel"]), 3),
         }
-        print(json.dumps(record), flush=True)
+        emit(record)
         out.append(record)
     return out
 

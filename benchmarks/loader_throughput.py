@@ -18,7 +18,6 @@ Prints one JSON object per kind and line:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from emit import emit  # noqa: E402
 from train_throughput import CONFIGS, configure_threads, load_average, make_dataset, summarize  # noqa: E402
 
 
@@ -116,7 +116,7 @@ def main(argv=None) -> list[dict]:
             "windows": args.windows,
             "load_average_1m": [load_before, load_average()],
         }
-        print(json.dumps(record), flush=True)
+        emit(record)
         out.append(record)
     return out
 

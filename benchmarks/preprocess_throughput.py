@@ -41,6 +41,9 @@ import psutil
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPOSITORY)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from emit import emit  # noqa: E402
 
 # Per-feature cardinalities of the Criteo Kaggle dataset: the generator draws hashes from these ranges.
 KAGGLE_CARDINALITIES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
@@ -305,7 +308,7 @@ def main() -> None:
                 record["identical_to_local"] = _same_output(
                     os.path.join(args.work_dir, "out_local"), os.path.join(args.work_dir, f"out_{engine}")
                 )
-            print(json.dumps(record), flush=True)
+            emit(record)
     finally:
         if owned and not args.keep:
             shutil.rmtree(args.work_dir, ignore_errors=True)

@@ -29,6 +29,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPOSITORY = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from emit import emit, machine  # noqa: E402
 
 SMALL_CASES = "naive_fp32,naive_bf16,tf_dlrm_fp32,tf_dlrm_amp,tf_dlrm_xla,mlp_only_fp32"
 QUICK = {  # for a fast look (and the smoke test), not for figures
@@ -163,6 +166,7 @@ def main(argv=None) -> list[dict]:
         "seconds": round(time.time() - started),
         "machine": {"cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                     "processor": platform.processor() or platform.machine(), "python": platform.python_version()},
+        "cpu": machine(),
     })
     records.append(targets)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
@@ -171,7 +175,7 @@ def main(argv=None) -> list[dict]:
         handle.write("\n")
     os.replace(args.output + ".partial", args.output)
     for record in records:
-        print(json.dumps(record), flush=True)
+        emit(record)
     print(markdown(records), file=sys.stderr)
     for check in targets["checks"]:
         bound = f">= {check['minimum']}" if "minimum" in check else f"<= {check['maximum']}"

@@ -33,6 +33,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from emit import emit  # noqa: E402
+
 from train_throughput import CONFIGS, REPOSITORY, load_average, make_dataset, summarize  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scaling_worker.py")
@@ -168,7 +170,7 @@ def main(argv=None) -> list[dict]:
             "windows": args.rounds * args.windows,
             "load_average_1m": [load_before, load_average()],
         }
-        print(json.dumps(record), flush=True)
+        emit(record)
         out.append(record)
     return out
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -35,6 +34,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPOSITORY)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from emit import emit  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,7 +283,7 @@ def main(argv=None) -> list[dict]:
     }
     out = records(cases, args.config, extra)
     for record in out:
-        print(json.dumps(record), flush=True)
+        emit(record)
     return out
 
 

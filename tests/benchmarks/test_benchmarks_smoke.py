@@ -87,6 +87,21 @@ def test_targets_record_names_every_check(results):
     assert all(value > 0 for value in ceilings.values())
 
 
+def check_cpu(record):
+    """Figures from different CPUs must never be compared by mistake: each line names its CPU."""
+    from tf_dlrm.precision import read_cpu_info
+
+    cpu = record["cpu"]
+    assert {k: cpu[k] for k in ("model", "avx2", "avx512f", "avx512_bf16", "amx_bf16")} == read_cpu_info().summary(), record
+    assert isinstance(cpu["bf16_native"], bool) and isinstance(cpu["environment"], dict)
+
+
+@pytest.mark.multirank
+def test_every_record_names_the_cpu_it_was_measured_on(results):
+    for record in results:
+        check_cpu(record)
+
+
 def test_interaction_kernel_benchmark_records():
     completed = run_python(["benchmarks/interaction_kernel.py", "--batch_size=64", "--tables=5", "--dims=4,16",
                             "--windows=1", "--window_steps=2"], timeout=300)
@@ -94,5 +109,6 @@ def test_interaction_kernel_benchmark_records():
     assert [r["dim"] for r in records] == [4, 16]
     for record in records:
         assert record["benchmark"] == "interaction_kernel" and record["batch_size"] == 64 and record["speedup"] > 0
+        check_cpu(record)
         for key in ("kernel_ms", "generic_ms", "kernel_forward_ms"):
             check_samples_per_s({"samples_per_s": record[key]})

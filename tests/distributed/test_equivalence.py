@@ -5,7 +5,12 @@ TensorFlow on oversubscribed ranks dominates, so cases share a launch). Toleranc
 logits and pooled embeddings within 1e-6 absolute (sums of at most 5 float32 values of size
 <= 1/sqrt(50) ~ 0.14 in a different order: error <= 5 * 2**-24 * 0.7 ~ 2e-7); after 3 SGD steps, gathered full tables and MLP weights within
 rtol 1e-5 (relative to max(|expected|, 1e-3), so values near zero are held to 1e-8 absolute):
-only the order of float sums differs between the runs.
+only the order of float32 sums differs between the runs. Derivation (tests/arithmetic.py): a float32
+sum of n terms is within gamma_n ~ n * 2**-24 of the sum of the terms' absolute values; the longest
+sums here are the weight gradients over the global batch of 24 samples (gamma_24 = 1.4e-6, at most
+2.9e-6 between two orders), and 3 steps at learning rate 0.1 move a weight by a fraction of its size,
+so 1e-5 holds on any CPU's kernels; the forward's sums are at most 16 terms (gamma = 9.5e-7 of logits
+of order 1, hence 1e-6 absolute).
 """
 
 from __future__ import annotations

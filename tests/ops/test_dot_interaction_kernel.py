@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from arithmetic import float32_sum_bound
 from tf_dlrm import ops
 from tf_dlrm.model.interaction import DotInteraction, lower_triangle_indices
 
@@ -55,10 +56,13 @@ def test_kernel_matches_float64_reference(batch, tables, width, include_diagonal
     out = library().tf_dlrm_dot_interaction(bottom, embeddings, include_diagonal=include_diagonal)
     grads = library().tf_dlrm_dot_interaction_grad(bottom, embeddings, upstream, include_diagonal=include_diagonal)
     expected = reference(bottom, embeddings, include_diagonal, upstream)
-    scale = np.sqrt(width) * 4
-    np.testing.assert_allclose(out.numpy(), expected[0], rtol=0, atol=1e-5 * scale)
-    np.testing.assert_allclose(grads[0].numpy(), expected[1], rtol=0, atol=1e-5 * scale * tables)
-    np.testing.assert_allclose(grads[1].numpy(), expected[2], rtol=0, atol=1e-5 * scale * tables)
+    # Each output is a float32 sum of products: within gamma_n of the sum of the products' absolute
+    # values (the reference on absolute values), n terms: ``width`` for a dot product, one per vector
+    # (twice for the diagonal) plus the bottom's pass-through for a gradient entry.
+    bounds = reference(np.abs(bottom), np.abs(embeddings), include_diagonal, np.abs(upstream))
+    terms = max(width, 2 * (tables + 1) + 1)
+    for actual, wanted, bound in zip([out.numpy(), grads[0].numpy(), grads[1].numpy()], expected, bounds):
+        assert np.all(np.abs(actual - wanted) <= float32_sum_bound(bound, terms)), np.abs(actual - wanted).max()
 
 
 @pytest.mark.parametrize("include_diagonal", [False, True])
@@ -83,8 +87,12 @@ def test_layer_kernel_and_generic_paths_agree_in_a_tf_function(include_diagonal)
         results.append([out.numpy()] + [g.numpy() for g in gradients])
         ops_in_graph = {op.type for op in step.get_concrete_function(bottom, embeddings).graph.get_operations()}
         assert ("TfDlrmDotInteraction" in ops_in_graph) == use_kernel
-    for kernel, generic in zip(*results):
-        np.testing.assert_allclose(kernel, generic, rtol=1e-5, atol=1e-4)
+    # Two float32 evaluations of the same sums of products, each within gamma_n of sum |products|
+    # (the float64 reference on absolute values, tests/arithmetic.py), so within twice that of each other.
+    upstream = np.abs(np.sin(np.arange(results[0][0].shape[1])))[None].repeat(64, axis=0)
+    bounds = reference(np.abs(bottom.numpy()), np.abs(embeddings.numpy()), include_diagonal, upstream)
+    for kernel, generic, bound in zip(*results, bounds):
+        assert np.all(np.abs(kernel - generic) <= 2 * float32_sum_bound(bound, 2 * 27 + 1)), np.abs(kernel - generic).max()
 
 
 def test_empty_batch():

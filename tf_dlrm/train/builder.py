@@ -18,6 +18,7 @@ from tf_dlrm.config.embedding import FeatureConfig, check_width_mapping
 from tf_dlrm.feature_spec import FeatureSpec
 from tf_dlrm.model.dlrm import DLRM
 from tf_dlrm.model.interaction import InteractionKind
+from tf_dlrm.precision import PrecisionChoice, choose_precision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,11 +154,15 @@ def make_reader(
     )
 
 
-def set_precision(amp: bool, on_gpu: bool) -> str:
-    """Keras global policy: ``mixed_float16`` on GPU, ``mixed_bfloat16`` on CPU, else float32."""
-    policy = ("mixed_float16" if on_gpu else "mixed_bfloat16") if amp else "float32"
-    keras.mixed_precision.set_global_policy(policy)
-    return policy
+def set_precision(amp, on_gpu: bool) -> str:
+    """Sets the Keras global policy that ``--amp=amp`` (true, false or auto) picks here; returns it."""
+    return apply_precision(choose_precision(amp, on_gpu)).policy
+
+
+def apply_precision(choice: PrecisionChoice) -> PrecisionChoice:
+    """Makes ``choice`` (see :func:`tf_dlrm.precision.choose_precision`) Keras' global policy."""
+    keras.mixed_precision.set_global_policy(choice.policy)
+    return choice
 
 
 def parse_dims(text: str | Sequence[int], flag: str) -> tuple[int, ...]:

@@ -9,8 +9,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags
 
+from tf_dlrm.precision import PrecisionChoice, choose_precision, read_cpu_info
 from tf_dlrm.train.flags import RunConfig, config_from_flags, define_flags
-from tf_dlrm.train.session import configure_threads, resolve_spec_path  # noqa: F401 (benchmarks import them here)
+from tf_dlrm.train.session import configure_threads, report_precision, resolve_spec_path  # noqa: F401 (benchmarks import them here)
 
 define_flags()
 FLAGS = flags.FLAGS
@@ -34,8 +35,8 @@ def run_training(config: RunConfig) -> dict:
     from tf_dlrm.train.step import Trainer
 
     spec = FeatureSpec.load(resolve_spec_path(config), check_files=config.dataset_type == "tf_raw")
-    on_gpu = bool(tf.config.list_physical_devices("GPU"))
-    policy = builder.set_precision(config.amp, on_gpu)
+    choice = builder.apply_precision(choose_precision(config.amp, bool(tf.config.list_physical_devices("GPU"))))
+    policy = choice.policy
     plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
     model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input)
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla)
@@ -43,12 +44,16 @@ def run_training(config: RunConfig) -> dict:
 
     reporter = Reporter(env.is_chief, config.log_path, config.tensorboard_dir)
     rank_bytes = [plan.rank_bytes(r) for r in range(env.world_size)]
-    exchange = plan.alltoall_bytes_per_step(config.batch_size, bytes_per_value=2 if config.amp else 4)
+    exchange = plan.alltoall_bytes_per_step(config.batch_size, bytes_per_value=2 if policy != "float32" else 4)
+    report_precision(reporter, config, choice)
     reporter.say(plan.describe())
     reporter.event(
         "config",
         world_size=env.world_size,
         precision=policy,
+        amp=config.amp.value,
+        precision_native=choice.native,
+        cpu=read_cpu_info().summary(),
         xla=config.xla,
         batch_size=config.batch_size,
         intra_op_threads=intra,

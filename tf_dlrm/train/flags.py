@@ -7,12 +7,38 @@ import dataclasses
 from absl import flags
 
 from tf_dlrm.config.embedding import parse_width_mapping
+from tf_dlrm.precision import AmpMode
 from tf_dlrm.train.builder import ModelConfig, ShardingConfig, parse_dims
 from tf_dlrm.train.loop import LoopConfig
 from tf_dlrm.train.schedule import LearningRateSchedule
 from tf_dlrm.train.step import OptimizerConfig
 
 MODES = ("train", "eval", "inference", "export")
+
+
+class _AmpParser(flags.ArgumentParser):
+    """``--amp`` / ``--noamp`` as a boolean flag, plus ``--amp=auto``."""
+
+    def parse(self, argument):
+        return AmpMode.parse(argument).value
+
+    def flag_type(self):
+        return "true|false|auto"
+
+
+class _AmpFlag(flags.Flag):
+    def _serialize(self, value):
+        return f"--{self.name}={value}"
+
+
+def define_amp_flag() -> None:
+    flags.DEFINE_flag(_AmpFlag(
+        _AmpParser(), flags.ArgumentSerializer(), "amp", "false",
+        "Mixed precision: mixed_float16 with loss scaling on GPU, mixed_bfloat16 on CPU. --amp (true) uses bf16 "
+        "even where the CPU only emulates it (with a notice); --amp=auto uses it only where the CPU runs it "
+        "natively (AVX-512 BF16 or AMX), else float32.",
+        boolean=True,
+    ))
 
 
 def define_flags() -> None:
@@ -41,7 +67,7 @@ def define_flags() -> None:
     f.DEFINE_string("top_mlp_dims", "1024,1024,512,256,1", "Top MLP widths; the last is 1.")
     f.DEFINE_enum("interaction", "dot", ["dot", "cat"], "Feature interaction.")
     f.DEFINE_bool("dot_include_diagonal", False, "Keep self dot products in the dot interaction.")
-    f.DEFINE_bool("amp", False, "Mixed precision: mixed_float16 with loss scaling on GPU, mixed_bfloat16 on CPU.")
+    define_amp_flag()
     f.DEFINE_float("loss_scale", 0.0, "Loss scale for mixed_float16: > 0 static, 0 dynamic (ignored for float32 and bfloat16).")
     f.DEFINE_bool("xla", False, "Compile the dense part of the step with XLA.")
     f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise"], "How embedding tables are sharded.")
@@ -84,7 +110,7 @@ class RunConfig:
     batch_size: int
     valid_batch_size: int
     seed: int
-    amp: bool
+    amp: AmpMode
     xla: bool
     log_path: str | None
     tensorboard_dir: str | None
@@ -163,7 +189,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         batch_size=values.batch_size,
         valid_batch_size=values.valid_batch_size or values.batch_size,
         seed=values.seed,
-        amp=values.amp,
+        amp=AmpMode.parse(values.amp),
         xla=values.xla,
         log_path=values.log_path,
         tensorboard_dir=values.tensorboard_dir,

@@ -60,8 +60,13 @@ def open_session(config) -> Session:
     from tf_dlrm.train import builder
     from tf_dlrm.train.step import Trainer
 
+    from tf_dlrm.precision import choose_precision
+    from tf_dlrm.train.session import report_precision
+
     env, spec, reporter = _start(config)
-    policy = builder.set_precision(config.amp, bool(tf.config.list_physical_devices("GPU")))
+    choice = builder.apply_precision(choose_precision(config.amp, bool(tf.config.list_physical_devices("GPU"))))
+    report_precision(reporter, config, choice)
+    policy = choice.policy
     plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
     model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input)
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla)

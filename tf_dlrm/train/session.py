@@ -28,3 +28,10 @@ def resolve_spec_path(config) -> str:
     if os.path.isabs(config.feature_spec) or not config.dataset_path:
         return config.feature_spec
     return os.path.join(config.dataset_path, config.feature_spec)
+
+
+def report_precision(reporter, config, choice) -> None:
+    """One line (and one JSON event) when ``--amp`` runs emulated here or fell back to float32."""
+    if choice.notice:
+        reporter.say(f"notice: {choice.notice}")
+        reporter.event("notice", flag=f"--amp={config.amp.value}", precision=choice.policy, message=choice.notice)
