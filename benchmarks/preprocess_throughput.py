@@ -115,6 +115,7 @@ def generate(path: str, rows: int, seed: int = 0, chunk: int = 200_000) -> None:
 def naive_preprocess(path: str, output_dir: str, frequency_threshold: int, test_fraction: float) -> None:
     """A straightforward per-line Python transform producing the same files as the engines."""
     from tf_dlrm.data.split_binary import SplitBinaryWriter
+    from tf_dlrm.data.layout import nvidia_spec
     from tf_dlrm.feature_spec import FeatureSpec, categorical_dtype_for
 
     with open(path, "rb") as stream:
@@ -138,7 +139,7 @@ def naive_preprocess(path: str, output_dir: str, frequency_threshold: int, test_
         by_hash = {format(value, "08x"): index + 2 for index, (_, value) in enumerate(kept)}
         vocabularies.append(by_hash)
     cardinalities = [2 + len(v) for v in vocabularies]
-    spec = FeatureSpec.nvidia_layout(13, cardinalities, base_directory=output_dir)
+    spec = nvidia_spec(13, cardinalities, base_directory=output_dir)
     splits = {"train": ([], [], [[] for _ in range(26)]), "test": ([], [], [[] for _ in range(26)])}
     with open(path, "r") as stream:
         for number, line in enumerate(stream):

@@ -32,6 +32,7 @@ from preprocessing.criteo_format import NUM_CATEGORICAL, NUM_INTEGER
 from preprocessing.splits import SPLIT_RULES, make_plan
 from preprocessing.vocabulary import Vocabulary, VocabularyError
 from tf_dlrm.data.split_binary import SplitBinaryWriter
+from tf_dlrm.data.layout import nvidia_spec
 from tf_dlrm.feature_spec import FeatureSpec, categorical_dtype_for
 from tf_dlrm.io.publish import staged_output
 
@@ -162,7 +163,7 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
             log.info("pass 1 (counts over %d training rows): %.1fs", counted_rows, time.perf_counter() - started)
         cardinalities = vocabulary.cardinalities
         dtypes = [categorical_dtype_for(c) for c in cardinalities]
-        spec = FeatureSpec.nvidia_layout(
+        spec = nvidia_spec(
             NUM_INTEGER, cardinalities, splits=plan.names, base_directory=workspace,
             metadata={
                 "source": "preprocessing.criteo",

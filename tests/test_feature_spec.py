@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
+from tf_dlrm.data.layout import with_split_binary_sources
 from tf_dlrm.feature_spec import FeatureSpec, FeatureSpecError, categorical_dtype_for
 
 
@@ -195,7 +196,7 @@ def test_categorical_dtype_rule():
 def test_with_split_binary_sources_layout(tmp_path):
     raw = copy.deepcopy(_raw_spec())
     raw["feature_spec"]["cat_1.bin"]["dtype"] = "int64"
-    spec = FeatureSpec.from_dict(raw).with_split_binary_sources(["train", "test"], str(tmp_path))
+    spec = with_split_binary_sources(FeatureSpec.from_dict(raw), ["train", "test"], str(tmp_path))
     assert spec.dtype("cat_1.bin") == np.int16
     assert [c["files"] for c in spec.chunks("test")] == [
         ["test/label.bin"], ["test/numerical.bin"], ["test/cat_0.bin"], ["test/cat_1.bin"]

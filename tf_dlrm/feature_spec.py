@@ -3,6 +3,9 @@
 A spec has four top-level keys:
 
 - ``feature_spec``: ``{name: {dtype: ..., cardinality: ...}}`` (cardinality for categoricals only);
+  a categorical may add ``hotness`` (ids per sample, default 1), ``combiner`` (``sum``, ``mean``,
+  ``sqrtn``: how a sample's vectors are pooled, default ``sum``) and ``embedding_dim`` (its table's
+  width, default the ``--embedding_dim`` flag);
 - ``channel_spec``: ``{label: [name], numerical: [names...], categorical: [names...]}``;
 - ``source_spec``: ``{split: [chunk, ...]}``, each chunk ``{type: split_binary|csv, features: [...],
   files: [...]}`` with file paths relative to the yaml's directory;
@@ -10,7 +13,8 @@ A spec has four top-level keys:
 
 split_binary layout (one file per chunk, no header, row-major): ``label.bin`` holds the label as one
 byte per sample; ``numerical.bin`` all numerical features of a sample side by side in one dtype;
-one ``cat_<i>.bin`` per categorical feature, in the smallest integer type that holds its ids.
+one ``cat_<i>.bin`` per categorical feature, in the smallest integer type that holds its ids, with
+``hotness`` ids per sample side by side (a fixed count; there is no pad id).
 
 Loading never executes code (``yaml.safe_load``); every validation error is a
 :class:`FeatureSpecError` whose message names the spec file, the key, the feature and the data file.
@@ -38,6 +42,7 @@ CHUNK_TYPES = (SPLIT_BINARY, CSV)
 # Optional chunk keys; `header` and `delimiter` only mean something for csv chunks.
 CHUNK_KEYS = ("type", "features", "files", "header", "delimiter")
 
+COMBINERS = ("sum", "mean", "sqrtn")
 SUPPORTED_DTYPES = ("bool", "float16", "float32", "int8", "int16", "int32", "int64")
 INTEGER_DTYPES = ("int8", "int16", "int32", "int64")
 FLOAT_DTYPES = ("float16", "float32")
@@ -181,6 +186,17 @@ class FeatureSpec:
     def cardinalities(self) -> list[int]:
         return [int(self.feature_spec[name]["cardinality"]) for name in self.categorical_features]
 
+    def hotness(self, feature: str) -> int:
+        """Ids per sample of a categorical feature (1: one-hot)."""
+        return int(self.feature_spec[feature].get("hotness", 1))
+
+    def combiner(self, feature: str) -> str:
+        return str(self.feature_spec[feature].get("combiner", "sum"))
+
+    def embedding_dims(self, default: int) -> list[int]:
+        """The table width of every categorical feature: its ``embedding_dim`` or ``default``."""
+        return [int(self.feature_spec[name].get("embedding_dim", default)) for name in self.categorical_features]
+
     def dtype(self, feature: str) -> np.dtype:
         return np.dtype(self.feature_spec[feature]["dtype"])
 
@@ -288,6 +304,12 @@ class FeatureSpec:
                     )
                 if dtype not in INTEGER_DTYPES:
                     self._fail(f"{where}.dtype: categorical feature '{name}' needs an integer dtype. Received: {dtype}")
+                for key in ("hotness", "embedding_dim"):
+                    value = properties.get(key, 1)
+                    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                        self._fail(f"{where}.{key}: expected a positive integer. Received: {value!r}")
+                if properties.get("combiner", "sum") not in COMBINERS:
+                    self._fail(f"{where}.combiner: expected one of {list(COMBINERS)}. Received: {properties.get('combiner')!r}")
                 if cardinality - 1 > np.iinfo(np.dtype(dtype)).max:
                     self._fail(
                         f"{where}: cardinality {cardinality} does not fit dtype {dtype} "
@@ -352,8 +374,8 @@ class FeatureSpec:
             self._fail(f"{where}.features: label and categorical split_binary chunks hold one feature each. Received: {features}")
 
     def record_bytes(self, chunk: Mapping[str, Any]) -> int:
-        """Bytes one sample occupies in a split_binary chunk's file."""
-        return sum(self.dtype(feature).itemsize for feature in chunk["features"])
+        """Bytes one sample occupies in a split_binary chunk's file (``hotness`` ids of a categorical)."""
+        return sum(self.dtype(feature).itemsize * self.hotness(feature) for feature in chunk["features"])
 
     def _check_files_exist(self, split: str) -> None:
         for index, chunk in enumerate(self.chunks(split)):
@@ -379,18 +401,3 @@ class FeatureSpec:
             detail = ", ".join(f"{os.path.basename(p)}={n}" for p, n in counts.items())
             self._fail(f"source_spec.{split}: files hold different sample counts: {detail}")
         return next(iter(counts.values()))
-
-    # ------------------------------------------------------------------ construction (tf_dlrm.data.layout)
-
-    @staticmethod
-    def nvidia_layout(num_numerical: int, cardinalities: Sequence[int], **kwargs) -> "FeatureSpec":
-        """A spec with NVIDIA's names and files; see :func:`tf_dlrm.data.layout.nvidia_spec`."""
-        from tf_dlrm.data.layout import nvidia_spec
-
-        return nvidia_spec(num_numerical, cardinalities, **kwargs)
-
-    def with_split_binary_sources(self, splits: Sequence[str], base_directory: str) -> "FeatureSpec":
-        """This spec with NVIDIA's per-split files; see :func:`tf_dlrm.data.layout.with_split_binary_sources`."""
-        from tf_dlrm.data.layout import with_split_binary_sources
-
-        return with_split_binary_sources(self, splits, base_directory)

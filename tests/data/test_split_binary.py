@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from tf_dlrm.data.split_binary import SplitBinaryWriter
+from tf_dlrm.data.layout import nvidia_spec
 from tf_dlrm.feature_spec import FeatureSpec
 
 CARDINALITIES = [5, 200, 40000]
 
 
 def _spec(directory) -> FeatureSpec:
-    return FeatureSpec.nvidia_layout(3, CARDINALITIES, splits=["train"], base_directory=str(directory))
+    return nvidia_spec(3, CARDINALITIES, splits=["train"], base_directory=str(directory))
 
 
 def _block(rng, count):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tf_dlrm.data import synthetic
+from tf_dlrm.data.layout import nvidia_spec
 from tf_dlrm.feature_spec import FeatureSpec
 from tf_dlrm.metrics import exact_auc, logloss
 
@@ -106,7 +107,7 @@ def test_power_law_skew_with_permuted_ids(small):
 
 
 def test_same_seed_same_bytes_other_seed_differs(tmp_path):
-    spec = FeatureSpec.nvidia_layout(4, [3, 60, 3000], splits=())
+    spec = nvidia_spec(4, [3, 60, 3000], splits=())
     for name in ("a", "b"):
         synthetic.generate(spec, str(tmp_path / name), 5000, 2000, seed=11, block_size=2048)
     synthetic.generate(spec, str(tmp_path / "c"), 5000, 2000, seed=12, block_size=2048)
@@ -119,7 +120,7 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path):
 
 
 def test_failure_leaves_existing_dataset_untouched(tmp_path, monkeypatch):
-    spec = FeatureSpec.nvidia_layout(2, [10, 100], splits=())
+    spec = nvidia_spec(2, [10, 100], splits=())
     synthetic.generate(spec, str(tmp_path), 3000, 1000, seed=1, block_size=1024)
     before = _files(tmp_path)
     calls = {"count": 0}
@@ -138,7 +139,7 @@ def test_failure_leaves_existing_dataset_untouched(tmp_path, monkeypatch):
 
 
 def test_argument_errors(tmp_path):
-    spec = FeatureSpec.nvidia_layout(1, [5], splits=())
+    spec = nvidia_spec(1, [5], splits=())
     with pytest.raises(ValueError, match="num_train_samples=-1"):
         synthetic.generate(spec, str(tmp_path), -1, 10)
     with pytest.raises(ValueError, match="positive_rate=1.5"):

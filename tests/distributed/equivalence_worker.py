@@ -5,6 +5,7 @@ For each case every rank writes the largest differences it saw into ``OUT_DIR/ra
 
 - ``initial_tables``: gathered full tables (on rank 0) vs the reference's initial tables;
 - ``forward``: the global batch's logits (gathered) vs the reference's;
+- ``pooled``: the global batch's pooled embeddings (gathered) vs the reference's;
 - ``tables`` / ``mlp``: after ``steps`` SGD steps, gathered full tables and MLP weights vs the
   reference's (absolute and relative differences).
 """
@@ -28,47 +29,85 @@ from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
 from tf_dlrm.distributed.planner import make_plan  # noqa: E402
 from tf_dlrm.model.dlrm import DLRM  # noqa: E402
 from tf_dlrm.model.embedding import EmbeddingBank  # noqa: E402
-from tf_dlrm.train.builder import build_with_dummy_batch  # noqa: E402
 from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
 from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
 
 NUM_NUMERICAL = 5
 
 
+def table_widths(case):
+    return case.get("widths") or [case["dim"]] * len(case["cardinalities"])
+
+
 def make_models(case, env):
-    dim = case["dim"]
-    tables = [TableSpec(f"t{i}", rows, dim) for i, rows in enumerate(case["cardinalities"])]
+    widths = table_widths(case)
+    tables = [TableSpec(f"t{i}", rows, width) for i, (rows, width) in enumerate(zip(case["cardinalities"], widths))]
     plan = make_plan(
         tables, env.world_size, case["strategy"], data_parallel_threshold=case["data_parallel_threshold"],
         column_slice_threshold=case.get("column_slice_threshold"),
     )
-    kwargs = dict(num_numerical=NUM_NUMERICAL, bottom_mlp_dims=[8, dim], top_mlp_dims=[8, 4, 1], seed=case["seed"])
-    embedding = DistributedEmbedding(plan, rank=env.rank, seed=case["seed"], data_parallel_input=case["data_parallel_input"])
+    interaction = case.get("interaction", "dot")
+    kwargs = dict(num_numerical=NUM_NUMERICAL, bottom_mlp_dims=[8, widths[0]], top_mlp_dims=[8, 4, 1], seed=case["seed"],
+                  interaction=interaction)
+    features = case.get("features")
+    embedding = DistributedEmbedding(plan, rank=env.rank, seed=case["seed"], data_parallel_input=case["data_parallel_input"],
+                                     features=features)
     model = DLRM(embedding, **kwargs)
-    build_with_dummy_batch(model, NUM_NUMERICAL, embedding, env.world_size)
-    reference = DLRM(EmbeddingBank(case["cardinalities"], dim, seed=case["seed"]), **kwargs)
-    build_with_dummy_batch(reference, NUM_NUMERICAL, reference.embedding, 1)
+    model(local_inputs(make_batches(case, 1)[0], embedding, env)[:2])
+    reference = DLRM(EmbeddingBank(case["cardinalities"], widths, seed=case["seed"], features=features), **kwargs)
+    reference(reference_inputs(make_batches(case, 1)[0])[:2])
     return plan, model, reference
 
 
+def feature_list(case):
+    return case.get("features") or [{"name": f"t{i}", "table": f"t{i}"} for i in range(len(case["cardinalities"]))]
+
+
 def make_batches(case, count):
+    """Numpy batches; a feature's ids are ``[B]`` (one-hot), ``[B, h]`` (fixed) or
+    ``(values, row lengths)`` (ragged, with empty rows)."""
     rng = np.random.default_rng(case["seed"] + 99)
     batches = []
     for _ in range(count):
         size = case["global_batch"]
         numerical = rng.random((size, NUM_NUMERICAL), dtype=np.float32)
-        # Few distinct ids so that rows repeat within a batch (duplicate sparse updates).
-        ids = [rng.integers(0, min(rows, 6), size).astype(np.int32) for rows in case["cardinalities"]]
+        ids = []
+        for feature in feature_list(case):
+            rows = case["cardinalities"][int(feature["table"][1:])]
+            # Few distinct ids so that rows repeat within a sample and a batch (duplicate sparse updates).
+            distinct = min(rows, 6)
+            hotness = feature.get("hotness", 1)
+            if feature.get("ragged"):
+                lengths = rng.integers(0, hotness + 1, size)
+                ids.append((rng.integers(0, distinct, int(lengths.sum())).astype(np.int32), lengths))
+            elif hotness == 1:
+                ids.append(rng.integers(0, distinct, size).astype(np.int32))
+            else:
+                ids.append(rng.integers(0, distinct, (size, hotness)).astype(np.int32))
         label = rng.integers(0, 2, (size, 1)).astype(np.float32)
         batches.append((numerical, ids, label))
     return batches
+
+
+def as_tensor(ids, rows=None):
+    """Rows ``rows`` (a slice; all when None) of one feature's numpy ids as a tensor."""
+    if isinstance(ids, tuple):
+        values, lengths = ids
+        ragged = tf.RaggedTensor.from_row_lengths(values, lengths)
+        return ragged[rows] if rows is not None else ragged
+    return tf.constant(ids[rows] if rows is not None else ids)
+
+
+def reference_inputs(batch):
+    numerical, ids, label = batch
+    return numerical, tuple(as_tensor(i) for i in ids), label
 
 
 def local_inputs(batch, embedding, env):
     numerical, ids, label = batch
     local = numerical.shape[0] // env.world_size
     rows = slice(env.rank * local, (env.rank + 1) * local)
-    categorical = [ids[t] for t in embedding.global_categorical] + [ids[t][rows] for t in embedding.local_categorical]
+    categorical = [as_tensor(ids[t]) for t in embedding.global_categorical] + [as_tensor(ids[t], rows) for t in embedding.local_categorical]
     return numerical[rows], tuple(categorical), label[rows]
 
 
@@ -105,12 +144,15 @@ def run_case(case, env):
 
     numerical, categorical, _ = local_inputs(batches[0], model.embedding, env)
     logits = collectives.allgather(env, model((numerical, categorical)))
-    expected = reference((batches[0][0], tuple(batches[0][1])))
+    reference_numerical, reference_categorical, _ = reference_inputs(batches[0])
+    expected = reference((reference_numerical, reference_categorical))
     record["forward"] = max_differences(logits.numpy(), expected.numpy())
+    pooled = collectives.allgather(env, model.embedding(categorical, local_batch=numerical.shape[0]))
+    record["pooled"] = max_differences(pooled.numpy(), reference.embedding(reference_categorical).numpy())
 
     for batch in batches[1:]:
         trainer.train_step(*local_inputs(batch, model.embedding, env))
-        reference_trainer.train_step(batch[0], tuple(batch[1]), batch[2])
+        reference_trainer.train_step(*reference_inputs(batch))
     record["tables"] = gathered_tables_diff(model, reference, plan)
     mlp = {"abs": 0.0, "rel": 0.0}
     for mine, theirs in zip(model.mlp_variables, reference.mlp_variables):

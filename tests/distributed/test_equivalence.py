@@ -2,7 +2,8 @@
 
 Each world size is one ``horovodrun`` launch running every case of :data:`CASES` (start-up of
 TensorFlow on oversubscribed ranks dominates, so cases share a launch). Tolerances: forward
-logits within 1e-6 absolute; after 3 SGD steps, gathered full tables and MLP weights within
+logits and pooled embeddings within 1e-6 absolute (sums of at most 5 float32 values of size
+<= 1/sqrt(50) ~ 0.14 in a different order: error <= 5 * 2**-24 * 0.7 ~ 2e-7); after 3 SGD steps, gathered full tables and MLP weights within
 rtol 1e-5 (relative to max(|expected|, 1e-3), so values near zero are held to 1e-8 absolute):
 only the order of float32 sums differs between the runs. Derivation (tests/arithmetic.py): a float32
 sum of n terms is within gamma_n ~ n * 2**-24 of the sum of the terms' absolute values; the longest
@@ -32,6 +33,27 @@ CASES = [
     {**BASE, "name": "column_wise_dp_input", "strategy": "column_wise", "data_parallel_input": True, "cardinalities": [50, 300, 500, 1000], "dim": 7},
     {**BASE, "name": "auto_sliced_dp_input", "strategy": "auto", "data_parallel_input": True, "cardinalities": [20, 3000, 150, 700], "dim": 5, "column_slice_threshold": 4000},
 ]
+# Multi-hot: fixed and ragged (empty rows included), sum / mean / sqrtn, a replicated table (t0) read
+# by two features, a model-parallel table (t2) shared by a one-hot and a multi-hot feature.
+MULTI_HOT = [
+    {"name": "a", "table": "t0", "hotness": 3, "combiner": "sum"},
+    {"name": "b", "table": "t1", "hotness": 4, "combiner": "mean", "ragged": True},
+    {"name": "c", "table": "t2"},
+    {"name": "d", "table": "t3", "hotness": 5, "combiner": "sum", "ragged": True},
+    {"name": "e", "table": "t2", "hotness": 2, "combiner": "sqrtn"},
+    {"name": "f", "table": "t0", "hotness": 3, "combiner": "mean", "ragged": True},
+]
+MULTI_HOT_BASE = {**BASE, "cardinalities": [50, 300, 500, 1000], "features": MULTI_HOT}
+# Mixed widths (cat interaction): dim 8 cut into 3 slices, odd widths elsewhere.
+MIXED = {**MULTI_HOT_BASE, "widths": [4, 8, 6, 5], "dim": None, "interaction": "cat"}
+CASES += [
+    {**MULTI_HOT_BASE, "name": "multi_hot_table_wise", "strategy": "table_wise", "data_parallel_input": False, "dim": 7},
+    {**MULTI_HOT_BASE, "name": "multi_hot_column_wise", "strategy": "column_wise", "data_parallel_input": False, "dim": 7},
+    {**MULTI_HOT_BASE, "name": "multi_hot_table_wise_dp_input", "strategy": "table_wise", "data_parallel_input": True, "dim": 7},
+    {**MULTI_HOT_BASE, "name": "multi_hot_column_wise_dp_input", "strategy": "column_wise", "data_parallel_input": True, "dim": 7},
+    {**MIXED, "name": "mixed_widths_table_wise", "strategy": "table_wise", "data_parallel_input": False},
+    {**MIXED, "name": "mixed_widths_column_wise_dp_input", "strategy": "column_wise", "data_parallel_input": True},
+]
 WORLD_SIZES = (2, 3, 4)
 _results: dict[int, list[dict]] = {}
 
@@ -59,6 +81,7 @@ def test_n_ranks_equal_one_process(world_size, case, tmp_path_factory):
         where = f"{case} at N={world_size}, rank {record['rank']} owning {record['rank_slices']}"
         assert record["initial_tables"]["abs"] == 0.0, f"{where}: initial tables depend on the sharding"
         assert record["forward"]["abs"] <= 1e-6, f"{where}: forward differs {record['forward']}"
+        assert record["pooled"]["abs"] <= 1e-6, f"{where}: pooled embeddings differ {record['pooled']}"
         assert record["tables"]["rel"] <= 1e-5, f"{where}: tables after 3 steps differ {record['tables']}"
         assert record["mlp"]["rel"] <= 1e-5, f"{where}: MLP weights after 3 steps differ {record['mlp']}"
         assert record["tables_moved"] > 1e-4, f"{where}: training did not change the tables"

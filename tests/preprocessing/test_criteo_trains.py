@@ -1,4 +1,10 @@
-"""Real Criteo rows -> preprocessing.criteo -> main.py trains on the result and evaluates it."""
+"""Real Criteo rows -> preprocessing.criteo -> main.py learns them.
+
+The 200 rows live in the workplace's shared sample folder (their licence keeps them out of the
+repository); without it the test is skipped, naming the missing file. 200 rows are too few for a
+held-out AUC that says anything, so the model is evaluated on the 150 rows it trained on: a trainer
+that reads the preprocessed ids and updates the weights fits them (measured 0.985 after 20 epochs),
+one that does not stays near 0.5."""
 
 from __future__ import annotations
 
@@ -6,12 +12,15 @@ import json
 import math
 import os
 
+import pytest
+
 from conftest import REPO, run_python
 
 SAMPLE = os.path.join(os.path.dirname(REPO), "shared", "data", "criteo_kaggle_sample_200.csv")
 
 
-def test_model_trains_on_preprocessed_criteo_rows(tmp_path):
+@pytest.mark.skipif(not os.path.isfile(SAMPLE), reason=f"real Criteo sample not found: {SAMPLE}")
+def test_model_learns_preprocessed_criteo_rows(tmp_path):
     data, log = tmp_path / "criteo", tmp_path / "log.jsonl"
     run_python([
         "-m", "preprocessing.criteo", f"--input={SAMPLE}", f"--output_dir={data}", "--frequency_threshold=1",
@@ -19,8 +28,9 @@ def test_model_trains_on_preprocessed_criteo_rows(tmp_path):
     ])
     run_python([
         "main.py", f"--dataset_path={data}", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1",
-        "--batch_size=50", "--epochs=2", "--learning_rate=0.1", "--print_freq=1", f"--log_path={log}",
+        "--batch_size=50", "--epochs=20", "--learning_rate=0.5", "--print_freq=100", "--valid_split=train",
+        f"--log_path={log}",
     ])
     final = json.loads(open(log, encoding="utf-8").read().splitlines()[-1])
-    assert final["event"] == "final" and final["steps"] == 2 * (150 // 50)
-    assert 0.0 <= final["auc"] <= 1.0 and math.isfinite(final["logloss"])
+    assert final["event"] == "final" and final["steps"] == 20 * (150 // 50)
+    assert final["auc"] >= 0.9 and math.isfinite(final["logloss"]), final

@@ -76,10 +76,13 @@ def scan_split(spec: FeatureSpec, split: str, block: int = 1 << 20) -> list[str]
             for column in np.flatnonzero(bad.any(axis=0)):
                 _count_and_first(bad[:, column], start, found, ("numerical", names[column], files.numerical))
     for name, path, cardinality in zip(spec.categorical_features, files.categorical, spec.cardinalities()):
-        for start, ids in _blocks(path, spec.dtype(name), 1, count, block):
-            ids = ids.reshape(-1)
+        # A multi-hot feature's file holds ``hotness`` ids per sample: counted per id, located by sample.
+        for start, ids in _blocks(path, spec.dtype(name), spec.hotness(name), count, block):
             if id_problem(ids, cardinality, start) is not None:
-                _count_and_first((ids < 0) | (ids >= cardinality), start, found, ("categorical", name, path))
+                outside = (ids < 0) | (ids >= cardinality)
+                total, first = found.get(("categorical", name, path), (0, None))
+                first_bad = start + int(np.flatnonzero(outside.any(axis=1))[0])
+                found[("categorical", name, path)] = (total + int(outside.sum()), first if first is not None else first_bad)
     what = {"label": "label(s) not 0 or 1", "numerical": "NaN or inf value(s)"}
     for (kind, name, path), (total, first) in found.items():
         if kind == "categorical":

@@ -61,7 +61,8 @@ class SplitBinaryReader:
     Yields:
         ``(numerical float32 [b, n_num], categorical tuple, label float32 [b, 1])`` where
         ``categorical`` holds the global features then the local ones, in the order asked for,
-        each ``int32`` (``int64`` when a cardinality exceeds int32) of shape ``[B]`` or ``[b]``.
+        each ``int32`` (``int64`` when a cardinality exceeds int32) of shape ``[B]`` or ``[b]``
+        (``[B, hotness]`` or ``[b, hotness]`` for a multi-hot feature).
     """
 
     def __init__(
@@ -123,7 +124,8 @@ class SplitBinaryReader:
                 name = spec.categorical_features[index]
                 out = np.int64 if cardinalities[index] > np.iinfo(np.int32).max else np.int32
                 self._categorical.append(
-                    _Column(self.files.categorical[index], spec.dtype(name), 1, scope, np.dtype(out), name, cardinalities[index])
+                    _Column(self.files.categorical[index], spec.dtype(name), spec.hotness(name), scope, np.dtype(out), name,
+                            cardinalities[index])
                 )
         self.num_numerical = len(spec.numerical_features)
         self._descriptors: dict[str, int] = {}
@@ -184,7 +186,9 @@ class SplitBinaryReader:
             if self._numerical
             else np.zeros((label.shape[0], 0), np.float32)
         )
-        categorical = [self._read_rows(c, *spans[c.scope]).reshape(-1) for c in self._categorical]
+        # One-hot features are [n]; multi-hot ones [n, hotness].
+        categorical = [self._read_rows(c, *spans[c.scope]) for c in self._categorical]
+        categorical = [ids.reshape(-1) if c.width == 1 else ids for ids, c in zip(categorical, self._categorical)]
         if self.validate:
             self._check(numerical, categorical, spans)
         return numerical, categorical, label
@@ -211,7 +215,8 @@ class SplitBinaryReader:
         local = self.local_batch_size if fixed else None
         shapes = [[local, self.num_numerical]]
         for column in self._categorical:
-            shapes.append([self.global_batch_size if fixed and column.scope == "global" else local])
+            rows = self.global_batch_size if fixed and column.scope == "global" else local
+            shapes.append([rows] if column.width == 1 else [rows, column.width])
         shapes.append([local, 1])
 
         def read(batch):

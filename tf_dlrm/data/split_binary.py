@@ -60,7 +60,8 @@ class SplitBinaryWriter:
         Args:
             label: ``[n]`` or ``[n, 1]`` of 0/1 values.
             numerical: ``[n, num_numerical]`` floats (None when the spec has no numerical features).
-            categorical: one ``[n]`` integer array per categorical feature, ids in ``[0, cardinality)``.
+            categorical: one ``[n]`` integer array per categorical feature, ids in ``[0, cardinality)``
+                (``[n, hotness]`` for a multi-hot feature: exactly ``hotness`` ids per sample).
 
         Raises:
             ValueError: on wrong shapes or out-of-range ids (naming the feature).
@@ -81,9 +82,12 @@ class SplitBinaryWriter:
         for name, ids, path, dtype, cardinality in zip(
             self._spec.categorical_features, categorical, self._categorical_paths, self._categorical_dtypes, self._cardinalities
         ):
-            ids = np.asarray(ids).reshape(-1)
-            if ids.shape[0] != count:
-                raise ValueError(f"feature '{name}': expected {count} ids. Received: {ids.shape[0]}")
+            hotness = self._spec.hotness(name)
+            ids = np.asarray(ids)
+            if ids.size != count * hotness or (hotness > 1 and ids.shape != (count, hotness)):
+                raise ValueError(f"feature '{name}': expected {count * hotness} ids ({count} samples of hotness {hotness}). "
+                                 f"Received: shape {ids.shape}")
+            ids = ids.reshape(-1)
             if count and (ids.min() < 0 or ids.max() >= cardinality):
                 raise ValueError(
                     f"feature '{name}': ids must lie in [0, {cardinality}). Received range [{ids.min()}, {ids.max()}]"

@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 
 from tf_dlrm import metrics
+from tf_dlrm.data.layout import with_split_binary_sources
 from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.feature_spec import FeatureSpec, TEST_SPLIT, TRAIN_SPLIT
 from tf_dlrm.io.publish import staged_output
@@ -133,6 +134,9 @@ class HiddenModel:
     def __init__(self, spec: FeatureSpec, seed: int, config: GeneratorConfig = GeneratorConfig()):
         self.config = config
         self.cardinalities = spec.cardinalities()
+        # Multi-hot features draw `hotness` ids per sample; their effects pool like the model does.
+        self.hotness = [spec.hotness(name) for name in spec.categorical_features]
+        self.combiners = [spec.combiner(name) for name in spec.categorical_features]
         self.num_numerical = len(spec.numerical_features)
         self.numerical_dtype = spec.numerical_dtype()
         rng = np.random.default_rng([seed, 0])
@@ -177,8 +181,10 @@ class HiddenModel:
             counts = np.floor(rng.lognormal(self.count_mu[j], self.count_sigma[j], count))
             numerical[:, j] = np.log1p(counts)
         ranks, ids = [], []
-        for cardinality, id_map in zip(self.cardinalities, self.id_maps):
-            table_ranks = _power_law_ranks(rng, count, cardinality, self.config.zipf_exponent)
+        for cardinality, id_map, hotness in zip(self.cardinalities, self.id_maps, self.hotness):
+            table_ranks = _power_law_ranks(rng, count * hotness, cardinality, self.config.zipf_exponent)
+            if hotness > 1:
+                table_ranks = table_ranks.reshape(count, hotness)
             ranks.append(table_ranks)
             ids.append(id_map(table_ranks))
         return numerical, ranks, ids
@@ -188,12 +194,22 @@ class HiddenModel:
         standardised = (numerical.astype(np.float64) - self.numerical_mean) / self.numerical_std
         numerical_part = standardised @ self.numerical_weights if self.num_numerical else np.zeros(count)
         scalar_part = np.zeros(count)
-        for table_ranks, effects in zip(ranks, self.effects):
-            scalar_part += _lookup(effects, table_ranks)
+        for table, (table_ranks, effects) in enumerate(zip(ranks, self.effects)):
+            scalar_part += self._pooled(table, effects, table_ranks)
         pairwise_part = np.zeros(count)
         for a, b in self.pairs:
-            pairwise_part += np.einsum("ij,ij->i", _lookup(self.vectors[a], ranks[a]), _lookup(self.vectors[b], ranks[b]))
+            pairwise_part += np.einsum("ij,ij->i", self._pooled(a, self.vectors[a], ranks[a]),
+                                       self._pooled(b, self.vectors[b], ranks[b]))
         return [numerical_part, scalar_part, pairwise_part]
+
+    def _pooled(self, table: int, values: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+        """Per-sample effects of a table: its ids' values pooled by the feature's combiner."""
+        if ranks.ndim == 1:
+            return _lookup(values, ranks)
+        looked_up = _lookup(values, ranks.reshape(-1)).reshape(ranks.shape + values.shape[1:])
+        total = looked_up.sum(axis=1)
+        hotness = ranks.shape[1]
+        return {"sum": total, "mean": total / hotness, "sqrtn": total / np.sqrt(hotness)}[self.combiners[table]]
 
     def logits(self, numerical: np.ndarray, ranks: Sequence[np.ndarray]) -> np.ndarray:
         parts = self._parts(numerical, ranks)
@@ -262,7 +278,7 @@ def generate(
 
 def _generate_into(spec, workspace, num_train_samples, num_valid_samples, seed, config, block_size) -> FeatureSpec:
     """The body of :func:`generate`, writing into ``workspace``."""
-    out_spec = spec.with_split_binary_sources([TRAIN_SPLIT, TEST_SPLIT], workspace)
+    out_spec = with_split_binary_sources(spec, [TRAIN_SPLIT, TEST_SPLIT], workspace)
     model = HiddenModel(out_spec, seed, config)
     counts = {TRAIN_SPLIT: num_train_samples, TEST_SPLIT: num_valid_samples}
     writers = {}

@@ -13,7 +13,9 @@ read one after the other::
           delimiter: ","      # optional, default ","
 
 Cells are plain values (no quoting): labels 0 or 1, numerical values finite numbers (stored as given:
-apply transforms such as log(1+x) before), categorical ids integers in ``[0, cardinality)``.
+apply transforms such as log(1+x) before), categorical ids integers in ``[0, cardinality)``. A
+multi-hot feature (``hotness: h`` in its feature_spec entry) holds exactly ``h`` ids per cell separated
+by ``|``, e.g. ``12|7|99`` for ``hotness: 3``; more or fewer ids is an error naming the line.
 
 Output: NVIDIA's per-split split_binary layout under ``output_dir`` and ``output_dir/feature_spec.yaml``
 written last. Files are parsed in blocks of lines with numpy; a block that fails is rescanned cell by
@@ -36,11 +38,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tf_dlrm.data.layout import with_split_binary_sources
 from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.feature_spec import CSV, FeatureSpec
 from tf_dlrm.io.publish import staged_output
 
 DEFAULT_BLOCK_LINES = 1 << 16
+# Ids of a multi-hot cell ("12|7|99"): a character no number and no csv delimiter we accept uses.
+MULTI_HOT_SEPARATOR = "|"
 
 
 class TranscodeError(ValueError):
@@ -50,9 +55,10 @@ class TranscodeError(ValueError):
 class _Column:
     """One used csv column: where it goes and how its cells are checked."""
 
-    def __init__(self, feature: str, index: int, kind: str, dtype: np.dtype, cardinality: int | None = None):
+    def __init__(self, feature: str, index: int, kind: str, dtype: np.dtype, cardinality: int | None = None,
+                 hotness: int = 1):
         self.feature, self.index, self.kind = feature, index, kind
-        self.dtype, self.cardinality = dtype, cardinality
+        self.dtype, self.cardinality, self.hotness = dtype, cardinality, hotness
 
     def describe(self) -> str:
         return f"column {self.index + 1} ('{self.feature}')"
@@ -92,8 +98,26 @@ def _first_bad_cell(column: _Column, cells: np.ndarray) -> tuple[int, str] | Non
     return None
 
 
+def _parse_multi_hot(column: _Column, cells: np.ndarray) -> tuple[np.ndarray | None, int, str]:
+    """A multi-hot column: each cell holds exactly ``hotness`` ids separated by ``|`` ("12|7|99")."""
+    lists = [cell.split(MULTI_HOT_SEPARATOR) for cell in cells.tolist()]
+    for row, ids in enumerate(lists):
+        if len(ids) != column.hotness:
+            more = "more" if len(ids) > column.hotness else "fewer"
+            return None, row, (f"{column.describe()}: {len(ids)} ids in {str(cells[row])!r}, {more} than the feature's hotness "
+                               f"{column.hotness} (a multi-hot cell holds exactly hotness ids separated by "
+                               f"{MULTI_HOT_SEPARATOR!r}; there is no pad id)")
+    flat = np.array([text for ids in lists for text in ids], dtype=str)
+    values, row, reason = _parse_column(_Column(column.feature, column.index, column.kind, column.dtype, column.cardinality), flat)
+    if values is None:
+        return None, row // column.hotness, reason
+    return values.reshape(len(lists), column.hotness), -1, ""
+
+
 def _parse_column(column: _Column, cells: np.ndarray) -> tuple[np.ndarray | None, int, str]:
     """Parses a column of cells with numpy; on failure returns (None, row, reason) of the first bad cell."""
+    if column.hotness > 1:
+        return _parse_multi_hot(column, cells)
     try:
         if column.kind == "categorical":
             values = cells.astype(np.int64)
@@ -143,7 +167,7 @@ class _SplitTranscoder:
         self.label = _Column(spec.label_feature, position[spec.label_feature], "label", np.dtype(np.float64))
         self.numerical = [_Column(f, position[f], "numerical", spec.dtype(f)) for f in spec.numerical_features]
         self.categorical = [
-            _Column(f, position[f], "categorical", spec.dtype(f), int(spec.feature_spec[f]["cardinality"]))
+            _Column(f, position[f], "categorical", spec.dtype(f), int(spec.feature_spec[f]["cardinality"]), spec.hotness(f))
             for f in spec.categorical_features
         ]
 
@@ -224,7 +248,7 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
     inputs = [input_spec_path] + [spec.resolve(f) for split in spec.splits for chunk in spec.chunks(split) for f in chunk["files"]]
     # Staged in a temporary sibling and published by one rename once every split is read without error.
     with staged_output(output_dir, "--output_dir", "tf_dlrm.data.transcode", inputs) as workspace:
-        out_spec = spec.with_split_binary_sources(spec.splits, workspace)
+        out_spec = with_split_binary_sources(spec, spec.splits, workspace)
         counts = {}
         for split, transcoder in transcoders.items():
             with SplitBinaryWriter(out_spec, split) as writer:

@@ -29,7 +29,7 @@ def id_problem(ids: np.ndarray, cardinality: int, first_sample: int) -> str | No
     """None when every id lies in ``[0, cardinality)``; else which sample holds the first bad one.
 
     Args:
-        ids: ``[n]`` ids of consecutive samples.
+        ids: ``[n]`` (one-hot) or ``[n, hotness]`` (multi-hot) ids of consecutive samples.
         cardinality: rows of the feature's table.
         first_sample: index in the split of ``ids[0]``.
     """
@@ -38,10 +38,13 @@ def id_problem(ids: np.ndarray, cardinality: int, first_sample: int) -> str | No
     # The common case in one reduction: seen as unsigned, a negative id is larger than any cardinality.
     if ids.dtype.kind == "i" and int(ids.view(f"u{ids.dtype.itemsize}").max()) < cardinality:
         return None
-    bad = np.flatnonzero((ids < 0) | (ids >= cardinality))
+    samples = ids.reshape(ids.shape[0], -1)
+    outside = (samples < 0) | (samples >= cardinality)
+    bad = np.flatnonzero(outside.any(axis=1))
+    first = int(samples[bad[0]][outside[bad[0]]][0])
     return (
-        f"sample {first_sample + int(bad[0])} has id {int(ids[bad[0]])} outside [0, {cardinality}) "
-        f"({bad.size} such sample(s) among samples {first_sample}..{first_sample + ids.size - 1})"
+        f"sample {first_sample + int(bad[0])} has id {first} outside [0, {cardinality}) "
+        f"({bad.size} such sample(s) among samples {first_sample}..{first_sample + samples.shape[0] - 1})"
     )
 
 

@@ -19,11 +19,13 @@ def _hvd():
 
 
 def alltoall(env: DistributedEnv, tensor: tf.Tensor, splits: Sequence[int] | None = None, name: str | None = None) -> tf.Tensor:
-    """Sends ``splits[k]`` leading rows (equal parts when None) to rank k; returns what arrives, by source rank."""
+    """Sends ``splits[k]`` leading rows (equal parts when None) to rank k; returns what arrives, by source rank.
+
+    ``splits`` may be a tensor (sizes known only when run, e.g. the ids of ragged features)."""
     if not env.distributed:
         return tensor
     hvd = _hvd()
-    if splits is not None:
+    if splits is not None and not isinstance(splits, tf.Tensor):
         splits = tf.constant(list(splits), dtype=tf.int32)
     received = hvd.alltoall(tensor, splits=splits, name=name)
     # Horovod >= 0.21 returns (tensor, received_splits) when splits are given.

@@ -1,25 +1,33 @@
-"""DistributedEmbedding: executes a ShardingPlan; holds only this rank's shards.
+"""DistributedEmbedding: executes a ShardingPlan for a list of features; holds only this rank's shards.
+
+Features and tables. Each feature (a :class:`tf_dlrm.config.embedding.FeatureConfig`) reads one
+table; several features may read the same table; a feature may be one-hot, fixed multi-hot or
+ragged, pooled by ``sum``, ``mean`` or ``sqrtn``; tables may have different widths.
 
 Storage. The model-parallel slices this rank owns are fused by width: all slices of width ``w``
 live in one ``[sum of their rows, w]`` variable, each at a row offset, so one gather serves them
-all. Replicated (small) tables are fused the same way into one data-parallel variable.
+all. Replicated (small) tables are fused the same way into data-parallel variables.
 
 Forward on rank r of N (global batch B, local batch b = B / N):
 
-1. each owned slice looks up the global batch of ids -> packed side by side ``[B, W_r]``
-   (the packing order is :func:`packing_groups`: by width, then plan order);
+1. for every feature reading an owned slice, look up and **pool** the global batch of its ids
+   (:func:`tf_dlrm.distributed.pooling.pooled_lookup`) -> packed side by side ``[B, W_r]``, one
+   column block per (feature, slice) (the order is :mod:`tf_dlrm.distributed.packing`): a
+   multi-hot feature costs the exchange bytes of a one-hot one;
 2. one ``hvd.alltoall`` sends row block k (``b`` rows) to rank k; rank r receives ``[b, W_s]``
-   from every source s, puts them side by side and permutes the columns once into
-   ``[b, T_mp, D]`` in table order;
-3. replicated tables look up the local batch directly; the two parts are merged in
-   feature-spec order -> ``[b, T, D]``.
+   from every source s and puts them side by side;
+3. replicated tables look up and pool the local batch directly; the two parts are joined and
+   permuted once into feature order -> ``[b, sum of feature widths]`` (``[b, F, D]`` when all
+   widths are ``D``).
 
-With ``data_parallel_input`` every rank reads its local batch of every feature and one
-``hvd.alltoall`` of ids gives each rank the global batch of the tables it owns.
+With ``data_parallel_input`` every rank reads its local batch of every feature and alltoalls of
+ids (:mod:`tf_dlrm.distributed.id_exchange`) give each rank the global batch of the features whose
+tables it owns.
 
 The backward of the alltoall (registered by Horovod) returns to each shard the sum over ranks of
 its gradient, i.e. N times the gradient of the global mean loss: the trainer scales shard
-gradients by 1/N.
+gradients by 1/N. The pooling's backward sends the pooled gradient to every id (duplicates kept,
+accumulated by the sparse update).
 """
 
 from __future__ import annotations
@@ -32,54 +40,83 @@ import tensorflow as tf
 
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.distributed.exchange import (
+from tf_dlrm.distributed.exchange import bfloat16_alltoall, index_dtype, permute
+from tf_dlrm.distributed.id_exchange import exchange_ids
+from tf_dlrm.distributed.packing import (
+    group_entries,
+    output_permutation,
     packing_groups,
-    received_permutation,
-    gather_rows,
-    index_dtype,
-    permute,
-    bfloat16_alltoall,
+    received_labels,
+    replicated_groups,
+    replicated_labels,
+    send_width,
 )
 from tf_dlrm.distributed.plan import ShardingPlan
+from tf_dlrm.distributed.pooling import normalize_ids, pooled_lookup
+from tf_dlrm.config.embedding import as_feature_config, default_features, feature_tables
 from tf_dlrm.model.table_init import initial_table_slice
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
 class DistributedEmbedding(keras.layers.Layer):
-    """The embedding tables of DLRM, sharded table-wise and column-wise over ranks.
+    """Embedding tables sharded table-wise and column-wise over ranks, pooled per feature.
 
     Args:
-        plan: a :class:`ShardingPlan` (or its ``to_dict()``); all tables must share one dim.
+        plan: a :class:`ShardingPlan` (or its ``to_dict()``).
         rank: this process's rank (``plan.world_size`` ranks in all).
         seed: initial values depend only on ``(seed, table)``.
         data_parallel_input: read local batches of every feature and exchange ids (see module doc).
+        features: :class:`FeatureConfig` (or dicts) in input order; default one one-hot ``sum``
+            feature per table, named like it.
+        validate_ids: check every id against its table's rows (and ragged rows against hotness).
     """
 
-    def __init__(self, plan, rank: int = 0, seed: int = 0, data_parallel_input: bool = False, **kwargs):
+    def __init__(self, plan, rank: int = 0, seed: int = 0, data_parallel_input: bool = False, features=None,
+                 validate_ids: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
-        dims = {t.dim for t in self.plan.tables}
-        if len(dims) != 1:
-            raise ValueError(f"DLRM needs one embedding dim for all tables. Received dims: {sorted(dims)}")
-        self.embedding_dim = dims.pop()
+        table_names = [t.name for t in self.plan.tables]
+        if features is None:
+            features = default_features(table_names)
+        self.features = tuple(as_feature_config(f) for f in features)
+        if not self.features:
+            raise ValueError("Expected at least one feature. Received: features=()")
+        self.feature_tables = feature_tables(self.features, table_names)
+        self.feature_widths = tuple(self.plan.tables[t].dim for t in self.feature_tables)
+        widths = set(self.feature_widths)
+        # One width for all features: the output is [b, F, D] (DLRM's interaction wants that).
+        self.embedding_dim = widths.pop() if len(widths) == 1 else None
         self.env = DistributedEnv(rank=rank, world_size=self.plan.world_size)
+        if not 0 <= rank < self.plan.world_size:
+            raise ValueError(f"Expected 0 <= rank < world_size={self.plan.world_size}. Received: rank={rank}")
         self.seed = int(seed)
         self.data_parallel_input = bool(data_parallel_input)
+        self.validate_ids = bool(validate_ids)
         self.num_tables = len(self.plan.tables)
+        self.num_features = len(self.features)
         self.cardinalities = tuple(t.rows for t in self.plan.tables)
         self.model_parallel = tuple(self.plan.model_parallel)
         self.replicated = tuple(self.plan.replicated)
         self.owned_tables = tuple(self.plan.tables_on_rank(rank))
+        replicated = set(self.replicated)
+        self.features_on_rank = [tuple(f for f, t in enumerate(self.feature_tables) if t in set(self.plan.tables_on_rank(r)))
+                                 for r in range(self.plan.world_size)]
+        self.replicated_features = tuple(f for f, t in enumerate(self.feature_tables) if t in replicated)
+        self.exchanges = any(t not in replicated for t in self.feature_tables)
         if self.data_parallel_input:
-            self.global_categorical, self.local_categorical = (), tuple(range(self.num_tables))
+            self.global_categorical, self.local_categorical = (), tuple(range(self.num_features))
         else:
-            self.global_categorical, self.local_categorical = self.owned_tables, self.replicated
+            self.global_categorical = self.features_on_rank[rank]
+            self.local_categorical = self.replicated_features
         self.groups = packing_groups(self.plan, rank)
-        self.permutation = received_permutation(self.plan)
-        self.send_widths = [max(1, self.plan.rank_width(r)) for r in range(self.plan.world_size)]
-        order = list(self.model_parallel) + list(self.replicated)
-        self.feature_order = np.array([order.index(t) for t in range(self.num_tables)], dtype=np.int32)
-        self.shard_variables, self.replicated_variable = [], None
+        self.entries = [group_entries(slices, self.feature_tables) for _, slices in self.groups]
+        self.replicated_groups = replicated_groups(self.plan)
+        self.replicated_entries = [group_entries(slices, self.feature_tables) for _, slices in self.replicated_groups]
+        self.send_widths = [max(1, send_width(self.plan, r, self.feature_tables)) for r in range(self.plan.world_size)]
+        labels = (received_labels(self.plan, self.feature_tables) if self.exchanges else [])
+        labels += replicated_labels(self.plan, self.feature_tables)
+        self.permutation = np.array(output_permutation(self.plan, self.feature_tables, labels), dtype=np.int32)
+        self.shard_variables, self.replicated_variables = [], []
 
     # ------------------------------------------------------------------ weights
 
@@ -89,42 +126,42 @@ class DistributedEmbedding(keras.layers.Layer):
         offsets = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(dtype) if rows else np.zeros(0, dtype)
         return offsets, int(sum(rows))
 
+    def _fused_variable(self, name: str, slices, trainable: bool = True):
+        offsets, total_rows = self._row_offsets([s.table for s in slices])
+        values = np.concatenate([
+            initial_table_slice(self.seed, s.table, self.cardinalities[s.table], self.plan.tables[s.table].dim,
+                                s.column_start, s.column_end) for s in slices])
+        # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round
+        # away. autocast=False: Keras would otherwise cast the whole table on every read.
+        variable = self.add_weight(name=name, shape=values.shape, dtype="float32", trainable=trainable,
+                                   initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False)
+        return variable, offsets
+
     def build(self, input_shape=None):
-        self.group_offsets = []
+        self.group_offsets, self.replicated_offsets = [], []
         for width, slices in self.groups:
-            offsets, total_rows = self._row_offsets([s.table for s in slices])
-            values = np.concatenate(
-                [initial_table_slice(self.seed, s.table, self.cardinalities[s.table], self.embedding_dim, s.column_start, s.column_end) for s in slices]
-            )
-            # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round
-            # away. autocast=False: Keras would otherwise cast the whole table on every read.
-            self.shard_variables.append(
-                self.add_weight(name=f"shards_w{width}", shape=(total_rows, width), dtype="float32",
-                                initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False)
-            )
+            variable, offsets = self._fused_variable(f"shards_w{width}", slices)
+            self.shard_variables.append(variable)
             self.group_offsets.append(offsets)
+        for width, slices in self.replicated_groups:
+            variable, offsets = self._fused_variable(f"replicated_w{width}", slices)
+            self.replicated_variables.append(variable)
+            self.replicated_offsets.append(offsets)
+        distributed = self.env.distributed and self.exchanges
         self.padding_variables = []
-        if self.env.distributed and not self.groups and self.model_parallel:
-            # A rank owning no slice still takes part in the alltoall and in its backward. Its
+        if distributed and not any(self.entries):
+            # A rank sending no column still takes part in the alltoall and in its backward. Its
             # padding must depend on a variable the trainer differentiates, or TensorFlow prunes
             # this rank's backward alltoall and the other ranks wait for it forever.
             self.padding_variables.append(
                 self.add_weight(name="exchange_padding", shape=(1, 1), dtype="float32", initializer="zeros", trainable=False)
             )
         self.id_sink = None
-        if self.env.distributed and self.data_parallel_input and not self.owned_tables and self.model_parallel:
-            # This rank receives no ids in the id exchange; Grappler would prune an alltoall whose
-            # (empty) result nobody reads, and the other ranks would wait forever: store it.
+        if distributed and self.data_parallel_input:
+            # Ids this rank receives but does not read (e.g. it owns no feature of one kind):
+            # Grappler would prune an alltoall whose result nobody reads, and the other ranks
+            # would wait forever: their sum is stored here.
             self.id_sink = self.add_weight(name="id_sink", shape=(), dtype="int64", initializer="zeros", trainable=False)
-        if self.replicated:
-            self.replicated_offsets, total_rows = self._row_offsets(self.replicated)
-            values = np.concatenate(
-                [initial_table_slice(self.seed, t, self.cardinalities[t], self.embedding_dim) for t in self.replicated]
-            )
-            self.replicated_variable = self.add_weight(
-                name="replicated", shape=(total_rows, self.embedding_dim), dtype="float32",
-                initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False,
-            )
 
     @property
     def sparse_variables(self) -> list:
@@ -132,103 +169,96 @@ class DistributedEmbedding(keras.layers.Layer):
 
     @property
     def dense_variables(self) -> list:
-        return [self.replicated_variable] if self.replicated_variable is not None else []
+        return list(self.replicated_variables)
 
     # ------------------------------------------------------------------ forward
 
-    def _exchange_ids(self, local_ids) -> dict[int, tf.Tensor]:
-        """Local batches of every table -> global batches of the tables this rank owns."""
-        world = self.plan.world_size
-        sends, splits = [], []
-        for destination in range(world):
-            tables = self.plan.tables_on_rank(destination)
-            splits.append(len(tables))
-            if tables:
-                sends.append(tf.reshape(tf.stack([local_ids[t] for t in tables], axis=1), [-1]))
-        local_batch = tf.shape(local_ids[0])[0]
-        flat = tf.concat(sends, axis=0) if sends else tf.zeros([0], local_ids[0].dtype)
-        if not self.env.distributed:
-            received = flat
-        else:
-            static_batch = local_ids[0].shape[0]
-            received = collectives.alltoall(self.env, flat, [static_batch * n for n in splits], name="id_exchange")
-        owned = len(self.owned_tables)
-        if self.id_sink is not None:
-            self.id_sink.assign(tf.reduce_sum(tf.cast(received, tf.int64)))
-        global_ids = tf.reshape(received, [world * local_batch, owned]) if owned else None
-        return {t: global_ids[:, j] for j, t in enumerate(self.owned_tables)}
+    def _normalized(self, features, categorical) -> dict:
+        return {f: normalize_ids(ids, self.features[f], self.cardinalities[self.feature_tables[f]], self.validate_ids)
+                for f, ids in zip(features, categorical)}
 
     def call(self, categorical, local_batch=None):
-        """``local_batch`` (the local batch size) is needed only by a rank that reads no ids."""
+        """``categorical``: the ids of :attr:`global_categorical` then :attr:`local_categorical`
+        features. ``local_batch`` (the local batch size) is needed only by a rank that reads no ids.
+
+        Returns ``[b, F, D]`` when every feature has width ``D``, else ``[b, sum of widths]``."""
         categorical = list(categorical)
         if local_batch is None:
             local_batch = self._local_batch_from(categorical)
-        if self.data_parallel_input:
-            global_ids = self._exchange_ids(categorical)
-            replicated_ids = [categorical[t] for t in self.replicated]
+        ids = self._normalized(list(self.global_categorical) + list(self.local_categorical), categorical)
+        if self.data_parallel_input and self.exchanges:
+            global_ids, unread = exchange_ids(self.env, ids, self.features_on_rank, self.env.rank, f"{self.name}_id_exchange")
+            if unread and self.id_sink is not None:
+                self.id_sink.assign(tf.add_n([tf.reduce_sum(tf.cast(u, tf.int64)) for u in unread]))
         else:
-            count = len(self.global_categorical)
-            global_ids = dict(zip(self.global_categorical, categorical[:count]))
-            replicated_ids = categorical[count:]
+            global_ids = ids
         parts = []
-        if self.model_parallel:
+        if self.exchanges:
             parts.append(self._model_parallel_lookup(global_ids, local_batch))
-        if self.replicated:
-            ids = self._fused_ids(replicated_ids, self.replicated_offsets)
-            parts.append(tf.cast(gather_rows(self.replicated_variable, ids), self.compute_dtype))
-        embeddings = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
-        return permute(embeddings, self.feature_order, axis=1)
+        for variable, offsets, entries in zip(self.replicated_variables, self.replicated_offsets, self.replicated_entries):
+            looked_up = pooled_lookup(variable, [(ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
+                                      tf.as_dtype(offsets.dtype))
+            parts.append(tf.cast(looked_up, self.compute_dtype))
+        joined = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
+        pooled = permute(joined, self.permutation, axis=1)
+        if self.embedding_dim is None:
+            return pooled
+        return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
 
-    @staticmethod
-    def _fused_ids(ids, offsets: np.ndarray) -> tf.Tensor:
-        """``[batch, tables]`` row numbers in a fused variable: each table's ids plus its row offset."""
-        dtype = tf.as_dtype(offsets.dtype)
-        return tf.stack([tf.cast(i, dtype) for i in ids], axis=1) + offsets
+    def split_features(self, pooled) -> dict:
+        """The output of :meth:`call` as ``{feature name: [b, width]}``."""
+        flat = tf.reshape(pooled, [-1, sum(self.feature_widths)])
+        pieces = tf.split(flat, list(self.feature_widths), axis=1)
+        return {feature.name: piece for feature, piece in zip(self.features, pieces)}
 
     def _local_batch_from(self, categorical):
         if self.data_parallel_input or len(categorical) > len(self.global_categorical):
-            return tf.shape(categorical[-1])[0]
-        if categorical:
-            return tf.shape(categorical[0])[0] // self.plan.world_size
-        raise ValueError("This rank reads no ids: pass local_batch to DistributedEmbedding.call")
+            ids = categorical[-1]
+        elif categorical:
+            ids = categorical[0]
+        else:
+            raise ValueError("This rank reads no ids: pass local_batch to DistributedEmbedding.call")
+        rows = ids.nrows(out_type=tf.int32) if isinstance(ids, tf.RaggedTensor) else tf.shape(ids)[0]
+        if self.data_parallel_input or len(categorical) > len(self.global_categorical):
+            return rows
+        return rows // self.plan.world_size
 
     def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch) -> tf.Tensor:
         packed = []
-        for (width, slices), variable, offsets in zip(self.groups, self.shard_variables, self.group_offsets):
-            ids = self._fused_ids([global_ids[s.table] for s in slices], offsets)
-            vectors = gather_rows(variable, ids)  # [B, slices, width]
-            global_batch = tf.shape(vectors)[0]
-            packed.append(tf.reshape(vectors, [global_batch, len(slices) * width]))
+        for variable, offsets, entries in zip(self.shard_variables, self.group_offsets, self.entries):
+            if entries:
+                packed.append(pooled_lookup(
+                    variable, [(global_ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
+                    tf.as_dtype(offsets.dtype)))
         # Cast before the exchange: under mixed precision the alltoall carries half the bytes.
         local_block = tf.cast(tf.concat(packed, axis=1), self.compute_dtype) if packed else None
-        if self.env.distributed:
-            if local_block is None:
-                padding = tf.cast(self.padding_variables[0], self.compute_dtype)
-                local_block = tf.tile(padding, [local_batch * self.plan.world_size, 1])
-            received = self._exchange(local_block, local_batch)
-            # Every source s sends this rank b rows of its width; b is the same for all sources.
-            chunks = tf.split(received, [local_batch * w for w in self.send_widths], num=len(self.send_widths))
-            block = tf.concat([tf.reshape(c, [local_batch, w]) for c, w in zip(chunks, self.send_widths)], axis=1)
-        else:
-            block = local_block
-        mp = permute(block, self.permutation, axis=1)
-        return tf.reshape(mp, [-1, len(self.model_parallel), self.embedding_dim])
+        if not self.env.distributed:
+            return local_block
+        if local_block is None:
+            padding = tf.cast(self.padding_variables[0], self.compute_dtype)
+            local_block = tf.tile(padding, [local_batch * self.plan.world_size, 1])
+        received = self._exchange(local_block, local_batch)
+        # Every source s sends this rank b rows of its width; b is the same for all sources.
+        chunks = tf.split(received, [local_batch * w for w in self.send_widths], num=len(self.send_widths))
+        return tf.concat([tf.reshape(c, [local_batch, w]) for c, w in zip(chunks, self.send_widths)], axis=1)
 
     def _exchange(self, local_block: tf.Tensor, local_batch) -> tf.Tensor:
         """The embedding alltoall of ``local_block [B, W_r]`` (row block k to rank k), flattened."""
         flat = tf.reshape(local_block, [-1])
         if flat.dtype != tf.bfloat16:
-            return collectives.alltoall(self.env, flat, name="embedding_exchange")
+            return collectives.alltoall(self.env, flat, name=f"{self.name}_exchange")
         world = self.plan.world_size
         static_batch = local_block.shape[0] // world if local_block.shape[0] is not None else tf.get_static_value(local_batch)
         if static_batch is None:
             # The gradient's routing needs the local batch size; unknown at trace time, exchange float32.
-            received = collectives.alltoall(self.env, tf.cast(flat, tf.float32), name="embedding_exchange")
+            received = collectives.alltoall(self.env, tf.cast(flat, tf.float32), name=f"{self.name}_exchange")
             return tf.cast(received, tf.bfloat16)
-        return bfloat16_alltoall(self.env, flat, [int(static_batch) * w for w in self.send_widths], "embedding_exchange")
+        return bfloat16_alltoall(self.env, flat, [int(static_batch) * w for w in self.send_widths], f"{self.name}_exchange")
 
     def compute_output_shape(self, input_shape):
-        return (None, self.num_tables, self.embedding_dim)
+        if self.embedding_dim is None:
+            return (None, sum(self.feature_widths))
+        return (None, self.num_features, self.embedding_dim)
 
     # ------------------------------------------------------------------ full tables (collective)
 
@@ -251,10 +281,10 @@ class DistributedEmbedding(keras.layers.Layer):
 
     def get_full_table(self, table: int) -> np.ndarray | None:
         """Collective: the full ``[rows, D]`` table on rank 0 (None elsewhere); one table at a time."""
-        rows = self.cardinalities[table]
+        rows, dim = self.cardinalities[table], self.plan.tables[table].dim
         if table in self.replicated:
-            offset = int(self.replicated_offsets[self.replicated.index(table)])
-            return self.replicated_variable[offset:offset + rows].numpy() if self.env.is_chief else None
+            index, offset = self._replicated_place(table)
+            return self.replicated_variables[index][offset:offset + rows].numpy() if self.env.is_chief else None
         mine = [tf.reshape(self.shard_variables[i][o:o + rows], [-1]) for i, o, _ in self._my_pieces(table)]
         if self.env.distributed:
             # Everything goes to rank 0: an alltoall whose splits send all to rank 0 gathers to
@@ -262,12 +292,12 @@ class DistributedEmbedding(keras.layers.Layer):
             # alltoall hangs on an empty send), which the root skips.
             flat = tf.concat(mine, axis=0) if mine else tf.zeros([1], tf.float32)
             splits = [int(flat.shape[0])] + [0] * (self.plan.world_size - 1)
-            flat = collectives.alltoall(self.env, flat, splits, name=f"gather_table_{table}")
+            flat = collectives.alltoall(self.env, flat, splits, name=f"{self.name}_gather_table_{table}")
         else:
             flat = tf.concat(mine, axis=0)
         if not self.env.is_chief:
             return None
-        full = np.empty((rows, self.embedding_dim), np.float32)
+        full = np.empty((rows, dim), np.float32)
         position, values = 0, flat.numpy()
         layout = self._table_layout(table)
         for rank in range(self.plan.world_size):
@@ -282,17 +312,18 @@ class DistributedEmbedding(keras.layers.Layer):
 
     def set_full_table(self, table: int, values: np.ndarray | None) -> None:
         """Collective: rank 0 passes the full table (others None); each rank keeps what it owns."""
-        rows = self.cardinalities[table]
+        rows, dim = self.cardinalities[table], self.plan.tables[table].dim
         if table in self.replicated:
-            offset = int(self.replicated_offsets[self.replicated.index(table)])
-            full = values if self.env.is_chief else np.zeros((rows, self.embedding_dim), np.float32)
-            full = collectives.broadcast(self.env, tf.constant(full, tf.float32), name=f"set_table_{table}")
-            self._assign_rows(self.replicated_variable, offset, full)
+            index, offset = self._replicated_place(table)
+            full = values if self.env.is_chief else np.zeros((rows, dim), np.float32)
+            full = collectives.broadcast(self.env, tf.constant(full, tf.float32), name=f"{self.name}_set_table_{table}")
+            self._assign_rows(self.replicated_variables[index], offset, full)
             return
         if self.env.is_chief:
             values = np.asarray(values, np.float32)
-            if values.shape != (rows, self.embedding_dim):
-                raise ValueError(f"table {table}: expected shape {(rows, self.embedding_dim)}. Received: {values.shape}")
+            if values.shape != (rows, dim):
+                raise ValueError(f"table {table} ({self.plan.tables[table].name!r}): expected shape {(rows, dim)}. "
+                                 f"Received: {values.shape}")
             per_rank = [[] for _ in range(self.plan.world_size)]
             for rank, piece in self._table_layout(table):
                 per_rank[rank].append(values[:, piece.column_start:piece.column_end].reshape(-1))
@@ -302,7 +333,7 @@ class DistributedEmbedding(keras.layers.Layer):
         else:
             flat, splits = np.zeros(1, np.float32), [1] + [0] * (self.plan.world_size - 1)
         if self.env.distributed:
-            received = collectives.alltoall(self.env, tf.constant(flat), splits, name=f"scatter_table_{table}").numpy()
+            received = collectives.alltoall(self.env, tf.constant(flat), splits, name=f"{self.name}_scatter_table_{table}").numpy()
         else:
             received = flat
         position = 0
@@ -310,6 +341,14 @@ class DistributedEmbedding(keras.layers.Layer):
             size = rows * piece.width
             self._assign_rows(self.shard_variables[index], offset, received[position:position + size].reshape(rows, piece.width))
             position += size
+
+    def _replicated_place(self, table: int) -> tuple[int, int]:
+        """(replicated variable index, row offset) of a replicated table."""
+        for index, ((_, slices), offsets) in enumerate(zip(self.replicated_groups, self.replicated_offsets)):
+            for piece, offset in zip(slices, offsets):
+                if piece.table == table:
+                    return index, int(offset)
+        raise ValueError(f"table {table} is not replicated")
 
     @staticmethod
     def _assign_rows(variable, offset: int, values) -> None:
@@ -324,4 +363,6 @@ class DistributedEmbedding(keras.layers.Layer):
             "rank": self.env.rank,
             "seed": self.seed,
             "data_parallel_input": self.data_parallel_input,
+            "features": [feature.to_dict() for feature in self.features],
+            "validate_ids": self.validate_ids,
         }

@@ -1,46 +1,17 @@
-"""The embedding exchange's layout and tensor helpers, used by DistributedEmbedding.
+"""The embedding exchange's tensor helpers, used by DistributedEmbedding (the layout, pure
+Python, is :mod:`tf_dlrm.distributed.packing`).
 
-- Layout (numpy, from the plan): the order in which a rank packs its slices for the alltoall, and
-  the permutation that turns the received blocks into the tables in feature-spec order.
 - Tensor helpers: row gathers that read only the rows asked for, a permutation whose gradient is a
   gather too, and the bfloat16 wire format (Horovod 0.28 has no bfloat16 alltoall).
 """
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.distributed.plan import ColumnSlice, ShardingPlan
-
-
-def packing_groups(plan: ShardingPlan, rank: int) -> list[tuple[int, list[ColumnSlice]]]:
-    """This rank's slices grouped by width (widest first), plan order within a group."""
-    groups: dict[int, list[ColumnSlice]] = collections.OrderedDict()
-    for width in sorted({s.width for s in plan.rank_slices[rank]}, reverse=True):
-        groups[width] = [s for s in plan.rank_slices[rank] if s.width == width]
-    return list(groups.items())
-
-
-def received_permutation(plan: ShardingPlan) -> np.ndarray:
-    """Columns of the received ``[b, sum_s W_s]`` block that give the model-parallel tables in order."""
-    labels = []
-    for rank in range(plan.world_size):
-        for _, slices in packing_groups(plan, rank):
-            for piece in slices:
-                labels.extend((piece.table, column) for column in range(piece.column_start, piece.column_end))
-        if not plan.rank_slices[rank] and plan.world_size > 1:
-            # Horovod's alltoall hangs when a rank sends zero elements, so a rank owning no slice
-            # sends one column of zeros, which this permutation skips.
-            labels.append(("padding", rank))
-    position = {label: index for index, label in enumerate(labels)}
-    return np.array(
-        [position[(t, c)] for t in plan.model_parallel for c in range(plan.tables[t].dim)], dtype=np.int32
-    )
 
 
 def gather_rows(variable, ids: tf.Tensor) -> tf.Tensor:

@@ -45,6 +45,12 @@ class DLRM(keras.Model):
         self.num_numerical = int(num_numerical)
         self.interaction_kind = InteractionKind(interaction).value
         embedding_dim = embedding.embedding_dim
+        if embedding_dim is None and self.interaction_kind == "dot":
+            widths = ", ".join(f"{f.name}: table {f.table!r} width {w}" for f, w in zip(embedding.features, embedding.feature_widths))
+            raise ValueError(
+                "The dot interaction needs one width for every embedding table; use --interaction=cat (or one "
+                f"--embedding_dim) for tables of different widths. Received: {widths}"
+            )
         if self.num_numerical and self.interaction_kind == "dot" and self.bottom_mlp_dims[-1] != embedding_dim:
             raise ValueError(
                 "The dot interaction needs the bottom MLP's last width to equal the embedding dim. "

@@ -6,8 +6,8 @@ Any embedding layer of tf_dlrm (this reference bank, or the sharded
 - ``global_categorical`` / ``local_categorical``: which categorical features (indices into the
   feature spec's categorical channel) it wants for the global batch and for the local batch; the
   reader yields them in that order (global ones first);
-- ``call(categorical) -> [local_batch, T, D]``: all T tables in feature-spec order, in the layer's
-  compute dtype;
+- ``call(categorical) -> [local_batch, F, D]``: all F features' pooled vectors in feature order, in
+  the layer's compute dtype (``[local_batch, sum of widths]`` when the widths differ);
 - ``sparse_variables`` (updated with sparse SGD, rank-local) and ``dense_variables`` (data-parallel);
 - ``get_full_table(t)`` / ``set_full_table(t, values)``: one full table as numpy (collective in the
   distributed layer; the root rank gets or gives the values).
@@ -21,40 +21,56 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_dlrm.config.embedding import as_feature_config, default_features, feature_tables
 from tf_dlrm.model.table_init import initial_table_slice
 
 
-def validate_tables(cardinalities: Sequence[int], embedding_dim: int) -> tuple[int, ...]:
+def validate_tables(cardinalities: Sequence[int], embedding_dim) -> tuple[int, ...]:
     cardinalities = tuple(int(c) for c in cardinalities)
     if not cardinalities or any(c <= 0 for c in cardinalities):
         raise ValueError(f"Expected positive table cardinalities. Received: cardinalities={list(cardinalities)}")
-    if int(embedding_dim) <= 0:
+    widths = [embedding_dim] if isinstance(embedding_dim, (int, np.integer)) else list(embedding_dim)
+    if any(int(w) <= 0 for w in widths):
         raise ValueError(f"Expected a positive embedding dim. Received: embedding_dim={embedding_dim}")
     return cardinalities
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
 class EmbeddingBank(keras.layers.Layer):
-    """One ``[rows, D]`` variable per table, one gather per table: the single-process reference.
+    """One ``[rows, D_t]`` variable per table, one plain gather and reduction per feature: the
+    single-process reference the distributed layer is tested against (written independently of
+    its fused, pooled lookups on purpose).
 
     Args:
         cardinalities: rows of each table, in feature-spec order.
-        embedding_dim: ``D``.
+        embedding_dim: ``D`` of every table, or one width per table.
         seed: initial values come from ``(seed, table)`` (see :mod:`tf_dlrm.model.table_init`).
+        features: :class:`tf_dlrm.config.embedding.FeatureConfig` (or dicts) naming tables
+            ``t0, t1, ...`` or the names in ``table_names``; default one one-hot feature per table.
+        table_names: the tables' names (default ``t<i>``).
     """
 
-    def __init__(self, cardinalities: Sequence[int], embedding_dim: int, seed: int = 0, **kwargs):
+    def __init__(self, cardinalities: Sequence[int], embedding_dim, seed: int = 0, features=None,
+                 table_names: Sequence[str] | None = None, **kwargs):
         super().__init__(**kwargs)
         self.cardinalities = validate_tables(cardinalities, embedding_dim)
-        self.embedding_dim = int(embedding_dim)
+        count = len(self.cardinalities)
+        widths = [embedding_dim] * count if isinstance(embedding_dim, (int, np.integer)) else list(embedding_dim)
+        self.table_widths = tuple(int(w) for w in widths)
+        self.table_names = tuple(table_names or [f"t{i}" for i in range(count)])
+        self.features = tuple(as_feature_config(f) for f in (features or default_features(self.table_names)))
+        self.feature_tables = feature_tables(self.features, self.table_names)
+        self.feature_widths = tuple(self.table_widths[t] for t in self.feature_tables)
+        widths = set(self.feature_widths)
+        self.embedding_dim = widths.pop() if len(widths) == 1 else None
         self.seed = int(seed)
         self.global_categorical: tuple[int, ...] = ()
-        self.local_categorical = tuple(range(len(self.cardinalities)))
+        self.local_categorical = tuple(range(len(self.features)))
         self.tables = []
 
     def build(self, input_shape=None):
-        for index, rows in enumerate(self.cardinalities):
-            values = initial_table_slice(self.seed, index, rows, self.embedding_dim)
+        for index, (rows, width) in enumerate(zip(self.cardinalities, self.table_widths)):
+            values = initial_table_slice(self.seed, index, rows, width)
             # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round away.
             self.tables.append(
                 self.add_weight(
@@ -73,12 +89,32 @@ class EmbeddingBank(keras.layers.Layer):
     def dense_variables(self) -> list:
         return []
 
+    def _pool(self, feature, ids):
+        table = self.tables[self.feature_tables[feature]]
+        if not isinstance(ids, tf.RaggedTensor) and ids.shape.rank == 1:
+            return tf.gather(table, ids)
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.RaggedTensor.from_tensor(ids)
+        vectors = tf.gather(table, ids)  # [n, None, w]
+        total = tf.reduce_sum(vectors, axis=1)
+        count = tf.cast(ids.row_lengths(), tf.float32)[:, None]
+        combiner = self.features[feature].combiner
+        if combiner == "mean":
+            return tf.math.divide_no_nan(total, count)
+        if combiner == "sqrtn":
+            return tf.math.divide_no_nan(total, tf.sqrt(count))
+        return total
+
     def call(self, categorical, local_batch=None):
-        vectors = [tf.gather(table, ids) for table, ids in zip(self.tables, categorical)]
+        vectors = [self._pool(f, ids) for f, ids in enumerate(categorical)]
+        if self.embedding_dim is None:
+            return tf.cast(tf.concat(vectors, axis=1), self.compute_dtype)
         return tf.cast(tf.stack(vectors, axis=1), self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0][0], len(self.cardinalities), self.embedding_dim)
+        if self.embedding_dim is None:
+            return (None, sum(self.table_widths[t] for t in self.feature_tables))
+        return (None, len(self.features), self.embedding_dim)
 
     def get_full_table(self, table: int) -> np.ndarray:
         return self.tables[table].numpy()
@@ -90,6 +126,8 @@ class EmbeddingBank(keras.layers.Layer):
         return {
             **super().get_config(),
             "cardinalities": list(self.cardinalities),
-            "embedding_dim": self.embedding_dim,
+            "embedding_dim": list(self.table_widths),
             "seed": self.seed,
+            "features": [f.to_dict() for f in self.features],
+            "table_names": list(self.table_names),
         }

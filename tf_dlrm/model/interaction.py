@@ -119,16 +119,19 @@ class DotInteraction(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
 class CatInteraction(keras.layers.Layer):
-    """Concatenation of the bottom-MLP output and all embeddings: ``[B, D_bottom + T * D]``."""
+    """Concatenation of the bottom-MLP output and all embeddings: ``[B, D_bottom + T * D]``.
+
+    The embeddings may also come flat, ``[B, sum of widths]`` (tables of different widths)."""
 
     def call(self, inputs):
         bottom, embeddings = inputs
-        flat = tf.reshape(embeddings, [-1, embeddings.shape[1] * embeddings.shape[2]])
+        flat = embeddings if embeddings.shape.rank == 2 else tf.reshape(embeddings, [-1, embeddings.shape[1] * embeddings.shape[2]])
         return tf.concat([bottom, flat], axis=1)
 
     def compute_output_shape(self, input_shapes):
         bottom_shape, embedding_shape = input_shapes
-        return (bottom_shape[0], bottom_shape[-1] + embedding_shape[1] * embedding_shape[2])
+        width = embedding_shape[1] if len(embedding_shape) == 2 else embedding_shape[1] * embedding_shape[2]
+        return (bottom_shape[0], bottom_shape[-1] + width)
 
 
 def make_interaction(kind: str, include_diagonal: bool = False, dtype=None) -> keras.layers.Layer:

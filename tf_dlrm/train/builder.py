@@ -14,6 +14,7 @@ from tf_dlrm.distributed.embedding import DistributedEmbedding
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.distributed.plan import ShardingPlan, Strategy, TableSpec
 from tf_dlrm.distributed.planner import make_plan
+from tf_dlrm.config.embedding import FeatureConfig, check_width_mapping
 from tf_dlrm.feature_spec import FeatureSpec
 from tf_dlrm.model.dlrm import DLRM
 from tf_dlrm.model.interaction import InteractionKind
@@ -27,6 +28,8 @@ class ModelConfig:
     top_mlp_dims: tuple[int, ...] = (1024, 1024, 512, 256, 1)
     interaction: str = "dot"
     include_diagonal: bool = False
+    # Per-table widths overriding embedding_dim and the spec's own: ((table name, width), ...).
+    embedding_dims: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):
         if self.embedding_dim <= 0:
@@ -54,8 +57,25 @@ class ShardingConfig:
     data_parallel_input: bool = False
 
 
-def make_tables(spec: FeatureSpec, embedding_dim: int) -> list[TableSpec]:
-    return [TableSpec(name, rows, embedding_dim) for name, rows in zip(spec.categorical_features, spec.cardinalities())]
+def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=()) -> list[TableSpec]:
+    """One table per categorical feature, named like it; its width is, first to last: the
+    ``--embedding_dims`` mapping, the spec's ``embedding_dim``, ``--embedding_dim``."""
+    names = spec.categorical_features
+    overrides = dict(embedding_dims)
+    check_width_mapping(overrides, names)
+    widths = spec.embedding_dims(embedding_dim)
+    return [TableSpec(name, rows, overrides.get(name, width)) for name, rows, width in zip(names, spec.cardinalities(), widths)]
+
+
+def table_widths(spec: FeatureSpec, model: ModelConfig) -> list[int]:
+    """The width of every table (see :func:`make_tables`)."""
+    return [table.dim for table in make_tables(spec, model.embedding_dim, model.embedding_dims)]
+
+
+def make_features(spec: FeatureSpec) -> tuple[FeatureConfig, ...]:
+    """One feature per categorical feature of the spec, reading its own table."""
+    return tuple(FeatureConfig(name=name, table=name, hotness=spec.hotness(name), combiner=spec.combiner(name))
+                 for name in spec.categorical_features)
 
 
 def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: ShardingConfig, world_size: int) -> ShardingPlan:
@@ -63,7 +83,7 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
     tables are local anyway, and in one fused variable they take one gather and one sparse update
     per step instead of two, with no dense gradient of the small tables."""
     return make_plan(
-        make_tables(spec, model.embedding_dim),
+        make_tables(spec, model.embedding_dim, model.embedding_dims),
         world_size,
         strategy=sharding.strategy,
         data_parallel_threshold=sharding.data_parallel_threshold if world_size > 1 else 0,
@@ -75,7 +95,8 @@ def build_model(
     spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, env: DistributedEnv, seed: int, data_parallel_input: bool = False
 ) -> DLRM:
     """A built DLRM whose embedding executes ``plan`` on ``env.rank``."""
-    embedding = DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input, name="embedding")
+    embedding = DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input,
+                                     features=make_features(spec), name="embedding")
     model = DLRM(
         embedding,
         num_numerical=len(spec.numerical_features),
@@ -92,8 +113,13 @@ def build_model(
 def build_with_dummy_batch(model: DLRM, num_numerical: int, embedding, world_size: int, local_batch: int = 1) -> None:
     """Creates all weights by calling the model once on zeros shaped like a real batch."""
     global_batch = local_batch * world_size
-    categorical = [np.zeros([global_batch], np.int32) for _ in embedding.global_categorical]
-    categorical += [np.zeros([local_batch], np.int32) for _ in embedding.local_categorical]
+
+    def zeros(feature: int, rows: int):
+        hotness = embedding.features[feature].hotness if hasattr(embedding, "features") else 1
+        return np.zeros([rows] if hotness == 1 else [rows, hotness], np.int32)
+
+    categorical = [zeros(f, global_batch) for f in embedding.global_categorical]
+    categorical += [zeros(f, local_batch) for f in embedding.local_categorical]
     model((np.zeros([local_batch, num_numerical], np.float32), tuple(categorical)))
 
 
@@ -102,6 +128,12 @@ def make_reader(
     dataset_type: str = "tf_raw", synthetic_batches: int = 64,
 ):
     """The reader of one split for this rank: split_binary files, or random in-memory batches."""
+    if dataset_type == "split_tfrecords":
+        from tf_dlrm.data.split_tfrecords import SplitTFRecordsReader
+
+        return SplitTFRecordsReader(spec, split, global_batch_size, rank=env.rank, world_size=env.world_size,
+                                    global_categorical=embedding.global_categorical,
+                                    local_categorical=embedding.local_categorical)
     if dataset_type == "synthetic":
         return RandomBatches(
             spec, synthetic_batches * global_batch_size, global_batch_size, rank=env.rank, world_size=env.world_size,

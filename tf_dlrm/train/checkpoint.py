@@ -34,6 +34,7 @@ import yaml
 
 from tf_dlrm.distributed import collectives
 from tf_dlrm.train import checkpoint_store as store
+from tf_dlrm.train.builder import table_widths
 from tf_dlrm.train.checkpoint_choice import check_same_data, newest_intact
 from tf_dlrm.train.guards import non_finite_arrays
 from tf_dlrm.train.memory_watch import MemoryWatch
@@ -284,11 +285,11 @@ class Checkpointer:
                     self.reporter.say(header["note"])
                 return None
             directory = header["path"]
-            dim = self.model_config.embedding_dim
+            widths = table_widths(self.spec, self.model_config)
             for table, rows in enumerate(self.spec.cardinalities()):
                 values = None
                 if self.env.is_chief:
-                    values = load_array(directory, header["tables"][table], (rows, dim), np.float32, mmap=True)
+                    values = load_array(directory, header["tables"][table], (rows, widths[table]), np.float32, mmap=True)
                 self.embedding.set_full_table(table, values)  # collective
                 del values
             variables = [v for _, v in self.dense]
@@ -353,11 +354,11 @@ class Checkpointer:
                 check_same_data(directory, manifest, self.data, self.spec.source)
         # Every array's header (and the small arrays whole) before any collective: rank 0 must not
         # fail half-way through a restore while the other ranks wait for it.
-        dim, cardinalities = self.model_config.embedding_dim, self.spec.cardinalities()
+        widths, cardinalities = table_widths(self.spec, self.model_config), self.spec.cardinalities()
         if len(manifest["tables"]) != len(cardinalities):
             raise CheckpointError(f"checkpoint {directory}: {len(manifest['tables'])} tables, the model has {len(cardinalities)}")
-        for entry, rows in zip(manifest["tables"], cardinalities):
-            load_array(directory, entry["file"], (rows, dim), np.float32, mmap=True)
+        for entry, rows, width in zip(manifest["tables"], cardinalities, widths):
+            load_array(directory, entry["file"], (rows, width), np.float32, mmap=True)
         pairs = list(zip(manifest["dense"], self.dense))
         if for_training:
             pairs += list(zip(manifest["optimizer_state"], self.optimizer_state))

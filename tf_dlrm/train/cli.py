@@ -11,37 +11,10 @@ from absl import app, flags
 
 from tf_dlrm.precision import PrecisionChoice, choose_precision, read_cpu_info
 from tf_dlrm.train.flags import RunConfig, config_from_flags, define_flags
+from tf_dlrm.train.session import configure_threads, report_precision, resolve_spec_path  # noqa: F401 (benchmarks import them here)
 
 define_flags()
 FLAGS = flags.FLAGS
-
-
-def configure_threads(config: RunConfig, local_size: int) -> tuple[int, int]:
-    """Ranks on one machine share its cores: by default each gets cores / local ranks intra-op
-    threads (the matmuls), and two inter-op threads, so that independent ops (the bottom MLP and
-    the embedding exchange, the backward pass and the gradient allreduces) overlap: at ``-np 2`` on
-    2 cores two inter-op threads per rank measured about 5% faster than one."""
-    import tensorflow as tf
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    intra = config.intra_op_parallelism or max(1, cores // max(1, local_size))
-    inter = config.inter_op_parallelism or 2
-    tf.config.threading.set_intra_op_parallelism_threads(intra)
-    tf.config.threading.set_inter_op_parallelism_threads(inter)
-    return intra, inter
-
-
-def resolve_spec_path(config: RunConfig) -> str:
-    if os.path.isabs(config.feature_spec) or not config.dataset_path:
-        return config.feature_spec
-    return os.path.join(config.dataset_path, config.feature_spec)
-
-
-def report_precision(reporter, config: RunConfig, choice: PrecisionChoice) -> None:
-    """One line (and one JSON event) when ``--amp`` runs emulated here or fell back to float32."""
-    if choice.notice:
-        reporter.say(f"notice: {choice.notice}")
-        reporter.event("notice", flag=f"--amp={config.amp.value}", precision=choice.policy, message=choice.notice)
 
 
 def run_training(config: RunConfig, stop=None) -> dict:
@@ -104,7 +77,10 @@ def run_training(config: RunConfig, stop=None) -> dict:
     train_reader = builder.make_reader(spec, config.train_split, config.batch_size, env, embedding, True, config.seed, config.dataset_type)
     valid_reader = None
     if evaluating:
-        valid_reader = builder.make_reader(spec, config.valid_split, config.valid_batch_size, env, embedding, False, config.seed)
+        # Random in-memory batches (--dataset_type=synthetic) are evaluated on the spec's split files.
+        valid_type = "split_tfrecords" if config.dataset_type == "split_tfrecords" else "tf_raw"
+        valid_reader = builder.make_reader(spec, config.valid_split, config.valid_batch_size, env, embedding, False,
+                                           config.seed, valid_type)
         preflight.check_not_empty(config.valid_split, valid_reader)
     checkpointer = Checkpointer.from_config(config, trainer, spec, env, reporter)
     data = checkpoint_choice.data_record(train_reader, config.batch_size)

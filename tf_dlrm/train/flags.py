@@ -6,6 +6,7 @@ import dataclasses
 
 from absl import flags
 
+from tf_dlrm.config.embedding import parse_width_mapping
 from tf_dlrm.precision import AmpMode
 from tf_dlrm.train.builder import ModelConfig, ShardingConfig, parse_dims
 from tf_dlrm.train.loop import LoopConfig
@@ -44,7 +45,9 @@ def define_flags() -> None:
     f = flags
     f.DEFINE_string("dataset_path", None, "Directory of the dataset (split_binary files + feature spec).")
     f.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file, relative to --dataset_path unless absolute.")
-    f.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "synthetic"], "tf_raw: split_binary files; synthetic: random batches in memory.")
+    f.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "split_tfrecords", "synthetic"],
+                  "tf_raw: split_binary files; split_tfrecords: NVIDIA DLRM_and_DCNv2's pre-batched TFRecords "
+                  "(<dataset>/<split>/categorical_<i>/...); synthetic: random batches in memory.")
     f.DEFINE_integer("batch_size", 4096, "Global training batch size (all ranks together).")
     f.DEFINE_integer("valid_batch_size", None, "Global evaluation batch size (default: --batch_size).")
     f.DEFINE_float("epochs", 1.0, "Epochs to train (fractions allowed).")
@@ -57,7 +60,9 @@ def define_flags() -> None:
     f.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warmup steps.")
     f.DEFINE_integer("decay_start_step", 0, "Step at which polynomial (power 2) decay starts.")
     f.DEFINE_integer("decay_steps", 0, "Steps of decay to zero (0: no decay).")
-    f.DEFINE_integer("embedding_dim", 128, "Embedding dimension of every table.")
+    f.DEFINE_integer("embedding_dim", 128, "Embedding dimension of every table (unless the spec or --embedding_dims says).")
+    f.DEFINE_string("embedding_dims", "", "Per-table widths, e.g. cat_0.bin:16,cat_3.bin:64 (overrides the spec's "
+                    "embedding_dim and --embedding_dim; mixed widths need --interaction=cat).")
     f.DEFINE_string("bottom_mlp_dims", "512,256,128", "Bottom MLP widths; the last equals --embedding_dim for dot.")
     f.DEFINE_string("top_mlp_dims", "1024,1024,512,256,1", "Top MLP widths; the last is 1.")
     f.DEFINE_enum("interaction", "dot", ["dot", "cat"], "Feature interaction.")
@@ -132,8 +137,8 @@ class RunConfig:
             raise ValueError(f"Expected --batch_size > 0. Received: --batch_size={self.batch_size}")
         if self.valid_batch_size <= 0:
             raise ValueError(f"Expected --valid_batch_size > 0. Received: --valid_batch_size={self.valid_batch_size}")
-        if self.dataset_type == "tf_raw" and not self.dataset_path:
-            raise ValueError("--dataset_path is required with --dataset_type=tf_raw")
+        if self.dataset_type != "synthetic" and not self.dataset_path:
+            raise ValueError(f"--dataset_path is required with --dataset_type={self.dataset_type}")
         self._check_checkpoint_flags()
 
     def _check_checkpoint_flags(self) -> None:
@@ -175,6 +180,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         top_mlp_dims=parse_dims(values.top_mlp_dims, "top_mlp_dims"),
         interaction=values.interaction,
         include_diagonal=values.dot_include_diagonal,
+        embedding_dims=tuple(parse_width_mapping(values.embedding_dims).items()),
     )
     schedule = LearningRateSchedule(values.learning_rate, values.warmup_steps, values.decay_start_step, values.decay_steps)
     return RunConfig(

@@ -43,7 +43,7 @@ def _start(config):
     """This rank's env with threads configured, the feature spec and the reporter."""
     from tf_dlrm.distributed import env as env_module
     from tf_dlrm.feature_spec import FeatureSpec
-    from tf_dlrm.train.cli import configure_threads, resolve_spec_path
+    from tf_dlrm.train.session import configure_threads, resolve_spec_path
     from tf_dlrm.train.reporting import Reporter
 
     env = env_module.initialize()
@@ -61,7 +61,7 @@ def open_session(config) -> Session:
     from tf_dlrm.train.step import Trainer
 
     from tf_dlrm.precision import choose_precision
-    from tf_dlrm.train.cli import report_precision
+    from tf_dlrm.train.session import report_precision
 
     env, spec, reporter = _start(config)
     choice = builder.apply_precision(choose_precision(config.amp, bool(tf.config.list_physical_devices("GPU"))))

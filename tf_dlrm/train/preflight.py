@@ -63,6 +63,13 @@ def check_valid_split(config, spec) -> bool:
         return False
     if config.dataset_type == "synthetic":
         return config.valid_split in spec.splits  # random in-memory batches: evaluated as before
+    if config.dataset_type == "split_tfrecords":
+        # Pre-batched TFRecords sit in <dataset>/<split>/, whatever the spec's source_spec says.
+        directory = os.path.join(spec.base_directory, config.valid_split)
+        if not os.path.isdir(directory):
+            raise ValueError(f"--valid_split={config.valid_split}: no directory {directory} of pre-batched TFRecords; "
+                             "name an existing split, or give --valid_split='' to train without evaluation")
+        return True
     if config.valid_split not in spec.splits:
         raise ValueError(
             f"--valid_split={config.valid_split} is not a split of {spec.source} (its splits: {spec.splits}); "

@@ -1,0 +1,1 @@
+"""Plain frozen configuration dataclasses: no TensorFlow, safe to import while parsing flags."""

@@ -1,0 +1,145 @@
+"""NVIDIA DLRM_and_DCNv2's ``split_tfrecords`` layout, read unchanged (``--dataset_type=split_tfrecords``).
+
+Per split (``<dataset>/train/``, ``<dataset>/test/``, next to the feature spec): ``length.json`` (the
+number of pre-batches), and one directory per input: ``label/``, ``numerical/``, ``categorical_<i>/``
+(``i`` = position in the spec's categorical channel). Each holds ``format.json``
+(``{"format": "tfrecords", "dtype", "multihot", "feature_name", "num_features", ...}``) and
+``data_<k>.tfrecords`` files of ``tf.train.Example`` records, one pre-batch of ``P`` samples each: the
+bytes feature ``feature_name`` is ``tf.io.serialize_tensor`` of a ``[P, num_features]`` tensor, or
+for a multi-hot feature a serialized composite (a string tensor of the serialized ragged components:
+ids, then int32 row splits).
+
+Pre-batches are split into samples and batched again, so any global batch size works (not only
+``P``); rank r keeps its local slice of labels, numerical and local features, and the global batch of
+the features it owns. A multi-hot feature must hold exactly its spec ``hotness`` ids per sample (the
+layer's fixed-hotness input); a row of another length stops the run naming the feature.
+A last incomplete global batch is dropped, in training and evaluation alike.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tf_dlrm.feature_spec import FeatureSpec, FeatureSpecError
+
+
+def _read_json(path: str):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise FeatureSpecError(f"split_tfrecords: missing {path}") from None
+    except json.JSONDecodeError as error:
+        raise FeatureSpecError(f"split_tfrecords: {path} is not valid JSON: {error}") from error
+
+
+class _Input:
+    """One input directory: its format and a dataset of its pre-batches."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        meta = _read_json(os.path.join(directory, "format.json"))
+        if meta.get("format") != "tfrecords":
+            raise FeatureSpecError(f"{directory}/format.json: expected format 'tfrecords'. Received: {meta.get('format')!r}")
+        self.dtype = tf.as_dtype(meta["dtype"])
+        self.multihot = bool(meta.get("multihot", False))
+        self.feature_name = meta.get("feature_name", "data")
+        self.num_features = int(meta.get("num_features", 1))
+        # data_<k>.tfrecords in k order: the writer fills them in sequence.
+        self.files = sorted(glob.glob(os.path.join(directory, "data_*.tfrecords")),
+                            key=lambda p: int(os.path.basename(p)[len("data_"):-len(".tfrecords")]))
+        if not self.files:
+            raise FeatureSpecError(f"split_tfrecords: no data_<k>.tfrecords files in {directory}")
+
+    def parse(self, record):
+        serialized = tf.io.parse_single_example(record, {self.feature_name: tf.io.FixedLenFeature([], tf.string)})[self.feature_name]
+        if not self.multihot:
+            return tf.reshape(tf.io.parse_tensor(serialized, self.dtype), [-1, self.num_features])
+        parts = tf.io.parse_tensor(serialized, tf.string)
+        values = tf.io.parse_tensor(parts[0], self.dtype)
+        splits = tf.io.parse_tensor(parts[1], tf.int32)
+        return tf.RaggedTensor.from_row_splits(values, splits, validate=False)
+
+    def prebatches(self) -> tf.data.Dataset:
+        return tf.data.TFRecordDataset(self.files).map(self.parse)
+
+
+class SplitTFRecordsReader:
+    """Reads one split of a ``split_tfrecords`` dataset as batches for one rank; the same interface
+    and yield layout as :class:`tf_dlrm.data.reader.SplitBinaryReader`."""
+
+    def __init__(self, spec: FeatureSpec, split: str, global_batch_size: int, rank: int = 0, world_size: int = 1,
+                 global_categorical: Sequence[int] = (), local_categorical: Sequence[int] | None = None):
+        if global_batch_size <= 0 or global_batch_size % world_size:
+            raise ValueError(f"Expected a positive global batch size that divides by world_size={world_size}. "
+                             f"Received: global_batch_size={global_batch_size}")
+        self.directory = os.path.join(spec.base_directory, split)
+        self.global_batch_size, self.local_batch_size = global_batch_size, global_batch_size // world_size
+        self.rank = rank
+        names = spec.categorical_features
+        if local_categorical is None:
+            local_categorical = [i for i in range(len(names)) if i not in set(global_categorical)]
+        self.global_categorical, self.local_categorical = tuple(global_categorical), tuple(local_categorical)
+        self.label = _Input(os.path.join(self.directory, "label"))
+        self.numerical = _Input(os.path.join(self.directory, "numerical")) if spec.numerical_features else None
+        self.categorical = {i: _Input(os.path.join(self.directory, f"categorical_{i}"))
+                            for i in self.global_categorical + self.local_categorical}
+        self.names = names
+        self.hotness = [spec.hotness(name) for name in names]
+        self.cardinalities = spec.cardinalities()
+        prebatches = int(_read_json(os.path.join(self.directory, "length.json")))
+        first = next(iter(self.label.prebatches().take(1)), None)
+        if first is None:
+            raise FeatureSpecError(f"split_tfrecords: {self.label.directory} holds no records")
+        self.prebatch_size = int(first.shape[0])
+        # Only whole global batches are read (the last partial one is dropped).
+        self.num_samples = prebatches * self.prebatch_size // global_batch_size * global_batch_size
+        self.num_numerical = len(spec.numerical_features)
+
+    @property
+    def num_batches(self) -> int:
+        return self.num_samples // self.global_batch_size
+
+    def _fixed(self, index: int, ids):
+        """A multi-hot feature's ragged ids as the layer's ``[n, hotness]`` (every row full)."""
+        hotness = self.hotness[index]
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.reshape(ids, [-1]) if hotness == 1 else tf.reshape(ids, [-1, hotness])
+        else:
+            lengths = ids.row_lengths()
+            check = tf.debugging.assert_equal(
+                lengths, tf.cast(hotness, lengths.dtype),
+                message=f"{self.directory}/categorical_{index} (feature {self.names[index]!r}): a sample does not hold "
+                        f"exactly hotness={hotness} ids")
+            with tf.control_dependencies([check]):
+                ids = tf.reshape(tf.identity(ids.values), [-1] if hotness == 1 else [-1, hotness])
+        return ids
+
+    def dataset(self, epoch: int = 0, start_batch: int = 0) -> tf.data.Dataset:
+        """The global batches in file order (no shuffle: the pre-batches are already mixed)."""
+        order = list(self.global_categorical + self.local_categorical)
+        out_types = [tf.int64 if self.cardinalities[i] > np.iinfo(np.int32).max else tf.int32 for i in order]
+        inputs = [self.label.prebatches()]
+        inputs.append(self.numerical.prebatches() if self.numerical else self.label.prebatches().map(lambda l: tf.zeros([tf.shape(l)[0], 0])))
+        # Multi-hot pre-batches become dense [P, hotness] before they are cut into samples.
+        inputs += [self.categorical[i].prebatches().map(lambda ids, i=i, t=t: tf.cast(self._fixed(i, ids), t))
+                   for i, t in zip(order, out_types)]
+        samples = tf.data.Dataset.zip(tuple(inputs)).unbatch()
+        batches = samples.batch(self.global_batch_size, drop_remainder=True).skip(start_batch)
+        local = slice(self.rank * self.local_batch_size, (self.rank + 1) * self.local_batch_size)
+        scopes = ["global"] * len(self.global_categorical) + ["local"] * len(self.local_categorical)
+
+        def split(label, numerical, *categorical):
+            features = tuple(ids if scope == "global" else ids[local] for ids, scope in zip(categorical, scopes))
+            return (tf.cast(numerical[local], tf.float32), features, tf.reshape(tf.cast(label[local], tf.float32), [-1, 1]))
+
+        return batches.map(split, num_parallel_calls=2, deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+    def close(self) -> None:
+        pass
