@@ -36,3 +36,14 @@ def test_every_problem_is_reported(tmp_path):
     for line in expected:
         assert line in lines, completed.stdout
     assert lines[-1].endswith("train: 3 problem(s), test: 1 problem(s)"), completed.stdout
+
+
+def test_multi_hot_ids_are_checked_per_sample():
+    """A multi-hot feature's ids come as ``[n, hotness]``: the first bad sample is named, not a flat index."""
+    import numpy as np
+
+    from tf_dlrm.data.validation import id_problem
+
+    ids = np.array([[0, 1, 2], [2, 2, 2], [1, 7, 0], [3, -1, 0]], np.int32)
+    assert id_problem(ids[:2], 3, first_sample=10) is None
+    assert id_problem(ids, 3, first_sample=10) == "sample 12 has id 7 outside [0, 3) (2 such sample(s) among samples 10..13)"
