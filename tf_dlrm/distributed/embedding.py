@@ -42,6 +42,7 @@ from tf_dlrm.distributed.exchange import (
 )
 from tf_dlrm.distributed.plan import ShardingPlan
 from tf_dlrm.model.table_init import initial_table_slice
+from tf_dlrm.model.variable_kind import SliceLayout, VariableKind, mark, set_layout
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
@@ -89,6 +90,11 @@ class DistributedEmbedding(keras.layers.Layer):
         offsets = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(dtype) if rows else np.zeros(0, dtype)
         return offsets, int(sum(rows))
 
+    def _layout(self, slices) -> SliceLayout:
+        split = [t for t in self.model_parallel if len(self.plan.table_slices(t)) > 1]
+        return SliceLayout([s.table for s in slices], [(s.column_start, s.column_end) for s in slices],
+                           [self.embedding_dim] * len(slices), split_tables=split)
+
     def build(self, input_shape=None):
         self.group_offsets = []
         for width, slices in self.groups:
@@ -98,19 +104,17 @@ class DistributedEmbedding(keras.layers.Layer):
             )
             # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round
             # away. autocast=False: Keras would otherwise cast the whole table on every read.
-            self.shard_variables.append(
-                self.add_weight(name=f"shards_w{width}", shape=(total_rows, width), dtype="float32",
-                                initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False)
-            )
+            variable = self.add_weight(name=f"shards_w{width}", shape=(total_rows, width), dtype="float32",
+                                       initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False)
+            self.shard_variables.append(set_layout(mark(variable, VariableKind.SHARDED), self._layout(slices)))
             self.group_offsets.append(offsets)
         self.padding_variables = []
         if self.env.distributed and not self.groups and self.model_parallel:
             # A rank owning no slice still takes part in the alltoall and in its backward. Its
             # padding must depend on a variable the trainer differentiates, or TensorFlow prunes
             # this rank's backward alltoall and the other ranks wait for it forever.
-            self.padding_variables.append(
-                self.add_weight(name="exchange_padding", shape=(1, 1), dtype="float32", initializer="zeros", trainable=False)
-            )
+            padding = self.add_weight(name="exchange_padding", shape=(1, 1), dtype="float32", initializer="zeros", trainable=False)
+            self.padding_variables.append(set_layout(mark(padding, VariableKind.PADDING), self._layout([])))
         self.id_sink = None
         if self.env.distributed and self.data_parallel_input and not self.owned_tables and self.model_parallel:
             # This rank receives no ids in the id exchange; Grappler would prune an alltoall whose
@@ -125,6 +129,9 @@ class DistributedEmbedding(keras.layers.Layer):
                 name="replicated", shape=(total_rows, self.embedding_dim), dtype="float32",
                 initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False,
             )
+            whole = [(0, self.embedding_dim)] * len(self.replicated)
+            layout = SliceLayout(self.replicated, whole, [self.embedding_dim] * len(self.replicated))
+            set_layout(mark(self.replicated_variable, VariableKind.REPLICATED), layout)
 
     @property
     def sparse_variables(self) -> list:

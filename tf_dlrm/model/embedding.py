@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.model.table_init import initial_table_slice
+from tf_dlrm.model.variable_kind import SliceLayout, VariableKind, mark, set_layout
 
 
 def validate_tables(cardinalities: Sequence[int], embedding_dim: int) -> tuple[int, ...]:
@@ -56,14 +57,12 @@ class EmbeddingBank(keras.layers.Layer):
         for index, rows in enumerate(self.cardinalities):
             values = initial_table_slice(self.seed, index, rows, self.embedding_dim)
             # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round away.
-            self.tables.append(
-                self.add_weight(
-                    name=f"table_{index}",
-                    shape=values.shape,
-                    dtype="float32",
-                    initializer=lambda shape, dtype, v=values: tf.constant(v),
-                )
+            table = self.add_weight(
+                name=f"table_{index}", shape=values.shape, dtype="float32",
+                initializer=lambda shape, dtype, v=values: tf.constant(v),
             )
+            layout = SliceLayout([index], [(0, self.embedding_dim)], [self.embedding_dim])
+            self.tables.append(set_layout(mark(table, VariableKind.SHARDED), layout))
 
     @property
     def sparse_variables(self) -> list:

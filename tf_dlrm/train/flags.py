@@ -9,7 +9,7 @@ from absl import flags
 from tf_dlrm.train.builder import ModelConfig, ShardingConfig, parse_dims
 from tf_dlrm.train.loop import LoopConfig
 from tf_dlrm.train.schedule import LearningRateSchedule
-from tf_dlrm.train.step import OptimizerConfig
+from tf_dlrm.optimizers.config import EMBEDDING_OPTIMIZERS, OPTIMIZERS, OptimizerConfig
 
 MODES = ("train", "eval", "inference", "export")
 
@@ -24,10 +24,21 @@ def define_flags() -> None:
     f.DEFINE_float("epochs", 1.0, "Epochs to train (fractions allowed).")
     f.DEFINE_integer("max_steps", -1, "Stop after this many steps (-1: no limit); --mode=inference: timed batches per size.")
     f.DEFINE_float("learning_rate", 0.5, "Base learning rate of the schedule.")
-    f.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "Optimizer of the MLPs (embeddings always use SGD).")
-    f.DEFINE_float("dense_learning_rate", 0.0, "Base learning rate of the MLPs' optimizer, on the same schedule as "
-                   "--learning_rate (which drives the embeddings' SGD); 0: the same as --learning_rate. Adam on the "
-                   "MLPs wants about 1e-3 while embedding SGD wants about 1.")
+    f.DEFINE_enum("optimizer", "sgd", list(OPTIMIZERS), "Optimizer of the MLPs, on the gradient averaged over ranks.")
+    f.DEFINE_float("dense_learning_rate", 0.0, "Base learning rate of the MLPs' optimizer, on the schedule of "
+                   "--learning_rate; 0: the same as --learning_rate. Adam on the MLPs wants about 1e-3 while "
+                   "embedding SGD wants about 1.")
+    f.DEFINE_enum("embedding_optimizer", "sgd", list(EMBEDDING_OPTIMIZERS),
+                  "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables).")
+    f.DEFINE_float("embedding_learning_rate", 0.0, "Base learning rate of the embedding optimizer, on the schedule of "
+                   "--learning_rate; 0: the same as --learning_rate.")
+    f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad and rowwise_adagrad (embeddings and MLPs).")
+    f.DEFINE_float("adagrad_epsilon", 1e-7, "Epsilon of adagrad and rowwise_adagrad.")
+    f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")
+    f.DEFINE_float("adam_beta2", 0.999, "beta_2 of adam, lazy_adam and lamb.")
+    f.DEFINE_float("adam_epsilon", 1e-8, "Epsilon of adam, lazy_adam and lamb.")
+    f.DEFINE_float("embedding_weight_decay", 0.0, "L2 coefficient on the embedding rows touched in a step (added to their gradient).")
+    f.DEFINE_float("dense_weight_decay", 0.0, "L2 coefficient on the MLP weights (LAMB: its weight decay, inside the trust ratio).")
     f.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warmup steps.")
     f.DEFINE_integer("decay_start_step", 0, "Step at which polynomial (power 2) decay starts.")
     f.DEFINE_integer("decay_steps", 0, "Steps of decay to zero (0: no decay).")
@@ -174,7 +185,13 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
             column_slice_threshold=values.column_slice_threshold,
             data_parallel_input=values.data_parallel_input,
         ),
-        optimizer=OptimizerConfig(schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=values.dense_learning_rate),
+        optimizer=OptimizerConfig(
+            schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=values.dense_learning_rate,
+            embedding_optimizer=values.embedding_optimizer, embedding_learning_rate=values.embedding_learning_rate,
+            adagrad_initial_accumulator=values.adagrad_initial_accumulator, adagrad_epsilon=values.adagrad_epsilon,
+            adam_beta1=values.adam_beta1, adam_beta2=values.adam_beta2, adam_epsilon=values.adam_epsilon,
+            embedding_weight_decay=values.embedding_weight_decay, dense_weight_decay=values.dense_weight_decay,
+        ),
         loop=LoopConfig(
             epochs=values.epochs,
             max_steps=values.max_steps,

@@ -113,7 +113,8 @@ def train(
             if on_step is not None:
                 on_step(step, epoch, batch_in_epoch + 1)
             if step % config.print_freq == 0 or step == total_steps:
-                loss_value = float(loss.numpy())  # the only host sync of the hot loop
+                # The only host sync of the hot loop: the loss of the global batch (mean over ranks).
+                loss_value = trainer.mean_over_ranks(loss)
                 now = time.time()
                 # The first window includes tracing; throughput counts later windows when there are any.
                 speed = window_steps * global_batch / max(now - window_start, 1e-9)
