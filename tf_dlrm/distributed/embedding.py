@@ -256,13 +256,20 @@ class DistributedEmbedding(keras.layers.Layer):
                 layout.extend((rank, s) for s in slices if s.table == table)
         return layout
 
-    def get_full_table(self, table: int) -> np.ndarray | None:
-        """Collective: the full ``[rows, D]`` table on rank 0 (None elsewhere); one table at a time."""
+    def get_full_table(self, table: int, state_of=None, row_wise: bool = False) -> np.ndarray | None:
+        """Collective: the full ``[rows, D]`` table on rank 0 (None elsewhere); one table at a time.
+
+        With ``state_of`` (a function from an embedding variable to its optimizer state variable,
+        shaped like it) the same gather returns that state in full-table layout instead: ``[rows, D]``,
+        or ``[rows, 1]`` for ``row_wise`` state, of which every slice of a row holds a copy.
+        """
         rows = self.cardinalities[table]
+        state_of = state_of or (lambda variable: variable)
+        width = 1 if row_wise else self.embedding_dim
         if table in self.replicated:
             offset = int(self.replicated_offsets[self.replicated.index(table)])
-            return self.replicated_variable[offset:offset + rows].numpy() if self.env.is_chief else None
-        mine = [tf.reshape(self.shard_variables[i][o:o + rows], [-1]) for i, o, _ in self._my_pieces(table)]
+            return state_of(self.replicated_variable)[offset:offset + rows].numpy() if self.env.is_chief else None
+        mine = [tf.reshape(state_of(self.shard_variables[i])[o:o + rows], [-1]) for i, o, _ in self._my_pieces(table)]
         if self.env.distributed:
             # Everything goes to rank 0: an alltoall whose splits send all to rank 0 gathers to
             # the root. A rank holding none of this table sends one padding value (Horovod's
@@ -274,7 +281,7 @@ class DistributedEmbedding(keras.layers.Layer):
             flat = tf.concat(mine, axis=0)
         if not self.env.is_chief:
             return None
-        full = np.empty((rows, self.embedding_dim), np.float32)
+        full = np.empty((rows, width), np.float32)
         position, values = 0, flat.numpy()
         layout = self._table_layout(table)
         for rank in range(self.plan.world_size):
@@ -282,27 +289,33 @@ class DistributedEmbedding(keras.layers.Layer):
             if not pieces and self.env.distributed:
                 position += 1
             for piece in pieces:
-                size = rows * piece.width
-                full[:, piece.column_start:piece.column_end] = values[position:position + size].reshape(rows, piece.width)
+                start, end = (0, 1) if row_wise else (piece.column_start, piece.column_end)
+                size = rows * (end - start)
+                full[:, start:end] = values[position:position + size].reshape(rows, end - start)
                 position += size
         return full
 
-    def set_full_table(self, table: int, values: np.ndarray | None) -> None:
-        """Collective: rank 0 passes the full table (others None); each rank keeps what it owns."""
+    def set_full_table(self, table: int, values: np.ndarray | None, state_of=None, row_wise: bool = False) -> None:
+        """Collective: rank 0 passes the full table (others None); each rank keeps what it owns.
+        ``state_of`` and ``row_wise``: as in :meth:`get_full_table` (every slice of a row gets the
+        row's row-wise state)."""
         rows = self.cardinalities[table]
+        state_of = state_of or (lambda variable: variable)
+        width = 1 if row_wise else self.embedding_dim
         if table in self.replicated:
             offset = int(self.replicated_offsets[self.replicated.index(table)])
-            full = values if self.env.is_chief else np.zeros((rows, self.embedding_dim), np.float32)
+            full = values if self.env.is_chief else np.zeros((rows, width), np.float32)
             full = collectives.broadcast(self.env, tf.constant(full, tf.float32), name=f"set_table_{table}")
-            self._assign_rows(self.replicated_variable, offset, full)
+            self._assign_rows(state_of(self.replicated_variable), offset, full)
             return
         if self.env.is_chief:
             values = np.asarray(values, np.float32)
-            if values.shape != (rows, self.embedding_dim):
-                raise ValueError(f"table {table}: expected shape {(rows, self.embedding_dim)}. Received: {values.shape}")
+            if values.shape != (rows, width):
+                raise ValueError(f"table {table}: expected shape {(rows, width)}. Received: {values.shape}")
             per_rank = [[] for _ in range(self.plan.world_size)]
             for rank, piece in self._table_layout(table):
-                per_rank[rank].append(values[:, piece.column_start:piece.column_end].reshape(-1))
+                start, end = (0, 1) if row_wise else (piece.column_start, piece.column_end)
+                per_rank[rank].append(values[:, start:end].reshape(-1))
             # One padding value to ranks holding none of the table: Horovod hangs on empty sends.
             sends = [np.concatenate(p) if p else np.zeros(1, np.float32) for p in per_rank]
             flat, splits = np.concatenate(sends), [s.shape[0] for s in sends]
@@ -314,15 +327,18 @@ class DistributedEmbedding(keras.layers.Layer):
             received = flat
         position = 0
         for index, offset, piece in self._my_pieces(table):
-            size = rows * piece.width
-            self._assign_rows(self.shard_variables[index], offset, received[position:position + size].reshape(rows, piece.width))
+            piece_width = 1 if row_wise else piece.width
+            size = rows * piece_width
+            variable = state_of(self.shard_variables[index])
+            self._assign_rows(variable, offset, received[position:position + size].reshape(rows, piece_width))
             position += size
 
     @staticmethod
     def _assign_rows(variable, offset: int, values) -> None:
         values = tf.convert_to_tensor(values, tf.float32)
         indices = tf.range(offset, offset + values.shape[0], dtype=tf.int64)
-        variable.value.scatter_update(tf.IndexedSlices(values, indices))
+        target = variable if isinstance(variable, tf.Variable) else variable.value
+        target.scatter_update(tf.IndexedSlices(values, indices))
 
     def get_config(self):
         return {

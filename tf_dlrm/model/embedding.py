@@ -8,9 +8,11 @@ Any embedding layer of tf_dlrm (this reference bank, or the sharded
   reader yields them in that order (global ones first);
 - ``call(categorical) -> [local_batch, T, D]``: all T tables in feature-spec order, in the layer's
   compute dtype;
-- ``sparse_variables`` (updated with sparse SGD, rank-local) and ``dense_variables`` (data-parallel);
+- ``sparse_variables`` (rank-local) and ``dense_variables`` (data-parallel), each variable also
+  marked with its kind (:mod:`tf_dlrm.model.variable_kind`), which is what the trainer reads;
 - ``get_full_table(t)`` / ``set_full_table(t, values)``: one full table as numpy (collective in the
-  distributed layer; the root rank gets or gives the values).
+  distributed layer; the root rank gets or gives the values); with ``state_of`` and ``row_wise``
+  the same for an optimizer state variable of the table.
 """
 
 from __future__ import annotations
@@ -79,11 +81,12 @@ class EmbeddingBank(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return (input_shape[0][0], len(self.cardinalities), self.embedding_dim)
 
-    def get_full_table(self, table: int) -> np.ndarray:
-        return self.tables[table].numpy()
+    def get_full_table(self, table: int, state_of=None, row_wise: bool = False) -> np.ndarray:
+        """``state_of`` maps a table variable to its optimizer state (see DistributedEmbedding)."""
+        return (state_of or (lambda v: v))(self.tables[table]).numpy()
 
-    def set_full_table(self, table: int, values: np.ndarray) -> None:
-        self.tables[table].assign(np.asarray(values, dtype=np.float32))
+    def set_full_table(self, table: int, values: np.ndarray, state_of=None, row_wise: bool = False) -> None:
+        (state_of or (lambda v: v))(self.tables[table]).assign(np.asarray(values, dtype=np.float32))
 
     def get_config(self):
         return {
