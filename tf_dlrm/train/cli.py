@@ -89,10 +89,22 @@ def run_training(config: RunConfig) -> dict:
         valid_reader = builder.make_reader(spec, config.valid_split, config.valid_batch_size, env, embedding, False, config.seed)
     checkpointer = Checkpointer.from_config(config, trainer, spec, env, reporter)
     start_step = checkpointer.restore_for_training(config, train_reader.num_batches)
-    result = train(trainer, train_reader, valid_reader, config.loop, reporter, start_step=start_step, on_step=checkpointer.on_step)
-    checkpointer.finish(result.steps)
+    keeper = None
+    if config.keep_best and valid_reader is not None:
+        from tf_dlrm.train.keep_best import BestKeeper
 
-    last = result.last_eval
+        keeper = BestKeeper(trainer)
+    result = train(
+        trainer, train_reader, valid_reader, config.loop, reporter, start_step=start_step, on_step=checkpointer.on_step,
+        on_eval=keeper.on_eval if keeper else None,
+    )
+    last, final_step = result.last_eval, result.steps
+    if keeper is not None and keeper.best is not None:
+        keeper.restore()
+        last, final_step = keeper.best, keeper.step
+        reporter.say(f"keep_best: restored the state of step {keeper.step} (validation AUC {last.auc:.6f})")
+    checkpointer.finish(final_step)
+
     final = {
         "auc": last.auc if last else None,
         "logloss": last.logloss if last else None,
@@ -100,6 +112,8 @@ def run_training(config: RunConfig) -> dict:
         "steps": result.steps,
         "world_size": env.world_size,
     }
+    if keeper is not None:
+        final["best_step"] = final_step
     reporter.summary(
         {
             "steps": result.steps,

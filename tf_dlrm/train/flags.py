@@ -71,6 +71,8 @@ def define_flags() -> None:
     f.DEFINE_enum("mode", "train", list(MODES), "What to do.")
     f.DEFINE_integer("evals_per_epoch", 1, "Evaluations per epoch (0: only at the end).")
     f.DEFINE_float("auc_threshold", None, "Stop training once validation AUC reaches this.")
+    f.DEFINE_bool("keep_best", False, "Keep the state of the evaluation with the best validation AUC; restore, report "
+                  "(final JSON: best_step) and save it at the end.")
     f.DEFINE_integer("print_freq", 100, "Steps between progress lines.")
     f.DEFINE_string("log_path", None, "JSON-lines log file (rank 0).")
     f.DEFINE_string("tensorboard_dir", None, "Directory for TensorBoard scalars (rank 0).")
@@ -109,6 +111,7 @@ class RunConfig:
     resume: bool = False
     saved_model_path: str | None = None
     inference_batch_sizes: tuple[int, ...] = (1, 64, 1024, 4096)
+    keep_best: bool = False
 
     def __post_init__(self):
         if self.batch_size <= 0:
@@ -204,4 +207,5 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         resume=values.resume,
         saved_model_path=values.saved_model_path,
         inference_batch_sizes=parse_dims(values.inference_batch_sizes, "inference_batch_sizes"),
+        keep_best=values.keep_best,
     )

@@ -69,8 +69,10 @@ def train(
     reporter: Reporter,
     start_step: int = 0,
     on_step=None,
+    on_eval=None,
 ) -> TrainResult:
-    """Runs the loop; ``on_step(step, epoch, batch_in_epoch)`` is called after each step (checkpoints)."""
+    """Runs the loop; ``on_step(step, epoch, batch_in_epoch)`` is called after each step (checkpoints),
+    ``on_eval(step, result)`` after each evaluation (``--keep_best``)."""
     steps_per_epoch = train_reader.num_batches
     if steps_per_epoch == 0:
         raise ValueError(
@@ -98,6 +100,8 @@ def train(
         reporter.say(f"eval at step {step}: AUC {result.auc:.6f}  logloss {result.logloss:.6f}  ({result.samples} samples, {result.seconds:.1f} s)")
         reporter.event("eval", step=step, auc=result.auc, logloss=result.logloss, samples=result.samples)
         reporter.scalars(step, auc=result.auc, logloss=result.logloss)
+        if on_eval is not None:
+            on_eval(step, result)
         return result
 
     epoch = step // steps_per_epoch
