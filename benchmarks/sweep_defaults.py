@@ -29,6 +29,11 @@ CANDIDATES = {
     "adam1e-3_lazy_adam3e-3": ["--optimizer=adam", "--dense_learning_rate=0.001", "--embedding_optimizer=lazy_adam", "--embedding_learning_rate=0.003"],
     "lamb4e-3_rowwise0.05": ["--optimizer=lamb", "--dense_learning_rate=0.004", "--embedding_optimizer=rowwise_adagrad", "--embedding_learning_rate=0.05"],
     "adagrad0.01_adagrad0.05": ["--optimizer=adagrad", "--dense_learning_rate=0.01", "--embedding_optimizer=adagrad", "--embedding_learning_rate=0.05"],
+    # Second round: the first showed the embedding rates still rising at their top values.
+    "adam1e-3_adagrad0.3": ["--optimizer=adam", "--dense_learning_rate=0.001", "--embedding_optimizer=adagrad", "--embedding_learning_rate=0.3"],
+    "adam1e-3_rowwise0.3": ["--optimizer=adam", "--dense_learning_rate=0.001", "--embedding_optimizer=rowwise_adagrad", "--embedding_learning_rate=0.3"],
+    "adam1e-3_lazy_adam1e-2": ["--optimizer=adam", "--dense_learning_rate=0.001", "--embedding_optimizer=lazy_adam", "--embedding_learning_rate=0.01"],
+    "adam3e-3_adagrad0.3": ["--optimizer=adam", "--dense_learning_rate=0.003", "--embedding_optimizer=adagrad", "--embedding_learning_rate=0.3"],
 }
 
 

@@ -118,9 +118,10 @@ def test_dataset_written_by_an_independent_numpy_writer_trains(tmp_path):
 
 def test_adam_on_the_mlps_trains_with_its_own_learning_rate(synthetic, tmp_path):
     """Embedding SGD wants a rate near 1, Adam near 1e-3: one shared rate made Adam diverge."""
-    flags = [f"--dataset_path={synthetic}", *[f for f in MODEL_FLAGS if not f.startswith("--epochs")], "--epochs=1", "--optimizer=adam"]
+    flags = [f"--dataset_path={synthetic}", *[f for f in MODEL_FLAGS if not f.startswith("--epochs")], "--epochs=1", "--optimizer=adam",
+             "--embedding_optimizer=sgd", "--embedding_learning_rate=0"]
     run_python(["main.py", *flags, "--dense_learning_rate=0.001", f"--log_path={tmp_path / 'own.jsonl'}"])
-    run_python(["main.py", *flags, f"--log_path={tmp_path / 'shared.jsonl'}"])
+    run_python(["main.py", *flags, "--dense_learning_rate=0", f"--log_path={tmp_path / 'shared.jsonl'}"])
     own, shared = final_record(tmp_path / "own.jsonl"), final_record(tmp_path / "shared.jsonl")
     assert own["auc"] >= 0.80, own
     assert shared["auc"] < 0.6, shared  # --learning_rate=1.0 for Adam too

@@ -23,15 +23,16 @@ def define_flags() -> None:
     f.DEFINE_integer("valid_batch_size", None, "Global evaluation batch size (default: --batch_size).")
     f.DEFINE_float("epochs", 1.0, "Epochs to train (fractions allowed).")
     f.DEFINE_integer("max_steps", -1, "Stop after this many steps (-1: no limit); --mode=inference: timed batches per size.")
-    f.DEFINE_float("learning_rate", 0.5, "Base learning rate of the schedule.")
-    f.DEFINE_enum("optimizer", "sgd", list(OPTIMIZERS), "Optimizer of the MLPs, on the gradient averaged over ranks.")
-    f.DEFINE_float("dense_learning_rate", 0.0, "Base learning rate of the MLPs' optimizer, on the schedule of "
-                   "--learning_rate; 0: the same as --learning_rate. Adam on the MLPs wants about 1e-3 while "
-                   "embedding SGD wants about 1.")
-    f.DEFINE_enum("embedding_optimizer", "sgd", list(EMBEDDING_OPTIMIZERS),
+    f.DEFINE_float("learning_rate", 0.001, "Base of the learning-rate schedule, and the rate of each optimizer whose own "
+                   "rate flag (--dense_learning_rate, --embedding_learning_rate) is 0.")
+    # Defaults chosen by benchmarks/sweep_defaults.py (README, "Model quality").
+    f.DEFINE_enum("optimizer", "adam", list(OPTIMIZERS), "Optimizer of the MLPs, on the gradient averaged over ranks.")
+    f.DEFINE_float("dense_learning_rate", 0.001, "Base learning rate of the MLPs' optimizer, on the schedule of "
+                   "--learning_rate; 0: --learning_rate. Adam wants about 1e-3, SGD about 0.5.")
+    f.DEFINE_enum("embedding_optimizer", "lazy_adam", list(EMBEDDING_OPTIMIZERS),
                   "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables).")
-    f.DEFINE_float("embedding_learning_rate", 0.0, "Base learning rate of the embedding optimizer, on the schedule of "
-                   "--learning_rate; 0: the same as --learning_rate.")
+    f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
+                   "--learning_rate; 0: --learning_rate. lazy_adam wants about 3e-3, adagrad 0.1, sgd about 1.")
     f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad and rowwise_adagrad (embeddings and MLPs).")
     f.DEFINE_float("adagrad_epsilon", 1e-7, "Epsilon of adagrad and rowwise_adagrad.")
     f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")
