@@ -6,7 +6,8 @@ For each dataset, in one run and on the same train / validation split, prints on
 model (ARCHITECTURE "Benchmark output"; ``impl`` names the model):
 
 - ``tf_dlrm_defaults``: ``main.py`` with default optimizer flags (only data, batch and epochs given);
-- ``tf_dlrm_best``: ``main.py`` with the best flags of ``benchmarks/sweep_defaults.py`` (:data:`BEST_FLAGS`);
+- ``tf_dlrm_best``: ``main.py`` with the best optimizer flags of ``benchmarks/sweep_defaults.py`` (now the
+  defaults) and ``--keep_best`` (:data:`BEST_FLAGS`);
 - ``keras_adam``: the plain Keras DLRM of ``benchmarks/naive_dlrm.py`` (the same architecture:
   26-style per-feature ``keras.layers.Embedding``, dense stacks, dot interaction) with Adam on
   every weight, embeddings included;
@@ -35,8 +36,10 @@ CONFIGS = {
     "synthetic_small_100k": ("synthetic_small", 100_000, 50_000, 1024, 1),
     "criteo_sample": ("criteo_sample", 0, 0, 64, 3),
 }
-# The most accurate stable setting of benchmarks/sweep_defaults.py (see the README's figures).
-BEST_FLAGS = ["--optimizer=adam", "--dense_learning_rate=0.001", "--embedding_optimizer=adagrad", "--embedding_learning_rate=0.05"]
+# The sweep's best optimizer setting (benchmarks/sweep_defaults.py) became the defaults, so "best"
+# adds what the sweep could not choose per dataset: --keep_best over 4 evaluations per epoch.
+BEST_FLAGS = ["--optimizer=adam", "--dense_learning_rate=0.001", "--embedding_optimizer=lazy_adam",
+              "--embedding_learning_rate=0.003", "--keep_best", "--evals_per_epoch=4"]
 ARCHITECTURE = {"embedding_dim": 128, "bottom_mlp_dims": (512, 256, 128), "top_mlp_dims": (1024, 1024, 512, 256, 1)}
 BASELINE_RATE = 0.001  # Adam's usual rate, for both Keras baselines
 

@@ -16,22 +16,15 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, gather, scatter_sub, scatter_update
+from tf_dlrm.optimizers.sparse_adagrad import SparseAdagrad
+from tf_dlrm.optimizers.sparse_optimizer import gather, scatter_sub, scatter_update
 
 
-class RowwiseAdagrad(SparseOptimizer):
-    """Args: initial_accumulator (>= 0), epsilon (>= 0)."""
+class RowwiseAdagrad(SparseAdagrad):
+    """Adagrad's arguments (initial_accumulator, epsilon); its state is ``[rows, 1]``."""
 
     name = "rowwise_adagrad"
     row_wise = True
-
-    def __init__(self, initial_accumulator: float = 0.1, epsilon: float = 1e-7):
-        if initial_accumulator < 0:
-            raise ValueError(f"Expected initial_accumulator >= 0. Received: initial_accumulator={initial_accumulator}")
-        if epsilon < 0:
-            raise ValueError(f"Expected epsilon >= 0. Received: epsilon={epsilon}")
-        self.slots = {"accumulator": float(initial_accumulator)}
-        self.epsilon = float(epsilon)
 
     def apply(self, variable, slots, rows, gradient, learning_rate, step, row_mean_squares=None) -> None:
         if row_mean_squares is None:

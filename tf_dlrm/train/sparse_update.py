@@ -126,11 +126,12 @@ class SparseUpdater:
         contributions, pending = tf.zeros([global_batch, split], tf.float32), []
         for variable, _, layout, rows, gradient, position in updates:
             partial = tf.reduce_sum(tf.square(gradient), axis=1)  # [U]
-            dims = None
-            if layout is not None:
+            if layout is None:  # a replicated variable stacks whole tables of its width
+                dims = float(variable.shape[1])
+            elif len(set(layout.dims)) == 1:  # one width for every table of the variable: no lookup
+                dims = float(layout.dims[0])
+            else:
                 dims = tf.gather(tf.constant(layout.dims, tf.float32), self._slice_of_rows(layout, position, tf.shape(rows)[0]))
-            else:  # a replicated variable stacks whole tables of one width
-                dims = tf.fill(tf.shape(rows), tf.cast(variable.shape[1], tf.float32))
             assignment = self._split_assignment(layout) if layout is not None else None
             if assignment is None or not assignment.any():
                 means.append(partial / dims)
