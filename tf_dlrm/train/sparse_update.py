@@ -99,7 +99,8 @@ class SparseUpdater:
         updates = []  # (variable, slots, layout, rows, summed gradient, position of each entry)
         for variable, slots, gradient in zip(self.shards, self.shard_slots, shard_gradients):
             rows, summed, position = deduplicate(gradient)
-            updates.append((variable, slots, layout_of(variable), rows, summed * scale, position))
+            summed = summed * scale if self.env.world_size > 1 else summed  # one pass fewer in one process
+            updates.append((variable, slots, layout_of(variable), rows, summed, position))
         for variable, slots, packed in zip(self.replicated, self.replicated_slots, replicated_gradients):
             rows = tf.reshape(tf.where(packed[:, -1] > 0), [-1])
             updates.append((variable, slots, None, rows, tf.gather(packed[:, :-1], rows), None))
