@@ -2,17 +2,9 @@
 
 Each world size is one ``horovodrun`` launch running every case of :data:`CASES` (start-up of
 TensorFlow on oversubscribed ranks dominates, so cases share a launch). Tolerances: forward
-logits within 1e-6 absolute; after 3 or 4 steps, gathered full tables, MLP weights and both
-optimizers' state within rtol 1e-5 (relative to max(|expected|, 1e-3), so values near zero are held
-to 1e-8 absolute): only the order of float sums differs between the runs, a few float32 unit
-roundoffs (6e-8) per step, amplified at most a few times by Adagrad's and Adam's 1/sqrt(state).
-
-The stateful cases measure relative to max(|expected|, learning rate): Adam moves every touched
-weight by about the learning rate per step whatever its size, so a weight passing near zero carries
-the rounding of lr-sized steps (u * lr per step), not of its own size. Their Adam epsilon is 1e-4:
-with 1e-8, an entry of the averaged MLP gradient that cancels to ~1e-9 (random labels, 24 samples)
-steps by +-lr on the sign of its rounding noise, a property of Adam, not of the sharding (one
-process with the batch permuted shows the same).
+logits within 1e-6 absolute; after 3 SGD steps, gathered full tables and MLP weights within
+rtol 1e-5 (relative to max(|expected|, 1e-3), so values near zero are held to 1e-8 absolute):
+only the order of float sums differs between the runs.
 """
 
 from __future__ import annotations
@@ -35,6 +27,14 @@ CASES = [
     {**BASE, "name": "column_wise_dp_input", "strategy": "column_wise", "data_parallel_input": True, "cardinalities": [50, 300, 500, 1000], "dim": 7},
     {**BASE, "name": "auto_sliced_dp_input", "strategy": "auto", "data_parallel_input": True, "cardinalities": [20, 3000, 150, 700], "dim": 5, "column_slice_threshold": 4000},
 ]
+# The stateful cases (every embedding optimizer, LAMB/Adam, 4 steps): tables, MLP weights and both
+# optimizers' state within the same rtol 1e-5; a few float32 unit roundoffs (6e-8) per step, amplified
+# at most a few times by Adagrad's and Adam's 1/sqrt(state). They measure relative to max(|expected|, learning rate): Adam moves every touched
+# weight by about the learning rate per step whatever its size, so a weight passing near zero carries
+# the rounding of lr-sized steps (u * lr per step), not of its own size. Their Adam epsilon is 1e-4:
+# with 1e-8, an entry of the averaged MLP gradient that cancels to ~1e-9 (random labels, 24 samples)
+# steps by +-lr on the sign of its rounding noise, a property of Adam, not of the sharding (one
+# process with the batch permuted shows the same).
 # Every embedding optimizer, table-wise and column-wise (row-wise Adagrad across column slices is
 # the hard one), with LAMB or Adam on the MLPs; 4 steps with a warmup, so the schedule moves too.
 STATEFUL = {**BASE, "steps": 4, "warmup_steps": 2, "data_parallel_input": False, "cardinalities": [50, 300, 500, 1000], "dim": 7}
