@@ -121,3 +121,26 @@ def test_bad_arguments_name_the_value():
         LazyAdam(beta_1=1.5)
     with pytest.raises(ValueError, match="initial_accumulator=-1"):
         SparseAdagrad(initial_accumulator=-1)
+
+
+@pytest.mark.parametrize(
+    "flags, dense, embedding",
+    [
+        ([], 0.001, 0.003),  # the tuned defaults
+        (["--learning_rate=0.5"], 0.5, 0.5),  # an explicit --learning_rate drives every family
+        (["--learning_rate=0.5", "--embedding_learning_rate=0.02"], 0.5, 0.02),  # a family's own flag wins
+    ],
+)
+def test_learning_rate_flags_give_each_family_its_rate(flags, dense, embedding):
+    from tf_dlrm.train import cli
+    from tf_dlrm.train.flags import config_from_flags
+
+    cli.FLAGS.unparse_flags()
+    cli.FLAGS(["main.py", "--dataset_path=/nonexistent", *flags])
+    try:
+        config = config_from_flags(cli.FLAGS).optimizer
+    finally:
+        cli.FLAGS.unparse_flags()
+    base = config.schedule.base
+    assert base * config.dense_rate_factor == pytest.approx(dense)
+    assert base * config.embedding_rate_factor == pytest.approx(embedding)

@@ -18,7 +18,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_FLAGS = [
     "--embedding_dim=16", "--bottom_mlp_dims=64,16", "--top_mlp_dims=64,32,1", "--batch_size=1024",
-    "--learning_rate=1.0", "--epochs=2", "--print_freq=100", "--seed=7",
+    "--learning_rate=1.0", "--epochs=2", "--print_freq=100", "--seed=7", "--optimizer=sgd", "--embedding_optimizer=sgd",
 ]
 
 

@@ -17,7 +17,7 @@ from conftest import launch, make_synthetic_small, run_python
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_FLAGS = [
     "--embedding_dim=16", "--bottom_mlp_dims=64,16", "--top_mlp_dims=64,32,1", "--batch_size=1024",
-    "--learning_rate=1.0", "--epochs=3", "--print_freq=100", "--seed=7",
+    "--learning_rate=1.0", "--epochs=3", "--print_freq=100", "--seed=7", "--optimizer=sgd", "--embedding_optimizer=sgd",
 ]
 
 
@@ -110,6 +110,7 @@ def test_dataset_written_by_an_independent_numpy_writer_trains(tmp_path):
     run_python([
         "main.py", f"--dataset_path={tmp_path}", f"--log_path={log}", "--embedding_dim=8", "--bottom_mlp_dims=16,8",
         "--top_mlp_dims=16,1", "--batch_size=500", "--learning_rate=0.5", "--epochs=2", "--print_freq=40",
+        "--optimizer=sgd", "--embedding_optimizer=sgd",
     ])
     final = final_record(log)
     assert final["steps"] == 2 * 80

@@ -23,16 +23,18 @@ def define_flags() -> None:
     f.DEFINE_integer("valid_batch_size", None, "Global evaluation batch size (default: --batch_size).")
     f.DEFINE_float("epochs", 1.0, "Epochs to train (fractions allowed).")
     f.DEFINE_integer("max_steps", -1, "Stop after this many steps (-1: no limit); --mode=inference: timed batches per size.")
-    f.DEFINE_float("learning_rate", 0.001, "Base of the learning-rate schedule, and the rate of each optimizer whose own "
-                   "rate flag (--dense_learning_rate, --embedding_learning_rate) is 0.")
+    f.DEFINE_float("learning_rate", 0.001, "Base of the learning-rate schedule. Given on the command line, it is also the "
+                   "rate of each optimizer whose own rate flag (--dense_learning_rate, --embedding_learning_rate) is "
+                   "not given (or 0); else those flags' tuned defaults apply.")
     # Defaults chosen by benchmarks/sweep_defaults.py (README, "Model quality").
     f.DEFINE_enum("optimizer", "adam", list(OPTIMIZERS), "Optimizer of the MLPs, on the gradient averaged over ranks.")
     f.DEFINE_float("dense_learning_rate", 0.001, "Base learning rate of the MLPs' optimizer, on the schedule of "
-                   "--learning_rate; 0: --learning_rate. Adam wants about 1e-3, SGD about 0.5.")
+                   "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. Adam wants about 1e-3, SGD about 0.5.")
     f.DEFINE_enum("embedding_optimizer", "lazy_adam", list(EMBEDDING_OPTIMIZERS),
                   "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables).")
     f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
-                   "--learning_rate; 0: --learning_rate. lazy_adam wants about 3e-3, adagrad 0.1, sgd about 1.")
+                   "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. lazy_adam wants about "
+                   "3e-3, adagrad 0.1, sgd about 1.")
     f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad and rowwise_adagrad (embeddings and MLPs).")
     f.DEFINE_float("adagrad_epsilon", 1e-7, "Epsilon of adagrad and rowwise_adagrad.")
     f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")
@@ -154,6 +156,17 @@ class RunConfig:
                 )
 
 
+def family_rate(values: flags.FlagValues, name: str) -> float:
+    """The base rate of one optimizer family (``dense_learning_rate`` or ``embedding_learning_rate``).
+
+    Its own flag wins when given; else an explicit ``--learning_rate`` drives it (0 = the schedule's
+    base), as it drove every weight before the families had their own rates; else its tuned default.
+    """
+    if values[name].present or not values["learning_rate"].present:
+        return values[name].value
+    return 0.0
+
+
 def config_from_flags(values: flags.FlagValues) -> RunConfig:
     """Turns parsed flags into frozen configs; raises ValueError naming the flag on bad values."""
     model = ModelConfig(
@@ -190,8 +203,8 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
             data_parallel_input=values.data_parallel_input,
         ),
         optimizer=OptimizerConfig(
-            schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=values.dense_learning_rate,
-            embedding_optimizer=values.embedding_optimizer, embedding_learning_rate=values.embedding_learning_rate,
+            schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=family_rate(values, "dense_learning_rate"),
+            embedding_optimizer=values.embedding_optimizer, embedding_learning_rate=family_rate(values, "embedding_learning_rate"),
             adagrad_initial_accumulator=values.adagrad_initial_accumulator, adagrad_epsilon=values.adagrad_epsilon,
             adam_beta1=values.adam_beta1, adam_beta2=values.adam_beta2, adam_epsilon=values.adam_epsilon,
             embedding_weight_decay=values.embedding_weight_decay, dense_weight_decay=values.dense_weight_decay,
