@@ -22,7 +22,7 @@ demo: install
 	    --output_dir=$(DEMO_DIR) --num_train_samples=400000 --num_valid_samples=100000 --seed=1; fi
 	$(VENV)/bin/horovodrun -np $(DEMO_RANKS) -H localhost:$(DEMO_RANKS) --gloo $(PYTHON) main.py \
 	  --dataset_path=$(DEMO_DIR) --embedding_dim=16 --bottom_mlp_dims=64,16 --top_mlp_dims=64,32,1 \
-	  --batch_size=1024 --learning_rate=1.0 --epochs=4 --print_freq=200 --log_path=$(DEMO_DIR)/demo_log.jsonl
+	  --batch_size=1024 --epochs=4 --print_freq=200 --log_path=$(DEMO_DIR)/demo_log.jsonl
 	@$(PYTHON) scripts/print_auc.py $(DEMO_DIR)/demo_log.jsonl $(DEMO_DIR)/feature_spec.yaml
 
 # The whole suite, Spark engine tests included (installs PySpark into the venv).

@@ -16,7 +16,9 @@ Prints one JSON object per case and line:
 "xla": false, "world_size": 1, "samples_per_s": {"median": ..., "min": ..., "max": ...},
 "vs_naive_fp32": ..., ...}`` where ``vs_naive_fp32`` is the ratio of medians to the naive fp32 case.
 The diagnostic case ``mlp_only_fp32`` (``"impl": "mlp_only"``, only when asked for) trains the two
-MLPs alone: no DLRM of the config can train faster.
+MLPs alone: no DLRM of the config can train faster. The cases ``tf_dlrm_adagrad``,
+``tf_dlrm_rowwise_adagrad`` and ``tf_dlrm_lazy_adam`` change only the embedding optimizer; their
+``vs_tf_dlrm_sgd`` is the ratio to ``tf_dlrm_fp32`` (sparse SGD) in the same run.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ CASES = {
 # Diagnostic, not run by default: the bottom and top MLPs alone (inputs of the right shapes, no
 # embeddings, no interaction), trained like tf_dlrm's MLPs: the ceiling of any DLRM of the config.
 EXTRA_CASES = {"mlp_only_fp32": ("mlp_only", False, False)}
+# The sparse embedding optimizers (issue 11): tf_dlrm fp32 with only the embedding optimizer changed
+# (MLPs still SGD), compared with ``tf_dlrm_fp32`` (sparse SGD) in the same run: ``vs_tf_dlrm_sgd``.
+EMBEDDING_OPTIMIZER_CASES = {"tf_dlrm_adagrad": "adagrad", "tf_dlrm_rowwise_adagrad": "rowwise_adagrad", "tf_dlrm_lazy_adam": "lazy_adam"}
+EXTRA_CASES.update({name: ("tf_dlrm", False, False) for name in EMBEDDING_OPTIMIZER_CASES})
 ALL_CASES = {**CASES, **EXTRA_CASES}
 
 
@@ -123,6 +129,7 @@ class Case:
 
         self.name = name
         self.impl, self.amp, self.xla = ALL_CASES[name]
+        self.embedding_optimizer = EMBEDDING_OPTIMIZER_CASES.get(name, "sgd")
         on_gpu = bool(tf.config.list_physical_devices("GPU"))
         policy = builder.set_precision(self.amp, on_gpu)
         self.precision = {"float32": "fp32", "mixed_bfloat16": "bf16", "mixed_float16": "fp16"}[policy]
@@ -132,7 +139,7 @@ class Case:
             elif self.impl == "mlp_only":
                 self.step, self.batches = self._mlp_only(config, spec, batches, learning_rate)
             else:
-                self.step, self.batches = self._tf_dlrm(config, spec, batches, learning_rate, seed, self.xla)
+                self.step, self.batches = self._tf_dlrm(config, spec, batches, learning_rate, seed, self.xla, self.embedding_optimizer)
         finally:
             keras.mixed_precision.set_global_policy("float32")
         self.batch_size = config.batch_size
@@ -182,7 +189,7 @@ class Case:
         return step, [(tf.constant(n), tf.constant(l)) for n, _, l in batches]
 
     @staticmethod
-    def _tf_dlrm(config, spec, batches, learning_rate, seed, xla):
+    def _tf_dlrm(config, spec, batches, learning_rate, seed, xla, embedding_optimizer="sgd"):
         import tensorflow as tf
 
         from tf_dlrm.distributed.env import DistributedEnv
@@ -194,7 +201,8 @@ class Case:
         model_config = builder.ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims)
         plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), env.world_size)
         model = builder.build_model(spec, plan, model_config, env, seed)
-        trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(learning_rate)), jit_compile=xla)
+        optimizer = OptimizerConfig(LearningRateSchedule(learning_rate), embedding_optimizer=embedding_optimizer)
+        trainer = Trainer(model, env, optimizer, jit_compile=xla)
         embedding = model.embedding
         order = list(embedding.global_categorical) + list(embedding.local_categorical)
         tensors = [(tf.constant(n), tuple(tf.constant(ids[t]) for t in order), tf.constant(l)) for n, ids, l in batches]
@@ -221,6 +229,8 @@ def measure(cases: list[Case], warmup_steps: int, windows: int, window_steps: in
 def records(cases: list[Case], config_name: str, extra: dict) -> list[dict]:
     naive = [c for c in cases if c.impl == "naive_keras" and c.precision == "fp32"]
     reference = statistics.median(naive[0].windows) if naive else None
+    sgd = [c for c in cases if c.name == "tf_dlrm_fp32"]
+    sgd_median = statistics.median(sgd[0].windows) if sgd else None
     out = []
     for case in cases:
         median = statistics.median(case.windows)
@@ -234,6 +244,8 @@ def records(cases: list[Case], config_name: str, extra: dict) -> list[dict]:
             "samples_per_s": summarize(case.windows),
             "vs_naive_fp32": round(median / reference, 3) if reference else None,
             "case": case.name,
+            "embedding_optimizer": getattr(case, "embedding_optimizer", "sgd") if case.impl == "tf_dlrm" else None,
+            "vs_tf_dlrm_sgd": round(median / sgd_median, 3) if sgd_median and case.impl == "tf_dlrm" else None,
             **extra,
         })
     return out

@@ -6,8 +6,11 @@ For each case every rank writes the largest differences it saw into ``OUT_DIR/ra
 - ``initial_tables``: gathered full tables (on rank 0) vs the reference's initial tables;
 - ``forward``: the global batch's logits (gathered) vs the reference's;
 - ``pooled``: the global batch's pooled embeddings (gathered) vs the reference's;
-- ``tables`` / ``mlp``: after ``steps`` SGD steps, gathered full tables and MLP weights vs the
-  reference's (absolute and relative differences).
+- ``tables`` / ``mlp``: after ``steps`` steps (the case's ``embedding_optimizer`` and dense
+  ``optimizer``, SGD by default), gathered full tables and MLP weights vs the reference's
+  (absolute and relative differences);
+- ``embedding_state`` / ``dense_state``: the embedding optimizer's state gathered in full-table
+  layout, and the dense optimizer's variables, vs the reference's.
 """
 
 from __future__ import annotations
@@ -111,10 +114,13 @@ def local_inputs(batch, embedding, env):
     return numerical[rows], tuple(categorical), label[rows]
 
 
+FLOOR = {"value": 1e-3}  # set per case: see test_equivalence.py
+
+
 def max_differences(actual, expected):
     actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
     absolute = np.abs(actual - expected)
-    relative = absolute / np.maximum(np.abs(expected), 1e-3)
+    relative = absolute / np.maximum(np.abs(expected), FLOOR["value"])
     return {"abs": float(absolute.max(initial=0.0)), "rel": float(relative.max(initial=0.0))}
 
 
@@ -131,9 +137,27 @@ def gathered_tables_diff(model, reference, plan):
     return result
 
 
+def embedding_state_diff(model, trainer, reference, reference_trainer, plan):
+    """Every slot of every table, gathered in full-table layout (collective), vs the reference's."""
+    result = {"abs": 0.0, "rel": 0.0}
+    for name in trainer.sparse.slot_names:
+        for table in range(len(plan.tables)):
+            full = model.embedding.get_full_table(table, lambda v: trainer.sparse.slot(v, name), trainer.sparse.row_wise)
+            expected = reference.embedding.get_full_table(table, lambda v: reference_trainer.sparse.slot(v, name))
+            if full is not None:
+                result = worst(result, max_differences(full, expected))
+    return result
+
+
 def run_case(case, env):
+    FLOOR["value"] = case.get("magnitude_floor", 1e-3)
     plan, model, reference = make_models(case, env)
-    config = OptimizerConfig(LearningRateSchedule(case["learning_rate"]))
+    config = OptimizerConfig(
+        LearningRateSchedule(case["learning_rate"], warmup_steps=case.get("warmup_steps", 0)),
+        optimizer=case.get("optimizer", "sgd"), embedding_optimizer=case.get("embedding_optimizer", "sgd"),
+        dense_learning_rate=case.get("dense_learning_rate", 0.0), embedding_weight_decay=case.get("embedding_weight_decay", 0.0),
+        dense_weight_decay=case.get("dense_weight_decay", 0.0), adam_epsilon=case.get("adam_epsilon", 1e-8),
+    )
     trainer = Trainer(model, env, config)
     trainer.broadcast_initial_state()
     reference_trainer = Trainer(reference, DistributedEnv(), config)
@@ -155,9 +179,15 @@ def run_case(case, env):
         reference_trainer.train_step(*reference_inputs(batch))
     record["tables"] = gathered_tables_diff(model, reference, plan)
     mlp = {"abs": 0.0, "rel": 0.0}
-    for mine, theirs in zip(model.mlp_variables, reference.mlp_variables):
+    for mine, theirs in zip(trainer.mlp, reference_trainer.mlp):
         mlp = worst(mlp, max_differences(mine.numpy(), theirs.numpy()))
     record["mlp"] = mlp
+    record["embedding_state"] = embedding_state_diff(model, trainer, reference, reference_trainer, plan)
+    dense_state = {"abs": 0.0, "rel": 0.0}
+    for mine, theirs in zip(trainer.dense_optimizer.variables, reference_trainer.dense_optimizer.variables):
+        dense_state = worst(dense_state, max_differences(mine.numpy(), theirs.numpy()))
+    record["dense_state"] = dense_state
+    record["state_slots"] = list(trainer.sparse.slot_names)
     # The weights must have moved, or a no-op update would "match" too.
     record["tables_moved"] = max(
         float(np.abs(reference.embedding.get_full_table(t) - initial[t]).max()) for t in range(len(plan.tables))

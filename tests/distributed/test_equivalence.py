@@ -54,6 +54,30 @@ CASES += [
     {**MIXED, "name": "mixed_widths_table_wise", "strategy": "table_wise", "data_parallel_input": False},
     {**MIXED, "name": "mixed_widths_column_wise_dp_input", "strategy": "column_wise", "data_parallel_input": True},
 ]
+# The stateful cases (every embedding optimizer, LAMB/Adam, 4 steps): tables, MLP weights and both
+# optimizers' state within the same rtol 1e-5; a few float32 unit roundoffs (6e-8) per step, amplified
+# at most a few times by Adagrad's and Adam's 1/sqrt(state). They measure relative to max(|expected|, learning rate): Adam moves every touched
+# weight by about the learning rate per step whatever its size, so a weight passing near zero carries
+# the rounding of lr-sized steps (u * lr per step), not of its own size. Their Adam epsilon is 1e-4:
+# with 1e-8, an entry of the averaged MLP gradient that cancels to ~1e-9 (random labels, 24 samples)
+# steps by +-lr on the sign of its rounding noise, a property of Adam, not of the sharding (one
+# process with the batch permuted shows the same).
+# Every embedding optimizer, table-wise and column-wise (row-wise Adagrad across column slices is
+# the hard one), with LAMB or Adam on the MLPs; 4 steps with a warmup, so the schedule moves too.
+STATEFUL = {**BASE, "steps": 4, "warmup_steps": 2, "data_parallel_input": False, "cardinalities": [50, 300, 500, 1000], "dim": 7}
+CASES += [
+    {**STATEFUL, "name": f"{optimizer}_{strategy}", "strategy": strategy, "embedding_optimizer": optimizer,
+     "optimizer": dense, "dense_learning_rate": 0.01, "adam_epsilon": 1e-4, "magnitude_floor": BASE["learning_rate"]}
+    for optimizer, dense in (("adagrad", "lamb"), ("rowwise_adagrad", "lamb"), ("lazy_adam", "adam"))
+    for strategy in ("table_wise", "column_wise")
+] + [
+    # Several slices of one table on one rank, ids exchanged, weight decay on both families.
+    {**BASE, "name": "rowwise_adagrad_auto_sliced_dp_input", "strategy": "auto", "data_parallel_input": True,
+     "cardinalities": [20, 3000, 150, 700], "dim": 5, "column_slice_threshold": 4000, "embedding_optimizer": "rowwise_adagrad",
+     "optimizer": "lamb", "dense_learning_rate": 0.01, "embedding_weight_decay": 0.01, "dense_weight_decay": 0.01,
+     "adam_epsilon": 1e-4, "magnitude_floor": BASE["learning_rate"]},
+]
+CASE_BY_NAME = {c["name"]: c for c in CASES}
 WORLD_SIZES = (2, 3, 4)
 _results: dict[int, list[dict]] = {}
 
@@ -84,7 +108,11 @@ def test_n_ranks_equal_one_process(world_size, case, tmp_path_factory):
         assert record["pooled"]["abs"] <= 1e-6, f"{where}: pooled embeddings differ {record['pooled']}"
         assert record["tables"]["rel"] <= 1e-5, f"{where}: tables after 3 steps differ {record['tables']}"
         assert record["mlp"]["rel"] <= 1e-5, f"{where}: MLP weights after 3 steps differ {record['mlp']}"
+        assert record["embedding_state"]["rel"] <= 1e-5, f"{where}: embedding optimizer state differs {record['embedding_state']}"
+        assert record["dense_state"]["rel"] <= 1e-5, f"{where}: dense optimizer state differs {record['dense_state']}"
         assert record["tables_moved"] > 1e-4, f"{where}: training did not change the tables"
+        expected_slots = {"adagrad": ["accumulator"], "rowwise_adagrad": ["accumulator"], "lazy_adam": ["m", "v"]}
+        assert record["state_slots"] == expected_slots.get(CASE_BY_NAME[case].get("embedding_optimizer"), [])
 
 
 @pytest.mark.multirank

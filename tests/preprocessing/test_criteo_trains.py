@@ -28,8 +28,8 @@ def test_model_learns_preprocessed_criteo_rows(tmp_path):
     ])
     run_python([
         "main.py", f"--dataset_path={data}", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1",
-        "--batch_size=50", "--epochs=20", "--learning_rate=0.5", "--print_freq=100", "--valid_split=train",
-        f"--log_path={log}",
+        "--batch_size=50", "--epochs=20", "--learning_rate=0.5", "--optimizer=sgd", "--embedding_optimizer=sgd",
+        "--print_freq=100", "--valid_split=train", f"--log_path={log}",
     ])
     final = json.loads(open(log, encoding="utf-8").read().splitlines()[-1])
     assert final["event"] == "final" and final["steps"] == 20 * (150 // 50)

@@ -2,7 +2,9 @@
 
 A tiny synthetic dataset (synthetic_small: 5 replicated and 3 model-parallel tables; 1536 training
 samples = 8 batches of 192; 1500 validation samples) and a small model trained with Adam under a
-warmup + decay schedule, so that optimizer moments and the schedule position both matter:
+warmup + decay schedule and row-wise Adagrad on the embeddings (one accumulator per row, which a
+column-wise plan copies into every slice of the row), so that both optimizers' state and the
+schedule position matter:
 
 - ``straight``: ``-np 2`` column-wise, 10 steps straight, checkpoints at 5 and 10; then restores
   step 10 and predicts the first validation batch (same launch);
@@ -39,6 +41,7 @@ def model_flags(data: str) -> list[str]:
     return [
         f"--dataset_path={data}", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1",
         "--batch_size=192", "--valid_batch_size=384", "--epochs=2", "--learning_rate=0.05", "--optimizer=adam",
+        "--embedding_optimizer=rowwise_adagrad", "--embedding_learning_rate=0.02",
         "--warmup_steps=2", "--decay_start_step=4", "--decay_steps=12", "--print_freq=5", "--evals_per_epoch=0",
         "--seed=7",
     ]
@@ -144,6 +147,8 @@ def single(tmp_path_factory) -> dict:
              "argv": flags + ["--mode=eval", f"--restore_checkpoint_path={corrupt}"]},
             {"name": "wrong_optimizer", "action": "train", "expect_error": True,
              "argv": flags + [f"--restore_checkpoint_path={final}", "--optimizer=sgd", f"--max_steps={STEPS + 1}"]},
+            {"name": "wrong_embedding_optimizer", "action": "train", "expect_error": True,
+             "argv": flags + [f"--restore_checkpoint_path={final}", "--embedding_optimizer=lazy_adam", f"--max_steps={STEPS + 1}"]},
         ]
         results = run_worker(1, tasks, out)
         _cache["single"] = {"out": out, "results": results, "saved_model": saved_model}

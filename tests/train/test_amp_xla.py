@@ -21,7 +21,7 @@ from arithmetic import ARITHMETIC_PATHS  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_FLAGS = [
     "--embedding_dim=16", "--bottom_mlp_dims=64,16", "--top_mlp_dims=64,32,1", "--batch_size=1024",
-    "--learning_rate=1.0", "--epochs=2", "--print_freq=100", "--seed=7",
+    "--learning_rate=1.0", "--epochs=2", "--print_freq=100", "--seed=7", "--optimizer=sgd", "--embedding_optimizer=sgd",
 ]
 
 
@@ -70,13 +70,17 @@ def batches_for(model, count, size=64, seed=0):
 # ---------------------------------------------------------------------- XLA
 
 
-@pytest.mark.parametrize("interaction", ["dot", "cat"])
-def test_xla_step_equals_the_plain_step(interaction):
+@pytest.mark.parametrize(
+    "interaction, embedding_optimizer, optimizer",
+    [("dot", "sgd", "sgd"), ("cat", "sgd", "sgd"), ("dot", "rowwise_adagrad", "lamb"), ("dot", "lazy_adam", "lamb")],
+)
+def test_xla_step_equals_the_plain_step(interaction, embedding_optimizer, optimizer):
     from tf_dlrm.distributed.env import DistributedEnv
     from tf_dlrm.train.schedule import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
-    config = OptimizerConfig(LearningRateSchedule(0.5))
+    rates = {} if optimizer == "sgd" else {"dense_learning_rate": 0.01, "embedding_learning_rate": 0.05}
+    config = OptimizerConfig(LearningRateSchedule(0.5), optimizer=optimizer, embedding_optimizer=embedding_optimizer, **rates)
     plain, compiled = small_model(interaction=interaction), small_model(interaction=interaction)
     trainers = [Trainer(plain, DistributedEnv(), config), Trainer(compiled, DistributedEnv(), config, jit_compile=True)]
     batches = batches_for(plain, 4)

@@ -35,6 +35,11 @@ def test_a_checkpoint_holds_the_whole_state(tmp_path_factory):
     assert names[:2] == ["iteration", "learning_rate"]
     assert "bottom_mlp_dense_0_kernel_momentum" in names and "top_mlp_dense_1_bias_velocity" in names
     assert {"model_config.json", "feature_spec.yaml"} <= set(manifest["files"])
+    # Row-wise Adagrad: one accumulator per row of every table, in full-table layout.
+    state = {entry["name"]: entry["file"] for entry in manifest["embedding_state"]}
+    assert sorted(state) == [f"accumulator/table_{t:03d}" for t in range(8)]
+    accumulator = np.load(os.path.join(directory, state["accumulator/table_007"]), allow_pickle=False)
+    assert accumulator.shape == (5000, 1) and (accumulator >= 0.1).all() and (accumulator > 0.1).any()
     iteration = np.load(os.path.join(directory, "optimizer", "iteration.npy"), allow_pickle=False)
     assert int(iteration) == STEPS
     with open(os.path.join(run["save"], "latest")) as handle:
@@ -110,6 +115,7 @@ def test_refusals_through_the_command_line(tmp_path_factory):
     assert "--bottom_mlp_dims" in results["wrong_model"]["error"]
     assert "feature cat_7.bin: cardinality 5000 in the checkpoint, 5001" in results["wrong_spec"]["error"]
     assert "--optimizer=adam" in results["wrong_optimizer"]["error"]
+    assert "--embedding_optimizer=rowwise_adagrad" in results["wrong_embedding_optimizer"]["error"]
 
 
 class _Trap:

@@ -17,7 +17,7 @@ from conftest import launch, make_synthetic_small, run_python
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL_FLAGS = [
     "--embedding_dim=16", "--bottom_mlp_dims=64,16", "--top_mlp_dims=64,32,1", "--batch_size=1024",
-    "--learning_rate=1.0", "--epochs=3", "--print_freq=100", "--seed=7",
+    "--learning_rate=1.0", "--epochs=3", "--print_freq=100", "--seed=7", "--optimizer=sgd", "--embedding_optimizer=sgd",
 ]
 
 
@@ -32,11 +32,16 @@ def final_record(log_path) -> dict:
     return lines[-1]
 
 
+def train_losses(log_path) -> dict[int, float]:
+    lines = [json.loads(line) for line in open(log_path, encoding="utf-8").read().splitlines()]
+    return {line["step"]: line["loss"] for line in lines if line["event"] == "train"}
+
+
 @pytest.fixture(scope="module")
 def single_process_run(synthetic, tmp_path_factory):
     log = tmp_path_factory.mktemp("np1") / "log.jsonl"
     run_python(["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", *MODEL_FLAGS])
-    return final_record(log)
+    return {**final_record(log), "log": str(log)}
 
 
 def test_training_reaches_the_oracle_auc(synthetic, single_process_run):
@@ -45,7 +50,7 @@ def test_training_reaches_the_oracle_auc(synthetic, single_process_run):
 
 
 def test_final_log_line_follows_the_contract(single_process_run):
-    assert set(single_process_run) == {"event", "auc", "logloss", "train_samples_per_s", "steps", "world_size"}
+    assert set(single_process_run) - {"log"} == {"event", "auc", "logloss", "train_samples_per_s", "steps", "world_size"}
     assert single_process_run["world_size"] == 1
     assert single_process_run["steps"] == 3 * (200_000 // 1024)
     assert single_process_run["train_samples_per_s"] > 0
@@ -105,6 +110,7 @@ def test_dataset_written_by_an_independent_numpy_writer_trains(tmp_path):
     run_python([
         "main.py", f"--dataset_path={tmp_path}", f"--log_path={log}", "--embedding_dim=8", "--bottom_mlp_dims=16,8",
         "--top_mlp_dims=16,1", "--batch_size=500", "--learning_rate=0.5", "--epochs=2", "--print_freq=40",
+        "--optimizer=sgd", "--embedding_optimizer=sgd",
     ])
     final = final_record(log)
     assert final["steps"] == 2 * 80
@@ -113,9 +119,10 @@ def test_dataset_written_by_an_independent_numpy_writer_trains(tmp_path):
 
 def test_adam_on_the_mlps_trains_with_its_own_learning_rate(synthetic, tmp_path):
     """Embedding SGD wants a rate near 1, Adam near 1e-3: one shared rate made Adam diverge."""
-    flags = [f"--dataset_path={synthetic}", *[f for f in MODEL_FLAGS if not f.startswith("--epochs")], "--epochs=1", "--optimizer=adam"]
+    flags = [f"--dataset_path={synthetic}", *[f for f in MODEL_FLAGS if not f.startswith("--epochs")], "--epochs=1", "--optimizer=adam",
+             "--embedding_optimizer=sgd", "--embedding_learning_rate=0"]
     run_python(["main.py", *flags, "--dense_learning_rate=0.001", f"--log_path={tmp_path / 'own.jsonl'}"])
-    diverged = run_python(["main.py", *flags, f"--log_path={tmp_path / 'shared.jsonl'}"], check=False)
+    diverged = run_python(["main.py", *flags, "--dense_learning_rate=0", f"--log_path={tmp_path / 'shared.jsonl'}"], check=False)
     own = final_record(tmp_path / "own.jsonl")
     assert own["auc"] >= 0.80, own
     # --learning_rate=1.0 for Adam too: the run diverges. Either its loss turns non-finite and the
@@ -126,6 +133,21 @@ def test_adam_on_the_mlps_trains_with_its_own_learning_rate(synthetic, tmp_path)
         assert diverged.returncode == 2 and "training loss is" in diverged.stderr, diverged.stderr[-3000:]
 
 
+@pytest.mark.multirank
+def test_printed_loss_is_the_mean_over_ranks(synthetic, tmp_path):
+    """Three steps, a progress line each: ``-np 2`` prints the loss of the global batch, equal to one
+    process's up to float summation order (a few roundoffs of a loss ~0.7: 1e-5 is ample), while
+    rank 0's own half batch differs by its sampling noise (~0.5 / sqrt(512) ~ 0.02)."""
+    flags = [f"--dataset_path={synthetic}", *MODEL_FLAGS, "--max_steps=3", "--print_freq=1", "--embedding_optimizer=lazy_adam",
+             "--embedding_learning_rate=0.01", "--optimizer=lamb", "--dense_learning_rate=0.01"]
+    run_python(["main.py", *flags, f"--log_path={tmp_path / 'one.jsonl'}"])
+    launch(2, ["main.py", *flags, f"--log_path={tmp_path / 'two.jsonl'}"], timeout=600)
+    one, two = train_losses(tmp_path / "one.jsonl"), train_losses(tmp_path / "two.jsonl")
+    assert sorted(one) == sorted(two) == [1, 2, 3]
+    for step in one:
+        assert abs(one[step] - two[step]) <= 1e-5, (step, one, two)
+
+
 def test_flag_errors_are_clear(synthetic, tmp_path):
     bad = run_python(["main.py", f"--dataset_path={synthetic}", "--bottom_mlp_dims=64,8", "--embedding_dim=16"], check=False)
     assert bad.returncode != 0
@@ -134,6 +156,10 @@ def test_flag_errors_are_clear(synthetic, tmp_path):
     assert missing.returncode != 0 and "feature_spec.yaml" in missing.stderr
     negative = run_python(["main.py", f"--dataset_path={synthetic}", "--dense_learning_rate=-0.1"], check=False)
     assert negative.returncode != 0 and "dense_learning_rate=-0.1" in negative.stderr
+    beta = run_python(["main.py", f"--dataset_path={synthetic}", "--embedding_optimizer=lazy_adam", "--adam_beta1=1.5"], check=False)
+    assert beta.returncode != 0 and "beta_1=1.5" in beta.stderr and "--adam_beta1" in beta.stderr
+    unknown = run_python(["main.py", f"--dataset_path={synthetic}", "--embedding_optimizer=adam"], check=False)
+    assert unknown.returncode != 0 and "embedding_optimizer" in unknown.stderr
 
 
 @pytest.mark.multirank

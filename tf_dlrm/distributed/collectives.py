@@ -66,3 +66,11 @@ def broadcast_variables(env: DistributedEnv, variables: Sequence, root_rank: int
 def barrier(env: DistributedEnv) -> None:
     if env.distributed:
         _hvd().allreduce(tf.constant(0.0), op=_hvd().Sum, name="barrier")
+
+
+def sum_over_ranks(env: DistributedEnv, tensor: tf.Tensor, name: str | None = None) -> tf.Tensor:
+    """The elementwise sum of ``tensor`` over ranks (an exact sum: no average to undo)."""
+    if not env.distributed:
+        return tensor
+    hvd = _hvd()
+    return hvd.allreduce(tensor, op=hvd.Sum, name=name)

@@ -55,6 +55,7 @@ from tf_dlrm.distributed.plan import ShardingPlan
 from tf_dlrm.distributed.pooling import normalize_ids, pooled_lookup
 from tf_dlrm.config.embedding import as_feature_config, default_features, feature_tables
 from tf_dlrm.model.table_init import initial_table_slice
+from tf_dlrm.model.variable_kind import SliceLayout, VariableKind, mark, set_layout
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
@@ -126,7 +127,27 @@ class DistributedEmbedding(keras.layers.Layer):
         offsets = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(dtype) if rows else np.zeros(0, dtype)
         return offsets, int(sum(rows))
 
-    def _fused_variable(self, name: str, slices, trainable: bool = True):
+    def _layout(self, slices, offsets=()) -> SliceLayout:
+        """What the fused variable's rows hold, for optimizers whose state spans a whole row."""
+        split = [t for t in self.model_parallel if len(self.plan.table_slices(t)) > 1]
+        problems = []
+        for table in split:
+            readers = [self.features[f] for f, t in enumerate(self.feature_tables) if t == table]
+            if len(readers) != 1 or not readers[0].one_hot:
+                # The per-row sums of squares travel as [global batch, split tables] (one entry per
+                # sample): exact for one one-hot feature per column-sliced table only.
+                problems.append(f"column-sliced table {self.plan.tables[table].name!r} is read by "
+                                f"{[(f.name, f.hotness) for f in readers]} (feature, hotness)")
+        problem = None
+        if problems:
+            problem = ("row-wise optimizer state stays exact on a column-sliced table only when one one-hot feature "
+                       f"reads it: {'; '.join(problems)}. Shard it table-wise (--dist_strategy=table_wise or a higher "
+                       "--column_slice_threshold), or use --embedding_optimizer=adagrad")
+        return SliceLayout([s.table for s in slices], [(s.column_start, s.column_end) for s in slices],
+                           [self.plan.tables[s.table].dim for s in slices], split_tables=split,
+                           row_offsets=list(offsets) if len(offsets) else None, row_wise_problem=problem)
+
+    def _fused_variable(self, name: str, slices, kind: VariableKind, trainable: bool = True):
         offsets, total_rows = self._row_offsets([s.table for s in slices])
         values = np.concatenate([
             initial_table_slice(self.seed, s.table, self.cardinalities[s.table], self.plan.tables[s.table].dim,
@@ -135,16 +156,18 @@ class DistributedEmbedding(keras.layers.Layer):
         # away. autocast=False: Keras would otherwise cast the whole table on every read.
         variable = self.add_weight(name=name, shape=values.shape, dtype="float32", trainable=trainable,
                                    initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False)
-        return variable, offsets
+        # The kind and the layout travel on the variable: the trainer and the checkpoint need no
+        # attribute names of this layer (tf_dlrm.model.variable_kind).
+        return set_layout(mark(variable, kind), self._layout(slices, offsets)), offsets
 
     def build(self, input_shape=None):
         self.group_offsets, self.replicated_offsets = [], []
         for width, slices in self.groups:
-            variable, offsets = self._fused_variable(f"shards_w{width}", slices)
+            variable, offsets = self._fused_variable(f"shards_w{width}", slices, VariableKind.SHARDED)
             self.shard_variables.append(variable)
             self.group_offsets.append(offsets)
         for width, slices in self.replicated_groups:
-            variable, offsets = self._fused_variable(f"replicated_w{width}", slices)
+            variable, offsets = self._fused_variable(f"replicated_w{width}", slices, VariableKind.REPLICATED)
             self.replicated_variables.append(variable)
             self.replicated_offsets.append(offsets)
         distributed = self.env.distributed and self.exchanges
@@ -153,9 +176,8 @@ class DistributedEmbedding(keras.layers.Layer):
             # A rank sending no column still takes part in the alltoall and in its backward. Its
             # padding must depend on a variable the trainer differentiates, or TensorFlow prunes
             # this rank's backward alltoall and the other ranks wait for it forever.
-            self.padding_variables.append(
-                self.add_weight(name="exchange_padding", shape=(1, 1), dtype="float32", initializer="zeros", trainable=False)
-            )
+            padding = self.add_weight(name="exchange_padding", shape=(1, 1), dtype="float32", initializer="zeros", trainable=False)
+            self.padding_variables.append(set_layout(mark(padding, VariableKind.PADDING), self._layout([])))
         self.id_sink = None
         if distributed and self.data_parallel_input:
             # Ids this rank receives but does not read (e.g. it owns no feature of one kind):
@@ -279,13 +301,20 @@ class DistributedEmbedding(keras.layers.Layer):
                 layout.extend((rank, s) for s in slices if s.table == table)
         return layout
 
-    def get_full_table(self, table: int) -> np.ndarray | None:
-        """Collective: the full ``[rows, D]`` table on rank 0 (None elsewhere); one table at a time."""
-        rows, dim = self.cardinalities[table], self.plan.tables[table].dim
+    def get_full_table(self, table: int, state_of=None, row_wise: bool = False) -> np.ndarray | None:
+        """Collective: the full ``[rows, D]`` table on rank 0 (None elsewhere); one table at a time.
+
+        With ``state_of`` (a function from an embedding variable to its optimizer state variable,
+        shaped like it) the same gather returns that state in full-table layout instead: ``[rows, D]``,
+        or ``[rows, 1]`` for ``row_wise`` state, of which every slice of a row holds a copy.
+        """
+        rows = self.cardinalities[table]
+        dim = 1 if row_wise else self.plan.tables[table].dim
+        state_of = state_of or (lambda variable: variable)
         if table in self.replicated:
             index, offset = self._replicated_place(table)
-            return self.replicated_variables[index][offset:offset + rows].numpy() if self.env.is_chief else None
-        mine = [tf.reshape(self.shard_variables[i][o:o + rows], [-1]) for i, o, _ in self._my_pieces(table)]
+            return state_of(self.replicated_variables[index])[offset:offset + rows].numpy() if self.env.is_chief else None
+        mine = [tf.reshape(state_of(self.shard_variables[i])[o:o + rows], [-1]) for i, o, _ in self._my_pieces(table)]
         if self.env.distributed:
             # Everything goes to rank 0: an alltoall whose splits send all to rank 0 gathers to
             # the root. A rank holding none of this table sends one padding value (Horovod's
@@ -305,19 +334,24 @@ class DistributedEmbedding(keras.layers.Layer):
             if not pieces and self.env.distributed:
                 position += 1
             for piece in pieces:
-                size = rows * piece.width
-                full[:, piece.column_start:piece.column_end] = values[position:position + size].reshape(rows, piece.width)
+                start, end = (0, 1) if row_wise else (piece.column_start, piece.column_end)
+                size = rows * (end - start)
+                full[:, start:end] = values[position:position + size].reshape(rows, end - start)
                 position += size
         return full
 
-    def set_full_table(self, table: int, values: np.ndarray | None) -> None:
-        """Collective: rank 0 passes the full table (others None); each rank keeps what it owns."""
-        rows, dim = self.cardinalities[table], self.plan.tables[table].dim
+    def set_full_table(self, table: int, values: np.ndarray | None, state_of=None, row_wise: bool = False) -> None:
+        """Collective: rank 0 passes the full table (others None); each rank keeps what it owns.
+        ``state_of`` and ``row_wise``: as in :meth:`get_full_table` (every slice of a row gets the
+        row's row-wise state)."""
+        rows = self.cardinalities[table]
+        dim = 1 if row_wise else self.plan.tables[table].dim
+        state_of = state_of or (lambda variable: variable)
         if table in self.replicated:
             index, offset = self._replicated_place(table)
             full = values if self.env.is_chief else np.zeros((rows, dim), np.float32)
             full = collectives.broadcast(self.env, tf.constant(full, tf.float32), name=f"{self.name}_set_table_{table}")
-            self._assign_rows(self.replicated_variables[index], offset, full)
+            self._assign_rows(state_of(self.replicated_variables[index]), offset, full)
             return
         if self.env.is_chief:
             values = np.asarray(values, np.float32)
@@ -326,7 +360,8 @@ class DistributedEmbedding(keras.layers.Layer):
                                  f"Received: {values.shape}")
             per_rank = [[] for _ in range(self.plan.world_size)]
             for rank, piece in self._table_layout(table):
-                per_rank[rank].append(values[:, piece.column_start:piece.column_end].reshape(-1))
+                start, end = (0, 1) if row_wise else (piece.column_start, piece.column_end)
+                per_rank[rank].append(values[:, start:end].reshape(-1))
             # One padding value to ranks holding none of the table: Horovod hangs on empty sends.
             sends = [np.concatenate(p) if p else np.zeros(1, np.float32) for p in per_rank]
             flat, splits = np.concatenate(sends), [s.shape[0] for s in sends]
@@ -338,8 +373,10 @@ class DistributedEmbedding(keras.layers.Layer):
             received = flat
         position = 0
         for index, offset, piece in self._my_pieces(table):
-            size = rows * piece.width
-            self._assign_rows(self.shard_variables[index], offset, received[position:position + size].reshape(rows, piece.width))
+            piece_width = 1 if row_wise else piece.width
+            size = rows * piece_width
+            variable = state_of(self.shard_variables[index])
+            self._assign_rows(variable, offset, received[position:position + size].reshape(rows, piece_width))
             position += size
 
     def _replicated_place(self, table: int) -> tuple[int, int]:
@@ -354,7 +391,8 @@ class DistributedEmbedding(keras.layers.Layer):
     def _assign_rows(variable, offset: int, values) -> None:
         values = tf.convert_to_tensor(values, tf.float32)
         indices = tf.range(offset, offset + values.shape[0], dtype=tf.int64)
-        variable.value.scatter_update(tf.IndexedSlices(values, indices))
+        target = variable if isinstance(variable, tf.Variable) else variable.value
+        target.scatter_update(tf.IndexedSlices(values, indices))
 
     def get_config(self):
         return {

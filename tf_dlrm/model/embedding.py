@@ -8,9 +8,11 @@ Any embedding layer of tf_dlrm (this reference bank, or the sharded
   reader yields them in that order (global ones first);
 - ``call(categorical) -> [local_batch, F, D]``: all F features' pooled vectors in feature order, in
   the layer's compute dtype (``[local_batch, sum of widths]`` when the widths differ);
-- ``sparse_variables`` (updated with sparse SGD, rank-local) and ``dense_variables`` (data-parallel);
+- ``sparse_variables`` (rank-local) and ``dense_variables`` (data-parallel), each variable also
+  marked with its kind (:mod:`tf_dlrm.model.variable_kind`), which is what the trainer reads;
 - ``get_full_table(t)`` / ``set_full_table(t, values)``: one full table as numpy (collective in the
-  distributed layer; the root rank gets or gives the values).
+  distributed layer; the root rank gets or gives the values); with ``state_of`` and ``row_wise``
+  the same for an optimizer state variable of the table.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import tensorflow as tf
 
 from tf_dlrm.config.embedding import as_feature_config, default_features, feature_tables
 from tf_dlrm.model.table_init import initial_table_slice
+from tf_dlrm.model.variable_kind import SliceLayout, VariableKind, mark, set_layout
 
 
 def validate_tables(cardinalities: Sequence[int], embedding_dim) -> tuple[int, ...]:
@@ -72,14 +75,12 @@ class EmbeddingBank(keras.layers.Layer):
         for index, (rows, width) in enumerate(zip(self.cardinalities, self.table_widths)):
             values = initial_table_slice(self.seed, index, rows, width)
             # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round away.
-            self.tables.append(
-                self.add_weight(
-                    name=f"table_{index}",
-                    shape=values.shape,
-                    dtype="float32",
-                    initializer=lambda shape, dtype, v=values: tf.constant(v),
-                )
+            table = self.add_weight(
+                name=f"table_{index}", shape=values.shape, dtype="float32",
+                initializer=lambda shape, dtype, v=values: tf.constant(v),
             )
+            layout = SliceLayout([index], [(0, width)], [width])
+            self.tables.append(set_layout(mark(table, VariableKind.SHARDED), layout))
 
     @property
     def sparse_variables(self) -> list:
@@ -116,11 +117,12 @@ class EmbeddingBank(keras.layers.Layer):
             return (None, sum(self.table_widths[t] for t in self.feature_tables))
         return (None, len(self.features), self.embedding_dim)
 
-    def get_full_table(self, table: int) -> np.ndarray:
-        return self.tables[table].numpy()
+    def get_full_table(self, table: int, state_of=None, row_wise: bool = False) -> np.ndarray:
+        """``state_of`` maps a table variable to its optimizer state (see DistributedEmbedding)."""
+        return (state_of or (lambda v: v))(self.tables[table]).numpy()
 
-    def set_full_table(self, table: int, values: np.ndarray) -> None:
-        self.tables[table].assign(np.asarray(values, dtype=np.float32))
+    def set_full_table(self, table: int, values: np.ndarray, state_of=None, row_wise: bool = False) -> None:
+        (state_of or (lambda v: v))(self.tables[table]).assign(np.asarray(values, dtype=np.float32))
 
     def get_config(self):
         return {

@@ -33,6 +33,7 @@ import tensorflow as tf
 import yaml
 
 from tf_dlrm.distributed import collectives
+from tf_dlrm.train import checkpoint_embedding_state as embedding_state
 from tf_dlrm.train import checkpoint_store as store
 from tf_dlrm.train.builder import table_widths
 from tf_dlrm.train.checkpoint_choice import check_same_data, newest_intact
@@ -177,9 +178,13 @@ class Checkpointer:
                     if delay:
                         time.sleep(delay)
                 del full
+            # The embedding optimizer's state, gathered like the tables (collective on every rank).
+            root = temporary if self.env.is_chief and error is None else None
+            state_entries, state_error = embedding_state.save(self.trainer, len(self.spec.categorical_features), root, files)
+            error = error or state_error
             if self.env.is_chief and error is None:
                 try:
-                    self._write_rest(temporary, step, files, tables)
+                    self._write_rest(temporary, step, files, tables, state_entries)
                     store.publish(self.save_path, temporary, final, self.keep)
                 except OSError as failure:
                     published = os.path.isdir(final) and not os.path.exists(temporary)
@@ -211,7 +216,7 @@ class Checkpointer:
         epoch, batch = divmod(step, self.steps_per_epoch) if self.steps_per_epoch else (None, None)
         return {"epoch": epoch, "batch": batch, "steps_per_epoch": self.steps_per_epoch, "batch_size": self.batch_size}
 
-    def _write_rest(self, root: str, step: int, files: dict, tables: list) -> None:
+    def _write_rest(self, root: str, step: int, files: dict, tables: list, state_entries: list) -> None:
         dense, state, scale = [], [], []
         for entries, variables, folder in (
             (dense, self.dense, "dense"), (state, self.optimizer_state, "optimizer"), (scale, self.loss_scale, "optimizer")
@@ -220,14 +225,8 @@ class Checkpointer:
                 file = f"{folder}/{_file_safe(name)}.npy"
                 files[file] = store.write_npy(root, file, variable.numpy())
                 entries.append({"name": name, "file": file})
-        optimizer = self.trainer.config
         model = model_record(self.spec, self.model_config)
-        optimizer_record = {
-            "name": optimizer.optimizer,
-            "schedule": {k: getattr(optimizer.schedule, k) for k in ("base", "warmup_steps", "decay_start_step", "decay_steps")},
-            "loss_scale": optimizer.loss_scale,
-            "dense_learning_rate": optimizer.dense_learning_rate,
-        }
+        optimizer_record = self.trainer.config.record()
         files[MODEL_CONFIG] = store.write_text(root, MODEL_CONFIG, json.dumps({"model": model, "optimizer": optimizer_record, "seed": self.seed}, indent=1))
         files[SPEC_COPY] = store.write_text(root, SPEC_COPY, yaml.safe_dump(self.spec.to_dict(), sort_keys=False))
         position = self._position(step)
@@ -254,6 +253,7 @@ class Checkpointer:
             "dense": dense,
             "optimizer_state": state,
             "loss_scale": scale,
+            "embedding_state": state_entries,
             "files": files,
         }
         store.write_manifest(root, manifest)  # last: a directory without one is never taken for a checkpoint
@@ -292,6 +292,8 @@ class Checkpointer:
                     values = load_array(directory, header["tables"][table], (rows, widths[table]), np.float32, mmap=True)
                 self.embedding.set_full_table(table, values)  # collective
                 del values
+            if for_training:
+                embedding_state.restore(self.trainer, directory, header["embedding_state"], self.spec.cardinalities(), dim, self.env.is_chief)
             variables = [v for _, v in self.dense]
             if for_training:
                 variables += [v for _, v in self.optimizer_state] + ([v for _, v in self.loss_scale] if header["loss_scale"] else [])
@@ -366,7 +368,9 @@ class Checkpointer:
                 pairs += list(zip(manifest["loss_scale"], self.loss_scale))
         for entry, (_, variable) in pairs:
             load_array(directory, entry["file"], variable.shape, variable.dtype)
+        state_files = embedding_state.check(directory, manifest, self.trainer, cardinalities, dim) if for_training else []
         return {
+            "embedding_state": state_files,
             "path": directory,
             "skipped": skipped,
             "step": manifest["step"],

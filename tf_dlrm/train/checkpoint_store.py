@@ -9,6 +9,9 @@ One checkpoint is a directory ``ckpt-<step>`` under ``--save_checkpoint_path``::
     tables/table_000.npy   one full ``[rows, dim]`` float32 table per categorical feature, spec order
     dense/<name>.npy       MLP weights (identical on every rank: data-parallel)
     optimizer/<name>.npy   the dense optimizer's variables (iterations, rate, Adam moments)
+    optimizer/embedding_<slot>_table_000.npy
+                           the embedding optimizer's state of each table, full-table layout
+                           (``[rows, dim]``, or ``[rows, 1]`` for row-wise Adagrad)
 
 Tables are stored in full-table layout, independent of the sharding plan, so a checkpoint restores
 on any number of ranks with any plan.
@@ -140,7 +143,7 @@ def _check_manifest(manifest, path: str) -> None:
             fail(f"unsafe file name {name!r} (names must be relative and stay inside the checkpoint)")
         if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or not _SHA256.match(str(entry.get("sha256"))):
             fail(f"file {name!r} needs integer 'bytes' and a hex 'sha256'")
-    for key in ("tables", "dense", "optimizer_state", "loss_scale"):
+    for key in ("tables", "dense", "optimizer_state", "loss_scale", "embedding_state"):
         for item in manifest.get(key, []):
             if not isinstance(item, dict) or item.get("file") not in manifest["files"] or not isinstance(item.get("name"), str):
                 fail(f"every {key} entry needs a 'name' and a 'file' listed under 'files'. Received: {item!r}")

@@ -85,6 +85,11 @@ def run_training(config: RunConfig, stop=None) -> dict:
     checkpointer = Checkpointer.from_config(config, trainer, spec, env, reporter)
     data = checkpoint_choice.data_record(train_reader, config.batch_size)
     start_step = checkpointer.restore_for_training(config, train_reader.num_batches, data)
+    keeper = None
+    if config.keep_best and valid_reader is not None:
+        from tf_dlrm.train.keep_best import BestKeeper
+
+        keeper = BestKeeper(trainer)
 
     def on_step(step, epoch, batch_in_epoch):
         checkpointer.on_step(step, epoch, batch_in_epoch)
@@ -94,7 +99,8 @@ def run_training(config: RunConfig, stop=None) -> dict:
     if stop is not None:
         stop.training = True  # from now on a signal is only recorded, and the loop stops after a step
     try:
-        result = train(trainer, train_reader, valid_reader, config.loop, reporter, start_step=start_step, on_step=on_step)
+        result = train(trainer, train_reader, valid_reader, config.loop, reporter, start_step=start_step, on_step=on_step,
+                       on_eval=keeper.on_eval if keeper else None)
     except interrupt.Interrupted as interrupted:
         checkpointer.finish(interrupted.step)  # saves unless that step is saved already (or no save path)
         last = checkpoint_choice.latest(config.save_checkpoint_path) or config.restore_checkpoint_path
@@ -102,9 +108,13 @@ def run_training(config: RunConfig, stop=None) -> dict:
         reporter.close()
         interrupt.report(interrupted, last, env.is_chief)
         raise SystemExit(interrupted.exit_code) from None
-    checkpointer.finish(result.steps)
+    last, final_step = result.last_eval, result.steps
+    if keeper is not None and keeper.best is not None:
+        keeper.restore()
+        last, final_step = keeper.best, keeper.step
+        reporter.say(f"keep_best: restored the state of step {keeper.step} (validation AUC {last.auc:.6f})")
+    checkpointer.finish(final_step)
 
-    last = result.last_eval
     final = {
         "auc": last.auc if last else None,
         "logloss": last.logloss if last else None,
@@ -112,6 +122,8 @@ def run_training(config: RunConfig, stop=None) -> dict:
         "steps": result.steps,
         "world_size": env.world_size,
     }
+    if keeper is not None:
+        final["best_step"] = final_step
     reporter.summary(
         {
             "steps": result.steps,

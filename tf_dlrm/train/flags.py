@@ -11,7 +11,7 @@ from tf_dlrm.precision import AmpMode
 from tf_dlrm.train.builder import ModelConfig, ShardingConfig, parse_dims
 from tf_dlrm.train.loop import LoopConfig
 from tf_dlrm.train.schedule import LearningRateSchedule
-from tf_dlrm.train.step import OptimizerConfig
+from tf_dlrm.optimizers.config import EMBEDDING_OPTIMIZERS, OPTIMIZERS, OptimizerConfig
 
 MODES = ("train", "eval", "inference", "export")
 
@@ -52,11 +52,25 @@ def define_flags() -> None:
     f.DEFINE_integer("valid_batch_size", None, "Global evaluation batch size (default: --batch_size).")
     f.DEFINE_float("epochs", 1.0, "Epochs to train (fractions allowed).")
     f.DEFINE_integer("max_steps", -1, "Stop after this many steps (-1: no limit); --mode=inference: timed batches per size.")
-    f.DEFINE_float("learning_rate", 0.5, "Base learning rate of the schedule.")
-    f.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "Optimizer of the MLPs (embeddings always use SGD).")
-    f.DEFINE_float("dense_learning_rate", 0.0, "Base learning rate of the MLPs' optimizer, on the same schedule as "
-                   "--learning_rate (which drives the embeddings' SGD); 0: the same as --learning_rate. Adam on the "
-                   "MLPs wants about 1e-3 while embedding SGD wants about 1.")
+    f.DEFINE_float("learning_rate", 0.001, "Base of the learning-rate schedule. Given on the command line, it is also the "
+                   "rate of each optimizer whose own rate flag (--dense_learning_rate, --embedding_learning_rate) is "
+                   "not given (or 0); else those flags' tuned defaults apply.")
+    # Defaults chosen by benchmarks/sweep_defaults.py (README, "Model quality").
+    f.DEFINE_enum("optimizer", "adam", list(OPTIMIZERS), "Optimizer of the MLPs, on the gradient averaged over ranks.")
+    f.DEFINE_float("dense_learning_rate", 0.001, "Base learning rate of the MLPs' optimizer, on the schedule of "
+                   "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. Adam wants about 1e-3, SGD about 0.5.")
+    f.DEFINE_enum("embedding_optimizer", "lazy_adam", list(EMBEDDING_OPTIMIZERS),
+                  "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables).")
+    f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
+                   "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. lazy_adam wants about "
+                   "3e-3, adagrad 0.1, sgd about 1.")
+    f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad and rowwise_adagrad (embeddings and MLPs).")
+    f.DEFINE_float("adagrad_epsilon", 1e-7, "Epsilon of adagrad and rowwise_adagrad.")
+    f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")
+    f.DEFINE_float("adam_beta2", 0.999, "beta_2 of adam, lazy_adam and lamb.")
+    f.DEFINE_float("adam_epsilon", 1e-8, "Epsilon of adam, lazy_adam and lamb.")
+    f.DEFINE_float("embedding_weight_decay", 0.0, "L2 coefficient on the embedding rows touched in a step (added to their gradient).")
+    f.DEFINE_float("dense_weight_decay", 0.0, "L2 coefficient on the MLP weights (LAMB: its weight decay, inside the trust ratio).")
     f.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warmup steps.")
     f.DEFINE_integer("decay_start_step", 0, "Step at which polynomial (power 2) decay starts.")
     f.DEFINE_integer("decay_steps", 0, "Steps of decay to zero (0: no decay).")
@@ -92,6 +106,8 @@ def define_flags() -> None:
     f.DEFINE_enum("mode", "train", list(MODES), "What to do.")
     f.DEFINE_integer("evals_per_epoch", 1, "Evaluations per epoch (0: only at the end).")
     f.DEFINE_float("auc_threshold", None, "Stop training once validation AUC reaches this.")
+    f.DEFINE_bool("keep_best", False, "Keep the state of the evaluation with the best validation AUC; restore, report "
+                  "(final JSON: best_step) and save it at the end.")
     f.DEFINE_integer("print_freq", 100, "Steps between progress lines.")
     f.DEFINE_string("log_path", None, "JSON-lines log file (rank 0).")
     f.DEFINE_string("tensorboard_dir", None, "Directory for TensorBoard scalars (rank 0).")
@@ -131,6 +147,7 @@ class RunConfig:
     resume: bool = False
     saved_model_path: str | None = None
     inference_batch_sizes: tuple[int, ...] = (1, 64, 1024, 4096)
+    keep_best: bool = False
 
     def __post_init__(self):
         if self.batch_size <= 0:
@@ -172,6 +189,17 @@ class RunConfig:
                 )
 
 
+def family_rate(values: flags.FlagValues, name: str) -> float:
+    """The base rate of one optimizer family (``dense_learning_rate`` or ``embedding_learning_rate``).
+
+    Its own flag wins when given; else an explicit ``--learning_rate`` drives it (0 = the schedule's
+    base), as it drove every weight before the families had their own rates; else its tuned default.
+    """
+    if values[name].present or not values["learning_rate"].present:
+        return values[name].value
+    return 0.0
+
+
 def config_from_flags(values: flags.FlagValues) -> RunConfig:
     """Turns parsed flags into frozen configs; raises ValueError naming the flag on bad values."""
     model = ModelConfig(
@@ -208,7 +236,13 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
             column_slice_threshold=values.column_slice_threshold,
             data_parallel_input=values.data_parallel_input,
         ),
-        optimizer=OptimizerConfig(schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=values.dense_learning_rate),
+        optimizer=OptimizerConfig(
+            schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=family_rate(values, "dense_learning_rate"),
+            embedding_optimizer=values.embedding_optimizer, embedding_learning_rate=family_rate(values, "embedding_learning_rate"),
+            adagrad_initial_accumulator=values.adagrad_initial_accumulator, adagrad_epsilon=values.adagrad_epsilon,
+            adam_beta1=values.adam_beta1, adam_beta2=values.adam_beta2, adam_epsilon=values.adam_epsilon,
+            embedding_weight_decay=values.embedding_weight_decay, dense_weight_decay=values.dense_weight_decay,
+        ),
         loop=LoopConfig(
             epochs=values.epochs,
             max_steps=values.max_steps,
@@ -221,4 +255,5 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         resume=values.resume,
         saved_model_path=values.saved_model_path,
         inference_batch_sizes=parse_dims(values.inference_batch_sizes, "inference_batch_sizes"),
+        keep_best=values.keep_best,
     )

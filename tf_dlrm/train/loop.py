@@ -75,8 +75,10 @@ def train(
     reporter: Reporter,
     start_step: int = 0,
     on_step=None,
+    on_eval=None,
 ) -> TrainResult:
-    """Runs the loop; ``on_step(step, epoch, batch_in_epoch)`` is called after each step (checkpoints)."""
+    """Runs the loop; ``on_step(step, epoch, batch_in_epoch)`` is called after each step (checkpoints),
+    ``on_eval(step, result)`` after each evaluation (``--keep_best``)."""
     steps_per_epoch = train_reader.num_batches
     if steps_per_epoch == 0:
         raise ValueError(
@@ -105,6 +107,8 @@ def train(
         reporter.say(f"eval at step {step}: AUC {result.auc:.6f}  logloss {result.logloss:.6f}  ({result.samples} samples, {result.seconds:.1f} s)")
         reporter.event("eval", step=step, auc=result.auc, logloss=result.logloss, samples=result.samples)
         reporter.scalars(step, auc=result.auc, logloss=result.logloss)
+        if on_eval is not None:
+            on_eval(step, result)
         return result
 
     epoch = step // steps_per_epoch
@@ -122,7 +126,9 @@ def train(
                 on_step(step, epoch, batch_in_epoch + 1)
             if step % config.print_freq == 0 or step == total_steps:
                 rate = float(trainer.learning_rate.numpy())
-                loss_value = losses.read(_rates(trainer, rate))  # the only host sync of the hot loop
+                # The only host sync of the hot loop: this rank's losses are checked (finite), then
+                # the printed loss is the global batch's, the mean over ranks.
+                loss_value = trainer.mean_over_ranks(losses.read(_rates(trainer, rate)))
                 now = time.time()
                 # The first window includes tracing; throughput counts later windows when there are any.
                 speed = window_steps * global_batch / max(now - window_start, 1e-9)
@@ -148,6 +154,7 @@ def train(
 
 
 def _rates(trainer: Trainer, rate: float) -> str:
-    """The learning rates in force, for a message: the embeddings' and, when it differs, the MLPs'."""
-    factor = getattr(trainer.config, "dense_rate_factor", 1.0)
-    return f"learning rate {rate:.6g}" + (f", MLP learning rate {rate * factor:.6g}" if factor != 1.0 else "")
+    """The learning rates in force, for a message: the schedule's, the embeddings' and the MLPs'."""
+    config = trainer.config
+    return (f"learning rate {rate:.6g}: embeddings ({config.embedding_optimizer}) {rate * config.embedding_rate_factor:.6g}, "
+            f"MLPs ({config.optimizer}) {rate * config.dense_rate_factor:.6g}")

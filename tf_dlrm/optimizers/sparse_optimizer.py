@@ -1,0 +1,81 @@
+"""The interface of the sparse embedding optimizers and the steps they share.
+
+An embedding variable ``[rows, width]`` (a fused shard, a replicated table, or a plain table) gets
+its gradient as ``IndexedSlices`` with one entry per looked-up id, repeated ids included. Before
+any stateful update the repeated ids are summed (:func:`deduplicate`): one process sees the summed
+row gradient, and so must each rank, or Adagrad and Adam would count a row's step twice. Then
+:meth:`SparseOptimizer.apply` reads and writes the rows touched in this step only; the state of
+untouched rows (and the rows themselves) never change, which is the "lazy" semantics of sparse
+optimizers (TF's LazyAdam, TorchRec, HugeCTR).
+
+State lives next to its shard: a state variable is ``[rows, width]`` like the variable (per-element
+state, so a column slice holds its columns' state), or ``[rows, 1]`` for row-wise state (every
+slice of a row holds a copy of that row's value, kept equal; see
+:mod:`tf_dlrm.optimizers.rowwise_adagrad`). State is float32 whatever the compute precision.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def deduplicate(gradient: tf.IndexedSlices):
+    """``(unique rows [U], summed gradient [U, width], position [n] of each entry in unique)``."""
+    unique, position = tf.unique(gradient.indices)
+    summed = tf.math.unsorted_segment_sum(gradient.values, position, tf.shape(unique)[0])
+    return unique, summed, position
+
+
+class SparseOptimizer:
+    """Updates the touched rows of embedding variables.
+
+    Subclasses set ``name`` and ``slots`` (``{slot name: initial value}``), and ``row_wise`` when
+    their state is one value per row; they implement :meth:`apply`.
+    """
+
+    name = ""
+    slots: dict[str, float] = {}
+    row_wise = False
+
+    def create_slots(self, variable) -> dict[str, tf.Variable]:
+        """The state variables of ``variable``, shaped like it (``[rows, 1]`` if row-wise)."""
+        rows, width = variable.shape
+        shape = (rows, 1) if self.row_wise else (rows, width)
+        base = variable.path.replace("/", "_") if hasattr(variable, "path") else variable.name
+        return {
+            slot: tf.Variable(tf.fill(shape, tf.constant(initial, tf.float32)), trainable=False, name=f"{base}_{slot}")
+            for slot, initial in self.slots.items()
+        }
+
+    def apply(self, variable, slots, rows, gradient, learning_rate, step, row_mean_squares=None) -> None:
+        """Updates ``variable[rows]`` (and its ``slots``) from the summed ``gradient [U, width]``.
+
+        Args:
+            variable: a Keras or tf variable ``[R, width]`` (float32).
+            slots: its state, from :meth:`create_slots`.
+            rows: unique touched rows ``[U]``.
+            gradient: the summed gradient of each touched row ``[U, width]``, float32.
+            learning_rate: scalar tensor.
+            step: the 1-based count of this update (Adam's bias correction).
+            row_mean_squares: row-wise optimizers only: the mean squared gradient over the *whole*
+                row ``[U]`` (all column slices of the row, wherever they live).
+        """
+        raise NotImplementedError
+
+
+def tf_variable(variable) -> tf.Variable:
+    """The ``tf.Variable`` under a Keras 3 variable (or the variable itself): scatter ops and
+    gathers on it touch only the rows asked for, never a copy of the whole table."""
+    return variable if isinstance(variable, tf.Variable) else variable.value
+
+
+def gather(variable, rows: tf.Tensor) -> tf.Tensor:
+    return tf.gather(tf_variable(variable), rows)
+
+
+def scatter_sub(variable, rows: tf.Tensor, values: tf.Tensor) -> None:
+    tf_variable(variable).scatter_sub(tf.IndexedSlices(values, rows))
+
+
+def scatter_update(variable, rows: tf.Tensor, values: tf.Tensor) -> None:
+    tf_variable(variable).scatter_update(tf.IndexedSlices(values, rows))

@@ -1,0 +1,39 @@
+"""``--keep_best``: remember the state of the evaluation with the best validation AUC, restore it at the end.
+
+Each evaluation on the ``--evals_per_epoch`` schedule (and the final one) is offered to
+:meth:`BestKeeper.on_eval`; when its AUC beats every earlier one, every rank copies its own
+variables to host memory: the model's (its shards, the replicated tables, the MLPs), both
+optimizers' state, the step and the learning rate. So the kept state is a whole training state of
+that step, costing each rank one copy of what it already holds. At the end :meth:`restore` puts it
+back on every rank; a final checkpoint then saves exactly that step, and resuming from it
+continues from there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class BestKeeper:
+    """Args: trainer: the run's :class:`tf_dlrm.train.step.Trainer`."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.variables = (
+            list(trainer.model.variables) + list(trainer.sparse.variables) + list(trainer.dense_optimizer.variables)
+            + [trainer.step, trainer.learning_rate]
+        )
+        self.best = None  # the EvalResult
+        self.step = None
+        self._values: list[np.ndarray] = []
+
+    def on_eval(self, step: int, result) -> None:
+        """Every rank sees the same AUC (computed over the gathered predictions), so all keep or none."""
+        if self.best is None or result.auc > self.best.auc:
+            self.best, self.step = result, int(step)
+            self._values = [np.array(v.numpy(), copy=True) for v in self.variables]
+
+    def restore(self) -> None:
+        """Puts the kept state back (no collective: each rank restores its own variables)."""
+        for variable, value in zip(self.variables, self._values):
+            variable.assign(value)

@@ -1,0 +1,173 @@
+"""Applies the embedding optimizer to this rank's embedding variables, touched rows only.
+
+- ``sharded`` variables (this rank's fused shards): the exchange's backward delivers ``N`` times the
+  gradient of the global mean loss as ``IndexedSlices``, one entry per looked-up id; it is scaled by
+  ``1/N``, repeated ids are summed (:func:`deduplicate`), and the optimizer updates those rows.
+- ``replicated`` tables: their gradient joins the dense allreduce (averaged over ranks). With a
+  stateful optimizer it carries one extra column counting each row's lookups, so after the
+  allreduce every rank knows the rows touched anywhere in the global batch, which are exactly the
+  rows one process would update (lazy Adam must not touch the others, even with a zero gradient).
+- Row-wise optimizers on column-sliced tables: see :meth:`SparseUpdater.row_mean_squares`.
+
+State variables are made here, one set per embedding variable and shaped like it
+(:meth:`SparseOptimizer.create_slots`), so whatever moves a shard can move its state.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tf_dlrm.distributed import collectives
+from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.model.variable_kind import layout_of
+from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, deduplicate, gather
+from tf_dlrm.optimizers.sparse_sgd import SparseSGD
+
+
+class SparseUpdater:
+    """The embedding optimizer of one rank: state, replicated-gradient packing and the update.
+
+    Args:
+        optimizer: the sparse optimizer.
+        env: this rank's place.
+        shards: this rank's ``sharded`` variables (marked with a :class:`SliceLayout`).
+        replicated: its ``replicated`` variables.
+        padding: its ``padding`` variables (they carry the plan's split tables on a rank owning no slice).
+        weight_decay: L2 coefficient added to the gradient of each touched row (``g + wd * w``).
+    """
+
+    def __init__(self, optimizer: SparseOptimizer, env: DistributedEnv, shards, replicated, padding=(), weight_decay: float = 0.0):
+        self.optimizer, self.env = optimizer, env
+        self.shards, self.replicated = list(shards), list(replicated)
+        self.weight_decay = float(weight_decay)
+        self.shard_slots = [optimizer.create_slots(v) for v in self.shards]
+        self.replicated_slots = [optimizer.create_slots(v) for v in self.replicated]
+        # SGD without decay is linear in the gradient: repeated ids need not be summed first.
+        self.plain_sgd = isinstance(optimizer, SparseSGD) and not self.weight_decay
+        layouts = [layout_of(v) for v in self.shards + list(padding)]
+        problems = {layout.row_wise_problem for layout in layouts if layout is not None and layout.row_wise_problem}
+        if optimizer.row_wise and problems:
+            raise ValueError(f"--embedding_optimizer={optimizer.name}: {problems.pop()}")
+        self.split_tables = next((layout.split_tables for layout in layouts if layout is not None), ())
+        self._column_of_table = {t: i for i, t in enumerate(self.split_tables)}
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def slot_names(self) -> tuple[str, ...]:
+        return tuple(self.optimizer.slots)
+
+    @property
+    def row_wise(self) -> bool:
+        return self.optimizer.row_wise
+
+    def slot(self, variable, name: str):
+        """The state variable ``name`` of the embedding variable ``variable``."""
+        for variables, slots in ((self.shards, self.shard_slots), (self.replicated, self.replicated_slots)):
+            for candidate, state in zip(variables, slots):
+                if candidate is variable:
+                    return state[name]
+        raise KeyError(f"{getattr(variable, 'path', variable)} is not an embedding variable of this trainer")
+
+    @property
+    def variables(self) -> list:
+        return [s[name] for s in self.shard_slots + self.replicated_slots for name in self.slot_names]
+
+    # ------------------------------------------------------------------ replicated tables
+
+    def pack_replicated(self, gradient, variable) -> tf.Tensor:
+        """The dense gradient of a replicated table for the allreduce; with a stateful optimizer,
+        plus a last column counting each row's lookups (> 0: touched in the global batch)."""
+        rows = variable.shape[0]
+        if not isinstance(gradient, tf.IndexedSlices):  # a dense gradient touches every row
+            gradient = tf.IndexedSlices(gradient, tf.range(rows), None)
+        values = gradient.values
+        if not self.plain_sgd:
+            values = tf.concat([values, tf.ones([tf.shape(values)[0], 1], values.dtype)], axis=1)
+        return tf.math.unsorted_segment_sum(values, gradient.indices, rows)
+
+    # ------------------------------------------------------------------ the update
+
+    def apply(self, shard_gradients, replicated_gradients, learning_rate, step, global_batch) -> None:
+        """Updates every embedding variable of this rank (collective for row-wise optimizers on
+        column-sliced tables: every rank calls it each step)."""
+        scale = 1.0 / self.env.world_size
+        if self.plain_sgd:
+            for variable, gradient in zip(self.shards, shard_gradients):
+                SparseSGD.apply_repeated(variable, gradient, learning_rate * scale)
+            for variable, gradient in zip(self.replicated, replicated_gradients):
+                variable.assign_sub(gradient * learning_rate)
+            return
+        updates = []  # (variable, slots, layout, rows, summed gradient, position of each entry)
+        for variable, slots, gradient in zip(self.shards, self.shard_slots, shard_gradients):
+            rows, summed, position = deduplicate(gradient)
+            summed = summed * scale if self.env.world_size > 1 else summed  # one pass fewer in one process
+            updates.append((variable, slots, layout_of(variable), rows, summed, position))
+        for variable, slots, packed in zip(self.replicated, self.replicated_slots, replicated_gradients):
+            rows = tf.reshape(tf.where(packed[:, -1] > 0), [-1])
+            updates.append((variable, slots, None, rows, tf.gather(packed[:, :-1], rows), None))
+        if self.weight_decay:
+            updates = [(v, s, lay, rows, g + self.weight_decay * gather(v, rows), p) for v, s, lay, rows, g, p in updates]
+        means = self.row_mean_squares(updates, global_batch) if self.row_wise else [None] * len(updates)
+        for (variable, slots, _, rows, gradient, _), mean in zip(updates, means):
+            self.optimizer.apply(variable, slots, rows, gradient, learning_rate, step, row_mean_squares=mean)
+
+    def row_mean_squares(self, updates, global_batch) -> list[tf.Tensor]:
+        """Each touched row's mean squared gradient over its whole width, for row-wise state.
+
+        A table whose columns are cut over several slices (on this rank or others) holds each
+        slice's partial sum of squares only. **One small allreduce per step** makes them exact:
+        every rank looks up the same global batch of ids for a table it holds a slice of, in the
+        same order, so the partial sums are laid out as ``[global_batch, split tables]`` (entry
+        ``b`` of table ``t`` = the sum over this rank's columns of ``t`` of the squared summed
+        gradient of the row that sample ``b`` looks up); the sum of that matrix over ranks holds
+        the whole-row sums, read back by every slice of the row. A rank holding nothing of a split
+        table adds zeros. Whole tables need no exchange.
+        """
+        means = []
+        split = len(self.split_tables)
+        contributions, pending = tf.zeros([global_batch, split], tf.float32), []
+        for variable, _, layout, rows, gradient, position in updates:
+            partial = tf.reduce_sum(tf.square(gradient), axis=1)  # [U]
+            if layout is None:  # a replicated variable stacks whole tables of its width
+                dims = float(variable.shape[1])
+            elif len(set(layout.dims)) == 1:  # one width for every table of the variable: no lookup
+                dims = float(layout.dims[0])
+            else:
+                dims = tf.gather(tf.constant(layout.dims, tf.float32), self._slice_of_rows(layout, rows))
+            assignment = self._split_assignment(layout) if layout is not None else None
+            if assignment is None or not assignment.any():
+                means.append(partial / dims)
+                pending.append(None)
+                continue
+            per_entry = tf.reshape(tf.gather(partial, position), [-1, len(layout.tables)])  # [B, S]
+            contributions += tf.matmul(per_entry, tf.constant(assignment))
+            pending.append((per_entry, assignment, position, tf.shape(rows)[0], dims))
+            means.append(None)
+        if not split:
+            return means
+        totals = collectives.sum_over_ranks(self.env, contributions, name="rowwise_square_sums")
+        for index, entry in enumerate(pending):
+            if entry is None:
+                continue
+            per_entry, assignment, position, count, dims = entry
+            whole = assignment.any(axis=1).astype(np.float32)  # 1 for slices of split tables
+            rows_total = tf.matmul(totals, tf.constant(assignment.T)) + per_entry * (1.0 - whole)
+            # Every entry of a row holds the same total: take any one of them per unique row.
+            means[index] = tf.math.unsorted_segment_max(tf.reshape(rows_total, [-1]), position, count) / dims
+        return means
+
+    def _split_assignment(self, layout) -> np.ndarray:
+        """``[slices, split tables]``: 1 where a slice belongs to a column-sliced table."""
+        matrix = np.zeros((len(layout.tables), len(self.split_tables)), np.float32)
+        for index, table in enumerate(layout.tables):
+            if table in self._column_of_table:
+                matrix[index, self._column_of_table[table]] = 1.0
+        return matrix
+
+    @staticmethod
+    def _slice_of_rows(layout, rows) -> tf.Tensor:
+        """The slice (0..S-1) of each fused row, from the slices' first rows (any lookup order)."""
+        offsets = tf.constant(layout.row_offsets, rows.dtype)
+        return tf.searchsorted(offsets, rows, side="right") - 1
