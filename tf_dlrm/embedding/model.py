@@ -21,19 +21,15 @@ import tensorflow as tf
 
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.train.step import sparse_sgd
+from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
+from tf_dlrm.optimizers.sparse_sgd import SparseSGD
 
 
-def sharded_variables(model, kind: str = "sparse_variables") -> list:
+def sharded_variables(model, kind: VariableKind = VariableKind.SHARDED) -> list:
     """The rank-local shard variables of every sharded embedding layer inside ``model`` (or, with
-    ``kind="padding_variables"``, the exchange paddings of ranks that own no slice)."""
-    seen, result = set(), []
-    for layer in model._flatten_layers(include_self=False):
-        for variable in getattr(layer, kind, []):
-            if id(variable) not in seen:
-                seen.add(id(variable))
-                result.append(variable)
-    return result
+    ``kind=VariableKind.PADDING``, the exchange paddings of ranks that own no slice), found by the
+    mark each layer sets on its variables (:mod:`tf_dlrm.model.variable_kind`)."""
+    return variables_of_kind(model.variables, kind)
 
 
 def _dense_gradient(gradient, variable):
@@ -62,7 +58,7 @@ class ShardedModel(keras.Model):
         shards = sharded_variables(self)
         shard_ids = {id(v) for v in shards}
         dense = [v for v in self.trainable_variables if id(v) not in shard_ids]
-        padding = sharded_variables(self, "padding_variables")
+        padding = sharded_variables(self, VariableKind.PADDING)
         watched = [v.value for v in shards + dense + padding]
         with tf.GradientTape() as tape:
             tape.watch(watched)
@@ -79,7 +75,7 @@ class ShardedModel(keras.Model):
             rate = tf.cast(self.optimizer.learning_rate, tf.float32)
         for variable, gradient in zip(shards, gradients[:len(shards)]):
             if gradient is not None:
-                sparse_sgd(variable, gradient, rate / self.env.world_size)
+                SparseSGD.apply_repeated(variable, gradient, rate / self.env.world_size)
         self.optimizer.apply(dense_gradients, dense)
         # A rank owning no slice must still run the backward alltoall: storing the (zero) gradient
         # of its padding keeps it in the graph (see DistributedEmbedding.build).
