@@ -144,3 +144,29 @@ def test_learning_rate_flags_give_each_family_its_rate(flags, dense, embedding):
     base = config.schedule.base
     assert base * config.dense_rate_factor == pytest.approx(dense)
     assert base * config.embedding_rate_factor == pytest.approx(embedding)
+
+
+@pytest.mark.parametrize("features, refused", [
+    ([("a", "t0", 1), ("b", "t1", 1)], False),  # one one-hot feature per table: exact
+    ([("a", "t0", 3), ("b", "t1", 1)], True),  # a multi-hot feature on a column-sliced table
+    ([("a", "t0", 1), ("b", "t0", 1), ("c", "t1", 1)], True),  # a column-sliced table read twice
+])
+def test_rowwise_adagrad_refuses_what_it_cannot_keep_exact(features, refused):
+    """Row-wise state of a column-sliced table sums each sample's partial squares over the slices:
+    exact for one one-hot reader only, so anything else is refused by name before training."""
+    from tf_dlrm.config.embedding import FeatureConfig
+    from tf_dlrm.distributed.embedding import DistributedEmbedding
+    from tf_dlrm.distributed.plan import TableSpec
+    from tf_dlrm.distributed.planner import make_plan
+
+    plan = make_plan([TableSpec("t0", 40, 8), TableSpec("t1", 30, 8)], 2, "column_wise", data_parallel_threshold=1)
+    layer = DistributedEmbedding(plan, rank=0, features=[FeatureConfig(n, t, h) for n, t, h in features])
+    layer.build()
+    env = DistributedEnv(rank=0, world_size=2)
+    make = lambda: SparseUpdater(RowwiseAdagrad(), env, layer.sparse_variables, [], layer.padding_variables)  # noqa: E731
+    if refused:
+        with pytest.raises(ValueError, match=r"--embedding_optimizer=rowwise_adagrad: row-wise optimizer state .* 't0'"):
+            make()
+        SparseUpdater(SparseAdagrad(), env, layer.sparse_variables, [], layer.padding_variables)  # element-wise: fine
+    else:
+        make()
