@@ -68,9 +68,11 @@ CASES = [
     Case("NaN numerical value", lambda d, t: poke_numerical(d, "train", 513, 2, float("nan")), (),
          r"split 'train', file \S*train/numerical.bin: sample 513, feature 'num_2' is nan"),
     Case("diverging learning rate", _nothing, ("--learning_rate=1e6", "--epochs=3"),
-         r"training loss is (nan|inf) at step \d+ \(learning rate 1e\+06\); the last finite loss was \S+ at step \d+"),
+         r"training loss is (nan|inf) at step \d+ \(learning rate 1e\+06: embeddings \(sgd\) 1e\+06, MLPs \(sgd\) 1e\+06\); "
+         r"the last finite loss was \S+ at step \d+"),
     Case("diverging learning rate, 2 ranks", _nothing, ("--learning_rate=1e6", "--epochs=3"),
-         r"training loss is (nan|inf) at step \d+ \(learning rate 1e\+06\); the last finite loss was", ranks=2),
+         r"training loss is (nan|inf) at step \d+ \(learning rate 1e\+06: embeddings \(sgd\) 1e\+06, MLPs \(sgd\) 1e\+06\); "
+         r"the last finite loss was", ranks=2),
     Case("typo in --valid_split", _nothing, ("--valid_split=tset",),
          r"--valid_split=tset is not a split of \S+feature_spec.yaml \(its splits: \['train', 'test'\]\); name one of them, "
          r"or give --valid_split='' to train without evaluation"),

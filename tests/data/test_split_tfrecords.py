@@ -105,7 +105,7 @@ def test_trains_under_two_ranks(tmp_path):
     write_dataset(str(tmp_path), num_prebatches=60)
     log = tmp_path / "log.jsonl"
     launch(2, ["main.py", f"--dataset_path={tmp_path}", "--dataset_type=split_tfrecords", "--embedding_dim=8",
-               "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--batch_size=96", "--epochs=6", "--learning_rate=0.5",
+               "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1", "--batch_size=96", "--epochs=6", "--learning_rate=0.5", "--optimizer=sgd", "--embedding_optimizer=sgd",
                "--data_parallel_threshold=100", "--print_freq=1000", f"--log_path={log}"], timeout=600)
     final = json.loads(open(log).read().splitlines()[-1])
     assert final["world_size"] == 2 and final["steps"] == 6 * (60 * PREBATCH // 96)

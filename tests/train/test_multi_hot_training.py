@@ -34,7 +34,7 @@ def final(path) -> dict:
 @pytest.mark.multirank
 def test_two_ranks_learn_and_one_rank_restores_the_same_model(dataset, tmp_path):
     log, checkpoints = tmp_path / "train.jsonl", tmp_path / "checkpoints"
-    launch(2, ["main.py", f"--dataset_path={dataset}", *FLAGS, "--learning_rate=1.0", "--epochs=2", "--seed=7",
+    launch(2, ["main.py", f"--dataset_path={dataset}", *FLAGS, "--learning_rate=1.0", "--optimizer=sgd", "--embedding_optimizer=sgd", "--epochs=2", "--seed=7",
                f"--save_checkpoint_path={checkpoints}", f"--log_path={log}"], timeout=600)
     trained = final(log)
     oracle = yaml.safe_load(open(dataset / "feature_spec.yaml"))["metadata"]["oracle_valid_auc"]

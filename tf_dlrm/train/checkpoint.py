@@ -293,7 +293,8 @@ class Checkpointer:
                 self.embedding.set_full_table(table, values)  # collective
                 del values
             if for_training:
-                embedding_state.restore(self.trainer, directory, header["embedding_state"], self.spec.cardinalities(), dim, self.env.is_chief)
+                embedding_state.restore(self.trainer, directory, header["embedding_state"], self.spec.cardinalities(),
+                                        table_widths(self.spec, self.model_config), self.env.is_chief)
             variables = [v for _, v in self.dense]
             if for_training:
                 variables += [v for _, v in self.optimizer_state] + ([v for _, v in self.loss_scale] if header["loss_scale"] else [])
@@ -368,7 +369,7 @@ class Checkpointer:
                 pairs += list(zip(manifest["loss_scale"], self.loss_scale))
         for entry, (_, variable) in pairs:
             load_array(directory, entry["file"], variable.shape, variable.dtype)
-        state_files = embedding_state.check(directory, manifest, self.trainer, cardinalities, dim) if for_training else []
+        state_files = embedding_state.check(directory, manifest, self.trainer, cardinalities, widths) if for_training else []
         return {
             "embedding_state": state_files,
             "path": directory,

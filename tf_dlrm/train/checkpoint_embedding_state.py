@@ -45,7 +45,7 @@ def save(trainer, num_tables: int, root: str | None, files: dict) -> tuple[list,
     return entries, error
 
 
-def check(directory: str, manifest: dict, trainer, cardinalities, dim: int) -> list[str]:
+def check(directory: str, manifest: dict, trainer, cardinalities, widths) -> list[str]:
     """Rank 0: the saved embedding optimizer matches the flags and every state file reads with the
     right shape; returns the files in restore order (slot, then table)."""
     updater = trainer.sparse
@@ -57,27 +57,26 @@ def check(directory: str, manifest: dict, trainer, cardinalities, dim: int) -> l
             f"--embedding_optimizer={wanted}, whose state cannot be restored from it"
         )
     by_name = {entry.get("name"): entry for entry in manifest.get("embedding_state", [])}
-    width = 1 if updater.row_wise else dim
     files = []
     for slot in updater.slot_names:
-        for table, rows in enumerate(cardinalities):
+        for table, (rows, dim) in enumerate(zip(cardinalities, widths)):
             entry = by_name.get(f"{slot}/table_{table:03d}")
             if entry is None:
                 raise CheckpointError(f"checkpoint {directory}: no {wanted} state {slot!r} for table {table}")
-            load_array(directory, entry["file"], (rows, width), np.float32, mmap=True)
+            load_array(directory, entry["file"], (rows, 1 if updater.row_wise else dim), np.float32, mmap=True)
             files.append(entry["file"])
     return files
 
 
-def restore(trainer, directory: str, files: list[str] | None, cardinalities, dim: int, is_chief: bool) -> None:
+def restore(trainer, directory: str, files: list[str] | None, cardinalities, widths, is_chief: bool) -> None:
     """Collective: scatters every state file (``files`` from :func:`check`, rank 0 only) to the slices
     that hold its table under this run's plan."""
     updater, embedding = trainer.sparse, trainer.model.embedding
-    width = 1 if updater.row_wise else dim
     position = 0
     for slot in updater.slot_names:
-        for table, rows in enumerate(cardinalities):
-            values = load_array(directory, files[position], (rows, width), np.float32, mmap=True) if is_chief else None
+        for table, (rows, dim) in enumerate(zip(cardinalities, widths)):
+            shape = (rows, 1 if updater.row_wise else dim)
+            values = load_array(directory, files[position], shape, np.float32, mmap=True) if is_chief else None
             embedding.set_full_table(table, values, _state_of(updater, slot), updater.row_wise)  # collective
             position += 1
             del values

@@ -9,7 +9,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags
 
-from tf_dlrm.precision import PrecisionChoice, choose_precision, read_cpu_info
+from tf_dlrm.precision import choose_precision, read_cpu_info
 from tf_dlrm.train.flags import RunConfig, config_from_flags, define_flags
 from tf_dlrm.train.session import configure_threads, report_precision, resolve_spec_path  # noqa: F401 (benchmarks import them here)
 
