@@ -384,20 +384,30 @@ class FeatureSpec:
                 if not os.path.isfile(path):
                     self._fail(f"source_spec.{split}[{index}]: data file not found: {path} (features {chunk['features']})")
 
-    def _check_split_binary_files(self, split: str) -> int:
-        self._check_files_exist(split)
-        counts: dict[str, int] = {}
+    def split_binary_problems(self, split: str, prefix=None) -> tuple[list[str], int | None]:
+        """Every missing or wrongly sized file of a split_binary split, and its sample count when all
+        files hold the same whole number of records (else None). ``prefix(index)`` names chunk
+        ``index`` (None: the whole split) in the messages; default ``source_spec.<split>[<index>]``."""
+        prefix = prefix or (lambda index: f"source_spec.{split}" + ("" if index is None else f"[{index}]"))
+        problems, counts = [], {}
         for index, chunk in enumerate(self.chunks(split)):
             path = self.resolve(chunk["files"][0])
-            size = os.path.getsize(path)
-            record = self.record_bytes(chunk)
+            if not os.path.isfile(path):
+                problems.append(f"{prefix(index)}: data file not found: {path} (features {chunk['features']})")
+                continue
+            size, record = os.path.getsize(path), self.record_bytes(chunk)
             if size % record:
-                self._fail(
-                    f"source_spec.{split}[{index}]: file {path} has {size} bytes, not a whole number of "
-                    f"{record}-byte records (features {chunk['features']}); it may be truncated"
-                )
+                problems.append(f"{prefix(index)}: file {path} has {size} bytes, not a whole number of {record}-byte "
+                                f"records (features {chunk['features']}); it may be truncated")
             counts[path] = size // record
         if len(set(counts.values())) > 1:
             detail = ", ".join(f"{os.path.basename(p)}={n}" for p, n in counts.items())
-            self._fail(f"source_spec.{split}: files hold different sample counts: {detail}")
-        return next(iter(counts.values()))
+            problems.append(f"{prefix(None)}: files hold different sample counts: {detail}")
+        return problems, (next(iter(counts.values()), 0) if not problems else None)
+
+    def _check_split_binary_files(self, split: str) -> int:
+        self._check_files_exist(split)
+        problems, count = self.split_binary_problems(split)
+        if problems:
+            self._fail(problems[0])
+        return count

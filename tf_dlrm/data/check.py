@@ -27,24 +27,7 @@ from tf_dlrm.feature_spec import SPLIT_BINARY, FeatureSpec, FeatureSpecError
 
 def _file_problems(spec: FeatureSpec, split: str) -> tuple[list[str], int | None]:
     """Missing and wrongly sized files of a split, and its sample count when the sizes agree."""
-    problems, counts = [], {}
-    for chunk in spec.chunks(split):
-        path = spec.resolve(chunk["files"][0])
-        if not os.path.isfile(path):
-            problems.append(f"split '{split}': data file not found: {path} (features {chunk['features']})")
-            continue
-        size, record = os.path.getsize(path), spec.record_bytes(chunk)
-        if size % record:
-            problems.append(
-                f"split '{split}': file {path} has {size} bytes, not a whole number of {record}-byte records "
-                f"(features {chunk['features']}); it may be truncated"
-            )
-        counts[path] = size // record
-    if len(set(counts.values())) > 1:
-        detail = ", ".join(f"{os.path.basename(p)}={n}" for p, n in counts.items())
-        problems.append(f"split '{split}': files hold different sample counts: {detail}")
-    count = next(iter(counts.values())) if len(set(counts.values())) == 1 and not problems else None
-    return problems, count
+    return spec.split_binary_problems(split, prefix=lambda index: f"split '{split}'")
 
 
 def _blocks(path: str, dtype: np.dtype, width: int, count: int, block: int):
