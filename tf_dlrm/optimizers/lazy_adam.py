@@ -14,15 +14,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tf_dlrm.config.training import check_adam_arguments
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, gather, scatter_sub, scatter_update
-
-
-def check_adam_arguments(beta_1: float, beta_2: float, epsilon: float) -> None:
-    for name, value in (("beta_1", beta_1), ("beta_2", beta_2)):
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"Expected 0 <= {name} < 1. Received: {name}={value}")
-    if epsilon <= 0:
-        raise ValueError(f"Expected epsilon > 0. Received: epsilon={epsilon}")
 
 
 class LazyAdam(SparseOptimizer):

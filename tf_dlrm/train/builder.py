@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Sequence
-
 import keras
 import numpy as np
 
@@ -12,49 +9,14 @@ from tf_dlrm.data.random_batches import RandomBatches
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.distributed.embedding import DistributedEmbedding
 from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.distributed.plan import ShardingPlan, Strategy, TableSpec
+from tf_dlrm.distributed.plan import ShardingPlan, TableSpec
 from tf_dlrm.distributed.planner import make_plan
 from tf_dlrm.config.embedding import FeatureConfig, check_width_mapping
+# The configs live in a TF-free module (flags parse into them); kept importable from here.
+from tf_dlrm.config.model import ModelConfig, ShardingConfig, parse_dims  # noqa: F401
 from tf_dlrm.feature_spec import FeatureSpec
 from tf_dlrm.model.dlrm import DLRM
-from tf_dlrm.model.interaction import InteractionKind
 from tf_dlrm.precision import PrecisionChoice, choose_precision
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    embedding_dim: int = 128
-    bottom_mlp_dims: tuple[int, ...] = (512, 256, 128)
-    top_mlp_dims: tuple[int, ...] = (1024, 1024, 512, 256, 1)
-    interaction: str = "dot"
-    include_diagonal: bool = False
-    # Per-table widths overriding embedding_dim and the spec's own: ((table name, width), ...).
-    embedding_dims: tuple[tuple[str, int], ...] = ()
-
-    def __post_init__(self):
-        if self.embedding_dim <= 0:
-            raise ValueError(f"Expected --embedding_dim > 0. Received: embedding_dim={self.embedding_dim}")
-        for name in ("bottom_mlp_dims", "top_mlp_dims"):
-            dims = getattr(self, name)
-            if not dims or any(d <= 0 for d in dims):
-                raise ValueError(f"Expected --{name} to be positive widths. Received: {name}={list(dims)}")
-        if self.top_mlp_dims[-1] != 1:
-            raise ValueError(f"Expected --top_mlp_dims to end with 1 (the logit). Received: {list(self.top_mlp_dims)}")
-        if self.interaction not in [k.value for k in InteractionKind]:
-            raise ValueError(f"Expected --interaction in {[k.value for k in InteractionKind]}. Received: {self.interaction!r}")
-        if self.interaction == "dot" and self.bottom_mlp_dims[-1] != self.embedding_dim:
-            raise ValueError(
-                "The dot interaction needs the bottom MLP's last width to equal the embedding dim. "
-                f"Received: --bottom_mlp_dims={','.join(map(str, self.bottom_mlp_dims))}, --embedding_dim={self.embedding_dim}"
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardingConfig:
-    strategy: str = Strategy.AUTO.value
-    data_parallel_threshold: int = 2048
-    column_slice_threshold: int | None = None
-    data_parallel_input: bool = False
 
 
 def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=()) -> list[TableSpec]:
@@ -163,12 +125,3 @@ def apply_precision(choice: PrecisionChoice) -> PrecisionChoice:
     """Makes ``choice`` (see :func:`tf_dlrm.precision.choose_precision`) Keras' global policy."""
     keras.mixed_precision.set_global_policy(choice.policy)
     return choice
-
-
-def parse_dims(text: str | Sequence[int], flag: str) -> tuple[int, ...]:
-    if not isinstance(text, str):
-        return tuple(int(x) for x in text)
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise ValueError(f"Expected --{flag} as comma-separated integers, e.g. 512,256,128. Received: {text!r}") from None

@@ -8,28 +8,12 @@ import time
 
 import numpy as np
 
+from tf_dlrm.config.training import LoopConfig  # noqa: F401 (kept importable from here)
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.metrics import exact_auc, logloss
 from tf_dlrm.train.guards import LossWatch, check_scores
 from tf_dlrm.train.reporting import Reporter
 from tf_dlrm.train.step import Trainer
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopConfig:
-    epochs: float = 1.0
-    max_steps: int = -1  # -1: no limit
-    evals_per_epoch: int = 1
-    auc_threshold: float | None = None
-    print_freq: int = 100
-
-    def __post_init__(self):
-        if self.epochs <= 0:
-            raise ValueError(f"Expected epochs > 0. Received: epochs={self.epochs}")
-        if self.evals_per_epoch < 0:
-            raise ValueError(f"Expected evals_per_epoch >= 0. Received: evals_per_epoch={self.evals_per_epoch}")
-        if self.print_freq <= 0:
-            raise ValueError(f"Expected print_freq > 0. Received: print_freq={self.print_freq}")
 
 
 @dataclasses.dataclass

@@ -1,0 +1,90 @@
+"""Parsing flags imports no TensorFlow: the configs are plain frozen dataclasses in tf_dlrm/config/.
+
+Each check runs in a fresh interpreter, since this test process may have imported TensorFlow already.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+PARSE_FLAGS = """
+import json, sys
+from absl import flags
+import tf_dlrm.train.flags as run_flags
+run_flags.define_flags()
+flags.FLAGS(["main.py", "--dataset_path=/nowhere", "--embedding_dims=cat_0.bin:16", "--interaction=cat",
+             "--optimizer=sgd", "--embedding_optimizer=adagrad", "--warmup_steps=3", "--decay_start_step=5",
+             "--decay_steps=7", "--max_steps=9", "--amp=auto"])
+config = run_flags.config_from_flags(flags.FLAGS)
+print(json.dumps({
+    "imported": sorted(m for m in ("tensorflow", "keras", "horovod", "horovod.tensorflow") if m in sys.modules),
+    "interaction": config.model.interaction, "embedding_dims": config.model.embedding_dims,
+    "schedule": [config.optimizer.schedule(s) for s in (0, 4, 8, 20)], "max_steps": config.loop.max_steps,
+    "embedding_optimizer": config.optimizer.embedding_optimizer, "amp": config.amp.value,
+}))
+"""
+
+
+def run_fresh(code: str) -> dict:
+    completed = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "PYTHONPATH": REPO})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def test_parsing_flags_imports_no_tensorflow():
+    result = run_fresh(PARSE_FLAGS)
+    assert result["imported"] == [], f"parsing flags imported {result['imported']}"
+    # The configs really are the parsed ones (the subprocess did the work, not an early exit).
+    assert result["interaction"] == "cat"
+    assert result["embedding_dims"] == [["cat_0.bin", 16]]
+    assert result["schedule"] == pytest.approx([0.001 / 3, 0.001, 0.001 * (4 / 7) ** 2, 0.0])
+    assert result["max_steps"] == 9
+    assert result["embedding_optimizer"] == "adagrad"
+    assert result["amp"] == "auto"
+
+
+@pytest.mark.parametrize("module", ["tf_dlrm.config.model", "tf_dlrm.config.training", "tf_dlrm.config.run",
+                                    "tf_dlrm.config.embedding"])
+def test_each_config_module_imports_no_tensorflow(module):
+    result = run_fresh(f"import json, sys, {module}\n"
+                       "print(json.dumps({'imported': sorted(m for m in ('tensorflow', 'keras') if m in sys.modules)}))")
+    assert result["imported"] == []
+
+
+def test_old_import_paths_give_the_same_classes():
+    from tf_dlrm.config import model, run, training
+    from tf_dlrm.optimizers import config as optimizers_config
+    from tf_dlrm.optimizers import lazy_adam
+    from tf_dlrm.train import builder, flags, loop, schedule
+
+    assert builder.ModelConfig is model.ModelConfig and builder.ShardingConfig is model.ShardingConfig
+    assert builder.parse_dims is model.parse_dims
+    assert loop.LoopConfig is training.LoopConfig
+    assert schedule.LearningRateSchedule is training.LearningRateSchedule
+    assert optimizers_config.OptimizerConfig is training.OptimizerConfig
+    assert optimizers_config.OPTIMIZERS is training.OPTIMIZERS
+    assert optimizers_config.EMBEDDING_OPTIMIZERS is training.EMBEDDING_OPTIMIZERS
+    assert lazy_adam.check_adam_arguments is training.check_adam_arguments
+    assert flags.RunConfig is run.RunConfig
+
+
+def test_tf_free_interaction_names_match_the_layer_enum():
+    from tf_dlrm.config.model import INTERACTIONS
+    from tf_dlrm.model.interaction import InteractionKind
+
+    assert tuple(kind.value for kind in InteractionKind) == INTERACTIONS
+
+
+def test_model_config_still_checks_the_interaction():
+    from tf_dlrm.config.model import ModelConfig
+
+    with pytest.raises(ValueError, match=r"--interaction in \['dot', 'cat'\]. Received: 'cross'"):
+        ModelConfig(interaction="cross")

@@ -1,0 +1,59 @@
+"""The model and sharding settings of a run: frozen, validated, and free of TensorFlow so that
+parsing flags (``tf_dlrm.train.flags``) imports none."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from tf_dlrm.distributed.plan import Strategy
+
+# The values of tf_dlrm.model.interaction.InteractionKind, copied here because that module imports
+# TensorFlow; tests/config/test_config_tf_free.py checks that the two agree.
+INTERACTIONS = ("dot", "cat")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    embedding_dim: int = 128
+    bottom_mlp_dims: tuple[int, ...] = (512, 256, 128)
+    top_mlp_dims: tuple[int, ...] = (1024, 1024, 512, 256, 1)
+    interaction: str = "dot"
+    include_diagonal: bool = False
+    # Per-table widths overriding embedding_dim and the spec's own: ((table name, width), ...).
+    embedding_dims: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self):
+        if self.embedding_dim <= 0:
+            raise ValueError(f"Expected --embedding_dim > 0. Received: embedding_dim={self.embedding_dim}")
+        for name in ("bottom_mlp_dims", "top_mlp_dims"):
+            dims = getattr(self, name)
+            if not dims or any(d <= 0 for d in dims):
+                raise ValueError(f"Expected --{name} to be positive widths. Received: {name}={list(dims)}")
+        if self.top_mlp_dims[-1] != 1:
+            raise ValueError(f"Expected --top_mlp_dims to end with 1 (the logit). Received: {list(self.top_mlp_dims)}")
+        if self.interaction not in INTERACTIONS:
+            raise ValueError(f"Expected --interaction in {list(INTERACTIONS)}. Received: {self.interaction!r}")
+        if self.interaction == "dot" and self.bottom_mlp_dims[-1] != self.embedding_dim:
+            raise ValueError(
+                "The dot interaction needs the bottom MLP's last width to equal the embedding dim. "
+                f"Received: --bottom_mlp_dims={','.join(map(str, self.bottom_mlp_dims))}, --embedding_dim={self.embedding_dim}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingConfig:
+    strategy: str = Strategy.AUTO.value
+    data_parallel_threshold: int = 2048
+    column_slice_threshold: int | None = None
+    data_parallel_input: bool = False
+
+
+def parse_dims(text: str | Sequence[int], flag: str) -> tuple[int, ...]:
+    """``"512,256,128"`` (or a sequence of ints) -> ``(512, 256, 128)``; a ValueError names ``--flag``."""
+    if not isinstance(text, str):
+        return tuple(int(x) for x in text)
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"Expected --{flag} as comma-separated integers, e.g. 512,256,128. Received: {text!r}") from None
