@@ -322,3 +322,55 @@ def test_describe_lists_every_rank():
     assert "t0[0:1] t2[0:2]" in lines[2] and "51.56 KiB" in lines[2]
     assert "replicated" in lines[3] and "t1" in lines[3]
     assert lines[4].endswith("1.128")
+
+
+# ---------------------------------------------------------------- tables read by several features
+
+
+def test_a_table_read_by_two_features_counts_two_exchange_vectors():
+    """t0 (4000 x 16) is read by two features, t1 (1000 x 4) and t2 (4000 x 16) by one each.
+
+    Memory alone puts t0 and t1 on rank 0 and t2 on rank 1 (68k / 64k elements, imbalance
+    1.03); rank 0 then sends 2 * 16 + 4 = 36 columns per sample, rank 1 16. Counting t0's two
+    pooled vectors, the planner moves t1 to rank 1 (same imbalance, 1.03): 32 and 20 columns.
+    """
+    from tf_dlrm.distributed.packing import alltoall_bytes_per_step, send_width
+    from tf_dlrm.distributed.planner import table_readers
+
+    tables = tables_of((4000, 16), (1000, 4), (4000, 16))
+    feature_tables = [0, 0, 1, 2]  # two features read t0
+    readers = table_readers(feature_tables, 3)
+    assert readers == (2, 1, 1)
+    blind = make_plan(tables, 2, data_parallel_threshold=0)
+    counted = make_plan(tables, 2, data_parallel_threshold=0, readers=readers)
+    assert blind.rank_slices == ((ColumnSlice(0, 0, 16), ColumnSlice(1, 0, 4)), (ColumnSlice(2, 0, 16),))
+    assert counted.rank_slices == ((ColumnSlice(0, 0, 16),), (ColumnSlice(1, 0, 4), ColumnSlice(2, 0, 16)))
+    assert counted.imbalance() == pytest.approx(blind.imbalance()) == pytest.approx(68 / 66)
+    # What the layer really sends (tf_dlrm.distributed.packing, which DistributedEmbedding uses).
+    assert [send_width(blind, r, feature_tables) for r in range(2)] == [36, 16]
+    assert [send_width(counted, r, feature_tables) for r in range(2)] == [32, 20]
+    assert alltoall_bytes_per_step(counted, feature_tables, 8) == 1 * 4 * 32 * 4
+    # One reader per table is the default: the same plan as no readers at all.
+    assert make_plan(tables, 2, data_parallel_threshold=0, readers=(1, 1, 1)) == blind
+
+
+def test_plan_tables_counts_the_features_of_each_table():
+    from tf_dlrm.config.embedding import FeatureConfig, TableConfig
+    from tf_dlrm.embedding.planning import plan_tables
+
+    tables = [TableConfig("user", 4000, 16), TableConfig("device", 1000, 4), TableConfig("item", 4000, 16)]
+    features = [FeatureConfig("user_now", "user"), FeatureConfig("user_before", "user", hotness=5),
+                FeatureConfig("device", "device"), FeatureConfig("item", "item")]
+    plan = plan_tables(tables, 2, features=features)
+    assert plan.tables_on_rank(0) == (0,) and plan.tables_on_rank(1) == (1, 2)
+    assert plan_tables(tables, 2).tables_on_rank(0) == (0, 1)  # no features given: one reader each
+
+
+@pytest.mark.parametrize("readers, message", [
+    ((1, 1), r"one reader count per table \(3\)"),
+    ((1, -1, 1), r"Expected readers >= 0 of table 't1'"),
+    ((1, 1.5, 1), r"Expected readers to be an integer of table 't1'"),
+])
+def test_bad_reader_counts_are_refused(readers, message):
+    with pytest.raises(ValueError, match=message):
+        make_plan(tables_of((4000, 16), (1000, 4), (4000, 16)), 2, data_parallel_threshold=0, readers=readers)

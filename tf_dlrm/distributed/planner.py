@@ -118,24 +118,29 @@ def _imbalance(loads: Sequence[int], base: int) -> float:
     return (max(loads) + base) * len(loads) / (sum(loads) + len(loads) * base)
 
 
-def _balance_widths(tables, owned: list, base: int) -> list:
-    """Moves small pieces off the rank with the most columns while the memory imbalance stays
-    within max(its own, 1.05): every rank looks up the global batch of each of its columns and
-    sends them in the alltoall, so the widest rank sets the pace of both."""
+def _balance_widths(tables, owned: list, base: int, readers: Sequence[int]) -> list:
+    """Moves small pieces off the rank with the most exchange columns while the memory imbalance
+    stays within max(its own, 1.05): every rank looks up the global batch of each of its columns
+    and sends them in the alltoall, so the widest rank sets the pace of both. A piece of a table
+    read by ``k`` features sends ``k`` pooled vectors per sample (one per feature): ``k * width``
+    exchange columns."""
     owned = [list(slices) for slices in owned]
 
     def size(piece):
         return tables[piece.table].rows * piece.width
+
+    def columns(piece):
+        return piece.width * readers[piece.table]
 
     def loads():
         return [sum(size(p) for p in slices) for slices in owned]
 
     bound = max(_imbalance(loads(), base), _GOOD_ENOUGH_IMBALANCE)
     while True:
-        widths, current = [sum(p.width for p in slices) for slices in owned], loads()
+        widths, current = [sum(columns(p) for p in slices) for slices in owned], loads()
         widest, narrowest = widths.index(max(widths)), widths.index(min(widths))
         for piece in sorted(owned[widest], key=lambda p: (size(p), p.table)):
-            if any(p.table == piece.table for p in owned[narrowest]) or widths[narrowest] + piece.width >= widths[widest]:
+            if any(p.table == piece.table for p in owned[narrowest]) or widths[narrowest] + columns(piece) >= widths[widest]:
                 continue
             trial = list(current)
             trial[widest] -= size(piece)
@@ -150,7 +155,7 @@ def _balance_widths(tables, owned: list, base: int) -> list:
 
 def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Strategy = "auto",
               data_parallel_threshold: int = 2048, column_slice_threshold: int | None = None,
-              bytes_per_element: int = 4) -> ShardingPlan:
+              bytes_per_element: int = 4, readers: Sequence[int] | None = None) -> ShardingPlan:
     """Plans where each table lives on `world_size` ranks.
 
     Tables with fewer than `data_parallel_threshold` rows are replicated on every rank; the
@@ -159,8 +164,10 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
     `column_wise` cuts every table into `min(world_size, dim)` slices on distinct ranks; `auto`
     starts table-wise and cuts the largest tables into more slices while that improves the
     memory balance or fills an empty rank, then moves small pieces off the rank with the most
-    columns while the memory imbalance stays within max(its own, 1.05). In every strategy a table of more than
-    `column_slice_threshold` elements gets at least `ceil(elements / threshold)` slices.
+    exchange columns while the memory imbalance stays within max(its own, 1.05); a table read by
+    several features counts `readers * width` exchange columns (each feature sends its own pooled
+    vector). In every strategy a table of more than `column_slice_threshold` elements gets at
+    least `ceil(elements / threshold)` slices.
 
     Args:
         tables: Table specs in feature-spec order.
@@ -169,6 +176,8 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
         data_parallel_threshold: Row count under which a table is replicated, at least 0.
         column_slice_threshold: Elements above which a table is sliced; None for no limit.
         bytes_per_element: Bytes of one stored value (4 for float32 tables).
+        readers: Per table, how many features read it (None: one each); see
+            :func:`table_readers`.
 
     Returns:
         A `ShardingPlan`; the same arguments always give the same plan.
@@ -184,6 +193,7 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
         _check_int("column_slice_threshold", column_slice_threshold, 1)
     _check_int("bytes_per_element", bytes_per_element, 1)
     _check_tables(tables)
+    readers = _check_readers(readers, tables)
     replicated = tuple(t for t, s in enumerate(tables) if s.rows < data_parallel_threshold)
     model_parallel = [t for t, s in enumerate(tables) if s.rows >= data_parallel_threshold]
     if world_size == 1:
@@ -201,7 +211,26 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
             rank_slices, _ = _assign(tables, most, world_size)
         else:
             base = sum(tables[t].elements for t in replicated)
-            rank_slices = _balance_widths(tables, _auto_assign(tables, fewest, most, world_size, base), base)
+            rank_slices = _balance_widths(tables, _auto_assign(tables, fewest, most, world_size, base), base, readers)
     return ShardingPlan(world_size=world_size, tables=tables, strategy=strategy.value,
                         replicated=replicated, rank_slices=rank_slices,
                         bytes_per_element=bytes_per_element)
+
+
+def table_readers(feature_tables: Sequence[int], num_tables: int) -> tuple[int, ...]:
+    """How many features read each table, from the table index of every feature."""
+    counts = [0] * num_tables
+    for table in feature_tables:
+        counts[table] += 1
+    return tuple(counts)
+
+
+def _check_readers(readers, tables) -> tuple[int, ...]:
+    if readers is None:
+        return (1,) * len(tables)
+    readers = tuple(readers)
+    if len(readers) != len(tables):
+        raise ValueError(f"Expected one reader count per table ({len(tables)}). Received: readers={list(readers)}")
+    for table, count in zip(tables, readers):
+        _check_int("readers", count, 0, f" of table {table.name!r}")
+    return readers

@@ -44,7 +44,7 @@ class ShardedEmbedding(keras.layers.Layer):
         self.column_slice_threshold = column_slice_threshold
         self.seed = int(seed)
         self.plan = plan_tables(self.tables, world_size, strategy=strategy, data_parallel_threshold=data_parallel_threshold,
-                                column_slice_threshold=column_slice_threshold)
+                                column_slice_threshold=column_slice_threshold, features=self.features)
         # Collective names derive from this layer's name, so several layers in one model never mix.
         self.sharded = DistributedEmbedding(self.plan, rank=rank, seed=seed, data_parallel_input=True,
                                             features=self.features, name=f"{self.name}_shards")

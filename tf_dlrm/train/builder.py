@@ -10,8 +10,8 @@ from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.distributed.embedding import DistributedEmbedding
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.distributed.plan import ShardingPlan, TableSpec
-from tf_dlrm.distributed.planner import make_plan
-from tf_dlrm.config.embedding import FeatureConfig, check_width_mapping
+from tf_dlrm.distributed.planner import make_plan, table_readers
+from tf_dlrm.config.embedding import FeatureConfig, check_width_mapping, feature_tables
 # The configs live in a TF-free module (flags parse into them); kept importable from here.
 from tf_dlrm.config.model import ModelConfig, ShardingConfig, parse_dims  # noqa: F401
 from tf_dlrm.feature_spec import FeatureSpec
@@ -44,12 +44,14 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
     """The plan of ``sharding`` for ``world_size`` ranks. One process replicates nothing: all its
     tables are local anyway, and in one fused variable they take one gather and one sparse update
     per step instead of two, with no dense gradient of the small tables."""
+    tables = make_tables(spec, model.embedding_dim, model.embedding_dims)
     return make_plan(
-        make_tables(spec, model.embedding_dim, model.embedding_dims),
+        tables,
         world_size,
         strategy=sharding.strategy,
         data_parallel_threshold=sharding.data_parallel_threshold if world_size > 1 else 0,
         column_slice_threshold=sharding.column_slice_threshold,
+        readers=table_readers(feature_tables(make_features(spec), [t.name for t in tables]), len(tables)),
     )
 
 
