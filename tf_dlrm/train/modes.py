@@ -1,5 +1,6 @@
-"""``--mode=eval``, ``--mode=inference`` and ``--mode=export``: what a checkpoint is for besides training.
+"""The modes of ``main.py``: ``--mode=train`` and what a checkpoint is for besides training.
 
+- train: the training loop with periodic evaluation, checkpoints, signals and ``--keep_best``;
 - eval: exact AUC and logloss of a checkpoint on the validation split, on any world size and plan;
 - inference: latency (mean, p50, p90, p99) and throughput of the forward pass per global batch
   size, from a checkpoint (or the initial weights when none is given);
@@ -30,17 +31,29 @@ class Session:
     trainer: object
     reporter: object
     checkpointer: checkpoint.Checkpointer
+    plan: object = None  # the ShardingPlan the model executes
+    choice: object = None  # the PrecisionChoice of --amp here
+    threads: tuple[int, int] = (0, 0)  # (intra-op, inter-op) TensorFlow threads
 
 
-def run(config) -> dict:
-    runners = {"eval": run_eval, "inference": run_inference, "export": run_export}
+def run(config, stop=None) -> dict:
+    """Runs ``config.mode`` on this rank; returns the final record (the last JSON log line).
+
+    ``stop``: the run's :class:`tf_dlrm.train.interrupt.SignalStop` (None: signals are not handled);
+    only training polls it.
+    """
+    runners = {"train": lambda: run_train(config, stop), "eval": lambda: run_eval(config),
+               "inference": lambda: run_inference(config), "export": lambda: run_export(config)}
     if config.mode not in runners:
-        raise ValueError(f"Expected --mode in {['train', *runners]}. Received: --mode={config.mode}")
-    return runners[config.mode](config)
+        raise ValueError(f"Expected --mode in {list(runners)}. Received: --mode={config.mode}")
+    return runners[config.mode]()
 
 
-def _start(config):
-    """This rank's env with threads configured, the feature spec and the reporter."""
+def start(config, check_spec=None):
+    """This rank's env with threads configured, the feature spec, the reporter and the (intra, inter) threads.
+
+    ``check_spec(spec)``: called before the reporter opens (and so truncates) ``--log_path``.
+    """
     from tf_dlrm.distributed import env as env_module
     from tf_dlrm.feature_spec import FeatureSpec
     from tf_dlrm.train.session import configure_threads, resolve_spec_path
@@ -48,13 +61,18 @@ def _start(config):
 
     env = env_module.initialize()
     config.check_world_size(env.world_size)
-    configure_threads(config, env.local_size)
+    threads = configure_threads(config, env.local_size)
     spec = FeatureSpec.load(resolve_spec_path(config), check_files=config.dataset_type == "tf_raw")
-    return env, spec, Reporter(env.is_chief, config.log_path, config.tensorboard_dir)
+    if check_spec is not None:
+        check_spec(spec)
+    return env, spec, Reporter(env.is_chief, config.log_path, config.tensorboard_dir), threads
 
 
-def open_session(config) -> Session:
-    """Builds the model and trainer of the flags on this rank (collective with several ranks)."""
+def open_session(config, started=None) -> Session:
+    """Builds the model and trainer of the flags on this rank (collective with several ranks).
+
+    ``started``: what :func:`start` returned, when the caller checked the spec before the build.
+    """
     import tensorflow as tf
 
     from tf_dlrm.train import builder
@@ -63,17 +81,16 @@ def open_session(config) -> Session:
     from tf_dlrm.precision import choose_precision
     from tf_dlrm.train.session import report_precision
 
-    env, spec, reporter = _start(config)
+    env, spec, reporter, threads = started or start(config)
     choice = builder.apply_precision(choose_precision(config.amp, bool(tf.config.list_physical_devices("GPU"))))
     report_precision(reporter, config, choice)
-    policy = choice.policy
     plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
     model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input)
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla)
     trainer.broadcast_initial_state()
     checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, env, reporter)
     reporter.say(plan.describe())
-    return Session(config, env, spec, policy, model, trainer, reporter, checkpointer)
+    return Session(config, env, spec, choice.policy, model, trainer, reporter, checkpointer, plan, choice, threads)
 
 
 def restore(session: Session, required: bool = True) -> dict | None:
@@ -87,6 +104,94 @@ def _finish(session: Session, record: dict, summary: dict) -> dict:
     session.reporter.event("final", **record)
     session.reporter.close()
     return record
+
+
+# ---------------------------------------------------------------------- train
+
+
+def run_train(config, stop=None) -> dict:
+    """Trains on this rank; returns the final record (``auc``, ``logloss``, ``train_samples_per_s``,
+    ``steps``, ``world_size`` and, with ``--keep_best``, ``best_step``)."""
+    from tf_dlrm.precision import read_cpu_info
+    from tf_dlrm.train import builder, checkpoint_choice, interrupt, preflight
+    from tf_dlrm.train.loop import train
+
+    preflight.check_output_paths(config)  # before anything costly: no mistake in a path costs a run
+    evaluating = []  # whether a validation split is read: checked before the model is built
+    session = open_session(config, start(config, lambda spec: evaluating.append(preflight.check_valid_split(config, spec))))
+    env, spec, plan, trainer, reporter = session.env, session.spec, session.plan, session.trainer, session.reporter
+    intra, inter = session.threads
+    rank_bytes = [plan.rank_bytes(r) for r in range(env.world_size)]
+    exchange = plan.alltoall_bytes_per_step(config.batch_size, bytes_per_value=2 if session.policy != "float32" else 4)
+    reporter.event(
+        "config", world_size=env.world_size, precision=session.policy, amp=config.amp.value,
+        precision_native=session.choice.native, cpu=read_cpu_info().summary(), xla=config.xla,
+        batch_size=config.batch_size, intra_op_threads=intra, inter_op_threads=inter, plan=plan.to_dict(),
+        rank_embedding_bytes=rank_bytes, alltoall_bytes_per_step=exchange,
+    )
+    reporter.say(
+        f"world size {env.world_size}, precision {session.policy}, per-rank embedding bytes {rank_bytes}, "
+        f"alltoall bytes per step (max over ranks) {exchange}"
+    )
+
+    embedding = session.model.embedding
+    train_reader = builder.make_reader(spec, config.train_split, config.batch_size, env, embedding, True, config.seed,
+                                       config.dataset_type)
+    valid_reader = None
+    if evaluating[0]:
+        # Random in-memory batches (--dataset_type=synthetic) are evaluated on the spec's split files.
+        valid_type = "split_tfrecords" if config.dataset_type == "split_tfrecords" else "tf_raw"
+        valid_reader = builder.make_reader(spec, config.valid_split, config.valid_batch_size, env, embedding, False,
+                                           config.seed, valid_type)
+        preflight.check_not_empty(config.valid_split, valid_reader)
+    checkpointer = session.checkpointer
+    data = checkpoint_choice.data_record(train_reader, config.batch_size)
+    start_step = checkpointer.restore_for_training(config, train_reader.num_batches, data)
+    keeper = None
+    if config.keep_best and valid_reader is not None:
+        from tf_dlrm.train.keep_best import BestKeeper
+
+        keeper = BestKeeper(trainer)
+
+    def on_step(step, epoch, batch_in_epoch):
+        checkpointer.on_step(step, epoch, batch_in_epoch)
+        if stop is not None:
+            stop.poll(trainer, env, step)
+
+    if stop is not None:
+        stop.training = True  # from now on a signal is only recorded, and the loop stops after a step
+    try:
+        result = train(trainer, train_reader, valid_reader, config.loop, reporter, start_step=start_step, on_step=on_step,
+                       on_eval=keeper.on_eval if keeper else None)
+    except interrupt.Interrupted as interrupted:
+        checkpointer.finish(interrupted.step)  # saves unless that step is saved already (or no save path)
+        last = checkpoint_choice.latest(config.save_checkpoint_path) or config.restore_checkpoint_path
+        reporter.event("interrupted", step=interrupted.step, signal=interrupted.signal_number, checkpoint=last)
+        reporter.close()
+        interrupt.report(interrupted, last, env.is_chief)
+        raise SystemExit(interrupted.exit_code) from None
+    last, final_step = result.last_eval, result.steps
+    if keeper is not None and keeper.best is not None:
+        keeper.restore()
+        last, final_step = keeper.best, keeper.step
+        reporter.say(f"keep_best: restored the state of step {keeper.step} (validation AUC {last.auc:.6f})")
+    checkpointer.finish(final_step)
+
+    record = {
+        "auc": last.auc if last else None,
+        "logloss": last.logloss if last else None,
+        "train_samples_per_s": result.train_samples_per_s,
+        "steps": result.steps,
+        "world_size": env.world_size,
+    }
+    if keeper is not None:
+        record["best_step"] = final_step
+    summary = {
+        "steps": result.steps, "world size": env.world_size, "precision": session.policy,
+        "validation AUC": record["auc"], "validation logloss": record["logloss"],
+        "train samples/s": record["train_samples_per_s"], "stopped early": result.stopped_early,
+    }
+    return _finish(session, record, summary)
 
 
 # ---------------------------------------------------------------------- eval
@@ -196,7 +301,7 @@ def run_export(config) -> dict:
     """Rank 0 verifies the checkpoint and writes the SavedModel; other ranks only wait for the outcome."""
     from tf_dlrm.train import export
 
-    env, spec, reporter = _start(config)
+    env, spec, reporter, _ = start(config)
     outcome = None
     if env.is_chief:
         started = time.time()
