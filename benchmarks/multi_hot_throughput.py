@@ -12,9 +12,10 @@ window by window so that machine load hits them alike. Cases:
   (the ids as a ``tf.SparseTensor``), Keras SGD on every variable;
 - ``naive_ragged``: the same with ``tf.gather`` on a ``tf.RaggedTensor`` of ids and ``reduce_sum`` /
   ``reduce_mean`` over the ragged axis;
-- ``tf_dlrm``: :class:`tf_dlrm.distributed.embedding.DistributedEmbedding` (fused tables; per width
-  one ``unique``, one gather of the distinct rows and one sparse segment sum) in tf_dlrm's DLRM and
-  Trainer; ``tf_dlrm_unchecked`` (only when asked for) the same without the id checks.
+- ``tf_dlrm``: :class:`tf_dlrm.distributed.embedding.DistributedEmbedding` (tables fused by width;
+  per feature one ``unique``, one gather of its distinct rows and one sparse segment sum) in
+  tf_dlrm's DLRM and Trainer; ``tf_dlrm_unchecked`` (only when asked for) the same without the id
+  checks.
 
 Prints one JSON line per case (``vs_naive_sparse`` / ``vs_naive_ragged``: ratios of medians), then
 one line ``{"benchmark": "multi_hot_alltoall_bytes", ...}`` with the embedding alltoall bytes per

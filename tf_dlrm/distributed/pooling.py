@@ -1,17 +1,18 @@
-"""Lookup and pooling of several features in one fused table variable (one gather per variable).
+"""Lookup and pooling of several features in one fused table variable.
 
 Each *entry* is one feature reading one table slice stored in the fused variable at a row offset.
-One-hot entries gather ``[n, E, w]`` directly. Multi-hot entries (fixed hotness as a dense
-``[n, h]`` tensor, or ragged) take the distinct ids of all entries (``tf.unique``), gather each
-distinct row once and sum the rows of each (entry, sample) with one ``sparse_segment_sum`` into
-``[E * n, w]``; one transpose gives the same ``[n, E * w]`` block as the one-hot case: a multi-hot
-feature costs the exchange bytes of a one-hot one. ``mean`` / ``sqrtn`` scale the pooled sums by
-``1 / count`` or ``1 / sqrt(count)`` afterwards (``n * E`` multiplies, not one per id).
+When every entry is one-hot they share one gather ``[n, E, w]``. Otherwise each entry is pooled on
+its own: one-hot entries gather ``[n, w]``; multi-hot entries (fixed hotness as a ``RaggedTensor``
+of uniform row length, or ragged) take their distinct ids (``tf.unique``), gather each distinct row
+once and sum each sample's rows with one ``sparse_segment_sum``; the entries' ``[n, w]`` blocks are
+put side by side into the same ``[n, E * w]`` block as the one-hot case: a multi-hot feature costs
+the exchange bytes of a one-hot one. ``mean`` / ``sqrtn`` scale the pooled sums by ``1 / count``
+or ``1 / sqrt(count)`` afterwards (``n`` multiplies per entry, not one per id).
 
 Backward: the gradient of ``sparse_segment_sum`` adds the pooled gradients of every occurrence of
 an id (duplicates within a sample and across the batch accumulated) into one row per distinct id,
 and the gradient of the gather is ``IndexedSlices`` over the distinct rows: the sparse update
-touches each row once.
+touches each row of an entry once (rows of a table read by several features once per feature).
 """
 
 from __future__ import annotations
@@ -106,27 +107,18 @@ def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType) -> 
         fused = tf.stack([tf.cast(ids, index_dtype) + offset for ids, offset, _ in entries], axis=1)
         vectors = gather_rows(variable, fused)  # [n, E, w]
         return tf.reshape(vectors, [-1, count * width])
-    rows = batch_size(entries[0][0])
-    values, segments, scales = [], [], []
-    for entry, (ids, offset, combiner) in enumerate(entries):
-        if isinstance(ids, tf.RaggedTensor):
-            values.append(tf.cast(ids.values, index_dtype) + offset)
-            # Segment (entry, sample) = entry * n + sample: sorted, as sparse_segment_sum needs.
-            segments.append(tf.cast(ids.value_rowids(), tf.int32) + entry * rows)
-            scales.append(combiner_scale(ids, combiner))
-        else:
-            values.append(tf.cast(ids, index_dtype) + offset)
-            segments.append(tf.range(rows) + entry * rows)
-            scales.append(None)
-    # Each distinct row is read once and, in the backward pass, updated once: the pooled gradient
-    # of its ids is summed by sparse_segment_sum's gradient before it reaches the sparse update
-    # (popular ids repeat many times in a multi-hot batch).
-    unique, positions = tf.unique(tf.concat(values, axis=0), out_idx=tf.int32)
-    pooled = tf.sparse.segment_sum(gather_rows(variable, unique), positions, tf.concat(segments, axis=0),
-                                        num_segments=rows * count)
-    pooled = tf.reshape(pooled, [count, rows, width])
-    if any(scale is not None for scale in scales):
-        ones = tf.ones([rows], tf.float32)
-        factors = tf.stack([ones if s is None else s for s in scales], axis=0)  # [E, n]
-        pooled = pooled * factors[:, :, None]
-    return tf.reshape(tf.transpose(pooled, [1, 0, 2]), [-1, count * width])
+    pooled = []
+    for ids, offset, combiner in entries:
+        if not isinstance(ids, tf.RaggedTensor):  # one-hot
+            pooled.append(gather_rows(variable, tf.cast(ids, index_dtype) + offset))
+            continue
+        # Per entry, not over the whole fused variable: one entry's distinct ids span one table,
+        # so unique's hash map, the gathered rows and the gradient's scattered sums stay small
+        # enough for the caches (fused over all tables of a width, each was 2-5x slower,
+        # benchmarks/multi_hot_throughput.py), and the entries' ops run in parallel.
+        unique, positions = tf.unique(tf.cast(ids.values, index_dtype) + offset, out_idx=tf.int32)
+        summed = tf.sparse.segment_sum(gather_rows(variable, unique), positions, tf.cast(ids.value_rowids(), tf.int32),
+                                       num_segments=batch_size(ids))
+        scale = combiner_scale(ids, combiner)
+        pooled.append(summed if scale is None else summed * scale[:, None])
+    return tf.concat(pooled, axis=1) if len(pooled) > 1 else pooled[0]
