@@ -32,8 +32,8 @@ class CrossedFeature:
     name: str = ""
 
     def __post_init__(self):
-        if isinstance(self.buckets, bool) or not isinstance(self.buckets, int) or self.buckets < 1:
-            raise ValueError(f"Expected buckets to be a positive integer for crossed feature {self.first}*{self.second}. "
+        if isinstance(self.buckets, bool) or not isinstance(self.buckets, int) or not 1 <= self.buckets < 2**31:
+            raise ValueError(f"Expected buckets to be an integer in [1, 2^31) for crossed feature {self.first}*{self.second}. "
                              f"Received: buckets={self.buckets!r}")
         if self.first == self.second:
             raise ValueError(f"Expected two different features in a crossed feature. Received: {self.first} twice")

@@ -15,6 +15,8 @@ from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.distributed.plan import ShardingPlan, Strategy, TableSpec
 from tf_dlrm.distributed.planner import make_plan
 from tf_dlrm.config.embedding import FeatureConfig, check_width_mapping
+from tf_dlrm.config.model_tables import family_tables
+from tf_dlrm.config.models import ModelFamilyConfig
 from tf_dlrm.feature_spec import FeatureSpec
 from tf_dlrm.model.dlrm import DLRM
 from tf_dlrm.model.interaction import InteractionKind
@@ -30,6 +32,8 @@ class ModelConfig:
     include_diagonal: bool = False
     # Per-table widths overriding embedding_dim and the spec's own: ((table name, width), ...).
     embedding_dims: tuple[tuple[str, int], ...] = ()
+    # --model and the hyper-parameters of DCNv2, DeepFM and Wide & Deep (tf_dlrm.config.models).
+    family: ModelFamilyConfig = ModelFamilyConfig()
 
     def __post_init__(self):
         if self.embedding_dim <= 0:
@@ -42,7 +46,7 @@ class ModelConfig:
             raise ValueError(f"Expected --top_mlp_dims to end with 1 (the logit). Received: {list(self.top_mlp_dims)}")
         if self.interaction not in [k.value for k in InteractionKind]:
             raise ValueError(f"Expected --interaction in {[k.value for k in InteractionKind]}. Received: {self.interaction!r}")
-        if self.interaction == "dot" and self.bottom_mlp_dims[-1] != self.embedding_dim:
+        if self.family.model == "dlrm" and self.interaction == "dot" and self.bottom_mlp_dims[-1] != self.embedding_dim:
             raise ValueError(
                 "The dot interaction needs the bottom MLP's last width to equal the embedding dim. "
                 f"Received: --bottom_mlp_dims={','.join(map(str, self.bottom_mlp_dims))}, --embedding_dim={self.embedding_dim}"
@@ -72,6 +76,12 @@ def table_widths(spec: FeatureSpec, model: ModelConfig) -> list[int]:
     return [table.dim for table in make_tables(spec, model.embedding_dim, model.embedding_dims)]
 
 
+def model_tables(spec: FeatureSpec, model: ModelConfig) -> list[TableSpec]:
+    """Every table of the model: one per categorical feature, then the width-1 tables of DeepFM and
+    Wide & Deep (:func:`tf_dlrm.config.model_tables.family_tables`)."""
+    return family_tables(make_tables(spec, model.embedding_dim, model.embedding_dims), model.family, spec.crossed_features)
+
+
 def make_features(spec: FeatureSpec) -> tuple[FeatureConfig, ...]:
     """One feature per categorical feature of the spec, reading its own table."""
     return tuple(FeatureConfig(name=name, table=name, hotness=spec.hotness(name), combiner=spec.combiner(name))
@@ -83,7 +93,7 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
     tables are local anyway, and in one fused variable they take one gather and one sparse update
     per step instead of two, with no dense gradient of the small tables."""
     return make_plan(
-        make_tables(spec, model.embedding_dim, model.embedding_dims),
+        model_tables(spec, model),
         world_size,
         strategy=sharding.strategy,
         data_parallel_threshold=sharding.data_parallel_threshold if world_size > 1 else 0,
@@ -94,7 +104,14 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
 def build_model(
     spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, env: DistributedEnv, seed: int, data_parallel_input: bool = False
 ) -> DLRM:
-    """A built DLRM whose embedding executes ``plan`` on ``env.rank``."""
+    """A built model of ``config.family`` (DLRM by default) whose embedding executes ``plan`` on ``env.rank``."""
+    if config.family.model != "dlrm":
+        from tf_dlrm.models import build_family_model
+
+        model = build_family_model(config.family, make_features(spec), spec.crossed_features, plan,
+                                   len(spec.numerical_features), env.rank, seed, data_parallel_input)
+        build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, env.world_size)
+        return model
     embedding = DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input,
                                      features=make_features(spec), name="embedding")
     model = DLRM(

@@ -10,6 +10,7 @@ from tf_dlrm.config.embedding import parse_width_mapping
 from tf_dlrm.precision import AmpMode
 from tf_dlrm.train.builder import ModelConfig, ShardingConfig, parse_dims
 from tf_dlrm.train.loop import LoopConfig
+from tf_dlrm.train.model_flags import define_model_flags, model_family_from_flags
 from tf_dlrm.train.schedule import LearningRateSchedule
 from tf_dlrm.optimizers.config import EMBEDDING_OPTIMIZERS, OPTIMIZERS, OptimizerConfig
 
@@ -81,6 +82,7 @@ def define_flags() -> None:
     f.DEFINE_string("top_mlp_dims", "1024,1024,512,256,1", "Top MLP widths; the last is 1.")
     f.DEFINE_enum("interaction", "dot", ["dot", "cat"], "Feature interaction.")
     f.DEFINE_bool("dot_include_diagonal", False, "Keep self dot products in the dot interaction.")
+    define_model_flags()
     define_amp_flag()
     f.DEFINE_float("loss_scale", 0.0, "Loss scale for mixed_float16: > 0 static, 0 dynamic (ignored for float32 and bfloat16).")
     f.DEFINE_bool("xla", False, "Compile the dense part of the step with XLA.")
@@ -209,6 +211,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         interaction=values.interaction,
         include_diagonal=values.dot_include_diagonal,
         embedding_dims=tuple(parse_width_mapping(values.embedding_dims).items()),
+        family=model_family_from_flags(values),
     )
     schedule = LearningRateSchedule(values.learning_rate, values.warmup_steps, values.decay_start_step, values.decay_steps)
     return RunConfig(
