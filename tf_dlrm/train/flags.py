@@ -65,7 +65,7 @@ def define_flags() -> None:
     f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
                    "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. lazy_adam wants about "
                    "3e-3, adagrad 0.1, sgd about 1.")
-    f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad and rowwise_adagrad (embeddings and MLPs).")
+    f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad, rowwise_adagrad and ftrl (embeddings and MLPs).")
     f.DEFINE_float("adagrad_epsilon", 1e-7, "Epsilon of adagrad and rowwise_adagrad.")
     f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")
     f.DEFINE_float("adam_beta2", 0.999, "beta_2 of adam, lazy_adam and lamb.")
