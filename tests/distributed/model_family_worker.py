@@ -66,7 +66,7 @@ def run_case(case, env):
     reference_trainer = Trainer(reference, DistributedEnv(), config)
     count = len(plan.tables)
     record = {"case": case["name"], "rank": env.rank, "rank_slices": [str(s) for s in plan.rank_slices[env.rank]],
-              "tables": [t.name for t in plan.tables]}
+              "table_names": [t.name for t in plan.tables]}
 
     def tables_diff():
         result = {"abs": 0.0, "rel": 0.0}

@@ -63,4 +63,4 @@ def test_model_on_n_ranks_equals_one_process(world_size, case, tmp_path_factory)
         if "dcnv2" not in case:
             assert record["narrow_tables_moved"] > 1e-4, f"{where}: the width-1 tables did not train"
     if "wide_deep" in case:
-        assert {"cross:t1*t2", "cross:t0*t3", "linear:t0"} <= set(records[0]["tables"])
+        assert {"cross:t1*t2", "cross:t0*t3", "linear:t0"} <= set(records[0]["table_names"])
