@@ -88,6 +88,17 @@ def run_case(case, env):
         trainer.train_step(*local_inputs(batch, model.embedding, env))
         reference_trainer.train_step(*reference_inputs(batch))
     record["tables"] = tables_diff()
+    state = {"abs": 0.0, "rel": 0.0}
+    entries = trainer.sparse.state_entries(count)
+    assert entries == reference_trainer.sparse.state_entries(count)
+    for slot, table in entries:
+        row_wise = trainer.sparse.table_optimizer(table).row_wise
+        full = model.embedding.get_full_table(table, lambda v: trainer.sparse.slot(v, slot), row_wise)  # collective
+        expected = reference.embedding.get_full_table(table, lambda v: reference_trainer.sparse.slot(v, slot), row_wise)
+        if full is not None:
+            state = worst(state, max_differences(full, expected))
+    record["embedding_state"] = state
+    record["state_entries"] = [slot for slot, _ in entries]
     dense = {"abs": 0.0, "rel": 0.0}
     assert len(trainer.mlp) == len(reference_trainer.mlp)
     for mine, theirs in zip(trainer.mlp, reference_trainer.mlp):

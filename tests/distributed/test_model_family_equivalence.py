@@ -28,6 +28,10 @@ CASES = [
     {**BASE, "name": "wide_deep_column_wise_lazy_adam", "strategy": "column_wise", "crossed": CROSSED,
      "family": {"model": "wide_deep", "deep_mlp_dims": [8]}, "embedding_optimizer": "lazy_adam", "optimizer": "adam",
      "dense_learning_rate": 0.01, "adam_epsilon": 1e-4, "magnitude_floor": BASE["learning_rate"]},
+    # The wide tables with their own optimizer (FTRL), the deep ones with row-wise Adagrad.
+    {**BASE, "name": "wide_deep_column_wise_ftrl_wide", "strategy": "column_wise", "crossed": CROSSED,
+     "family": {"model": "wide_deep", "deep_mlp_dims": [8], "wide_optimizer": "ftrl", "wide_learning_rate": 0.05},
+     "embedding_optimizer": "rowwise_adagrad", "magnitude_floor": BASE["learning_rate"]},
 ]
 WORLD_SIZES = (2, 3, 4)
 _results: dict[int, list[dict]] = {}
@@ -60,6 +64,9 @@ def test_model_on_n_ranks_equals_one_process(world_size, case, tmp_path_factory)
         assert record["tables"]["rel"] <= 1e-5, f"{where}: tables after 3 steps differ {record['tables']}"
         assert record["dense"]["rel"] <= 1e-5, f"{where}: dense weights after 3 steps differ {record['dense']}"
         assert record["tables_moved"] > 1e-4, f"{where}: training did not change the tables"
+        if "ftrl" in case:
+            assert record["embedding_state"]["rel"] <= 1e-5, f"{where}: embedding optimizer state differs {record['embedding_state']}"
+            assert record["state_entries"] == ["accumulator"] * 4 + ["accumulator"] * 6 + ["linear"] * 6
         if "dcnv2" not in case:
             assert record["narrow_tables_moved"] > 1e-4, f"{where}: the width-1 tables did not train"
     if "wide_deep" in case:

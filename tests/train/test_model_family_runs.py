@@ -9,7 +9,8 @@ Per model (dlrm, dcnv2, deepfm, wide_deep) on the checkpoint tests' tiny synthet
 - a fresh interpreter that never imports tf_dlrm serves the SavedModel on that batch.
 
 Scores agree within 1e-6 (float32 sums of a few dozen terms of size ~1 in different orders).
-Wide & Deep reads a copy of the spec with two crossed features.
+Wide & Deep reads a copy of the spec with two crossed features and trains its wide tables with FTRL
+(its state checkpointed and resharded like the row-wise Adagrad state of the deep tables).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def flags_of(model: str, data: str) -> list[str]:
     flags = model_flags(data) + [f"--model={model}", "--deep_mlp_dims=16", "--num_cross_layers=2", "--cross_low_rank=4",
                                  f"--max_steps={STEPS}"]
     if model == "wide_deep":
-        flags.append("--feature_spec=feature_spec_crossed.yaml")
+        flags += ["--feature_spec=feature_spec_crossed.yaml", "--wide_optimizer=ftrl", "--wide_learning_rate=0.05"]
     return flags
 
 

@@ -31,6 +31,9 @@ class CrossStructure(str, enum.Enum):
 
 MODEL_NAMES = tuple(m.value for m in ModelName)
 CROSS_STRUCTURES = tuple(s.value for s in CrossStructure)
+# Sparse optimizers Wide & Deep's wide tables may use instead of the embedding optimizer
+# ("": the embedding optimizer); the paper trained its wide part with FTRL.
+WIDE_OPTIMIZERS = ("", "ftrl", "adagrad")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +45,10 @@ class ModelFamilyConfig:
         cross_structure: DCNv2: ``stacked`` or ``parallel``.
         deep_mlp_dims: hidden widths of the deep MLP of dcnv2, deepfm and wide_deep (a last layer of
             one unit, the logit, is added after them).
+        wide_optimizer: wide_deep: the sparse optimizer of the wide tables (``ftrl``, ``adagrad``; ``""``:
+            the embedding optimizer).
+        wide_learning_rate: wide_deep: base rate of ``wide_optimizer`` on the schedule (0: the
+            embedding optimizer's rate).
     """
 
     model: str = ModelName.DLRM.value
@@ -49,6 +56,8 @@ class ModelFamilyConfig:
     cross_low_rank: int = 0
     cross_structure: str = CrossStructure.STACKED.value
     deep_mlp_dims: tuple[int, ...] = (512, 256)
+    wide_optimizer: str = ""
+    wide_learning_rate: float = 0.0
 
     def __post_init__(self):
         if self.model not in MODEL_NAMES:
@@ -63,6 +72,13 @@ class ModelFamilyConfig:
         if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in dims):
             raise ValueError(f"Expected --deep_mlp_dims to be positive widths. Received: --deep_mlp_dims={list(dims)}")
         object.__setattr__(self, "deep_mlp_dims", dims)
+        if self.wide_optimizer not in WIDE_OPTIMIZERS:
+            raise ValueError(f"Expected --wide_optimizer in {[o for o in WIDE_OPTIMIZERS if o]} (or empty: the embedding "
+                             f"optimizer). Received: --wide_optimizer={self.wide_optimizer!r}")
+        if self.wide_learning_rate < 0:
+            raise ValueError(f"Expected --wide_learning_rate >= 0. Received: --wide_learning_rate={self.wide_learning_rate}")
+        if (self.wide_optimizer or self.wide_learning_rate) and self.model != ModelName.WIDE_DEEP.value:
+            raise ValueError(f"--wide_optimizer and --wide_learning_rate apply to --model=wide_deep only. Received: --model={self.model}")
 
     @property
     def uses_expanded_features(self) -> bool:
@@ -72,4 +88,5 @@ class ModelFamilyConfig:
     def record(self) -> dict:
         """Plain data for checkpoint manifests (what the weights' shapes depend on)."""
         return {"model": self.model, "num_cross_layers": self.num_cross_layers, "cross_low_rank": self.cross_low_rank,
-                "cross_structure": self.cross_structure, "deep_mlp_dims": list(self.deep_mlp_dims)}
+                "cross_structure": self.cross_structure, "deep_mlp_dims": list(self.deep_mlp_dims),
+                "wide_optimizer": self.wide_optimizer, "wide_learning_rate": self.wide_learning_rate}

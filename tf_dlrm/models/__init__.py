@@ -50,5 +50,6 @@ def build_family_model(family: ModelFamilyConfig, base_features, crossed, plan, 
     if family.model == ModelName.DEEPFM.value:
         return DeepFM(embedding, deep_mlp_dims=family.deep_mlp_dims, **common)
     if family.model == ModelName.WIDE_DEEP.value:
-        return WideDeep(embedding, deep_mlp_dims=family.deep_mlp_dims, **common)
+        return WideDeep(embedding, deep_mlp_dims=family.deep_mlp_dims, wide_optimizer=family.wide_optimizer,
+                        wide_learning_rate=family.wide_learning_rate, **common)
     raise ValueError(f"build_family_model makes dcnv2, deepfm and wide_deep. Received: model={family.model!r}")

@@ -35,16 +35,25 @@ class SparseUpdater:
         replicated: its ``replicated`` variables.
         padding: its ``padding`` variables (they carry the plan's split tables on a rank owning no slice).
         weight_decay: L2 coefficient added to the gradient of each touched row (``g + wd * w``).
+        table_optimizers: ``{table index: (optimizer, rate scale)}`` for tables trained by another
+            sparse optimizer at ``rate scale`` times the embedding rate (Wide & Deep's wide part);
+            the same on every rank. A fused variable's tables must all share one optimizer.
     """
 
-    def __init__(self, optimizer: SparseOptimizer, env: DistributedEnv, shards, replicated, padding=(), weight_decay: float = 0.0):
+    def __init__(self, optimizer: SparseOptimizer, env: DistributedEnv, shards, replicated, padding=(), weight_decay: float = 0.0,
+                 table_optimizers=None):
         self.optimizer, self.env = optimizer, env
         self.shards, self.replicated = list(shards), list(replicated)
         self.weight_decay = float(weight_decay)
-        self.shard_slots = [optimizer.create_slots(v) for v in self.shards]
-        self.replicated_slots = [optimizer.create_slots(v) for v in self.replicated]
+        self.table_optimizers = dict(table_optimizers or {})
+        if any(o.row_wise for o, _ in self.table_optimizers.values()):
+            raise ValueError("A row-wise optimizer can only be the embedding optimizer, not a per-table one")
+        self.shard_choice = [self._choice(v) for v in self.shards]
+        self.replicated_choice = [self._choice(v) for v in self.replicated]
+        self.shard_slots = [o.create_slots(v) for v, (o, _) in zip(self.shards, self.shard_choice)]
+        self.replicated_slots = [o.create_slots(v) for v, (o, _) in zip(self.replicated, self.replicated_choice)]
         # SGD without decay is linear in the gradient: repeated ids need not be summed first.
-        self.plain_sgd = isinstance(optimizer, SparseSGD) and not self.weight_decay
+        self.plain_sgd = isinstance(optimizer, SparseSGD) and not self.weight_decay and not self.table_optimizers
         layouts = [layout_of(v) for v in self.shards + list(padding)]
         problems = {layout.row_wise_problem for layout in layouts if layout is not None and layout.row_wise_problem}
         if optimizer.row_wise and problems:
@@ -52,11 +61,33 @@ class SparseUpdater:
         self.split_tables = next((layout.split_tables for layout in layouts if layout is not None), ())
         self._column_of_table = {t: i for i, t in enumerate(self.split_tables)}
 
+    def _choice(self, variable) -> tuple[SparseOptimizer, float]:
+        """``(optimizer, rate scale)`` of an embedding variable, from the tables its slices hold."""
+        layout = layout_of(variable)
+        tables = set(layout.tables) if layout is not None else set()
+        choices = {self.table_optimizers.get(t, (self.optimizer, 1.0)) for t in tables} or {(self.optimizer, 1.0)}
+        if len(choices) > 1:
+            raise ValueError(f"Embedding variable {getattr(variable, 'path', variable)} fuses tables {sorted(tables)} trained "
+                             "by different optimizers; give them different widths")
+        return choices.pop()
+
     # ------------------------------------------------------------------ state
 
     @property
     def slot_names(self) -> tuple[str, ...]:
         return tuple(self.optimizer.slots)
+
+    def table_optimizer(self, table: int) -> SparseOptimizer:
+        """The sparse optimizer of table ``table`` (the same answer on every rank)."""
+        return self.table_optimizers.get(table, (self.optimizer, 1.0))[0]
+
+    def state_entries(self, num_tables: int) -> list[tuple[str, int]]:
+        """``(slot, table)`` of every piece of state, in one order on every rank: the embedding
+        optimizer's slots table by table, then the per-table optimizers' own."""
+        entries = [(slot, table) for slot in self.slot_names for table in range(num_tables) if table not in self.table_optimizers]
+        extra = sorted({slot for o, _ in self.table_optimizers.values() for slot in o.slots})
+        entries += [(slot, table) for slot in extra for table in sorted(self.table_optimizers) if slot in self.table_optimizer(table).slots]
+        return entries
 
     @property
     def row_wise(self) -> bool:
@@ -72,7 +103,7 @@ class SparseUpdater:
 
     @property
     def variables(self) -> list:
-        return [s[name] for s in self.shard_slots + self.replicated_slots for name in self.slot_names]
+        return [state[name] for state in self.shard_slots + self.replicated_slots for name in state]
 
     # ------------------------------------------------------------------ replicated tables
 
@@ -104,14 +135,16 @@ class SparseUpdater:
             rows, summed, position = deduplicate(gradient)
             summed = summed * scale if self.env.world_size > 1 else summed  # one pass fewer in one process
             updates.append((variable, slots, layout_of(variable), rows, summed, position))
+        choices = self.shard_choice + self.replicated_choice
         for variable, slots, packed in zip(self.replicated, self.replicated_slots, replicated_gradients):
             rows = tf.reshape(tf.where(packed[:, -1] > 0), [-1])
             updates.append((variable, slots, None, rows, tf.gather(packed[:, :-1], rows), None))
         if self.weight_decay:
             updates = [(v, s, lay, rows, g + self.weight_decay * gather(v, rows), p) for v, s, lay, rows, g, p in updates]
         means = self.row_mean_squares(updates, global_batch) if self.row_wise else [None] * len(updates)
-        for (variable, slots, _, rows, gradient, _), mean in zip(updates, means):
-            self.optimizer.apply(variable, slots, rows, gradient, learning_rate, step, row_mean_squares=mean)
+        for (variable, slots, _, rows, gradient, _), mean, (optimizer, rate_scale) in zip(updates, means, choices):
+            rate = learning_rate if rate_scale == 1.0 else learning_rate * rate_scale
+            optimizer.apply(variable, slots, rows, gradient, rate, step, row_mean_squares=mean)
 
     def row_mean_squares(self, updates, global_batch) -> list[tf.Tensor]:
         """Each touched row's mean squared gradient over its whole width, for row-wise state.
