@@ -93,8 +93,8 @@ def run_case(case, env):
     assert entries == reference_trainer.sparse.state_entries(count)
     for slot, table in entries:
         row_wise = trainer.sparse.table_optimizer(table).row_wise
-        full = model.embedding.get_full_table(table, lambda v: trainer.sparse.slot(v, slot), row_wise)  # collective
-        expected = reference.embedding.get_full_table(table, lambda v: reference_trainer.sparse.slot(v, slot), row_wise)
+        full = model.embedding.get_full_table(table, lambda v: trainer.sparse.slot(v, slot, table), row_wise)  # collective
+        expected = reference.embedding.get_full_table(table, lambda v: reference_trainer.sparse.slot(v, slot, table), row_wise)
         if full is not None:
             state = worst(state, max_differences(full, expected))
     record["embedding_state"] = state

@@ -22,8 +22,8 @@ def _file(slot: str, table: int) -> str:
     return f"optimizer/embedding_{slot}_table_{table:03d}.npy"
 
 
-def _state_of(updater, slot: str):
-    return lambda variable: updater.slot(variable, slot)
+def _state_of(updater, slot: str, table: int):
+    return lambda variable: updater.slot(variable, slot, table)
 
 
 def save(trainer, num_tables: int, root: str | None, files: dict) -> tuple[list, str | None]:
@@ -33,7 +33,7 @@ def save(trainer, num_tables: int, root: str | None, files: dict) -> tuple[list,
     entries, error = [], None
     for slot, table in updater.state_entries(num_tables):
         row_wise = updater.table_optimizer(table).row_wise
-        full = embedding.get_full_table(table, _state_of(updater, slot), row_wise)  # collective
+        full = embedding.get_full_table(table, _state_of(updater, slot, table), row_wise)  # collective
         if root is not None and full is not None and error is None:
             file = _file(slot, table)
             try:
@@ -76,5 +76,5 @@ def restore(trainer, directory: str, files: list[str] | None, cardinalities, wid
         row_wise = updater.table_optimizer(table).row_wise
         shape = (cardinalities[table], 1 if row_wise else widths[table])
         values = load_array(directory, files[position], shape, np.float32, mmap=True) if is_chief else None
-        embedding.set_full_table(table, values, _state_of(updater, slot), row_wise)  # collective
+        embedding.set_full_table(table, values, _state_of(updater, slot, table), row_wise)  # collective
         del values
