@@ -26,17 +26,19 @@ class ExpandedEmbedding(DistributedEmbedding):
         sources: per feature, ``("column", i)`` or ``("cross", i, j)`` (indices of the columns).
     """
 
-    def __init__(self, plan, rank: int = 0, seed: int = 0, features=None, sources=(), validate_ids: bool = True,
-                 data_parallel_input: bool = True, **kwargs):
+    def __init__(self, plan, rank: int = 0, seed: int = 0, features=None, sources=(), validate_ids: bool = True, **kwargs):
+        # Always local batches of every column: derived ids are made where the columns are.
         super().__init__(plan, rank=rank, seed=seed, data_parallel_input=True, features=features,
                          validate_ids=validate_ids, **kwargs)
         self.sources = tuple(tuple(s) for s in sources)
         if len(self.sources) != self.num_features:
             raise ValueError(f"Expected one source per feature ({self.num_features}). Received: {len(self.sources)} sources")
-        self.num_columns = 1 + max(max(s[1:]) for s in self.sources)
         for feature, source in zip(self.features, self.sources):
-            if source[0] not in ("column", "cross") or (source[0] == "cross") != (len(source) == 3):
+            kind, columns = (source[0], source[1:]) if source else (None, ())
+            if kind not in ("column", "cross") or len(columns) != (2 if kind == "cross" else 1) or \
+                    any(not isinstance(c, int) or c < 0 for c in columns):
                 raise ValueError(f"Expected source ('column', i) or ('cross', i, j) for feature {feature.name!r}. Received: {source}")
+        self.num_columns = 1 + max(max(s[1:]) for s in self.sources)
         # The reader yields the local batch of each column, in order; derived ids are made here.
         self.global_categorical, self.local_categorical = (), tuple(range(self.num_columns))
 
