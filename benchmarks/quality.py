@@ -8,6 +8,9 @@ model (ARCHITECTURE "Benchmark output"; ``impl`` names the model):
 - ``tf_dlrm_defaults``: ``main.py`` with default optimizer flags (only data, batch and epochs given);
 - ``tf_dlrm_best``: ``main.py`` with the best optimizer flags of ``benchmarks/sweep_defaults.py`` (now the
   defaults) and ``--keep_best`` (:data:`BEST_FLAGS`);
+- ``tf_dlrm_dcnv2``, ``tf_dlrm_deepfm``, ``tf_dlrm_wide_deep``: ``main.py --model=...`` with default
+  flags otherwise (:data:`MODEL_FLAGS`); Wide & Deep reads a copy of the spec that crosses the first
+  four categorical features in two pairs (:func:`crossed_spec`);
 - ``keras_adam``: the plain Keras DLRM of ``benchmarks/naive_dlrm.py`` (the same architecture:
   26-style per-feature ``keras.layers.Embedding``, dense stacks, dot interaction) with Adam on
   every weight, embeddings included;
@@ -41,7 +44,22 @@ CONFIGS = {
 BEST_FLAGS = ["--optimizer=adam", "--dense_learning_rate=0.001", "--embedding_optimizer=lazy_adam",
               "--embedding_learning_rate=0.003", "--keep_best", "--evals_per_epoch=4"]
 ARCHITECTURE = {"embedding_dim": 128, "bottom_mlp_dims": (512, 256, 128), "top_mlp_dims": (1024, 1024, 512, 256, 1)}
+MODEL_FLAGS = {"tf_dlrm_dcnv2": ["--model=dcnv2"], "tf_dlrm_deepfm": ["--model=deepfm"],
+               "tf_dlrm_wide_deep": ["--model=wide_deep", "--feature_spec=feature_spec_crossed.yaml"]}
 BASELINE_RATE = {"keras_adam": 0.001, "logistic_regression": 0.01}  # Adam's usual rate; LR has ~1 weight per id: 10x
+
+
+def crossed_spec(path: str, spec) -> None:
+    """Writes ``feature_spec_crossed.yaml`` beside the spec: categorical features 0x1 and 2x3 crossed
+    into ``min(product of cardinalities, 100,000)`` buckets each (Wide & Deep's crossed features)."""
+    import yaml
+
+    names, rows = spec.categorical_features, spec.cardinalities()
+    raw = spec.to_dict()
+    raw["crossed_features"] = [{"features": [names[a], names[a + 1]], "buckets": min(rows[a] * rows[a + 1], 100_000)}
+                               for a in (0, 2) if a + 1 < len(names)]
+    with open(os.path.join(path, "feature_spec_crossed.yaml"), "w") as handle:
+        yaml.safe_dump(raw, handle, sort_keys=False)
 
 
 def read_split(spec, split: str, batch_size: int, training: bool, seed: int):
@@ -112,7 +130,8 @@ def keras_dlrm(spec):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default=",".join(CONFIGS))
-    parser.add_argument("--impls", default="tf_dlrm_defaults,tf_dlrm_best,keras_adam,logistic_regression")
+    parser.add_argument("--impls", default="tf_dlrm_defaults,tf_dlrm_best,tf_dlrm_dcnv2,tf_dlrm_deepfm,tf_dlrm_wide_deep,"
+                        "keras_adam,logistic_regression")
     parser.add_argument("--data_dir", default=os.path.join(tempfile.gettempdir(), "tf_dlrm_quality"))
     parser.add_argument("--seed", type=int, default=11)
     args = parser.parse_args()
@@ -124,10 +143,11 @@ def main():
         dataset, num_train, num_valid, batch_size, epochs = CONFIGS[config]
         path = make_dataset(dataset, args.data_dir, num_train, num_valid)
         spec = FeatureSpec.load(os.path.join(path, "feature_spec.yaml"))
+        crossed_spec(path, spec)
         common = [f"--batch_size={batch_size}", f"--epochs={epochs}", f"--seed={args.seed}", "--print_freq=1000"]
         for impl in args.impls.split(","):
             started = time.time()
-            flags = common + (BEST_FLAGS if impl == "tf_dlrm_best" else [])
+            flags = common + (BEST_FLAGS if impl == "tf_dlrm_best" else []) + MODEL_FLAGS.get(impl, [])
             if impl.startswith("tf_dlrm"):
                 final = run_main(path, flags, os.path.join(args.data_dir, f"quality_{config}_{impl}.jsonl"))
                 auc, loss = final.get("auc"), final.get("logloss")

@@ -9,7 +9,9 @@ A spec has four top-level keys:
 - ``channel_spec``: ``{label: [name], numerical: [names...], categorical: [names...]}``;
 - ``source_spec``: ``{split: [chunk, ...]}``, each chunk ``{type: split_binary|csv, features: [...],
   files: [...]}`` with file paths relative to the yaml's directory;
-- ``metadata``: free-form dataset facts (e.g. ``oracle_valid_auc`` of a synthetic dataset).
+- ``metadata``: free-form dataset facts (e.g. ``oracle_valid_auc`` of a synthetic dataset);
+- optional ``crossed_features``: pairs of one-hot categoricals hashed into a bucket count, the
+  crossed features of Wide & Deep's wide part (format: :mod:`tf_dlrm.config.crossed_features`).
 
 split_binary layout (one file per chunk, no header, row-major): ``label.bin`` holds the label as one
 byte per sample; ``numerical.bin`` all numerical features of a sample side by side in one dtype;
@@ -89,11 +91,13 @@ class FeatureSpec:
         metadata: Mapping[str, Any] | None = None,
         base_directory: str = ".",
         source: str = "<feature spec>",
+        crossed_features: Sequence[Mapping[str, Any]] | None = None,
     ):
         self.feature_spec = copy.deepcopy(dict(feature_spec))
         self.channel_spec = {k: list(v) for k, v in channel_spec.items()}
         self.source_spec = copy.deepcopy(dict(source_spec or {}))
         self.metadata = copy.deepcopy(dict(metadata or {}))
+        self.crossed_features_entries = copy.deepcopy(crossed_features) if crossed_features is not None else []
         self.base_directory = base_directory
         self.source = source
 
@@ -119,7 +123,7 @@ class FeatureSpec:
     ) -> "FeatureSpec":
         if not isinstance(raw, Mapping):
             raise FeatureSpecError(f"{source}: expected a mapping at the top level. Received: {type(raw).__name__}")
-        allowed = {"feature_spec", "channel_spec", "source_spec", "metadata"}
+        allowed = {"feature_spec", "channel_spec", "source_spec", "metadata", "crossed_features"}
         unknown = sorted(set(raw) - allowed)
         if unknown:
             raise FeatureSpecError(
@@ -135,6 +139,7 @@ class FeatureSpec:
             metadata=raw.get("metadata") or {},
             base_directory=base_directory,
             source=source,
+            crossed_features=raw.get("crossed_features"),
         )
         spec.validate(check_files=check_files)
         return spec
@@ -145,6 +150,8 @@ class FeatureSpec:
             "channel_spec": copy.deepcopy(self.channel_spec),
             "source_spec": copy.deepcopy(self.source_spec),
             "metadata": copy.deepcopy(self.metadata),
+            # Written only when present, so NVIDIA-format specs round-trip unchanged.
+            **({"crossed_features": copy.deepcopy(self.crossed_features_entries)} if self.crossed_features_entries else {}),
         }
 
     def save(self, path: str) -> None:
@@ -170,6 +177,15 @@ class FeatureSpec:
     @property
     def label_feature(self) -> str:
         return self.channel_spec[LABEL_CHANNEL][0]
+
+    @property
+    def crossed_features(self) -> tuple:
+        """The parsed ``crossed_features`` (:class:`tf_dlrm.config.crossed_features.CrossedFeature`)."""
+        from tf_dlrm.config.crossed_features import parse_crossed_features
+
+        categorical = self.categorical_features
+        return parse_crossed_features(self.crossed_features_entries, categorical,
+                                      {name: self.hotness(name) for name in categorical}, self.source)
 
     @property
     def numerical_features(self) -> list[str]:
@@ -250,6 +266,10 @@ class FeatureSpec:
         self._validate_channels()
         self._validate_features()
         self._validate_sources()
+        try:
+            self.crossed_features
+        except ValueError as error:
+            raise FeatureSpecError(str(error)) from None
         if check_files:
             for split in self.source_spec:
                 if self.chunk_type(split) == SPLIT_BINARY:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from tf_dlrm.config.models import ModelFamilyConfig
 from tf_dlrm.distributed.plan import Strategy
 
 # The values of tf_dlrm.model.interaction.InteractionKind, copied here because that module imports
@@ -22,6 +23,8 @@ class ModelConfig:
     include_diagonal: bool = False
     # Per-table widths overriding embedding_dim and the spec's own: ((table name, width), ...).
     embedding_dims: tuple[tuple[str, int], ...] = ()
+    # --model and the hyper-parameters of DCNv2, DeepFM and Wide & Deep (tf_dlrm.config.models).
+    family: ModelFamilyConfig = ModelFamilyConfig()
 
     def __post_init__(self):
         if self.embedding_dim <= 0:
@@ -34,7 +37,7 @@ class ModelConfig:
             raise ValueError(f"Expected --top_mlp_dims to end with 1 (the logit). Received: {list(self.top_mlp_dims)}")
         if self.interaction not in INTERACTIONS:
             raise ValueError(f"Expected --interaction in {list(INTERACTIONS)}. Received: {self.interaction!r}")
-        if self.interaction == "dot" and self.bottom_mlp_dims[-1] != self.embedding_dim:
+        if self.family.model == "dlrm" and self.interaction == "dot" and self.bottom_mlp_dims[-1] != self.embedding_dim:
             raise ValueError(
                 "The dot interaction needs the bottom MLP's last width to equal the embedding dim. "
                 f"Received: --bottom_mlp_dims={','.join(map(str, self.bottom_mlp_dims))}, --embedding_dim={self.embedding_dim}"

@@ -207,7 +207,7 @@ class DistributedEmbedding(keras.layers.Layer):
         categorical = list(categorical)
         if local_batch is None:
             local_batch = self._local_batch_from(categorical)
-        ids = self._normalized(list(self.global_categorical) + list(self.local_categorical), categorical)
+        ids = self._normalized(self._input_features(), categorical)
         if self.data_parallel_input and self.exchanges:
             global_ids, unread = exchange_ids(self.env, ids, self.features_on_rank, self.env.rank, f"{self.name}_id_exchange")
             if unread and self.id_sink is not None:
@@ -226,6 +226,10 @@ class DistributedEmbedding(keras.layers.Layer):
         if self.embedding_dim is None:
             return pooled
         return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
+
+    def _input_features(self) -> list[int]:
+        """The feature of each tensor passed to :meth:`call`, in order."""
+        return list(self.global_categorical) + list(self.local_categorical)
 
     def split_features(self, pooled) -> dict:
         """The output of :meth:`call` as ``{feature name: [b, width]}``."""

@@ -3,7 +3,7 @@
 Two families, each with its own base rate on the one learning-rate schedule:
 
 - embeddings (``sharded`` and ``replicated`` variables): a sparse optimizer of
-  :mod:`tf_dlrm.optimizers` (``sgd``, ``adagrad``, ``rowwise_adagrad``, ``lazy_adam``), at
+  :mod:`tf_dlrm.optimizers` (``sgd``, ``adagrad``, ``rowwise_adagrad``, ``lazy_adam``, ``ftrl``), at
   ``embedding_learning_rate``;
 - dense weights (MLPs): ``sgd``, ``adam``, ``adagrad`` (Keras) or ``lamb`` (ours), at
   ``dense_learning_rate``, on the gradient averaged over ranks.
@@ -22,6 +22,7 @@ from tf_dlrm.optimizers.lamb import Lamb
 from tf_dlrm.optimizers.lazy_adam import LazyAdam
 from tf_dlrm.optimizers.rowwise_adagrad import RowwiseAdagrad
 from tf_dlrm.optimizers.sparse_adagrad import SparseAdagrad
+from tf_dlrm.optimizers.sparse_ftrl import SparseFtrl
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD
 
@@ -32,6 +33,9 @@ def make_sparse_optimizer(config: OptimizerConfig) -> SparseOptimizer:
         return SparseAdagrad(config.adagrad_initial_accumulator, config.adagrad_epsilon)
     if name == "rowwise_adagrad":
         return RowwiseAdagrad(config.adagrad_initial_accumulator, config.adagrad_epsilon)
+    if name == "ftrl":
+        # FTRL's accumulator starts like Adagrad's (--adagrad_initial_accumulator); no l1 / l2.
+        return SparseFtrl(config.adagrad_initial_accumulator)
     if name == "lazy_adam":
         return LazyAdam(config.adam_beta1, config.adam_beta2, config.adam_epsilon)
     return SparseSGD()

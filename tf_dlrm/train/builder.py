@@ -12,6 +12,7 @@ from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.distributed.plan import ShardingPlan, TableSpec
 from tf_dlrm.distributed.planner import make_plan, table_readers
 from tf_dlrm.config.embedding import FeatureConfig, check_width_mapping, feature_tables
+from tf_dlrm.config.model_tables import family_features, family_tables
 # The configs live in a TF-free module (flags parse into them); kept importable from here.
 from tf_dlrm.config.model import ModelConfig, ShardingConfig, parse_dims  # noqa: F401
 from tf_dlrm.feature_spec import FeatureSpec
@@ -34,6 +35,12 @@ def table_widths(spec: FeatureSpec, model: ModelConfig) -> list[int]:
     return [table.dim for table in make_tables(spec, model.embedding_dim, model.embedding_dims)]
 
 
+def model_tables(spec: FeatureSpec, model: ModelConfig) -> list[TableSpec]:
+    """Every table of the model: one per categorical feature, then the width-1 tables of DeepFM and
+    Wide & Deep (:func:`tf_dlrm.config.model_tables.family_tables`)."""
+    return family_tables(make_tables(spec, model.embedding_dim, model.embedding_dims), model.family, spec.crossed_features)
+
+
 def make_features(spec: FeatureSpec) -> tuple[FeatureConfig, ...]:
     """One feature per categorical feature of the spec, reading its own table."""
     return tuple(FeatureConfig(name=name, table=name, hotness=spec.hotness(name), combiner=spec.combiner(name))
@@ -44,21 +51,29 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
     """The plan of ``sharding`` for ``world_size`` ranks. One process replicates nothing: all its
     tables are local anyway, and in one fused variable they take one gather and one sparse update
     per step instead of two, with no dense gradient of the small tables."""
-    tables = make_tables(spec, model.embedding_dim, model.embedding_dims)
+    tables = model_tables(spec, model)
+    features, _ = family_features(make_features(spec), model.family, spec.crossed_features)
     return make_plan(
         tables,
         world_size,
         strategy=sharding.strategy,
         data_parallel_threshold=sharding.data_parallel_threshold if world_size > 1 else 0,
         column_slice_threshold=sharding.column_slice_threshold,
-        readers=table_readers(feature_tables(make_features(spec), [t.name for t in tables]), len(tables)),
+        readers=table_readers(feature_tables(features, [t.name for t in tables]), len(tables)),
     )
 
 
 def build_model(
     spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, env: DistributedEnv, seed: int, data_parallel_input: bool = False
 ) -> DLRM:
-    """A built DLRM whose embedding executes ``plan`` on ``env.rank``."""
+    """A built model of ``config.family`` (DLRM by default) whose embedding executes ``plan`` on ``env.rank``."""
+    if config.family.model != "dlrm":
+        from tf_dlrm.models import build_family_model
+
+        model = build_family_model(config.family, make_features(spec), spec.crossed_features, plan,
+                                   len(spec.numerical_features), env.rank, seed, data_parallel_input)
+        build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, env.world_size)
+        return model
     embedding = DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input,
                                      features=make_features(spec), name="embedding")
     model = DLRM(

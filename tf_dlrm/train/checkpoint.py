@@ -35,7 +35,6 @@ import yaml
 from tf_dlrm.distributed import collectives
 from tf_dlrm.train import checkpoint_embedding_state as embedding_state
 from tf_dlrm.train import checkpoint_store as store
-from tf_dlrm.train.builder import table_widths
 from tf_dlrm.train.checkpoint_choice import check_same_data, newest_intact
 from tf_dlrm.train.guards import non_finite_arrays
 from tf_dlrm.train.memory_watch import MemoryWatch
@@ -164,7 +163,7 @@ class Checkpointer:
                 except (OSError, CheckpointError) as failure:
                     error = f"cannot save a checkpoint under {self.save_path}: {failure}"
             tables = []
-            for table, name in enumerate(self.spec.categorical_features):
+            for table, name in enumerate(t.name for t in self.embedding.plan.tables):
                 full = self.embedding.get_full_table(table)  # collective: every rank, every table, in order
                 if self.env.is_chief and error is None and non_finite_arrays([(name, full)]):
                     error = self._refusal(step, f"table '{name}' holds NaN or inf")
@@ -180,7 +179,7 @@ class Checkpointer:
                 del full
             # The embedding optimizer's state, gathered like the tables (collective on every rank).
             root = temporary if self.env.is_chief and error is None else None
-            state_entries, state_error = embedding_state.save(self.trainer, len(self.spec.categorical_features), root, files)
+            state_entries, state_error = embedding_state.save(self.trainer, len(self.embedding.plan.tables), root, files)
             error = error or state_error
             if self.env.is_chief and error is None:
                 try:
@@ -285,16 +284,16 @@ class Checkpointer:
                     self.reporter.say(header["note"])
                 return None
             directory = header["path"]
-            widths = table_widths(self.spec, self.model_config)
-            for table, rows in enumerate(self.spec.cardinalities()):
+            widths, cardinalities = self._table_shapes()
+            for table, rows in enumerate(cardinalities):
                 values = None
                 if self.env.is_chief:
                     values = load_array(directory, header["tables"][table], (rows, widths[table]), np.float32, mmap=True)
                 self.embedding.set_full_table(table, values)  # collective
                 del values
             if for_training:
-                embedding_state.restore(self.trainer, directory, header["embedding_state"], self.spec.cardinalities(),
-                                        table_widths(self.spec, self.model_config), self.env.is_chief)
+                embedding_state.restore(self.trainer, directory, header["embedding_state"], cardinalities, widths,
+                                        self.env.is_chief)
             variables = [v for _, v in self.dense]
             if for_training:
                 variables += [v for _, v in self.optimizer_state] + ([v for _, v in self.loss_scale] if header["loss_scale"] else [])
@@ -357,7 +356,7 @@ class Checkpointer:
                 check_same_data(directory, manifest, self.data, self.spec.source)
         # Every array's header (and the small arrays whole) before any collective: rank 0 must not
         # fail half-way through a restore while the other ranks wait for it.
-        widths, cardinalities = table_widths(self.spec, self.model_config), self.spec.cardinalities()
+        widths, cardinalities = self._table_shapes()
         if len(manifest["tables"]) != len(cardinalities):
             raise CheckpointError(f"checkpoint {directory}: {len(manifest['tables'])} tables, the model has {len(cardinalities)}")
         for entry, rows, width in zip(manifest["tables"], cardinalities, widths):
@@ -381,6 +380,12 @@ class Checkpointer:
             "optimizer_state": [s["file"] for s in manifest["optimizer_state"]],
             "loss_scale": [s["file"] for s in manifest["loss_scale"]] if self._loss_scale_matches(manifest) else [],
         }
+
+    def _table_shapes(self) -> tuple[list[int], list[int]]:
+        """Widths and rows of every table of the model (the categorical features' tables, then the
+        width-1 tables of DeepFM and Wide & Deep), in plan order."""
+        tables = self.embedding.plan.tables
+        return [t.dim for t in tables], [t.rows for t in tables]
 
     def _loss_scale_matches(self, manifest: dict) -> bool:
         return bool(self.loss_scale) and [s["name"] for s in manifest.get("loss_scale", [])] == [n for n, _ in self.loss_scale]

@@ -22,8 +22,8 @@ def _file(slot: str, table: int) -> str:
     return f"optimizer/embedding_{slot}_table_{table:03d}.npy"
 
 
-def _state_of(updater, slot: str):
-    return lambda variable: updater.slot(variable, slot)
+def _state_of(updater, slot: str, table: int):
+    return lambda variable: updater.slot(variable, slot, table)
 
 
 def save(trainer, num_tables: int, root: str | None, files: dict) -> tuple[list, str | None]:
@@ -31,17 +31,17 @@ def save(trainer, num_tables: int, root: str | None, files: dict) -> tuple[list,
     manifest entries and the first error met (the gathers go on, so no rank is left waiting)."""
     updater, embedding = trainer.sparse, trainer.model.embedding
     entries, error = [], None
-    for slot in updater.slot_names:
-        for table in range(num_tables):
-            full = embedding.get_full_table(table, _state_of(updater, slot), updater.row_wise)  # collective
-            if root is not None and full is not None and error is None:
-                file = _file(slot, table)
-                try:
-                    files[file] = store.write_npy(root, file, full)
-                except OSError as failure:
-                    error = f"cannot write {file} under {root}: {failure}"
-                entries.append({"name": f"{slot}/table_{table:03d}", "slot": slot, "table": table, "file": file})
-            del full
+    for slot, table in updater.state_entries(num_tables):
+        row_wise = updater.table_optimizer(table).row_wise
+        full = embedding.get_full_table(table, _state_of(updater, slot, table), row_wise)  # collective
+        if root is not None and full is not None and error is None:
+            file = _file(slot, table)
+            try:
+                files[file] = store.write_npy(root, file, full)
+            except OSError as failure:
+                error = f"cannot write {file} under {root}: {failure}"
+            entries.append({"name": f"{slot}/table_{table:03d}", "slot": slot, "table": table, "file": file})
+        del full
     return entries, error
 
 
@@ -58,13 +58,13 @@ def check(directory: str, manifest: dict, trainer, cardinalities, widths) -> lis
         )
     by_name = {entry.get("name"): entry for entry in manifest.get("embedding_state", [])}
     files = []
-    for slot in updater.slot_names:
-        for table, (rows, dim) in enumerate(zip(cardinalities, widths)):
-            entry = by_name.get(f"{slot}/table_{table:03d}")
-            if entry is None:
-                raise CheckpointError(f"checkpoint {directory}: no {wanted} state {slot!r} for table {table}")
-            load_array(directory, entry["file"], (rows, 1 if updater.row_wise else dim), np.float32, mmap=True)
-            files.append(entry["file"])
+    for slot, table in updater.state_entries(len(cardinalities)):
+        optimizer = updater.table_optimizer(table)
+        entry = by_name.get(f"{slot}/table_{table:03d}")
+        if entry is None:
+            raise CheckpointError(f"checkpoint {directory}: no {optimizer.name} state {slot!r} for table {table}")
+        load_array(directory, entry["file"], (cardinalities[table], 1 if optimizer.row_wise else widths[table]), np.float32, mmap=True)
+        files.append(entry["file"])
     return files
 
 
@@ -72,11 +72,9 @@ def restore(trainer, directory: str, files: list[str] | None, cardinalities, wid
     """Collective: scatters every state file (``files`` from :func:`check`, rank 0 only) to the slices
     that hold its table under this run's plan."""
     updater, embedding = trainer.sparse, trainer.model.embedding
-    position = 0
-    for slot in updater.slot_names:
-        for table, (rows, dim) in enumerate(zip(cardinalities, widths)):
-            shape = (rows, 1 if updater.row_wise else dim)
-            values = load_array(directory, files[position], shape, np.float32, mmap=True) if is_chief else None
-            embedding.set_full_table(table, values, _state_of(updater, slot), updater.row_wise)  # collective
-            position += 1
-            del values
+    for position, (slot, table) in enumerate(updater.state_entries(len(cardinalities))):
+        row_wise = updater.table_optimizer(table).row_wise
+        shape = (cardinalities[table], 1 if row_wise else widths[table])
+        values = load_array(directory, files[position], shape, np.float32, mmap=True) if is_chief else None
+        embedding.set_full_table(table, values, _state_of(updater, slot, table), row_wise)  # collective
+        del values

@@ -57,6 +57,7 @@ _MODEL_FLAGS = {
     "top_mlp_dims": "--top_mlp_dims",
     "interaction": "--interaction",
     "include_diagonal": "--dot_include_diagonal",
+    "family": "--model (and its flags)",
 }
 
 
@@ -208,6 +209,8 @@ def model_record(spec, model) -> dict:
         "num_numerical": len(spec.numerical_features),
         "categorical_features": list(spec.categorical_features),
         "cardinalities": list(spec.cardinalities()),
+        # DLRM checkpoints carry no family record (as before the model family existed).
+        **({"family": model.family.record()} if getattr(model, "family", None) and model.family.model != "dlrm" else {}),
     }
 
 
@@ -215,9 +218,9 @@ def check_compatible(directory: str, manifest: dict, spec, model) -> None:
     """Refuses a checkpoint whose model config or feature spec differs from the flags'."""
     saved, current = manifest["model"], model_record(spec, model)
     differences = [
-        f"{flag}: {saved.get(key)!r} in the checkpoint, {current[key]!r} from the flags"
+        f"{flag}: {saved.get(key)!r} in the checkpoint, {current.get(key)!r} from the flags"
         for key, flag in _MODEL_FLAGS.items()
-        if saved.get(key) != current[key]
+        if saved.get(key) != current.get(key)
     ]
     if differences:
         raise CheckpointError(f"checkpoint {directory} was saved for a different model: " + "; ".join(differences))

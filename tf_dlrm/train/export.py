@@ -1,16 +1,18 @@
-"""Export a checkpoint as a TF SavedModel for serving: full tables, MLP weights, one signature.
+"""Export a checkpoint as a TF SavedModel for serving: the trained Keras model itself, tables whole.
 
-The SavedModel holds plain ``tf.Variable``s and one traced function, so serving needs TensorFlow
-only (``tf.saved_model.load``; no tf_dlrm, no Keras, no Horovod)::
+The model of the flags (any ``--model``) is rebuilt on a **one-process plan** (every table whole
+and local), the checkpoint's full tables and dense weights are loaded into it, and the model's own
+forward pass is traced into one serving signature. No model needs export code of its own, and the
+SavedModel holds plain variables and TensorFlow ops, so serving needs TensorFlow only
+(``tf.saved_model.load``; no tf_dlrm, no Keras, no Horovod)::
 
     served = tf.saved_model.load(DIR)
     out = served.signatures["serving_default"](numerical=..., categorical=...)
     out["probability"]  # [batch] click probabilities
 
 Inputs: ``numerical`` float32 ``[batch, num_numerical]`` (the values the training reader yields)
-and ``categorical`` int64 ``[batch, num_categorical]`` (ids, columns in feature-spec order). The
-forward pass is the one of :class:`tf_dlrm.model.dlrm.DLRM` in float32 with every table whole.
-``tf_dlrm_serving.json`` beside it names the features in column order.
+and ``categorical`` int64 ``[batch, num_categorical]`` (one id per one-hot feature, columns in
+feature-spec order). ``tf_dlrm_serving.json`` beside it names the features in column order.
 """
 
 from __future__ import annotations
@@ -18,110 +20,94 @@ from __future__ import annotations
 import json
 import os
 
+import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging as absl_logging
 
+from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.io.publish import check_replaceable, staged_output
-from tf_dlrm.model.interaction import lower_triangle_indices
+from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.train import checkpoint
 
 SERVING_INFO = "tf_dlrm_serving.json"
 WRITER = "tf_dlrm export"
 
 
-class DLRMServing(tf.Module):
-    """DLRM inference over full tables, with plain TF ops.
+class ServingModule(tf.Module):
+    """A built model (one-process plan) behind one signature: ``(numerical, categorical) -> probability``.
 
     Args:
-        tables: one ``[rows, dim]`` float32 array per categorical feature.
-        bottom: ``(kernel, bias)`` per bottom-MLP layer (all ReLU); empty without numerical features.
-        top: ``(kernel, bias)`` per top-MLP layer (ReLU except the last, which gives the logit).
-        interaction: ``"dot"`` or ``"cat"``.
-        include_diagonal: keep self dot products (``dot`` only).
+        model: a built tf_dlrm model whose embedding holds every table whole.
         num_numerical: width of the numerical input.
+        num_categorical: categorical columns (one-hot features, spec order).
     """
 
-    def __init__(self, tables, bottom, top, interaction: str, include_diagonal: bool, num_numerical: int):
-        super().__init__(name="dlrm_serving")
-        self.tables = [_variable(t, f"table_{i:03d}") for i, t in enumerate(tables)]
-        self.bottom_kernels = [tf.Variable(k, trainable=False, name=f"bottom_kernel_{i}") for i, (k, _) in enumerate(bottom)]
-        self.bottom_biases = [tf.Variable(b, trainable=False, name=f"bottom_bias_{i}") for i, (_, b) in enumerate(bottom)]
-        self.top_kernels = [tf.Variable(k, trainable=False, name=f"top_kernel_{i}") for i, (k, _) in enumerate(top)]
-        self.top_biases = [tf.Variable(b, trainable=False, name=f"top_bias_{i}") for i, (_, b) in enumerate(top)]
-        self.interaction = interaction
-        self.num_vectors = len(tables) + 1
-        self.pair_indices = lower_triangle_indices(self.num_vectors, include_diagonal)
+    def __init__(self, model, num_numerical: int, num_categorical: int):
+        super().__init__(name="tf_dlrm_serving")
+        self.model = model
+        # tf_dlrm's own CPU interaction kernel is not part of TensorFlow: serve with TensorFlow's ops.
+        if hasattr(getattr(model, "interaction", None), "use_kernel"):
+            model.interaction.use_kernel = False
+        self.num_categorical = int(num_categorical)
         self.serve = tf.function(
             self._serve,
             input_signature=[
                 tf.TensorSpec([None, num_numerical], tf.float32, name="numerical"),
-                tf.TensorSpec([None, len(tables)], tf.int64, name="categorical"),
+                tf.TensorSpec([None, num_categorical], tf.int64, name="categorical"),
             ],
         )
 
     def _serve(self, numerical, categorical):
-        bottom = numerical
-        for kernel, bias in zip(self.bottom_kernels, self.bottom_biases):
-            bottom = tf.nn.relu(tf.matmul(bottom, kernel) + bias)
-        if not self.bottom_kernels:
-            bottom = tf.zeros([tf.shape(categorical)[0], 0], tf.float32)
-        embeddings = tf.stack([tf.gather(table, categorical[:, t]) for t, table in enumerate(self.tables)], axis=1)
-        if self.interaction == "dot":
-            vectors = tf.concat([tf.expand_dims(bottom, 1), embeddings], axis=1)
-            products = tf.matmul(vectors, vectors, transpose_b=True)
-            flat = tf.reshape(products, [-1, self.num_vectors * self.num_vectors])
-            features = tf.concat([bottom, tf.gather(flat, self.pair_indices, axis=1)], axis=1)
-        else:
-            width = embeddings.shape[1] * embeddings.shape[2]
-            features = tf.concat([bottom, tf.reshape(embeddings, [-1, width])], axis=1)
-        for index, (kernel, bias) in enumerate(zip(self.top_kernels, self.top_biases)):
-            features = tf.matmul(features, kernel) + bias
-            if index < len(self.top_kernels) - 1:
-                features = tf.nn.relu(features)
-        return {"probability": tf.reshape(tf.sigmoid(features), [-1])}
+        columns = tuple(categorical[:, column] for column in range(self.num_categorical))
+        logits = self.model((numerical, columns), training=False)
+        return {"probability": tf.reshape(tf.sigmoid(tf.cast(logits, tf.float32)), [-1])}
 
 
-def _variable(values, name: str) -> tf.Variable:
-    return values if isinstance(values, tf.Variable) else tf.Variable(values, trainable=False, name=name)
+def rebuild_for_serving(spec, model_config, seed: int = 0):
+    """The model of ``model_config`` on one process (every table whole), float32, built."""
+    from tf_dlrm.train import builder
+
+    multi_hot = [name for name in spec.categorical_features if spec.hotness(name) != 1]
+    if multi_hot:
+        raise ValueError(f"export serves one id per categorical feature; these features are multi-hot: {multi_hot}")
+    keras.mixed_precision.set_global_policy("float32")  # served in float32 whatever the training precision
+    plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(strategy="table_wise"), 1)
+    return builder.build_model(spec, plan, model_config, DistributedEnv(rank=0, world_size=1), seed)
 
 
-def _mlp(directory: str, manifest: dict, name: str, depth: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def load_checkpoint_into(model, directory: str, manifest: dict) -> None:
+    """Full tables (in plan order) and dense weights (by name) of a verified checkpoint into ``model``."""
+    tables = model.embedding.plan.tables
+    if len(manifest["tables"]) != len(tables):
+        raise checkpoint.CheckpointError(f"checkpoint {directory}: {len(manifest['tables'])} tables, the model has {len(tables)}")
+    for index, (entry, table) in enumerate(zip(manifest["tables"], tables)):
+        if entry.get("name") != table.name:
+            raise checkpoint.CheckpointError(f"checkpoint {directory}: table {index} is {entry.get('name')!r}, the model's is {table.name!r}")
+        values = checkpoint.load_array(directory, entry["file"], (table.rows, table.dim), np.float32)
+        model.embedding.set_full_table(index, values)  # one process: no collective
+        del values
     files = {entry["name"]: entry["file"] for entry in manifest["dense"]}
-    sizes = {file: entry.get("shape") for file, entry in manifest["files"].items()}
-    layers = []
-    for index in range(depth):
-        pair = []
-        for part in ("kernel", "bias"):
-            key = f"{name}/dense_{index}/{part}"
-            if key not in files:
-                raise checkpoint.CheckpointError(f"checkpoint {directory}: no weight {key} in its manifest")
-            pair.append(checkpoint.load_array(directory, files[key], sizes[files[key]], np.float32))
-        layers.append(tuple(pair))
-    return layers
+    for variable in variables_of_kind(model.trainable_variables, VariableKind.DENSE):
+        name = checkpoint._relative(variable.path)
+        if name not in files:
+            raise checkpoint.CheckpointError(f"checkpoint {directory}: no weight {name} in its manifest")
+        variable.assign(checkpoint.load_array(directory, files[name], variable.shape, np.float32))
 
 
-def export_checkpoint(directory: str, manifest: dict, saved_model_path: str) -> dict:
+def export_checkpoint(directory: str, manifest: dict, saved_model_path: str, spec, model_config) -> dict:
     """Writes the SavedModel of a verified checkpoint atomically; returns a summary.
 
-    Loads one table at a time into its variable (the process holds the full model once, as the
-    SavedModel does). Refuses to overwrite a non-empty ``saved_model_path`` (a SavedModel is never
-    replaced) or to write around the checkpoint it reads; staged and published by
-    :func:`tf_dlrm.io.publish.staged_output`.
+    The process holds the full model once, as the SavedModel does. Refuses to overwrite a non-empty
+    ``saved_model_path`` (a SavedModel is never replaced) or to write around the checkpoint it
+    reads; staged and published by :func:`tf_dlrm.io.publish.staged_output`.
     """
     if os.path.exists(saved_model_path) and (not os.path.isdir(saved_model_path) or os.listdir(saved_model_path)):
         raise ValueError(f"--saved_model_path={saved_model_path} exists and is not empty; choose a new directory")
     check_replaceable(os.path.abspath(saved_model_path), "--saved_model_path", WRITER, [directory])
-    model = manifest["model"]
-    tables = []
-    for index, (entry, rows) in enumerate(zip(manifest["tables"], model["cardinalities"])):
-        values = checkpoint.load_array(directory, entry["file"], (rows, model["embedding_dim"]), np.float32)
-        tables.append(_variable(values, f"table_{index:03d}"))
-        del values
-    bottom = _mlp(directory, manifest, "bottom_mlp", len(model["bottom_mlp_dims"]) if model["num_numerical"] else 0)
-    top = _mlp(directory, manifest, "top_mlp", len(model["top_mlp_dims"]))
-    module = DLRMServing(tables, bottom, top, model["interaction"], model["include_diagonal"], model["num_numerical"])
-    del tables
+    model = rebuild_for_serving(spec, model_config)
+    load_checkpoint_into(model, directory, manifest)
+    module = ServingModule(model, len(spec.numerical_features), len(spec.categorical_features))
     with staged_output(saved_model_path, "--saved_model_path", WRITER, [directory]) as temporary:
         _save(module, temporary, _serving_info(directory, manifest))
     return _serving_info(directory, manifest)
@@ -142,6 +128,7 @@ def _serving_info(directory: str, manifest: dict) -> dict:
     model = manifest["model"]
     return {
         "signature": "serving_default",
+        "model": model.get("family", {}).get("model", "dlrm"),
         "inputs": {
             "numerical": {"dtype": "float32", "shape": [None, model["num_numerical"]]},
             "categorical": {"dtype": "int64", "shape": [None, len(model["cardinalities"])], "columns": model["categorical_features"]},

@@ -10,6 +10,7 @@ from tf_dlrm.config.model import ModelConfig, ShardingConfig, parse_dims
 from tf_dlrm.config.run import RunConfig  # noqa: F401 (imported from here by cli and users)
 from tf_dlrm.config.training import EMBEDDING_OPTIMIZERS, OPTIMIZERS, LearningRateSchedule, LoopConfig, OptimizerConfig
 from tf_dlrm.precision import AmpMode
+from tf_dlrm.train.model_flags import define_model_flags, model_family_from_flags
 
 MODES = ("train", "eval", "inference", "export")
 
@@ -62,7 +63,7 @@ def define_flags() -> None:
     f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
                    "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. lazy_adam wants about "
                    "3e-3, adagrad 0.1, sgd about 1.")
-    f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad and rowwise_adagrad (embeddings and MLPs).")
+    f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad, rowwise_adagrad and ftrl (embeddings and MLPs).")
     f.DEFINE_float("adagrad_epsilon", 1e-7, "Epsilon of adagrad and rowwise_adagrad.")
     f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")
     f.DEFINE_float("adam_beta2", 0.999, "beta_2 of adam, lazy_adam and lamb.")
@@ -79,6 +80,7 @@ def define_flags() -> None:
     f.DEFINE_string("top_mlp_dims", "1024,1024,512,256,1", "Top MLP widths; the last is 1.")
     f.DEFINE_enum("interaction", "dot", ["dot", "cat"], "Feature interaction.")
     f.DEFINE_bool("dot_include_diagonal", False, "Keep self dot products in the dot interaction.")
+    define_model_flags()
     define_amp_flag()
     f.DEFINE_float("loss_scale", 0.0, "Loss scale for mixed_float16: > 0 static, 0 dynamic (ignored for float32 and bfloat16).")
     f.DEFINE_bool("xla", False, "Compile the dense part of the step with XLA.")
@@ -137,6 +139,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         interaction=values.interaction,
         include_diagonal=values.dot_include_diagonal,
         embedding_dims=tuple(parse_width_mapping(values.embedding_dims).items()),
+        family=model_family_from_flags(values),
     )
     schedule = LearningRateSchedule(values.learning_rate, values.warmup_steps, values.decay_start_step, values.decay_steps)
     return RunConfig(

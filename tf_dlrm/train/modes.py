@@ -311,7 +311,7 @@ def run_export(config) -> dict:
             manifest = checkpoint.read_manifest(directory)
             checkpoint.verify_files(directory, manifest)
             checkpoint.check_compatible(directory, manifest, spec, config.model)
-            info = export.export_checkpoint(directory, manifest, config.saved_model_path)
+            info = export.export_checkpoint(directory, manifest, config.saved_model_path, spec, config.model)
             outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started}
         except (ValueError, TypeError, KeyError, OSError) as error:  # every rank raises it below
             outcome = {"error": str(error)}

@@ -23,6 +23,7 @@ from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.model.variable_kind import layout_of
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, deduplicate, gather
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD
+from tf_dlrm.train.table_optimizers import TableOptimizers
 
 
 class SparseUpdater:
@@ -35,16 +36,24 @@ class SparseUpdater:
         replicated: its ``replicated`` variables.
         padding: its ``padding`` variables (they carry the plan's split tables on a rank owning no slice).
         weight_decay: L2 coefficient added to the gradient of each touched row (``g + wd * w``).
+        table_optimizers: ``{table index: (optimizer, rate scale)}`` for tables trained by another
+            sparse optimizer at ``rate scale`` times the embedding rate (Wide & Deep's wide part);
+            the same on every rank (:mod:`tf_dlrm.train.table_optimizers`).
     """
 
-    def __init__(self, optimizer: SparseOptimizer, env: DistributedEnv, shards, replicated, padding=(), weight_decay: float = 0.0):
+    def __init__(self, optimizer: SparseOptimizer, env: DistributedEnv, shards, replicated, padding=(), weight_decay: float = 0.0,
+                 table_optimizers=None):
         self.optimizer, self.env = optimizer, env
         self.shards, self.replicated = list(shards), list(replicated)
         self.weight_decay = float(weight_decay)
-        self.shard_slots = [optimizer.create_slots(v) for v in self.shards]
-        self.replicated_slots = [optimizer.create_slots(v) for v in self.replicated]
+        self.groups = TableOptimizers(optimizer, table_optimizers)
+        # Per variable: {group: its optimizer's state} for every group whose tables it holds.
+        self.shard_groups = [self.groups.slice_groups(v) for v in self.shards]
+        self.replicated_groups = [self.groups.slice_groups(v) for v in self.replicated]
+        self.shard_slots = [self._create_slots(v, g) for v, g in zip(self.shards, self.shard_groups)]
+        self.replicated_slots = [self._create_slots(v, g) for v, g in zip(self.replicated, self.replicated_groups)]
         # SGD without decay is linear in the gradient: repeated ids need not be summed first.
-        self.plain_sgd = isinstance(optimizer, SparseSGD) and not self.weight_decay
+        self.plain_sgd = isinstance(optimizer, SparseSGD) and not self.weight_decay and not self.groups.overridden
         layouts = [layout_of(v) for v in self.shards + list(padding)]
         problems = {layout.row_wise_problem for layout in layouts if layout is not None and layout.row_wise_problem}
         if optimizer.row_wise and problems:
@@ -52,27 +61,40 @@ class SparseUpdater:
         self.split_tables = next((layout.split_tables for layout in layouts if layout is not None), ())
         self._column_of_table = {t: i for i, t in enumerate(self.split_tables)}
 
+    def _create_slots(self, variable, groups) -> dict:
+        return {int(g): self.groups.choices[g][0].create_slots(variable) for g in sorted(set(groups.tolist()))}
+
     # ------------------------------------------------------------------ state
 
     @property
     def slot_names(self) -> tuple[str, ...]:
         return tuple(self.optimizer.slots)
 
+    def table_optimizer(self, table: int) -> SparseOptimizer:
+        """The sparse optimizer of table ``table`` (the same answer on every rank)."""
+        return self.groups.table_optimizer(table)
+
+    def state_entries(self, num_tables: int) -> list[tuple[str, int]]:
+        """``(slot, table)`` of every piece of state, in the same order on every rank."""
+        return self.groups.state_entries(num_tables)
+
     @property
     def row_wise(self) -> bool:
         return self.optimizer.row_wise
 
-    def slot(self, variable, name: str):
-        """The state variable ``name`` of the embedding variable ``variable``."""
+    def slot(self, variable, name: str, table: int | None = None):
+        """The state variable ``name`` of the embedding variable ``variable`` (of the optimizer of
+        ``table`` when given, else of the embedding optimizer)."""
+        group = self.groups.group_of_table(table) if table is not None else 0
         for variables, slots in ((self.shards, self.shard_slots), (self.replicated, self.replicated_slots)):
             for candidate, state in zip(variables, slots):
                 if candidate is variable:
-                    return state[name]
+                    return state[group if group in state else min(state)][name]
         raise KeyError(f"{getattr(variable, 'path', variable)} is not an embedding variable of this trainer")
 
     @property
     def variables(self) -> list:
-        return [s[name] for s in self.shard_slots + self.replicated_slots for name in self.slot_names]
+        return [slots[name] for state in self.shard_slots + self.replicated_slots for slots in state.values() for name in slots]
 
     # ------------------------------------------------------------------ replicated tables
 
@@ -104,14 +126,28 @@ class SparseUpdater:
             rows, summed, position = deduplicate(gradient)
             summed = summed * scale if self.env.world_size > 1 else summed  # one pass fewer in one process
             updates.append((variable, slots, layout_of(variable), rows, summed, position))
+        groups = self.shard_groups + self.replicated_groups
         for variable, slots, packed in zip(self.replicated, self.replicated_slots, replicated_gradients):
             rows = tf.reshape(tf.where(packed[:, -1] > 0), [-1])
             updates.append((variable, slots, None, rows, tf.gather(packed[:, :-1], rows), None))
         if self.weight_decay:
             updates = [(v, s, lay, rows, g + self.weight_decay * gather(v, rows), p) for v, s, lay, rows, g, p in updates]
         means = self.row_mean_squares(updates, global_batch) if self.row_wise else [None] * len(updates)
-        for (variable, slots, _, rows, gradient, _), mean in zip(updates, means):
-            self.optimizer.apply(variable, slots, rows, gradient, learning_rate, step, row_mean_squares=mean)
+        for (variable, slots, layout, rows, gradient, _), mean, slice_groups in zip(updates, means, groups):
+            if len(slots) == 1:  # every table of the variable has one optimizer
+                group = next(iter(slots))
+                optimizer, rate_scale = self.groups.choices[group]
+                rate = learning_rate if rate_scale == 1.0 else learning_rate * rate_scale
+                optimizer.apply(variable, slots[group], rows, gradient, rate, step, row_mean_squares=mean)
+                continue
+            # Rows of tables trained by different optimizers: each optimizer updates its own rows.
+            row_groups = tf.gather(tf.constant(slice_groups), self._slice_of_rows(layout_of(variable), rows))
+            for group, state in slots.items():
+                optimizer, rate_scale = self.groups.choices[group]
+                mine = tf.equal(row_groups, group)
+                part_mean = tf.boolean_mask(mean, mine) if mean is not None else None
+                optimizer.apply(variable, state, tf.boolean_mask(rows, mine), tf.boolean_mask(gradient, mine),
+                                learning_rate * rate_scale, step, row_mean_squares=part_mean)
 
     def row_mean_squares(self, updates, global_batch) -> list[tf.Tensor]:
         """Each touched row's mean squared gradient over its whole width, for row-wise state.

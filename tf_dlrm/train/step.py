@@ -109,7 +109,7 @@ class Trainer:
         # Differentiated but never updated: they keep every rank's backward collectives alive.
         self.padding = variables_of_kind(model.non_trainable_variables, VariableKind.PADDING)
         self.sparse = SparseUpdater(make_sparse_optimizer(config), env, self.shards, self.replicated, self.padding,
-                                    weight_decay=config.embedding_weight_decay)
+                                    weight_decay=config.embedding_weight_decay, table_optimizers=_table_optimizers(model, config))
         self.dense_optimizer = make_dense_optimizer(config)
         self.dense_optimizer.build(self.mlp)
         self.learning_rate = tf.Variable(config.schedule.base, dtype=tf.float32, trainable=False, name="learning_rate")
@@ -252,6 +252,19 @@ class Trainer:
     def broadcast_initial_state(self) -> None:
         """Rank 0's dense weights to every rank (the shards are rank-local and need none)."""
         collectives.broadcast_variables(self.env, self.replicated + self.mlp)
+
+
+def _table_optimizers(model, config: OptimizerConfig) -> dict:
+    """``{table: (sparse optimizer, rate scale)}`` for tables a model trains with another optimizer
+    than the embedding one (Wide & Deep's ``--wide_optimizer``), rates relative to the embedding rate."""
+    import dataclasses
+
+    choices = model.table_optimizer_choices() if hasattr(model, "table_optimizer_choices") else {}
+    embedding_rate = config.embedding_learning_rate or config.schedule.base
+    # One optimizer object per (name, rate): tables sharing it may share a fused variable.
+    made = {choice: (make_sparse_optimizer(dataclasses.replace(config, embedding_optimizer=choice[0])),
+                     choice[1] / embedding_rate if choice[1] else 1.0) for choice in set(choices.values())}
+    return {table: made[choice] for table, choice in choices.items()}
 
 
 def _scale(gradient, factor):

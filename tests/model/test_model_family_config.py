@@ -1,0 +1,120 @@
+"""--model and its flags: the config, the tables and features each model reads, the built models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tf_dlrm.config.crossed_features import CrossedFeature
+from tf_dlrm.config.embedding import FeatureConfig
+from tf_dlrm.config.model_tables import family_features, family_tables
+from tf_dlrm.config.models import ModelFamilyConfig
+from tf_dlrm.distributed.plan import TableSpec
+
+
+def test_model_family_config_checks_every_flag():
+    assert ModelFamilyConfig().model == "dlrm"
+    for kwargs, message in [
+        ({"model": "dcn"}, "Expected --model in"),
+        ({"cross_structure": "side"}, "--cross_structure"),
+        ({"num_cross_layers": 0}, "Received: --num_cross_layers=0"),
+        ({"cross_low_rank": -2}, "Received: --cross_low_rank=-2"),
+        ({"deep_mlp_dims": (16, 0)}, r"Received: --deep_mlp_dims=\[16, 0\]"),
+        ({"deep_mlp_dims": ()}, "--deep_mlp_dims"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            ModelFamilyConfig(**kwargs)
+
+
+def test_config_module_imports_no_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys, tf_dlrm.config.models, tf_dlrm.config.model_tables, tf_dlrm.config.crossed_features; "
+            "sys.exit('tensorflow' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+BASE_TABLES = [TableSpec("a", 10, 4), TableSpec("b", 20, 4), TableSpec("c", 30, 4)]
+BASE_FEATURES = [FeatureConfig("a", "a"), FeatureConfig("b", "b", hotness=3, combiner="mean"), FeatureConfig("c", "c")]
+CROSSED = [CrossedFeature("a", "c", 7)]
+
+
+@pytest.mark.parametrize("model,names", [
+    ("dlrm", ["a", "b", "c"]),
+    ("dcnv2", ["a", "b", "c"]),
+    ("deepfm", ["a", "b", "c", "linear:a", "linear:b", "linear:c"]),
+    ("wide_deep", ["a", "b", "c", "linear:a", "linear:b", "linear:c", "cross:a*c"]),
+])
+def test_each_model_reads_its_tables(model, names):
+    family = ModelFamilyConfig(model=model)
+    tables = family_tables(BASE_TABLES, family, CROSSED)
+    assert [t.name for t in tables] == names
+    assert all(t.dim == 1 for t in tables[3:]) and [t.rows for t in tables[3:6]] in ([], [10, 20, 30])
+    features, sources = family_features(BASE_FEATURES, family, CROSSED)
+    assert [f.table for f in features] == names
+    if model in ("deepfm", "wide_deep"):
+        # The first-order / wide feature of b pools b's ids the way b does.
+        assert (features[4].hotness, features[4].combiner, sources[4]) == (3, "mean", ("column", 1))
+    if model == "wide_deep":
+        assert sources[-1] == ("cross", 0, 2) and tables[-1].rows == 7
+
+
+def test_crossed_features_too_large_are_refused():
+    big = [TableSpec("a", 2**40, 4), TableSpec("b", 2**30, 4)]
+    with pytest.raises(ValueError, match="exceed 2\\^62 pairs"):
+        family_tables(big, ModelFamilyConfig(model="wide_deep"), [CrossedFeature("a", "b", 5)])
+
+
+def test_flags_select_the_model():
+    from tf_dlrm.train import cli  # noqa: F401  (defines main.py's flags)
+    from tf_dlrm.train.flags import config_from_flags
+
+    cli.FLAGS.unparse_flags()
+    cli.FLAGS(["main.py", "--dataset_type=synthetic", "--model=dcnv2", "--num_cross_layers=2", "--cross_low_rank=8",
+               "--cross_structure=parallel", "--deep_mlp_dims=64,32", "--embedding_dim=16"])
+    family = config_from_flags(cli.FLAGS).model.family
+    assert family == ModelFamilyConfig("dcnv2", 2, 8, "parallel", (64, 32))
+    cli.FLAGS.unparse_flags()
+    cli.FLAGS(["main.py", "--dataset_type=synthetic", "--model=dlrm", "--embedding_dim=16"])
+    with pytest.raises(ValueError, match="bottom MLP's last width"):
+        config_from_flags(cli.FLAGS)
+    cli.FLAGS.unparse_flags()
+
+
+def test_spec_crossed_features_round_trip_and_errors(tmp_path):
+    from tf_dlrm.feature_spec import FeatureSpec, FeatureSpecError
+
+    raw = {"feature_spec": {"label": {"dtype": "bool"}, "x": {"dtype": "int32", "cardinality": 5},
+                            "y": {"dtype": "int32", "cardinality": 6}},
+           "channel_spec": {"label": ["label"], "numerical": [], "categorical": ["x", "y"]},
+           "crossed_features": [{"features": ["x", "y"], "buckets": 9}]}
+    spec = FeatureSpec.from_dict(raw, source="spec.yaml")
+    assert spec.crossed_features == (CrossedFeature("x", "y", 9),)
+    assert FeatureSpec.from_dict(spec.to_dict()).crossed_features == spec.crossed_features
+    raw["crossed_features"] = [{"features": ["x", "q"], "buckets": 9}]
+    with pytest.raises(FeatureSpecError, match=r"spec.yaml: crossed_features\[0\].features: 'q' is not a categorical"):
+        FeatureSpec.from_dict(raw, source="spec.yaml")
+
+
+@pytest.mark.parametrize("model", ["dcnv2", "deepfm", "wide_deep"])
+def test_models_serialise_and_predict_alike(model):
+    import keras
+
+    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.models import build_family_model
+
+    family = ModelFamilyConfig(model=model, deep_mlp_dims=(8,), num_cross_layers=2)
+    plan = make_plan(family_tables(BASE_TABLES, family, CROSSED), 1, "table_wise")
+    network = build_family_model(family, BASE_FEATURES, CROSSED, plan, 3, 0, seed=4)
+    rng = np.random.default_rng(0)
+    inputs = (rng.normal(size=(5, 3)).astype(np.float32),
+              (rng.integers(0, 10, 5), rng.integers(0, 20, (5, 3)), rng.integers(0, 30, 5)))
+    logits = network(inputs)
+    assert logits.shape == (5, 1) and logits.dtype == "float32"
+    clone = type(network).from_config(network.get_config())
+    clone(inputs)
+    for mine, theirs in zip(clone.weights, network.weights):
+        mine.assign(theirs)
+    np.testing.assert_allclose(clone(inputs).numpy(), logits.numpy(), rtol=0, atol=1e-6)
+    assert keras.saving.get_registered_name(type(network)).startswith("tf_dlrm>")
