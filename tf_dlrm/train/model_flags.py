@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from absl import flags
 
+from tf_dlrm.config.model import parse_dims
 from tf_dlrm.config.models import CROSS_STRUCTURES, MODEL_NAMES, ModelFamilyConfig
 
 
@@ -25,8 +26,6 @@ def define_model_flags() -> None:
 
 
 def model_family_from_flags(values: flags.FlagValues) -> ModelFamilyConfig:
-    from tf_dlrm.train.builder import parse_dims
-
     return ModelFamilyConfig(model=values.model, num_cross_layers=values.num_cross_layers,
                              cross_low_rank=values.cross_low_rank, cross_structure=values.cross_structure,
                              deep_mlp_dims=parse_dims(values.deep_mlp_dims, "deep_mlp_dims"),
