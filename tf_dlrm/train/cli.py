@@ -10,6 +10,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags
 
 from tf_dlrm.precision import choose_precision, read_cpu_info
+from tf_dlrm.distributed.traffic import describe as describe_traffic
 from tf_dlrm.train.flags import RunConfig, config_from_flags, define_flags
 from tf_dlrm.train.session import configure_threads, report_precision, resolve_spec_path  # noqa: F401 (benchmarks import them here)
 
@@ -51,8 +52,10 @@ def run_training(config: RunConfig, stop=None) -> dict:
     reporter = Reporter(env.is_chief, config.log_path, config.tensorboard_dir)
     rank_bytes = [plan.rank_bytes(r) for r in range(env.world_size)]
     exchange = plan.alltoall_bytes_per_step(config.batch_size, bytes_per_value=2 if policy != "float32" else 4)
+    traffic = step_traffic_of(trainer, config.batch_size, env.world_size)
     report_precision(reporter, config, choice)
     reporter.say(plan.describe())
+    reporter.say(describe_traffic(traffic))
     reporter.event(
         "config",
         world_size=env.world_size,
@@ -67,6 +70,7 @@ def run_training(config: RunConfig, stop=None) -> dict:
         plan=plan.to_dict(),
         rank_embedding_bytes=rank_bytes,
         alltoall_bytes_per_step=exchange,
+        bytes_per_step_per_rank=[t.to_dict() for t in traffic],
     )
     reporter.say(
         f"world size {env.world_size}, precision {policy}, per-rank embedding bytes {rank_bytes}, "
@@ -138,6 +142,17 @@ def run_training(config: RunConfig, stop=None) -> dict:
     reporter.event("final", **final)
     reporter.close()
     return final
+
+
+def step_traffic_of(trainer, global_batch_size: int, world_size: int):
+    """Every rank's alltoall and allreduce bytes per step (:mod:`tf_dlrm.distributed.traffic`).
+    The ids' alltoall of ``--data_parallel_input`` is not counted (ids, not embeddings)."""
+    from tf_dlrm.distributed.traffic import step_traffic
+
+    embedding = trainer.model.embedding
+    widths = list(embedding.send_widths) if embedding.exchanges and world_size > 1 else [0] * world_size
+    value_bytes = 2 if trainer.model.compute_dtype in ("bfloat16", "float16") else 4
+    return step_traffic(widths, global_batch_size, value_bytes, trainer.allreduce_payload_bytes() if world_size > 1 else 0)
 
 
 def main(argv):

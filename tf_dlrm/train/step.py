@@ -128,6 +128,16 @@ class Trainer:
                 model.interaction.use_kernel = False
             self._dense_gradients = tf.function(self._dense_loss_and_gradients, jit_compile=True, reduce_retracing=True)
 
+    def allreduce_payload_bytes(self) -> int:
+        """Bytes of what :meth:`_average_over_ranks` averages each step: the replicated tables'
+        packed gradients (a count column with a stateful optimizer), the MLP gradients and the
+        scalars riding along (stop request, finite flag)."""
+        extra = 0 if self.sparse.plain_sgd else 1
+        replicated = sum(int(v.shape[0]) * (int(v.shape[1]) + extra) * 4 for v in self.replicated)
+        mlp = sum(int(v.shape.num_elements()) * tf.as_dtype(v.dtype).size for v in self.mlp)
+        scalars = 4 * (int(self.env.distributed) + int(self.loss_scale is not None and self.loss_scale.dynamic))
+        return replicated + mlp + scalars
+
     # ------------------------------------------------------------------ training
 
     def _loss(self, numerical, categorical, label):
