@@ -34,6 +34,7 @@ def run_training(config: RunConfig, stop=None) -> dict:
     import tensorflow as tf
 
     from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.model.interaction import interaction_paths
     from tf_dlrm.train import builder, checkpoint_choice
     from tf_dlrm.train.checkpoint import Checkpointer
     from tf_dlrm.train.loop import train
@@ -56,6 +57,10 @@ def run_training(config: RunConfig, stop=None) -> dict:
     report_precision(reporter, config, choice)
     reporter.say(plan.describe())
     reporter.say(describe_traffic(traffic))
+    paths = interaction_paths(model.interaction, config.xla)
+    reporter.event("interaction", **paths)
+    reporter.say(f"interaction: training {paths['training']}, evaluation {paths['evaluation']}"
+                 + "".join(f"; {reason}" for reason in paths["reasons"]))
     reporter.event(
         "config",
         world_size=env.world_size,

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.model.interaction import kernel_off
 from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.optimizers.config import OPTIMIZERS, OptimizerConfig, make_dense_optimizer, make_sparse_optimizer  # noqa: F401
 from tf_dlrm.train.sparse_update import SparseUpdater
@@ -123,9 +124,6 @@ class Trainer:
         self.predict_step = tf.function(self._predict_step, reduce_retracing=True)
         if self.jit_compile:
             prefer_legacy_xla_cpu_runtime()
-            # XLA compiles TensorFlow's own ops only, not tf_dlrm's interaction kernel.
-            if hasattr(model.interaction, "use_kernel"):
-                model.interaction.use_kernel = False
             self._dense_gradients = tf.function(self._dense_loss_and_gradients, jit_compile=True, reduce_retracing=True)
 
     def allreduce_payload_bytes(self) -> int:
@@ -149,7 +147,9 @@ class Trainer:
     def _dense_loss_and_gradients(self, numerical, embeddings, label):
         """Compiled with XLA: loss and gradients w.r.t. ``embeddings`` and the MLP weights."""
         mlp = [v.value for v in self.mlp]
-        with tf.GradientTape() as tape:
+        # XLA compiles TensorFlow's own ops only, not tf_dlrm's interaction kernel: this trace uses
+        # the generic path, evaluation (not compiled) keeps the kernel.
+        with tf.GradientTape() as tape, kernel_off(self.model.interaction):
             tape.watch(embeddings)
             tape.watch(mlp)
             loss = binary_cross_entropy(label, self.model.dense_call(numerical, embeddings))
