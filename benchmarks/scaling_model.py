@@ -1,6 +1,7 @@
 r"""A scaling model of hybrid-parallel DLRM, pure Python (no TensorFlow, no Horovod).
 
     python benchmarks/scaling_model.py --rates=BREAKDOWN.jsonl [--check_measured=SCALING.jsonl]
+        [--check_breakdown=BREAKDOWN_AT_ANOTHER_BATCH.jsonl]
         [--world_sizes=8,16,64,256] [--batch_sizes=32768,262144] [--criteo_sample=TSV]
 
 For the MLPerf Criteo 1TB tables (26 cardinalities, dim 128, the ``--max-ind-range=40000000`` profile
@@ -175,6 +176,9 @@ def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", required=True, help="step_breakdown.py output (JSON lines) of criteo_capped")
     parser.add_argument("--check_measured", default="", help="scaling.py output (JSON lines) of criteo_capped to predict")
+    parser.add_argument("--check_breakdown", default="",
+                        help="step_breakdown.py output (JSON lines) of criteo_capped at another batch: its fused train "
+                             "step (step_ms, slowest rank) is the measured figure")
     parser.add_argument("--world_sizes", default="8,16,64,256")
     parser.add_argument("--batch_sizes", default="32768,262144")
     parser.add_argument("--criteo_sample", default="/work/shared/data/criteo_1tb_day0_sample_1k.tsv")
@@ -207,9 +211,22 @@ def main(argv=None) -> list[dict]:
             measured = record["samples_per_s"]["median"]
             ratio = prediction["samples_per_s"] / measured
             out.append({"benchmark": "scaling_model_check", "config": "criteo_capped", "world_size": record["world_size"],
-                        "global_batch_size": record["global_batch_size"], "predicted_samples_per_s": round(prediction["samples_per_s"], 1),
+                        "global_batch_size": record["global_batch_size"], "measured_by": "scaling.py",
+                        "load_average_1m": record.get("load_average_1m"), "predicted_samples_per_s": round(prediction["samples_per_s"], 1),
                         "measured_samples_per_s": measured, "predicted_over_measured": round(ratio, 3),
                         "within_25_percent": abs(ratio - 1) <= 0.25, "predicted_step": prediction["slowest_rank"]})
+    if args.check_breakdown:
+        ranks = [r for r in read_jsonl(args.check_breakdown) if r.get("benchmark") == "step_breakdown" and r.get("mode") == "horovod"]
+        if ranks:
+            world_size, batch = ranks[0]["world_size"], ranks[0]["global_batch_size"]
+            measured = batch / (max(r["step_ms"] for r in ranks) / 1e3)
+            prediction = predict(criteo_capped_cardinalities(), 128, world_size, batch, rates)
+            ratio = prediction["samples_per_s"] / measured
+            out.append({"benchmark": "scaling_model_check", "config": "criteo_capped", "world_size": world_size,
+                        "global_batch_size": batch, "measured_by": "step_breakdown train_step",
+                        "predicted_samples_per_s": round(prediction["samples_per_s"], 1), "measured_samples_per_s": round(measured, 1),
+                        "predicted_over_measured": round(ratio, 3), "within_25_percent": abs(ratio - 1) <= 0.25,
+                        "predicted_step": prediction["slowest_rank"]})
     for line in out:
         print(json.dumps(line), flush=True)
     return out
