@@ -8,7 +8,8 @@ For each dim, times forward + gradient of :class:`tf_dlrm.model.interaction.DotI
 window. Also times the kernel's forward alone. Prints one JSON object per dim and line:
 ``{"benchmark": "interaction_kernel", "dim": ..., "batch_size": ..., "tables": ...,
 "kernel_ms": {"median", "min", "max"}, "generic_ms": {...}, "kernel_forward_ms": {...},
-"speedup": generic median / kernel median}`` (milliseconds per forward + gradient).
+"speedup": generic median / kernel median}`` (milliseconds per forward + gradient), for float32 and
+for bfloat16 inputs (``--precisions``; the kernel widens bf16 to float32 inside and rounds once).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--dims", default="16,128")
     parser.add_argument("--windows", type=int, default=7)
     parser.add_argument("--window_steps", type=int, default=50)
+    parser.add_argument("--precisions", default="fp32,bf16", help="fp32 and/or bf16 (mixed_bfloat16 inputs)")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -51,15 +53,17 @@ def main(argv=None) -> list[dict]:
         raise SystemExit("the kernel is not built: python -m tf_dlrm.ops.build")
     configure_threads(types.SimpleNamespace(intra_op_parallelism=0, inter_op_parallelism=0), 1)
     out = []
-    for dim in (int(d) for d in args.dims.split(",")):
+    cases = [(dim, precision) for dim in (int(d) for d in args.dims.split(",")) for precision in args.precisions.split(",")]
+    for dim, precision in cases:
+        dtype, policy = (tf.bfloat16, "mixed_bfloat16") if precision == "bf16" else (tf.float32, "float32")
         rng = np.random.default_rng(dim)
-        bottom = tf.constant(rng.standard_normal((args.batch_size, dim)), tf.float32)
-        embeddings = tf.constant(rng.standard_normal((args.batch_size, args.tables, dim)), tf.float32)
+        bottom = tf.cast(rng.standard_normal((args.batch_size, dim)), dtype)
+        embeddings = tf.cast(rng.standard_normal((args.batch_size, args.tables, dim)), dtype)
         width = dim + (args.tables + 1) * args.tables // 2
-        upstream = tf.constant(rng.standard_normal((args.batch_size, width)), tf.float32)
+        upstream = tf.cast(rng.standard_normal((args.batch_size, width)), dtype)
         steps = {}
         for name, use_kernel in (("kernel", True), ("generic", False)):
-            layer = DotInteraction()
+            layer = DotInteraction(dtype=policy)
             layer.use_kernel = use_kernel
 
             # Returns the output too: otherwise Grappler prunes the forward pass the gradient does not read.
@@ -71,7 +75,7 @@ def main(argv=None) -> list[dict]:
                 return interactions, tape.gradient(interactions, [bottom, embeddings], output_gradients=upstream)
 
             steps[name] = step
-        forward = DotInteraction()
+        forward = DotInteraction(dtype=policy)
         steps["kernel_forward"] = tf.function(lambda bottom, embeddings: forward((bottom, embeddings)))
         times = {name: [] for name in steps}
         for step in steps.values():
@@ -84,7 +88,7 @@ def main(argv=None) -> list[dict]:
                 tf.nest.map_structure(lambda t: t.numpy(), result)
                 times[name].append((time.perf_counter() - started) / args.window_steps * 1e3)
         record = {
-            "benchmark": "interaction_kernel", "dim": dim, "batch_size": args.batch_size, "tables": args.tables,
+            "benchmark": "interaction_kernel", "precision": precision, "dim": dim, "batch_size": args.batch_size, "tables": args.tables,
             "kernel_ms": summarize(times["kernel"]), "generic_ms": summarize(times["generic"]),
             "kernel_forward_ms": summarize(times["kernel_forward"]),
             "speedup": round(statistics.median(times["generic"]) / statistics.median(times["kernel"]), 3),

@@ -24,6 +24,7 @@ happen there, so it bounds what N ranks can reach on the machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -40,13 +41,15 @@ from train_throughput import CONFIGS, REPOSITORY, load_average, make_dataset, su
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scaling_worker.py")
 
 
-def launch(world_size: int, spec_path: str, out_dir: str, config: str, worker_args: list[str], timeout: float) -> list[dict]:
+def launch(world_size: int, spec_path: str, out_dir: str, config: str, worker_args: list[str], timeout: float,
+           extra_env: dict | None = None) -> list[dict]:
     """One horovodrun launch; returns every rank's record."""
     os.makedirs(out_dir, exist_ok=True)
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     command = [horovodrun, "-np", str(world_size), "-H", f"localhost:{world_size}", "--gloo",
                sys.executable, WORKER, spec_path, out_dir, config, *worker_args]
-    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPOSITORY + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(extra_env or {}),
+                       PYTHONPATH=REPOSITORY + os.pathsep + os.environ.get("PYTHONPATH", ""))
     completed = subprocess.run(command, cwd=REPOSITORY, env=environment, capture_output=True, text=True, timeout=timeout)
     if completed.returncode != 0:
         tail = (completed.stdout + completed.stderr)[-4000:]
@@ -106,6 +109,11 @@ def parse_args(argv=None):
     parser.add_argument("--timeout", type=float, default=900, help="seconds per launch")
     parser.add_argument("--work_dir", default=None, help="where the synthetic data goes (default: a temporary directory)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--batch_size", type=int, default=0, help="global batch (0: the config's)")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME=SETTING[;SETTING...]: one more launch of every N > 1 per round, where a SETTING is "
+                             "intra_op=K or inter_op=K (threads per rank) or ENV_NAME=VALUE (an environment variable "
+                             "of the ranks), e.g. --variant='inter1=inter_op=1' --variant='cycle5=HOROVOD_CYCLE_TIME=5'")
     parser.add_argument("--ceiling", action=argparse.BooleanOptionalAction, default=True,
                         help="also run, for each world size N > 1, N independent processes without any exchange")
     return parser.parse_args(argv)
@@ -119,14 +127,50 @@ def ceiling_fields(windows: list[float] | None, reference: float | None) -> dict
                                     "vs_world_size_1": round(median / reference, 3) if reference else None}}
 
 
+def parse_variant(text: str) -> tuple[str, tuple[list[str], dict]]:
+    """``NAME=SETTING;...`` -> (name, (worker thread arguments, environment))."""
+    name, separator, settings = text.partition("=")
+    if not separator or not name or not settings:
+        raise SystemExit(f"--variant expects NAME=SETTING[;SETTING...]. Received: --variant={text}")
+    thread_args, environment = [], {}
+    for setting in settings.split(";"):
+        key, separator, value = setting.partition("=")
+        if not separator:
+            raise SystemExit(f"--variant={text}: expected KEY=VALUE, got {setting!r}")
+        if key in ("intra_op", "inter_op"):
+            thread_args.append(f"--{key}={int(value)}")
+        else:
+            environment[key] = value
+    return name, (thread_args, environment)
+
+
+def args_of(texts: list[str], variant: str | None) -> str:
+    for text in texts:
+        if variant and text.partition("=")[0] == variant:
+            return text.partition("=")[2]
+    return ""
+
+
+def vs_ceiling(windows: list[float], ceiling: list[float] | None) -> dict:
+    if not ceiling:
+        return {}
+    return {"vs_no_exchange_ceiling": round(statistics.median(windows) / statistics.median(ceiling), 3)}
+
+
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     config = CONFIGS[args.config]
+    if args.batch_size:
+        config = dataclasses.replace(config, batch_size=args.batch_size)
+    variants = dict(parse_variant(text) for text in args.variant)
     world_sizes = [int(w) for w in args.world_sizes.split(",")]
     if any(config.batch_size % w for w in world_sizes):
         raise SystemExit(f"--world_sizes={args.world_sizes}: each must divide the batch size {config.batch_size}")
     worker_args = [f"--windows={args.windows}", f"--window_steps={args.window_steps}",
-                   f"--warmup_steps={args.warmup_steps}", f"--num_batches={args.num_batches}", f"--seed={args.seed}"]
+                   f"--warmup_steps={args.warmup_steps}", f"--num_batches={args.num_batches}", f"--seed={args.seed}",
+                   f"--batch_size={config.batch_size}"]
+    variant_windows = {(name, w): [] for name in variants for w in world_sizes if w > 1}
+    variant_records = {}
     throughputs = {w: [] for w in world_sizes}
     ceilings = {w: [] for w in world_sizes if w > 1 and args.ceiling}
     last = {}
@@ -140,14 +184,23 @@ def main(argv=None) -> list[dict]:
                 records = launch(world_size, spec.source, out_dir, args.config, worker_args, args.timeout)
                 throughputs[world_size].extend(window_throughputs(records))
                 last[world_size] = records
+                for name, (thread_args, extra_env) in variants.items():
+                    if world_size == 1:
+                        continue
+                    out_dir = os.path.join(temporary, f"round{round_index}_np{world_size}_{name}")
+                    records = launch(world_size, spec.source, out_dir, args.config, worker_args + thread_args, args.timeout, extra_env)
+                    variant_windows[(name, world_size)].extend(window_throughputs(records))
+                    variant_records[(name, world_size)] = records
                 if world_size in ceilings:
                     out_dir = os.path.join(temporary, f"round{round_index}_independent{world_size}")
                     independent = launch_independent(world_size, spec.source, out_dir, args.config, worker_args, args.timeout)
                     ceilings[world_size].extend(combined_throughputs(independent))
     single = last[1][0]["embedding_bytes"] if 1 in last else None
     out = []
-    for world_size in world_sizes:
-        records = last[world_size]
+    cases = [(None, w) for w in world_sizes] + list(variant_windows)
+    for variant, world_size in cases:
+        records = last[world_size] if variant is None else variant_records[(variant, world_size)]
+        windows = throughputs[world_size] if variant is None else variant_windows[(variant, world_size)]
         held = max(r["embedding_bytes"] for r in records)
         reference = statistics.median(throughputs[1]) if 1 in throughputs else None
         record = {
@@ -157,11 +210,14 @@ def main(argv=None) -> list[dict]:
             "precision": "fp32",
             "xla": False,
             "world_size": world_size,
+            "variant": variant or "default",
+            "variant_settings": args_of(args.variant, variant),
             "global_batch_size": config.batch_size,
             "intra_op_threads": records[0]["intra_op_threads"],
             "inter_op_threads": records[0]["inter_op_threads"],
-            "samples_per_s": summarize(throughputs[world_size]),
-            "vs_world_size_1": round(statistics.median(throughputs[world_size]) / reference, 3) if reference else None,
+            "samples_per_s": summarize(windows),
+            "vs_world_size_1": round(statistics.median(windows) / reference, 3) if reference else None,
+            **vs_ceiling(windows, ceilings.get(world_size)),
             "max_rank_embedding_bytes": held,
             "single_process_embedding_bytes": single,
             "max_rank_embedding_fraction": round(held / single, 4) if single else None,

@@ -37,6 +37,9 @@ def main(argv=None) -> None:
     parser.add_argument("--num_batches", type=int, default=8)
     parser.add_argument("--learning_rate", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--batch_size", type=int, default=0, help="global batch (0: the config's)")
+    parser.add_argument("--intra_op", type=int, default=0, help="intra-op threads per rank (0: the trainer's default)")
+    parser.add_argument("--inter_op", type=int, default=0, help="inter-op threads per rank (0: the trainer's default)")
     parser.add_argument("--independent", type=str, default="",
                         help="RANK/N: one of N plain processes (no Horovod, no exchange) started together, "
                              "each training batch / N samples per step on cores / N threads")
@@ -50,11 +53,11 @@ def main(argv=None) -> None:
     if args.independent:
         independent_rank, independent_count = (int(part) for part in args.independent.split("/"))
         env = env_module.DistributedEnv()
-        intra, inter = configure_threads(0, 0, independent_count)
+        intra, inter = configure_threads(args.intra_op, args.inter_op, independent_count)
     else:
         independent_rank, independent_count = 0, 1
         env = env_module.initialize(force_horovod=True)
-        intra, inter = configure_threads(0, 0, env.local_size)
+        intra, inter = configure_threads(args.intra_op, args.inter_op, env.local_size)
 
     import numpy as np
     import tensorflow as tf
@@ -66,7 +69,7 @@ def main(argv=None) -> None:
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
     config = CONFIGS[args.config]
-    batch_size = config.batch_size // independent_count
+    batch_size = (args.batch_size or config.batch_size) // independent_count
     spec = FeatureSpec.load(args.spec)
     model_config = builder.ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims)
     plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), env.world_size)

@@ -117,7 +117,7 @@ def test_interaction_kernel_benchmark_records():
     completed = run_python(["benchmarks/interaction_kernel.py", "--batch_size=64", "--tables=5", "--dims=4,16",
                             "--windows=1", "--window_steps=2"], timeout=300)
     records = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
-    assert [r["dim"] for r in records] == [4, 16]
+    assert [(r["dim"], r["precision"]) for r in records] == [(4, "fp32"), (4, "bf16"), (16, "fp32"), (16, "bf16")]
     for record in records:
         assert record["benchmark"] == "interaction_kernel" and record["batch_size"] == 64 and record["speedup"] > 0
         check_cpu(record)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from arithmetic import float32_sum_bound
+from arithmetic import BFLOAT16_UNIT_ROUNDOFF, float32_sum_bound
 from tf_dlrm import ops
 from tf_dlrm.model.interaction import DotInteraction, lower_triangle_indices
 
@@ -107,12 +107,50 @@ def test_bad_shapes_are_named():
         library().tf_dlrm_dot_interaction_grad(np.zeros((2, 4), np.float32), np.zeros((2, 3, 4), np.float32), np.zeros((2, 9), np.float32))
 
 
-def test_bfloat16_inputs_take_the_generic_path():
+@pytest.mark.parametrize("include_diagonal", [False, True])
+@pytest.mark.parametrize("batch,tables,width", [(5, 3, 7), (33, 26, 16), (17, 26, 128)])
+def test_bfloat16_kernel_matches_float64_reference(batch, tables, width, include_diagonal):
+    """bfloat16 in and out, float32 inside. The reference is float64 on the same bf16 inputs. A
+    product of two bf16 values (8 significant bits each) is exact in float32 (24 bits); the kernel
+    sums n of them in float32 (within gamma_n of sum |products|, tests/arithmetic.py) and rounds the
+    sum once to bfloat16 (within u = 2**-8 of its magnitude, which sum |products| bounds). So
+    |kernel - reference| <= u * S + (1 + u) * gamma_n * S with S = sum |products|."""
+    rng = np.random.default_rng(batch + tables + width)
+    as_bf16 = lambda a: tf.cast(tf.constant(a, tf.float32), tf.bfloat16)  # noqa: E731
+    bottom = as_bf16(rng.normal(size=(batch, width)))
+    embeddings = as_bf16(rng.normal(size=(batch, tables, width)))
+    row = width + len(lower_triangle_indices(tables + 1, include_diagonal))
+    upstream = as_bf16(rng.normal(size=(batch, row)))
+    out = library().tf_dlrm_dot_interaction(bottom, embeddings, include_diagonal=include_diagonal)
+    grads = library().tf_dlrm_dot_interaction_grad(bottom, embeddings, upstream, include_diagonal=include_diagonal)
+    assert out.dtype == grads[0].dtype == grads[1].dtype == tf.bfloat16
+    exact = [t.numpy().astype(np.float64) for t in (bottom, embeddings, upstream)]
+    expected = reference(exact[0], exact[1], include_diagonal, exact[2])
+    bounds = reference(np.abs(exact[0]), np.abs(exact[1]), include_diagonal, np.abs(exact[2]))
+    terms = max(width, 2 * (tables + 1) + 1)
+    worst = 0.0
+    for actual, wanted, bound in zip([out, grads[0], grads[1]], expected, bounds):
+        tolerance = BFLOAT16_UNIT_ROUNDOFF * bound + (1 + BFLOAT16_UNIT_ROUNDOFF) * float32_sum_bound(bound, terms)
+        error = np.abs(actual.numpy().astype(np.float64) - wanted)
+        assert np.all(error <= tolerance), (error - tolerance).max()
+        worst = max(worst, float((error / np.maximum(bound, 1e-30)).max()))
+    # The bound is not vacuous: the errors are bf16 roundings, of the order of u, not of float32's.
+    assert worst > 2.0**-24 * 8
+
+
+def test_bfloat16_layer_uses_the_kernel():
     layer = DotInteraction(dtype="mixed_bfloat16")
     bottom = tf.cast(tf.ones((2, 4)), tf.bfloat16)
-    out = layer((bottom, tf.cast(tf.ones((2, 3, 4)), tf.bfloat16)))
+
+    @tf.function
+    def call(bottom, embeddings):
+        return layer((bottom, embeddings))
+
+    embeddings = tf.cast(tf.ones((2, 3, 4)), tf.bfloat16)
+    out = call(bottom, embeddings)
     assert out.dtype == tf.bfloat16 and out.shape == (2, 10)
     np.testing.assert_array_equal(out.numpy().astype(np.float32)[:, 4:], 4.0)
+    assert "TfDlrmDotInteraction" in {op.type for op in call.get_concrete_function(bottom, embeddings).graph.get_operations()}
 
 
 def run_python(code: str, **environment) -> subprocess.CompletedProcess:

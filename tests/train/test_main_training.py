@@ -68,6 +68,14 @@ def test_two_ranks_end_with_the_same_auc_as_one(synthetic, single_process_run, t
     config = json.loads(open(log).readline())
     assert config["event"] == "config" and len(config["rank_embedding_bytes"]) == 2
     assert config["alltoall_bytes_per_step"] > 0
+    traffic = config["bytes_per_step_per_rank"]
+    assert [t["rank"] for t in traffic] == [0, 1]
+    assert max(t["alltoall_forward_sent"] for t in traffic) == config["alltoall_bytes_per_step"]
+    assert traffic[0]["alltoall_forward_sent"] == traffic[1]["alltoall_forward_received"]
+    assert traffic[0]["allreduce_payload"] > 0 and traffic[0]["allreduce_sent"] == traffic[0]["allreduce_payload"]
+    events = [json.loads(line) for line in open(log)]
+    (interaction,) = [e for e in events if e["event"] == "interaction"]
+    assert interaction["training"] == interaction["evaluation"] == "kernel_fp32" and interaction["reasons"] == []
 
 
 def write_nvidia_layout_by_hand(directory, num_samples: int, seed: int) -> None:

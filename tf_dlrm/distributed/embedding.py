@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.distributed.dedup_exchange import deduplicated_exchange
 from tf_dlrm.distributed.exchange import bfloat16_alltoall, index_dtype, permute
 from tf_dlrm.distributed.id_exchange import exchange_ids
 from tf_dlrm.distributed.packing import (
@@ -70,10 +71,13 @@ class DistributedEmbedding(keras.layers.Layer):
         features: :class:`FeatureConfig` (or dicts) in input order; default one one-hot ``sum``
             feature per table, named like it.
         validate_ids: check every id against its table's rows (and ragged rows against hotness).
+        deduplicate_exchange: send each destination one row per distinct id of its samples and the
+            samples' indices (:mod:`tf_dlrm.distributed.dedup_exchange`) instead of one row per
+            sample; one-hot features only, every rank owning a slice; the rows travel in float32.
     """
 
     def __init__(self, plan, rank: int = 0, seed: int = 0, data_parallel_input: bool = False, features=None,
-                 validate_ids: bool = True, **kwargs):
+                 validate_ids: bool = True, deduplicate_exchange: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
         table_names = [t.name for t in self.plan.tables]
@@ -117,6 +121,15 @@ class DistributedEmbedding(keras.layers.Layer):
         labels = (received_labels(self.plan, self.feature_tables) if self.exchanges else [])
         labels += replicated_labels(self.plan, self.feature_tables)
         self.permutation = np.array(output_permutation(self.plan, self.feature_tables, labels), dtype=np.int32)
+        self.deduplicate_exchange = bool(deduplicate_exchange)
+        if self.deduplicate_exchange:
+            self.source_entry_widths = [[slices[p].width for _, slices in packing_groups(self.plan, r)
+                                         for _, p in group_entries(slices, self.feature_tables)] for r in range(self.plan.world_size)]
+            problems = [f.name for f in self.features if not f.one_hot]
+            if problems or not all(self.source_entry_widths) or self.data_parallel_input:
+                raise ValueError("deduplicate_exchange needs one-hot features, every rank owning a slice and no "
+                                 f"data_parallel_input. Received: multi-hot features {problems}, entries per rank "
+                                 f"{[len(w) for w in self.source_entry_widths]}, data_parallel_input={self.data_parallel_input}")
         self.shard_variables, self.replicated_variables = [], []
 
     # ------------------------------------------------------------------ weights
@@ -256,6 +269,12 @@ class DistributedEmbedding(keras.layers.Layer):
                 packed.append(pooled_lookup(
                     variable, [(global_ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
                     tf.as_dtype(offsets.dtype)))
+        if self.deduplicate_exchange and self.env.distributed:
+            mine = [(variable, tf.cast(global_ids[f], tf.as_dtype(offsets.dtype)) + offsets[p], width)
+                    for (width, _), variable, offsets, entries in zip(self.groups, self.shard_variables, self.group_offsets, self.entries)
+                    for f, p in entries]
+            received = deduplicated_exchange(self.env, local_batch, mine, self.source_entry_widths, f"{self.name}_dedup")
+            return tf.cast(received, self.compute_dtype)
         # Cast before the exchange: under mixed precision the alltoall carries half the bytes.
         local_block = tf.cast(tf.concat(packed, axis=1), self.compute_dtype) if packed else None
         if not self.env.distributed:
@@ -407,4 +426,5 @@ class DistributedEmbedding(keras.layers.Layer):
             "data_parallel_input": self.data_parallel_input,
             "features": [feature.to_dict() for feature in self.features],
             "validate_ids": self.validate_ids,
+            "deduplicate_exchange": self.deduplicate_exchange,
         }

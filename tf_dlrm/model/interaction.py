@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 
 import keras
@@ -9,6 +10,26 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.ops import kernels
+
+
+# The compute dtypes the kernel has (tf_dlrm/ops/dot_interaction.cc registers float and bfloat16).
+KERNEL_DTYPES = (tf.float32, tf.bfloat16)
+
+
+@contextlib.contextmanager
+def kernel_off(layer):
+    """Traces ``layer`` with the generic TensorFlow path inside the block (for an XLA-compiled
+    function, which cannot hold a custom op); the layer uses its kernel again afterwards, so
+    functions traced later (evaluation) keep it."""
+    previous = getattr(layer, "use_kernel", None)
+    if previous is None:
+        yield
+        return
+    layer.use_kernel = False
+    try:
+        yield
+    finally:
+        layer.use_kernel = previous
 
 
 class InteractionKind(str, enum.Enum):
@@ -36,8 +57,9 @@ class DotInteraction(keras.layers.Layer):
     def __init__(self, include_diagonal: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.include_diagonal = bool(include_diagonal)
-        # tf_dlrm's CPU kernel (tf_dlrm/ops) computes the float32 products and their gradient
-        # when it is built; XLA cannot compile it, so the XLA step turns this off.
+        # tf_dlrm's CPU kernel (tf_dlrm/ops) computes the products and their gradient in float32
+        # (bfloat16 inputs are widened, outputs rounded once) when it is built; XLA cannot compile
+        # it, so the XLA step turns it off while it traces the compiled function (kernel_off).
         self.use_kernel = True
 
     def build(self, input_shapes):
@@ -60,7 +82,7 @@ class DotInteraction(keras.layers.Layer):
 
     def call(self, inputs):
         bottom, embeddings = inputs
-        library = kernels() if self.use_kernel and bottom.dtype == tf.float32 else None
+        library = kernels() if self.use_kernel and bottom.dtype in KERNEL_DTYPES else None
         if library is not None:
             return self._kernel_call(library, bottom, embeddings)
         vectors = tf.concat([tf.expand_dims(bottom, 1), embeddings], axis=1)
@@ -132,6 +154,36 @@ class CatInteraction(keras.layers.Layer):
         bottom_shape, embedding_shape = input_shapes
         width = embedding_shape[1] if len(embedding_shape) == 2 else embedding_shape[1] * embedding_shape[2]
         return (bottom_shape[0], bottom_shape[-1] + width)
+
+
+def interaction_paths(layer, xla: bool) -> dict:
+    """Which implementation a model's interaction runs, in training and in evaluation, and why a
+    slower one when it falls back: ``{"training": ..., "evaluation": ..., "reasons": [...]}`` with
+    paths ``kernel_fp32``, ``kernel_bf16``, ``plain_tf``, ``plain_tf_in_xla``, ``cat`` or the class name of another model's interaction."""
+    if not isinstance(layer, DotInteraction):
+        # DLRM's cat, or another model's own interaction (a cross network, an FM term): plain TF.
+        name = "cat" if isinstance(layer, CatInteraction) else type(layer).__name__
+        return {"training": name, "evaluation": name, "reasons": []}
+    from tf_dlrm.ops import unavailable_reason
+
+    reasons = []
+    dtype = tf.as_dtype(layer.compute_dtype)
+    missing = unavailable_reason() if layer.use_kernel else "the layer's use_kernel is off"
+    if missing:
+        reasons.append(missing)
+        path = "plain_tf"
+    elif dtype not in KERNEL_DTYPES:
+        reasons.append(f"the kernel has no {dtype.name} path (float32 and bfloat16 only)")
+        path = "plain_tf"
+    else:
+        path = "kernel_fp32" if dtype == tf.float32 else "kernel_bf16"
+    training = path
+    if xla:
+        training = "plain_tf_in_xla"
+        reasons.append("--xla: XLA compiles TensorFlow's own ops only, so the compiled training step uses "
+                       "the plain TensorFlow interaction (evaluation is not compiled and keeps "
+                       f"{path})")
+    return {"training": training, "evaluation": path, "reasons": reasons}
 
 
 def make_interaction(kind: str, include_diagonal: bool = False, dtype=None) -> keras.layers.Layer:

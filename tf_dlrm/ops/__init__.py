@@ -16,16 +16,36 @@ LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tf_dlrm_ops
 
 @functools.lru_cache(maxsize=None)
 def kernels():
-    """The loaded kernel module (``tf_dlrm_dot_interaction`` and its gradient), or None."""
-    if os.environ.get("TF_DLRM_DISABLE_KERNELS") == "1" or not os.path.exists(LIBRARY):
+    """The loaded kernel module (``tf_dlrm_dot_interaction`` and its gradient), or None (with one
+    warning naming the library, unless ``TF_DLRM_DISABLE_KERNELS=1`` asked for the fallback)."""
+    reason = unavailable_reason()
+    if reason is not None:
+        if os.environ.get("TF_DLRM_DISABLE_KERNELS") != "1":
+            from absl import logging
+
+            logging.warning("tf_dlrm: %s; the dot interaction uses plain TensorFlow ops (slower).", reason)
         return None
+    return _load()
+
+
+@functools.lru_cache(maxsize=None)
+def _load():
     import tensorflow as tf
 
     try:
         return tf.load_op_library(LIBRARY)
     except (tf.errors.NotFoundError, OSError) as error:
-        from absl import logging
+        return error
 
-        logging.warning("tf_dlrm kernels in %s could not be loaded (%s); using plain TensorFlow ops. "
-                        "Rebuild them with: python -m tf_dlrm.ops.build", LIBRARY, error)
-        return None
+
+def unavailable_reason() -> str | None:
+    """Why :func:`kernels` returns None (a sentence naming the library), or None when it loads."""
+    if os.environ.get("TF_DLRM_DISABLE_KERNELS") == "1":
+        return "the kernels are disabled by TF_DLRM_DISABLE_KERNELS=1"
+    if not os.path.exists(LIBRARY):
+        return f"the kernel library {LIBRARY} is missing (build it with: python -m tf_dlrm.ops.build)"
+    loaded = _load()
+    if isinstance(loaded, Exception):
+        return (f"the kernel library {LIBRARY} could not be loaded ({loaded}); rebuild it with: "
+                "python -m tf_dlrm.ops.build --force")
+    return None

@@ -13,6 +13,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/util/work_sharder.h"
 
 namespace tf_dlrm {
@@ -87,12 +88,35 @@ int64_t NumPairs(int64_t vectors, bool include_diagonal) {
 }
 
 // The F = T + 1 vectors of sample b: the bottom-MLP output first, then the T embeddings.
+template <typename T>
 struct Sample {
-  const float* bottom;
-  const float* embeddings;
+  const T* bottom;
+  const T* embeddings;
   int64_t width;
-  const float* vector(int64_t i) const { return i == 0 ? bottom : embeddings + (i - 1) * width; }
+  const T* vector(int64_t i) const { return i == 0 ? bottom : embeddings + (i - 1) * width; }
 };
+
+// Values enter the float32 scratch buffers and leave them through these two: for bfloat16 inputs
+// every product and sum is computed in float32 (exact products of bf16 values, float32
+// accumulation) and only the result is rounded to bfloat16, to nearest even.
+inline float ToFloat(float x) { return x; }
+inline float ToFloat(::tensorflow::bfloat16 x) { return static_cast<float>(x); }
+template <typename T>
+inline T FromFloat(float x) { return static_cast<T>(x); }
+
+template <typename T>
+inline void CopyOut(T* to, const float* from, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) to[k] = FromFloat<T>(from[k]);
+}
+template <>
+inline void CopyOut<float>(float* to, const float* from, int64_t n) { std::memcpy(to, from, sizeof(float) * n); }
+
+template <typename T>
+inline void CopyIn(float* to, const T* from, int64_t n) {
+  for (int64_t k = 0; k < n; ++k) to[k] = ToFloat(from[k]);
+}
+template <>
+inline void CopyIn<float>(float* to, const float* from, int64_t n) { std::memcpy(to, from, sizeof(float) * n); }
 
 // What both kernels share: the include_diagonal attribute and the checked input shapes.
 class InteractionKernel : public OpKernel {
@@ -128,6 +152,7 @@ class InteractionKernel : public OpKernel {
 // out[b] = [bottom[b], z_10, z_20, z_21, ...] with z_ij = x_i . x_j for j < i (j <= i with the
 // diagonal). Per sample the vectors are transposed into [D, F] so that the products of x_i with
 // every x_j are one vectorised multiply-add per coordinate, in a fixed order.
+template <typename T>
 class DotInteractionOp : public InteractionKernel {
  public:
   using InteractionKernel::InteractionKernel;
@@ -140,9 +165,9 @@ class DotInteractionOp : public InteractionKernel {
     const int64_t batch = shapes.batch, width = shapes.width, count = shapes.count, pairs = shapes.pairs, row = shapes.row;
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({batch, row}), &output));
-    const float* bottom_data = bottom.flat<float>().data();
-    const float* embedding_data = embeddings.flat<float>().data();
-    float* out = output->flat<float>().data();
+    const T* bottom_data = bottom.flat<T>().data();
+    const T* embedding_data = embeddings.flat<T>().data();
+    T* out = output->flat<T>().data();
     const bool diagonal = include_diagonal_;
     auto work = [=](int64_t begin, int64_t end) {
       const Tiling tiling(count, width);
@@ -151,12 +176,12 @@ class DotInteractionOp : public InteractionKernel {
       float* __restrict__ transposed = transposed_buffer.data();
       float* __restrict__ gram = gram_buffer.data();
       for (int64_t b = begin; b < end; ++b) {
-        const Sample sample{bottom_data + b * width, embedding_data + b * (count - 1) * width, width};
+        const Sample<T> sample{bottom_data + b * width, embedding_data + b * (count - 1) * width, width};
         for (int64_t k = 0; k < width; ++k) {
           float* __restrict__ column = transposed + k * tiling.padded_columns;
-          column[0] = sample.bottom[k];
-          const float* x = sample.embeddings + k;
-          for (int64_t j = 1; j < count; ++j) column[j] = x[(j - 1) * width];
+          column[0] = ToFloat(sample.bottom[k]);
+          const T* x = sample.embeddings + k;
+          for (int64_t j = 1; j < count; ++j) column[j] = ToFloat(x[(j - 1) * width]);
         }
         // Tiles of kRows x 2 kBlock products on or below the diagonal: 2 kRows independent sums.
         for (int64_t i0 = 0; i0 < count; i0 += kRows) {
@@ -169,12 +194,12 @@ class DotInteractionOp : public InteractionKernel {
             tile.StoreTo(gram + i0 * tiling.padded_columns + j0, tiling.padded_columns);
           }
         }
-        float* __restrict__ y = out + b * row;
-        std::memcpy(y, sample.bottom, sizeof(float) * width);
+        T* __restrict__ y = out + b * row;
+        std::memcpy(y, sample.bottom, sizeof(T) * width);
         y += width;
         for (int64_t i = 0; i < count; ++i) {
           const int64_t n = diagonal ? i + 1 : i;
-          std::memcpy(y, gram + i * tiling.padded_columns, sizeof(float) * n);
+          CopyOut<T>(y, gram + i * tiling.padded_columns, n);
           y += n;
         }
       }
@@ -187,6 +212,7 @@ class DotInteractionOp : public InteractionKernel {
 // With S the symmetric F x F matrix of the upstream gradient at the pairs (S_ij = S_ji = g_ij,
 // S_ii = 2 g_ii when the diagonal is kept, else 0): dx_i = sum_j S_ij x_j. The bottom vector also
 // receives the upstream gradient of its copy at the front of the output.
+template <typename T>
 class DotInteractionGradOp : public InteractionKernel {
  public:
   using InteractionKernel::InteractionKernel;
@@ -204,11 +230,11 @@ class DotInteractionGradOp : public InteractionKernel {
     Tensor* embedding_gradient = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, bottom.shape(), &bottom_gradient));
     OP_REQUIRES_OK(context, context->allocate_output(1, embeddings.shape(), &embedding_gradient));
-    const float* bottom_data = bottom.flat<float>().data();
-    const float* embedding_data = embeddings.flat<float>().data();
-    const float* upstream_data = upstream.flat<float>().data();
-    float* bottom_out = bottom_gradient->flat<float>().data();
-    float* embedding_out = embedding_gradient->flat<float>().data();
+    const T* bottom_data = bottom.flat<T>().data();
+    const T* embedding_data = embeddings.flat<T>().data();
+    const T* upstream_data = upstream.flat<T>().data();
+    T* bottom_out = bottom_gradient->flat<T>().data();
+    T* embedding_out = embedding_gradient->flat<T>().data();
     const bool diagonal = include_diagonal_;
     auto work = [=](int64_t begin, int64_t end) {
       const Tiling tiling(count, width);
@@ -219,13 +245,13 @@ class DotInteractionGradOp : public InteractionKernel {
       float* __restrict__ vectors = vectors_buffer.data();
       float* __restrict__ gradient = gradient_buffer.data();
       for (int64_t b = begin; b < end; ++b) {
-        const Sample sample{bottom_data + b * width, embedding_data + b * (count - 1) * width, width};
-        const float* g = upstream_data + b * row;
-        const float* pair = g + width;
+        const Sample<T> sample{bottom_data + b * width, embedding_data + b * (count - 1) * width, width};
+        const T* g = upstream_data + b * row;
+        const T* pair = g + width;
         for (int64_t i = 0; i < count; ++i) {
-          for (int64_t j = 0; j < i; ++j) symmetric[i * count + j] = symmetric[j * count + i] = *pair++;
-          symmetric[i * count + i] = diagonal ? 2.0f * *pair++ : 0.0f;
-          std::memcpy(vectors + i * tiling.padded_width, sample.vector(i), sizeof(float) * width);
+          for (int64_t j = 0; j < i; ++j) symmetric[i * count + j] = symmetric[j * count + i] = ToFloat(*pair++);
+          symmetric[i * count + i] = diagonal ? 2.0f * ToFloat(*pair++) : 0.0f;
+          CopyIn<T>(vectors + i * tiling.padded_width, sample.vector(i), width);
         }
         // Tiles of kRows x 2 kBlock of dX = S X: 2 kRows independent sums.
         for (int64_t i0 = 0; i0 < count; i0 += kRows) {
@@ -237,10 +263,10 @@ class DotInteractionGradOp : public InteractionKernel {
             tile.StoreTo(gradient + i0 * tiling.padded_width + k0, tiling.padded_width);
           }
         }
-        float* __restrict__ bottom_row = bottom_out + b * width;
-        for (int64_t k = 0; k < width; ++k) bottom_row[k] = g[k] + gradient[k];
+        T* __restrict__ bottom_row = bottom_out + b * width;
+        for (int64_t k = 0; k < width; ++k) bottom_row[k] = FromFloat<T>(ToFloat(g[k]) + gradient[k]);
         for (int64_t i = 1; i < count; ++i) {
-          std::memcpy(embedding_out + (b * (count - 1) + i - 1) * width, gradient + i * tiling.padded_width, sizeof(float) * width);
+          CopyOut<T>(embedding_out + (b * (count - 1) + i - 1) * width, gradient + i * tiling.padded_width, width);
         }
       }
     };
@@ -266,19 +292,23 @@ class DotInteractionGradOp : public InteractionKernel {
 
 }  // namespace
 
+// T = bfloat16 (mixed precision): the inputs are widened to float32, products and sums are float32,
+// the outputs are rounded to bfloat16 once.
 REGISTER_OP("TfDlrmDotInteraction")
-    .Input("bottom: float")
-    .Input("embeddings: float")
-    .Output("interactions: float")
+    .Input("bottom: T")
+    .Input("embeddings: T")
+    .Output("interactions: T")
+    .Attr("T: {float, bfloat16} = DT_FLOAT")
     .Attr("include_diagonal: bool = false")
     .SetShapeFn(InteractionShape);
 
 REGISTER_OP("TfDlrmDotInteractionGrad")
-    .Input("bottom: float")
-    .Input("embeddings: float")
-    .Input("upstream: float")
-    .Output("bottom_gradient: float")
-    .Output("embedding_gradient: float")
+    .Input("bottom: T")
+    .Input("embeddings: T")
+    .Input("upstream: T")
+    .Output("bottom_gradient: T")
+    .Output("embedding_gradient: T")
+    .Attr("T: {float, bfloat16} = DT_FLOAT")
     .Attr("include_diagonal: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(0));
@@ -286,7 +316,14 @@ REGISTER_OP("TfDlrmDotInteractionGrad")
       return ::tensorflow::OkStatus();
     });
 
-REGISTER_KERNEL_BUILDER(Name("TfDlrmDotInteraction").Device(::tensorflow::DEVICE_CPU), DotInteractionOp);
-REGISTER_KERNEL_BUILDER(Name("TfDlrmDotInteractionGrad").Device(::tensorflow::DEVICE_CPU), DotInteractionGradOp);
+#define TF_DLRM_REGISTER(type)                                                                              \
+  REGISTER_KERNEL_BUILDER(Name("TfDlrmDotInteraction").Device(::tensorflow::DEVICE_CPU).TypeConstraint<type>("T"), \
+                          DotInteractionOp<type>);                                                           \
+  REGISTER_KERNEL_BUILDER(                                                                                   \
+      Name("TfDlrmDotInteractionGrad").Device(::tensorflow::DEVICE_CPU).TypeConstraint<type>("T"),           \
+      DotInteractionGradOp<type>);
+TF_DLRM_REGISTER(float)
+TF_DLRM_REGISTER(::tensorflow::bfloat16)
+#undef TF_DLRM_REGISTER
 
 }  // namespace tf_dlrm

@@ -109,9 +109,22 @@ def _finish(session: Session, record: dict, summary: dict) -> dict:
 # ---------------------------------------------------------------------- train
 
 
+def step_traffic_of(trainer, global_batch_size: int, world_size: int):
+    """Every rank's alltoall and allreduce bytes per step (:mod:`tf_dlrm.distributed.traffic`).
+    The ids' alltoall of ``--data_parallel_input`` is not counted (ids, not embeddings)."""
+    from tf_dlrm.distributed.traffic import step_traffic
+
+    embedding = trainer.model.embedding
+    widths = list(embedding.send_widths) if embedding.exchanges and world_size > 1 else [0] * world_size
+    value_bytes = 2 if trainer.model.compute_dtype in ("bfloat16", "float16") else 4
+    return step_traffic(widths, global_batch_size, value_bytes, trainer.allreduce_payload_bytes() if world_size > 1 else 0)
+
+
 def run_train(config, stop=None) -> dict:
     """Trains on this rank; returns the final record (``auc``, ``logloss``, ``train_samples_per_s``,
     ``steps``, ``world_size`` and, with ``--keep_best``, ``best_step``)."""
+    from tf_dlrm.distributed.traffic import describe as describe_traffic
+    from tf_dlrm.model.interaction import interaction_paths
     from tf_dlrm.precision import read_cpu_info
     from tf_dlrm.train import builder, checkpoint_choice, interrupt, preflight
     from tf_dlrm.train.loop import train
@@ -123,11 +136,18 @@ def run_train(config, stop=None) -> dict:
     intra, inter = session.threads
     rank_bytes = [plan.rank_bytes(r) for r in range(env.world_size)]
     exchange = plan.alltoall_bytes_per_step(config.batch_size, bytes_per_value=2 if session.policy != "float32" else 4)
+    traffic = step_traffic_of(trainer, config.batch_size, env.world_size)
+    reporter.say(describe_traffic(traffic))
+    paths = interaction_paths(session.model.interaction, config.xla)
+    reporter.event("interaction", **paths)
+    reporter.say(f"interaction: training {paths['training']}, evaluation {paths['evaluation']}"
+                 + "".join(f"; {reason}" for reason in paths["reasons"]))
     reporter.event(
         "config", world_size=env.world_size, precision=session.policy, amp=config.amp.value,
         precision_native=session.choice.native, cpu=read_cpu_info().summary(), xla=config.xla,
         batch_size=config.batch_size, intra_op_threads=intra, inter_op_threads=inter, plan=plan.to_dict(),
         rank_embedding_bytes=rank_bytes, alltoall_bytes_per_step=exchange,
+        bytes_per_step_per_rank=[t.to_dict() for t in traffic],
     )
     reporter.say(
         f"world size {env.world_size}, precision {session.policy}, per-rank embedding bytes {rank_bytes}, "

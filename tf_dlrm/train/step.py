@@ -27,7 +27,9 @@ import keras
 import tensorflow as tf
 
 from tf_dlrm.distributed import collectives
+from tf_dlrm.distributed.compressed_mean import bfloat16_mean
 from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.model.interaction import kernel_off
 from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.optimizers.config import OPTIMIZERS, OptimizerConfig, make_dense_optimizer, make_sparse_optimizer  # noqa: F401
 from tf_dlrm.train.sparse_update import SparseUpdater
@@ -96,7 +98,8 @@ class Trainer:
             function.
     """
 
-    def __init__(self, model, env: DistributedEnv, config: OptimizerConfig, jit_compile: bool = False):
+    def __init__(self, model, env: DistributedEnv, config: OptimizerConfig, jit_compile: bool = False,
+                 compress_dense_gradients: bool | None = None):
         self.model = model
         self.env = env
         self.config = config
@@ -119,14 +122,29 @@ class Trainer:
         self.stop_agreed = tf.Variable(0.0, trainable=False, name="stop_agreed")
         # bfloat16 has float32's exponent range: only float16 needs its loss scaled.
         self.loss_scale = LossScale(config.loss_scale) if model.compute_dtype == "float16" else None
+        # Under mixed_bfloat16 the MLP gradients are averaged as bfloat16 (summed in float32):
+        # half the bytes of a float32 allreduce (tf_dlrm.distributed.compressed_mean). None: on
+        # exactly when the compute dtype is bfloat16 and there are several ranks.
+        if compress_dense_gradients is None:
+            compress_dense_gradients = model.compute_dtype == "bfloat16"
+        self.compress_dense_gradients = bool(compress_dense_gradients) and env.distributed
         self.train_step = tf.function(self._train_step, reduce_retracing=True)
         self.predict_step = tf.function(self._predict_step, reduce_retracing=True)
         if self.jit_compile:
             prefer_legacy_xla_cpu_runtime()
-            # XLA compiles TensorFlow's own ops only, not tf_dlrm's interaction kernel.
-            if hasattr(model.interaction, "use_kernel"):
-                model.interaction.use_kernel = False
             self._dense_gradients = tf.function(self._dense_loss_and_gradients, jit_compile=True, reduce_retracing=True)
+
+    def allreduce_payload_bytes(self) -> int:
+        """Bytes of what :meth:`_average_over_ranks` averages each step: the replicated tables'
+        packed gradients (a count column with a stateful optimizer), the MLP gradients and the
+        scalars riding along (stop request, finite flag)."""
+        extra = 0 if self.sparse.plain_sgd else 1
+        replicated = sum(int(v.shape[0]) * (int(v.shape[1]) + extra) * 4 for v in self.replicated)
+        mlp = sum(int(v.shape.num_elements()) * tf.as_dtype(v.dtype).size for v in self.mlp)
+        if self.compress_dense_gradients:  # bfloat16 on the wire: half the float32 bytes
+            mlp = mlp // 2
+        scalars = 4 * (int(self.env.distributed) + int(self.loss_scale is not None and self.loss_scale.dynamic))
+        return replicated + mlp + scalars
 
     # ------------------------------------------------------------------ training
 
@@ -139,7 +157,9 @@ class Trainer:
     def _dense_loss_and_gradients(self, numerical, embeddings, label):
         """Compiled with XLA: loss and gradients w.r.t. ``embeddings`` and the MLP weights."""
         mlp = [v.value for v in self.mlp]
-        with tf.GradientTape() as tape:
+        # XLA compiles TensorFlow's own ops only, not tf_dlrm's interaction kernel: this trace uses
+        # the generic path, evaluation (not compiled) keeps the kernel.
+        with tf.GradientTape() as tape, kernel_off(self.model.interaction):
             tape.watch(embeddings)
             tape.watch(mlp)
             loss = binary_cross_entropy(label, self.model.dense_call(numerical, embeddings))
@@ -172,7 +192,15 @@ class Trainer:
         machine (benchmarks/scaling.py); every rank issues the same names, Horovod matches them."""
         if not self.env.distributed:
             return list(gradients)
-        return [collectives.grouped_mean(self.env, [g], name=f"dense_gradient_{i}")[0] for i, g in enumerate(gradients)]
+        gradients = list(gradients)
+        compressed = {}
+        if self.compress_dense_gradients:
+            # The MLP gradients only: replicated tables' counts and the stop/finite flags stay exact.
+            start = len(self.replicated)
+            positions = range(start, start + len(self.mlp))
+            compressed = dict(zip(positions, bfloat16_mean(self.env, [gradients[i] for i in positions], "dense_gradients_bf16")))
+        return [compressed[i] if i in compressed else collectives.grouped_mean(self.env, [g], name=f"dense_gradient_{i}")[0]
+                for i, g in enumerate(gradients)]
 
     def _train_step(self, numerical, categorical, label):
         loss, table_grads, mlp_grads = self._gradients(numerical, categorical, label)

@@ -1,0 +1,236 @@
+r"""A scaling model of hybrid-parallel DLRM, pure Python (no TensorFlow, no Horovod).
+
+    python benchmarks/scaling_model.py --rates=BREAKDOWN.jsonl [--check_measured=SCALING.jsonl]
+        [--check_breakdown=BREAKDOWN_AT_ANOTHER_BATCH.jsonl]
+        [--world_sizes=8,16,64,256] [--batch_sizes=32768,262144] [--criteo_sample=TSV]
+
+For the MLPerf Criteo 1TB tables (26 cardinalities, dim 128, the ``--max-ind-range=40000000`` profile
+of facebookresearch/dlrm's ``dlrm_s_pytorch.py`` and of mlcommons/inference's DLRM reference: "Criteo
+Terabyte MLPerf training") and MLPerf's MLPs (bottom 13-512-256-128, top 479-1024-1024-512-256-1),
+and for each world size N and global batch B, prints:
+
+- the plan's table memory per rank (tf_dlrm's own planner, ``auto`` strategy, small tables replicated);
+- the embedding alltoall bytes each rank sends per step (forward + backward) and the ring allreduce
+  bytes of the dense gradients (:mod:`tf_dlrm.distributed.traffic`);
+- the step time these predict: ``max over ranks of (dense FLOPs / FLOP rate + gathered values x
+  cost per value + alltoall bytes / alltoall rate + allreduce bytes / allreduce rate)``, no overlap
+  assumed, each rank as fast as one rank measured here and the network as fast as Gloo's loopback.
+
+The rates come from ``benchmarks/step_breakdown.py`` output (``--rates``; its Horovod ranks): the
+dense forward+backward milliseconds at a known local batch give FLOP/s, the exchange and allreduce
+milliseconds at known bytes give bytes/s, lookup + update at known gathered values give seconds per
+value. With ``--check_measured`` (``benchmarks/scaling.py`` output) it predicts the same config at
+that run's world size and batch and prints predicted vs measured samples/s (goal: within 25%).
+
+Hot-row replication is not implemented yet: the ``with_hot_rows`` fields are ``null`` placeholders;
+the Zipf exponents of the Criteo sample's ids are printed already (``--criteo_sample``), fitted from
+the id counts by least squares of ``log count`` on ``log rank``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from typing import Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tf_dlrm.distributed.packing import send_width  # noqa: E402
+from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
+from tf_dlrm.distributed.planner import make_plan  # noqa: E402
+from tf_dlrm.distributed.traffic import step_traffic  # noqa: E402
+
+# facebookresearch/dlrm, dlrm_s_pytorch.py and data_utils.py, "--max-ind-range=40000000" (the
+# MLPerf training configuration); the same list is in mlcommons/inference recommendation/dlrm.
+MLPERF_CRITEO_1TB_CARDINALITIES = (
+    39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208, 11938, 155, 4, 976,
+    14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36)
+MLPERF_BOTTOM = (512, 256, 128)
+MLPERF_TOP = (1024, 1024, 512, 256, 1)
+NUM_NUMERICAL = 13
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def criteo_capped_cardinalities() -> tuple[int, ...]:
+    """The tables of feature_specs/criteo_capped.yaml (what the benchmarks train), in its order."""
+    import yaml
+
+    with open(os.path.join(REPOSITORY, "feature_specs", "criteo_capped.yaml")) as handle:
+        spec = yaml.safe_load(handle)
+    return tuple(int(spec["feature_spec"][name]["cardinality"]) for name in spec["channel_spec"]["categorical"])
+
+
+class DenseModel:
+    """FLOPs and parameters of DLRM's dense part (bottom MLP, dot interaction, top MLP)."""
+
+    def __init__(self, tables: int, dim: int, bottom: Sequence[int] = MLPERF_BOTTOM, top: Sequence[int] = MLPERF_TOP):
+        vectors = tables + 1
+        self.interaction_width = dim + vectors * (vectors - 1) // 2
+        self.layers = list(zip((NUM_NUMERICAL, *bottom[:-1]), bottom)) + list(zip((self.interaction_width, *top[:-1]), top))
+        self.vectors, self.dim = vectors, dim
+
+    @property
+    def parameters(self) -> int:
+        return sum(fan_in * fan_out + fan_out for fan_in, fan_out in self.layers)
+
+    def flops_per_sample(self) -> float:
+        """Forward 2 in out per layer; backward twice that (input and weight gradients); the
+        interaction's lower triangle F^2 D / 2 multiply-adds forward and F^2 D backward."""
+        mlp = sum(2 * fan_in * fan_out for fan_in, fan_out in self.layers)
+        interaction = self.vectors**2 * self.dim
+        return 3 * mlp + 3 * interaction
+
+
+def plan_figures(cardinalities: Sequence[int], dim: int, world_size: int, global_batch: int, value_bytes: int = 4,
+                 data_parallel_threshold: int = 2048) -> dict:
+    """Memory, bytes and gathered values per rank of tf_dlrm's plan for these tables."""
+    tables = [TableSpec(f"table_{i}", rows, dim) for i, rows in enumerate(cardinalities)]
+    plan = make_plan(tables, world_size, "auto", data_parallel_threshold=data_parallel_threshold)
+    dense = DenseModel(len(tables), dim)
+    feature_tables = list(range(len(tables)))
+    widths = [send_width(plan, r, feature_tables) for r in range(world_size)]
+    replicated_values = sum(plan.tables[t].elements for t in plan.replicated)
+    payload = (dense.parameters + replicated_values) * 4 if world_size > 1 else 0
+    traffic = step_traffic(widths if world_size > 1 else [0], global_batch, value_bytes, payload)
+    local = global_batch // world_size
+    replicated_width = sum(plan.tables[t].dim for t in plan.replicated)
+    return {
+        "plan": plan,
+        "rank_bytes": [plan.rank_bytes(r) for r in range(world_size)],
+        "traffic": traffic,
+        # Values each rank gathers (and updates): its slices for the global batch, replicated tables locally.
+        "gathered_values": [global_batch * w + local * replicated_width for w in widths],
+        "dense_flops": dense.flops_per_sample() * local,
+    }
+
+
+def rates_from_breakdown(records: list[dict], dim: int = 128) -> dict:
+    """Per-rank rates from ``step_breakdown`` records of the criteo_capped config (Horovod ranks)."""
+    ranks = [r for r in records if r.get("benchmark") == "step_breakdown" and r.get("mode") == "horovod"]
+    if not ranks:
+        raise SystemExit("--rates: no step_breakdown record with mode 'horovod' in the file")
+    world_size, global_batch = ranks[0]["world_size"], ranks[0]["global_batch_size"]
+    figures = plan_figures(criteo_capped_cardinalities(), dim, world_size, global_batch)
+    flops, a2a, ar, per_value = [], [], [], []
+    for record in ranks:
+        rank, ms = record["rank"], record["ms"]
+        flops.append(figures["dense_flops"] / (ms["dense_forward_backward"] / 1e3))
+        sent = record["bytes_per_step"]["alltoall_forward_sent"] + record["bytes_per_step"]["alltoall_backward_sent"]
+        a2a.append(sent / (ms["exchange"] / 1e3))
+        ar.append(record["bytes_per_step"]["allreduce_sent"] / (ms["allreduce"] / 1e3))
+        per_value.append((ms["lookup"] + ms["update"]) / 1e3 / figures["gathered_values"][rank])
+    return {"calibrated_on": {"world_size": world_size, "global_batch_size": global_batch},
+            "dense_flop_per_s": statistics.median(flops), "alltoall_bytes_per_s": statistics.median(a2a),
+            "allreduce_bytes_per_s": statistics.median(ar), "seconds_per_gathered_value": statistics.median(per_value)}
+
+
+def predict(cardinalities: Sequence[int], dim: int, world_size: int, global_batch: int, rates: dict) -> dict:
+    figures = plan_figures(cardinalities, dim, world_size, global_batch)
+    steps = []
+    for rank, traffic in enumerate(figures["traffic"]):
+        compute = figures["dense_flops"] / rates["dense_flop_per_s"]
+        embedding = figures["gathered_values"][rank] * rates["seconds_per_gathered_value"]
+        exchange = (traffic.alltoall_forward_sent + traffic.alltoall_backward_sent) / rates["alltoall_bytes_per_s"]
+        allreduce = traffic.allreduce_sent / rates["allreduce_bytes_per_s"]
+        steps.append({"dense_s": compute, "embedding_s": embedding, "exchange_s": exchange, "allreduce_s": allreduce,
+                      "step_s": compute + embedding + exchange + allreduce})
+    slowest = max(steps, key=lambda s: s["step_s"])
+    return {"figures": figures, "slowest_rank": {k: round(v, 4) for k, v in slowest.items()},
+            "samples_per_s": global_batch / slowest["step_s"]}
+
+
+def zipf_exponents(path: str, columns: int = 26) -> dict:
+    """Per categorical feature of a Criteo TSV (label, 13 integers, 26 hex ids): the least-squares
+    slope ``s`` of ``log count = c - s log rank`` over its ids' counts, rank 1 the most frequent."""
+    counts = [dict() for _ in range(columns)]
+    with open(path) as handle:
+        for line in handle:
+            fields = line.rstrip("\n").split("\t")
+            for i, value in enumerate(fields[14:14 + columns]):
+                if value:
+                    counts[i][value] = counts[i].get(value, 0) + 1
+    out = {}
+    for i, table in enumerate(counts):
+        ordered = sorted(table.values(), reverse=True)
+        if len(ordered) < 3:
+            out[f"cat_{i}"] = None
+            continue
+        xs = [math.log(r + 1) for r in range(len(ordered))]
+        ys = [math.log(c) for c in ordered]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        out[f"cat_{i}"] = round(-slope, 3)
+    return out
+
+
+def read_jsonl(path: str) -> list[dict]:
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.startswith("{")]
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rates", required=True, help="step_breakdown.py output (JSON lines) of criteo_capped")
+    parser.add_argument("--check_measured", default="", help="scaling.py output (JSON lines) of criteo_capped to predict")
+    parser.add_argument("--check_breakdown", default="",
+                        help="step_breakdown.py output (JSON lines) of criteo_capped at another batch: its fused train "
+                             "step (step_ms, slowest rank) is the measured figure")
+    parser.add_argument("--world_sizes", default="8,16,64,256")
+    parser.add_argument("--batch_sizes", default="32768,262144")
+    parser.add_argument("--criteo_sample", default="/work/shared/data/criteo_1tb_day0_sample_1k.tsv")
+    args = parser.parse_args(argv)
+    rates = rates_from_breakdown(read_jsonl(args.rates))
+    out = [{"benchmark": "scaling_model_rates", **{k: (round(v, 12) if isinstance(v, float) else v) for k, v in rates.items()}}]
+    if os.path.exists(args.criteo_sample):
+        out.append({"benchmark": "scaling_model_zipf", "source": args.criteo_sample, "exponents": zipf_exponents(args.criteo_sample)})
+    for world_size in (int(w) for w in args.world_sizes.split(",")):
+        for batch in (int(b) for b in args.batch_sizes.split(",")):
+            prediction = predict(MLPERF_CRITEO_1TB_CARDINALITIES, 128, world_size, batch, rates)
+            figures = prediction["figures"]
+            traffic = figures["traffic"]
+            out.append({
+                "benchmark": "scaling_model", "tables": "mlperf_criteo_1tb", "dim": 128, "world_size": world_size,
+                "global_batch_size": batch,
+                "table_bytes_per_rank": {"max": max(figures["rank_bytes"]), "min": min(figures["rank_bytes"])},
+                "single_process_table_bytes": figures["plan"].total_bytes(),
+                "alltoall_bytes_sent_per_rank_per_step": max(t.alltoall_forward_sent + t.alltoall_backward_sent for t in traffic),
+                "allreduce_bytes_sent_per_rank_per_step": traffic[0].allreduce_sent,
+                "allreduce_payload_bytes": traffic[0].allreduce_payload,
+                "predicted": {**prediction["slowest_rank"], "samples_per_s": round(prediction["samples_per_s"], 1)},
+                "with_hot_rows": None,  # hot-row replication is not implemented yet (issue #14, item 1)
+            })
+    if args.check_measured:
+        for record in read_jsonl(args.check_measured):
+            if record.get("benchmark") != "scaling" or record.get("variant", "default") != "default" or record["world_size"] < 2:
+                continue
+            prediction = predict(criteo_capped_cardinalities(), 128, record["world_size"], record["global_batch_size"], rates)
+            measured = record["samples_per_s"]["median"]
+            ratio = prediction["samples_per_s"] / measured
+            out.append({"benchmark": "scaling_model_check", "config": "criteo_capped", "world_size": record["world_size"],
+                        "global_batch_size": record["global_batch_size"], "measured_by": "scaling.py",
+                        "load_average_1m": record.get("load_average_1m"), "predicted_samples_per_s": round(prediction["samples_per_s"], 1),
+                        "measured_samples_per_s": measured, "predicted_over_measured": round(ratio, 3),
+                        "within_25_percent": abs(ratio - 1) <= 0.25, "predicted_step": prediction["slowest_rank"]})
+    if args.check_breakdown:
+        ranks = [r for r in read_jsonl(args.check_breakdown) if r.get("benchmark") == "step_breakdown" and r.get("mode") == "horovod"]
+        if ranks:
+            world_size, batch = ranks[0]["world_size"], ranks[0]["global_batch_size"]
+            measured = batch / (max(r["step_ms"] for r in ranks) / 1e3)
+            prediction = predict(criteo_capped_cardinalities(), 128, world_size, batch, rates)
+            ratio = prediction["samples_per_s"] / measured
+            out.append({"benchmark": "scaling_model_check", "config": "criteo_capped", "world_size": world_size,
+                        "global_batch_size": batch, "measured_by": "step_breakdown train_step",
+                        "predicted_samples_per_s": round(prediction["samples_per_s"], 1), "measured_samples_per_s": round(measured, 1),
+                        "predicted_over_measured": round(ratio, 3), "within_25_percent": abs(ratio - 1) <= 0.25,
+                        "predicted_step": prediction["slowest_rank"]})
+    for line in out:
+        print(json.dumps(line), flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""benchmarks/scaling_model.py: pure Python (no TensorFlow), hand-checked FLOPs, parameters, bytes
+and Zipf fits, and a prediction that follows its rates."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPOSITORY, "benchmarks"))
+
+import scaling_model  # noqa: E402
+
+
+def test_mlperf_dense_model_hand_computed():
+    dense = scaling_model.DenseModel(tables=26, dim=128)
+    assert dense.interaction_width == 128 + 27 * 26 // 2 == 479  # MLPerf's top MLP input
+    bottom = 13 * 512 + 512 + 512 * 256 + 256 + 256 * 128 + 128
+    top = 479 * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 512 + 512 + 512 * 256 + 256 + 256 + 1
+    assert dense.parameters == bottom + top
+    mlp = 2 * (13 * 512 + 512 * 256 + 256 * 128 + 479 * 1024 + 1024 * 1024 + 1024 * 512 + 512 * 256 + 256)
+    assert dense.flops_per_sample() == 3 * mlp + 3 * 27 * 27 * 128
+
+
+def test_plan_figures_bytes_follow_the_plan():
+    figures = scaling_model.plan_figures(scaling_model.MLPERF_CRITEO_1TB_CARDINALITIES, 128, 8, 32768)
+    assert sum(figures["rank_bytes"]) >= figures["plan"].total_bytes()  # replicated tables counted on every rank
+    sent = [t.alltoall_forward_sent for t in figures["traffic"]]
+    received = [t.alltoall_forward_received for t in figures["traffic"]]
+    assert sum(sent) == sum(received) > 0
+    assert figures["traffic"][0].allreduce_sent == 2 * 7 * figures["traffic"][0].allreduce_payload // 8
+
+
+def test_prediction_is_the_sum_of_its_parts():
+    rates = {"dense_flop_per_s": 1e11, "alltoall_bytes_per_s": 1e9, "allreduce_bytes_per_s": 1e9, "seconds_per_gathered_value": 1e-9}
+    prediction = scaling_model.predict(scaling_model.criteo_capped_cardinalities(), 128, 2, 16384, rates)
+    step = prediction["slowest_rank"]
+    parts = step["dense_s"] + step["embedding_s"] + step["exchange_s"] + step["allreduce_s"]
+    assert math.isclose(step["step_s"], parts, rel_tol=1e-3)
+    assert math.isclose(prediction["samples_per_s"], 16384 / step["step_s"], rel_tol=1e-3)
+    dense = scaling_model.DenseModel(26, 128).flops_per_sample() * 8192 / 1e11
+    assert math.isclose(step["dense_s"], dense, rel_tol=1e-3)
+
+
+def test_zipf_fit_recovers_an_exact_power_law(tmp_path):
+    # Id k (1-based) appears round(1000 / k) times in feature 0: an exponent of 1.
+    lines = []
+    for k in range(1, 41):
+        lines += [f"0\t" + "\t" * 13 + f"id{k}" + "\t" * 25] * round(1000 / k)
+    path = tmp_path / "sample.tsv"
+    path.write_text("\n".join(lines) + "\n")
+    exponents = scaling_model.zipf_exponents(str(path))
+    assert exponents["cat_0"] == pytest.approx(1.0, abs=0.01)
+    assert exponents["cat_1"] is None  # no ids
+
+
+def test_the_model_imports_no_tensorflow():
+    code = "import sys; sys.path.insert(0, 'benchmarks'); import scaling_model; print('tensorflow' in sys.modules, 'horovod' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPOSITORY, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]
+
+
+def test_rates_from_a_breakdown_record(tmp_path):
+    figures = scaling_model.plan_figures(scaling_model.criteo_capped_cardinalities(), 128, 2, 4096)
+    records = []
+    for rank, traffic in enumerate(figures["traffic"]):
+        records.append({"benchmark": "step_breakdown", "mode": "horovod", "rank": rank, "world_size": 2, "global_batch_size": 4096,
+                        "ms": {"dense_forward_backward": 1000.0, "exchange": 100.0, "allreduce": 10.0, "lookup": 5.0, "update": 5.0},
+                        "bytes_per_step": traffic.to_dict()})
+    path = tmp_path / "breakdown.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in records))
+    rates = scaling_model.rates_from_breakdown(scaling_model.read_jsonl(str(path)))
+    assert rates["dense_flop_per_s"] == pytest.approx(figures["dense_flops"])  # FLOPs in one second
+    # Predicting the calibration point gives back its own phase sum.
+    prediction = scaling_model.predict(scaling_model.criteo_capped_cardinalities(), 128, 2, 4096, rates)
+    assert prediction["slowest_rank"]["step_s"] == pytest.approx(1.12, rel=0.02)
