@@ -110,6 +110,10 @@ class Trainer:
         self.padding = variables_of_kind(model.non_trainable_variables, VariableKind.PADDING)
         self.sparse = SparseUpdater(make_sparse_optimizer(config), env, self.shards, self.replicated, self.padding,
                                     weight_decay=config.embedding_weight_decay)
+        # Dynamic tables (tf_dlrm.dynamic) reset a row's optimizer state when they give it to a new key.
+        for layer in model._flatten_layers(include_self=False):
+            if hasattr(layer, "attach_optimizer_state"):
+                layer.attach_optimizer_state(self.sparse)
         self.dense_optimizer = make_dense_optimizer(config)
         self.dense_optimizer.build(self.mlp)
         self.learning_rate = tf.Variable(config.schedule.base, dtype=tf.float32, trainable=False, name="learning_rate")
