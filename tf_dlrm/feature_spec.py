@@ -31,6 +31,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import yaml
 
+from tf_dlrm.dynamic import spec as dynamic_spec
+
 LABEL_CHANNEL = "label"
 NUMERICAL_CHANNEL = "numerical"
 CATEGORICAL_CHANNEL = "categorical"
@@ -184,7 +186,9 @@ class FeatureSpec:
         return list(self.source_spec)
 
     def cardinalities(self) -> list[int]:
-        return [int(self.feature_spec[name]["cardinality"]) for name in self.categorical_features]
+        # A dynamic table (tf_dlrm.dynamic.spec) may omit its cardinality: its rows are its capacity.
+        return [int(self.feature_spec[name].get("cardinality") or self.feature_spec[name]["capacity"])
+                for name in self.categorical_features]
 
     def hotness(self, feature: str) -> int:
         """Ids per sample of a categorical feature (1: one-hot)."""
@@ -296,6 +300,11 @@ class FeatureSpec:
             if dtype not in SUPPORTED_DTYPES:
                 self._fail(f"{where}.dtype: unsupported dtype {dtype!r}. Supported: {list(SUPPORTED_DTYPES)}")
             if name in categorical:
+                dynamic_problem = dynamic_spec.problem(name, properties)
+                if dynamic_problem:
+                    self._fail(f"{where}{dynamic_problem}")
+                if dynamic_spec.is_dynamic(properties) and "cardinality" not in properties:
+                    continue  # raw keys of any value: no cardinality to check (tf_dlrm.dynamic.spec)
                 cardinality = properties.get("cardinality")
                 if isinstance(cardinality, bool) or not isinstance(cardinality, int) or cardinality <= 0:
                     self._fail(

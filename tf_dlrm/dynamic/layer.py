@@ -28,6 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_dlrm.config.embedding import FeatureConfig
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.dynamic import hashing
@@ -73,7 +74,7 @@ class DynamicEmbedding(keras.layers.Layer):
         self.num_shards = int(num_shards or world_size)
         self.local_shards = shards_of_rank(rank, world_size, self.num_shards)
         self.seed = int(seed)
-        self.features = tuple(t.name for t in self.table_configs)
+        self.features = tuple(FeatureConfig(name=t.name, table=t.name) for t in self.table_configs)
         self.feature_widths = tuple(t.width for t in self.table_configs)
         self.global_categorical: tuple[int, ...] = ()
         self.local_categorical = tuple(range(len(self.table_configs)))
@@ -87,6 +88,9 @@ class DynamicEmbedding(keras.layers.Layer):
         self.training_step = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{self.name}_step")
         self.storage = {}
         self._slot_resets = {}
+
+    # Read by the trainer's checkpointing and reporting, which treat dynamic tables apart.
+    dynamic = True
 
     def build(self, input_shape=None):
         for shard in self.local_shards:
@@ -117,8 +121,8 @@ class DynamicEmbedding(keras.layers.Layer):
     def call(self, categorical, local_batch=None, training=False):
         if len(categorical) != len(self.table_configs):
             raise ValueError(f"Expected {len(self.table_configs)} dynamic features "
-                             f"({', '.join(self.features)}). Received: {len(categorical)}")
-        for name, ids in zip(self.features, categorical):
+                             f"({', '.join(t.name for t in self.table_configs)}). Received: {len(categorical)}")
+        for name, ids in zip((t.name for t in self.table_configs), categorical):
             if ids.dtype not in KEY_DTYPES:
                 raise ValueError(f"Expected int64 (or int32) keys for dynamic feature {name!r}. Received: dtype={ids.dtype.name}")
         keys = tf.reshape(tf.stack([tf.cast(tf.reshape(ids, [-1]), tf.int64) for ids in categorical], axis=1), [-1])
@@ -198,6 +202,14 @@ class DynamicEmbedding(keras.layers.Layer):
                 "rows": int(sum(int(tf.reduce_sum(tf.cast(s.occupied, tf.int64)).numpy()) for s in states)),
             }
         return result
+
+    def global_counters(self) -> dict:
+        """Collective: :meth:`counters` summed over ranks (the figures the logs report)."""
+        local = self.counters()
+        names = [t.name for t in self.table_configs]
+        flat = np.array([[local[n]["evictions"], local[n]["rejections"], local[n]["rows"]] for n in names], np.int64)
+        total = collectives.sum_over_ranks(self.env, tf.constant(flat), name=f"{self.name}_counters").numpy()
+        return {n: dict(zip(("evictions", "rejections", "rows"), map(int, row))) for n, row in zip(names, total)}
 
     def local_rows(self, table: int, state_of=None) -> tuple[np.ndarray, np.ndarray]:
         """This rank's ``(keys [n], values [n, w])`` of ``table`` (or of an optimizer state of it)."""

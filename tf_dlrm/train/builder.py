@@ -94,7 +94,12 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
 def build_model(
     spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, env: DistributedEnv, seed: int, data_parallel_input: bool = False
 ) -> DLRM:
-    """A built DLRM whose embedding executes ``plan`` on ``env.rank``."""
+    """A built DLRM whose embedding executes ``plan`` on ``env.rank`` (dynamic tables: see
+    :mod:`tf_dlrm.dynamic.builder`; the plan then only describes their sizes)."""
+    from tf_dlrm.dynamic import builder as dynamic_builder
+
+    if dynamic_builder.has_dynamic_tables(spec):
+        return dynamic_builder.build_dynamic_model(spec, config, env, seed)
     embedding = DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input,
                                      features=make_features(spec), name="embedding")
     model = DLRM(
