@@ -57,7 +57,8 @@ def main():
     batches = make_batches(case, total + 1)
     model(local(batches[0], env)[:2])
     config = OptimizerConfig(LearningRateSchedule(case["learning_rate"]), optimizer="adam",
-                             embedding_optimizer=case["embedding_optimizer"], dense_learning_rate=0.01)
+                             embedding_optimizer=case["embedding_optimizer"], dense_learning_rate=0.01,
+                             adam_epsilon=case.get("adam_epsilon", 1e-8))
     trainer = Trainer(model, env, config)
     trainer.broadcast_initial_state()
     dense = list(trainer.mlp) + list(trainer.dense_optimizer.variables) + [trainer.step]
