@@ -151,3 +151,31 @@ def test_restore_into_smaller_capacity_is_a_clear_error(tmp_path):
     checkpoint.restore(str(tmp_path), restored, None, DistributedEnv())
     keys = tf.constant([4, 1, 99], tf.int64)
     np.testing.assert_array_equal(restored((keys,), training=False).numpy(), big((keys,), training=False).numpy())
+
+
+def test_saved_model_serves_raw_keys_like_the_trained_model(tmp_path):
+    from tf_dlrm.dynamic import export
+    from tf_dlrm.model.dlrm import DLRM
+    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.train.step import OptimizerConfig, Trainer
+
+    tables = [{"name": "user", "capacity": 16, "width": 4, "eviction": "lru"}, {"name": "item", "capacity": 16, "width": 4}]
+    model = DLRM(DynamicEmbedding(tables, seed=2), num_numerical=3, bottom_mlp_dims=[8, 4], top_mlp_dims=[4, 1], seed=2)
+    rng = np.random.default_rng(1)
+    keys = rng.integers(-2**63, 2**63 - 1, (12, 2), dtype=np.int64)
+    numerical = rng.random((12, 3), dtype=np.float32)
+    model((numerical, (tf.constant(keys[:, 0]), tf.constant(keys[:, 1]))))
+    trainer = Trainer(model, DistributedEnv(), OptimizerConfig(LearningRateSchedule(0.1), optimizer="sgd",
+                                                               embedding_optimizer="adagrad"))
+    label = rng.integers(0, 2, (12, 1)).astype(np.float32)
+    for _ in range(3):
+        trainer.train_step(numerical, (tf.constant(keys[:, 0]), tf.constant(keys[:, 1])), label)
+    served_keys = np.concatenate([keys[:6], rng.integers(-2**63, 2**63 - 1, (6, 2), dtype=np.int64)])  # half unseen
+    expected = tf.sigmoid(model((numerical, (tf.constant(served_keys[:, 0]), tf.constant(served_keys[:, 1]))),
+                                training=False)).numpy().reshape(-1)
+    export.export(model, str(tmp_path / "served"))
+    served = tf.saved_model.load(str(tmp_path / "served"))
+    probability = served.signatures["serving_default"](numerical=tf.constant(numerical),
+                                                       categorical=tf.constant(served_keys))["probability"].numpy()
+    np.testing.assert_allclose(probability, expected, rtol=0, atol=1e-6)
+    assert model.embedding.counters()["user"]["rows"] == 12  # serving inserted nothing
