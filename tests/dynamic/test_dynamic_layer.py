@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -174,8 +176,13 @@ def test_saved_model_serves_raw_keys_like_the_trained_model(tmp_path):
     expected = tf.sigmoid(model((numerical, (tf.constant(served_keys[:, 0]), tf.constant(served_keys[:, 1]))),
                                 training=False)).numpy().reshape(-1)
     export.export(model, str(tmp_path / "served"))
-    served = tf.saved_model.load(str(tmp_path / "served"))
-    probability = served.signatures["serving_default"](numerical=tf.constant(numerical),
-                                                       categorical=tf.constant(served_keys))["probability"].numpy()
+    # Served by a process that imports TensorFlow only (no tf_dlrm kernel library, no Horovod).
+    np.savez(tmp_path / "inputs.npz", numerical=numerical, categorical=served_keys)
+    script = ("import sys, numpy as np, tensorflow as tf\n"
+              "d = np.load(sys.argv[1] + '/inputs.npz'); m = tf.saved_model.load(sys.argv[1] + '/served')\n"
+              "p = m.signatures['serving_default'](numerical=tf.constant(d['numerical']), categorical=tf.constant(d['categorical']))\n"
+              "np.save(sys.argv[1] + '/probability.npy', p['probability'].numpy())\n")
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, capture_output=True, cwd=str(tmp_path))
+    probability = np.load(tmp_path / "probability.npy")
     np.testing.assert_allclose(probability, expected, rtol=0, atol=1e-6)
     assert model.embedding.counters()["user"]["rows"] == 12  # serving inserted nothing

@@ -29,9 +29,12 @@ class DynamicServing(tf.Module):
                              f"Received: world_size={embedding.env.world_size}")
         if hasattr(model.interaction, "use_kernel"):
             model.interaction.use_kernel = False  # plain TF ops only: serving needs no tf_dlrm kernel library
-        self.model = model
+        # The Keras model is not tracked itself (saving would trace Keras' own default signature
+        # with float inputs); what the traced forward pass reads is tracked instead: the weights,
+        # each table's key map (saved with its contents) and the row metadata.
+        self._forward = lambda inputs: model(inputs, training=False)
+        self.weights = [v.value if hasattr(v, "value") else v for v in model.variables]
         states = [state for shard in embedding.local_shards for state in embedding.states[shard]]
-        # Tracked here so that the SavedModel holds the maps' contents and the row metadata.
         self.key_maps = [state.map for state in states]
         self.row_metadata = [v for state in states for v in (state.occupied, state.row_key)]
         self.num_numerical = model.num_numerical
@@ -43,7 +46,7 @@ class DynamicServing(tf.Module):
 
     def _serve(self, numerical, categorical):
         keys = tuple(categorical[:, t] for t in range(self.num_tables))
-        logits = self.model((numerical, keys), training=False)
+        logits = self._forward((numerical, keys))
         return {"probability": tf.reshape(tf.sigmoid(logits), [-1])}
 
 
