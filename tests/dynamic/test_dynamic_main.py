@@ -11,7 +11,7 @@ import yaml
 from conftest import launch, make_synthetic_small, run_python
 
 FLAGS = ["--embedding_dim=16", "--bottom_mlp_dims=64,16", "--top_mlp_dims=64,32,1", "--batch_size=1024",
-         "--learning_rate=1.0", "--epochs=1", "--print_freq=100", "--seed=7", "--optimizer=sgd", "--embedding_optimizer=sgd"]
+         "--learning_rate=1.0", "--epochs=1", "--print_freq=1", "--seed=7", "--optimizer=sgd", "--embedding_optimizer=sgd"]
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +46,17 @@ def test_dynamic_tables_train_on_one_and_two_ranks(dataset, tmp_path):
         for name, counters in tables.items():
             assert 0 < counters["rows"] <= spec["feature_spec"][name]["cardinality"]
             assert counters["evictions"] == 0 and counters["rejections"] == 0
-    # Same keys, same rows, same updates: the two runs' tables hold the same keys, and their AUCs
-    # agree to the float32 noise of 58 SGD steps (not bit-equal: sums run in another order).
+    # Same keys, same rows, same updates: the tables hold the same keys, and the printed loss (the
+    # global batch's mean) agrees to float32 roundoff step by step. Only the first 20 steps are
+    # compared: at --learning_rate=1.0 the two runs' roundoff-level differences (measured: <= 6e-8
+    # up to step 28) grow about 10x per step from step ~30 (7e-4 at step 40), so their final AUCs
+    # differ by ~2e-3 (0.77373 vs 0.77624), as two one-process runs with the batch summed in
+    # another order would.
     first, second = ([e for e in runs[n] if e["event"] == "dynamic_tables"][0]["tables"] for n in (1, 2))
     assert first == second
-    assert abs(runs[1][-1]["auc"] - runs[2][-1]["auc"]) < 1e-3
+    losses = [{e["step"]: e["loss"] for e in runs[n] if e["event"] == "train"} for n in (1, 2)]
+    for step in range(1, 21):
+        assert abs(losses[0][step] - losses[1][step]) <= 1e-5, (step, losses[0][step], losses[1][step])
 
 
 def test_checkpoint_flags_with_dynamic_tables_are_refused(dataset, tmp_path):
