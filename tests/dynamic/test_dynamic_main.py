@@ -50,8 +50,7 @@ def test_dynamic_tables_train_on_one_and_two_ranks(dataset, tmp_path):
     # global batch's mean) agrees to float32 roundoff step by step. Only the first 20 steps are
     # compared: at --learning_rate=1.0 the two runs' roundoff-level differences (measured: <= 6e-8
     # up to step 28) grow about 10x per step from step ~30 (7e-4 at step 40), so their final AUCs
-    # differ by ~2e-3 (0.77373 vs 0.77624), as two one-process runs with the batch summed in
-    # another order would.
+    # differ by ~2e-3 (0.77373 vs 0.77624): the amplification of roundoff by this learning rate.
     first, second = ([e for e in runs[n] if e["event"] == "dynamic_tables"][0]["tables"] for n in (1, 2))
     assert first == second
     losses = [{e["step"]: e["loss"] for e in runs[n] if e["event"] == "train"} for n in (1, 2)]
