@@ -48,6 +48,7 @@ class ShardState:
         self.row_key = tf.Variable(zeros, trainable=False, name=f"{name}_row_key")
         self.last_used = tf.Variable(zeros, trainable=False, name=f"{name}_last_used")
         self.use_count = tf.Variable(zeros, trainable=False, name=f"{name}_use_count")
+        self.size = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_size")  # rows ever given out
         self.evictions = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_evictions")
         self.rejections = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{name}_rejections")
 
@@ -70,22 +71,16 @@ class ShardState:
             self.seen.remove(tf.boolean_mask(keys, admitted))
         candidates = tf.boolean_mask(keys, admitted)  # ascending
         wanted = tf.shape(candidates, out_type=tf.int64)[0]
-        free = tf.reshape(tf.where(~self.occupied), [-1])
-        free = free[: tf.minimum(wanted, tf.shape(free, out_type=tf.int64)[0])]
+        # A row is never freed (an evicted row goes to a new key at once), so the occupied rows are
+        # always the prefix [0, size): free rows cost O(new keys), not a scan of the capacity.
+        size = self.size.read_value()
+        free = tf.range(size, size + tf.minimum(wanted, self.capacity - size))
+        self.size.assign(size + tf.shape(free, out_type=tf.int64)[0])
         shortfall = wanted - tf.shape(free, out_type=tf.int64)[0]
         victims = tf.zeros([0], tf.int64)
         if self.policy is not EvictionPolicy.NONE:
-            kept_rows = tf.boolean_mask(found, ~is_new)
-            used = tf.scatter_nd(kept_rows[:, None], tf.ones_like(kept_rows, tf.bool), [self.capacity])
-            evictable = tf.reshape(tf.where(self.occupied & ~used), [-1])
-            if self.policy is EvictionPolicy.LRU:
-                order = [self.last_used, self.row_key]
-            else:
-                order = [self.use_count, self.last_used, self.row_key]
-            evictable = _ordered(evictable, order)
-            victims = evictable[: tf.minimum(shortfall, tf.shape(evictable, out_type=tf.int64)[0])]
-            self.map.remove(tf.gather(self.row_key, victims))
-            self.evictions.assign_add(tf.shape(victims, out_type=tf.int64)[0])
+            # Sorting the shard's rows by age or use is paid only in steps that must evict.
+            victims = tf.cond(shortfall > 0, lambda: self._evict(found, is_new, shortfall), lambda: tf.zeros([0], tf.int64))
         new_rows = tf.concat([free, victims], axis=0)
         placed = tf.shape(new_rows, out_type=tf.int64)[0]
         new_keys = candidates[:placed]
@@ -104,6 +99,21 @@ class ShardState:
         self.last_used.scatter_nd_update(live_rows[:, None], tf.fill(tf.shape(live_rows), tf.cast(step, tf.int64)))
         self.use_count.scatter_nd_add(live_rows[:, None], tf.boolean_mask(counts, present))
         return rows, new_rows, new_keys
+
+    def _evict(self, found, is_new, shortfall):
+        """Up to ``shortfall`` victims among the rows not used in this step, removed from the map."""
+        kept_rows = tf.boolean_mask(found, ~is_new)
+        used = tf.scatter_nd(kept_rows[:, None], tf.ones_like(kept_rows, tf.bool), [self.capacity])
+        evictable = tf.reshape(tf.where(self.occupied & ~used), [-1])
+        if self.policy is EvictionPolicy.LRU:
+            order = [self.last_used, self.row_key]
+        else:
+            order = [self.use_count, self.last_used, self.row_key]
+        evictable = _ordered(evictable, order)
+        victims = evictable[: tf.minimum(shortfall, tf.shape(evictable, out_type=tf.int64)[0])]
+        self.map.remove(tf.gather(self.row_key, victims))
+        self.evictions.assign_add(tf.shape(victims, out_type=tf.int64)[0])
+        return victims
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -129,6 +139,7 @@ class ShardState:
         rows = tf.range(count, dtype=tf.int64)
         self.map.insert(tf.constant(keys, tf.int64), rows)
         self.occupied.assign(tf.range(self.capacity, dtype=tf.int64) < count)
+        self.size.assign(count)
         pad = [0] * (self.capacity - count)
         self.row_key.assign(tf.constant(list(keys) + pad, tf.int64))
         self.last_used.assign(tf.constant(list(last_used) + pad, tf.int64))
