@@ -13,11 +13,10 @@ def has_dynamic_tables(spec) -> bool:
     return bool(dynamic_spec.dynamic_features(spec))
 
 
-def build_dynamic_model(spec, config, env: DistributedEnv, seed: int) -> DLRM:
-    """Every categorical feature must be dynamic and one-hot (mixing fixed and dynamic tables in one
-    model is not supported yet: the error names the fixed ones)."""
-    from tf_dlrm.train.builder import build_with_dummy_batch, table_widths
-
+def make_dynamic_model(spec, config, env: DistributedEnv, seed: int, widths) -> DLRM:
+    """The (unbuilt) DLRM; ``widths``: each table's width. Every categorical feature must be dynamic
+    and one-hot (mixing fixed and dynamic tables in one model is not supported yet: the error names
+    the fixed ones)."""
     names = spec.categorical_features
     fixed = [n for n in names if not dynamic_spec.is_dynamic(spec.feature_spec[n])]
     if fixed:
@@ -26,11 +25,8 @@ def build_dynamic_model(spec, config, env: DistributedEnv, seed: int) -> DLRM:
     multi_hot = [n for n in names if spec.hotness(n) != 1]
     if multi_hot:
         raise ValueError(f"Expected one-hot dynamic features. Received: hotness > 1 for {multi_hot}")
-    widths = table_widths(spec, config)
     tables = [dynamic_spec.table_config(n, spec.feature_spec[n], w) for n, w in zip(names, widths)]
     embedding = DynamicEmbedding(tables, rank=env.rank, world_size=env.world_size, seed=seed, name="embedding")
-    model = DLRM(embedding, num_numerical=len(spec.numerical_features), bottom_mlp_dims=config.bottom_mlp_dims,
-                 top_mlp_dims=config.top_mlp_dims, interaction=config.interaction,
-                 include_diagonal=config.include_diagonal, seed=seed)
-    build_with_dummy_batch(model, len(spec.numerical_features), embedding, env.world_size)
-    return model
+    return DLRM(embedding, num_numerical=len(spec.numerical_features), bottom_mlp_dims=config.bottom_mlp_dims,
+                top_mlp_dims=config.top_mlp_dims, interaction=config.interaction,
+                include_diagonal=config.include_diagonal, seed=seed)

@@ -99,7 +99,9 @@ def build_model(
     from tf_dlrm.dynamic import builder as dynamic_builder
 
     if dynamic_builder.has_dynamic_tables(spec):
-        return dynamic_builder.build_dynamic_model(spec, config, env, seed)
+        model = dynamic_builder.make_dynamic_model(spec, config, env, seed, table_widths(spec, config))
+        build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, env.world_size)
+        return model
     embedding = DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input,
                                      features=make_features(spec), name="embedding")
     model = DLRM(
