@@ -41,8 +41,9 @@ CHANNELS = (LABEL_CHANNEL, NUMERICAL_CHANNEL, CATEGORICAL_CHANNEL)
 SPLIT_BINARY = "split_binary"
 CSV = "csv"
 CHUNK_TYPES = (SPLIT_BINARY, CSV)
-# Optional chunk keys; `header` and `delimiter` only mean something for csv chunks.
-CHUNK_KEYS = ("type", "features", "files", "header", "delimiter")
+# Optional chunk keys; `header`, `delimiter` and `encode` (raw categorical values -> keys, see
+# tf_dlrm.data.transcode) only mean something for csv chunks.
+CHUNK_KEYS = ("type", "features", "files", "header", "delimiter", "encode")
 
 COMBINERS = ("sum", "mean", "sqrtn")
 SUPPORTED_DTYPES = ("bool", "float16", "float32", "int8", "int16", "int32", "int64")
