@@ -9,4 +9,7 @@ row-wise sharding by ``hash(key) mod shards`` (issue #16).
   admission and eviction.
 - :mod:`tf_dlrm.dynamic.layer`: :class:`DynamicEmbedding`, the Keras layer (exchange + lookup).
 - :mod:`tf_dlrm.dynamic.checkpoint`: (key, row, optimizer state) per table, restored on any N.
+- :mod:`tf_dlrm.dynamic.export`: a SavedModel serving raw keys.
+- :mod:`tf_dlrm.dynamic.spec` (pure Python): ``dynamic: true`` features of a FeatureSpec;
+  :mod:`tf_dlrm.dynamic.builder`: the DLRM ``main.py`` builds for them.
 """
