@@ -74,3 +74,12 @@ def test_capacity_zero_is_refused_naming_the_feature(dataset, tmp_path):
     assert completed.returncode != 0
     assert "feature_spec.cat_3.bin.capacity: dynamic feature 'cat_3.bin' needs a positive integer capacity. Received: 0" in (
         completed.stdout + completed.stderr)
+
+
+def test_xla_step_inserts_keys_too(dataset, tmp_path):
+    """With --xla the trainer calls the embedding outside the model: it must still be in training."""
+    log = tmp_path / "xla.jsonl"
+    run_python(["main.py", f"--dataset_path={dataset}", "--feature_spec=dynamic.yaml", f"--log_path={log}", "--xla",
+                "--max_steps=5", *FLAGS])
+    tables = next(e["tables"] for e in events(log) if e["event"] == "dynamic_tables")
+    assert all(c["rows"] > 0 for c in tables.values()), tables

@@ -164,7 +164,8 @@ class Trainer:
             return loss, gradients[: len(tables)], gradients[len(tables):]
         with tf.GradientTape() as tape:
             tape.watch(tables)
-            embeddings = self.model.embedding(categorical, local_batch=tf.shape(numerical)[0])
+            # training=True: a dynamic table (tf_dlrm.dynamic) inserts new keys only in training.
+            embeddings = self.model.embedding(categorical, local_batch=tf.shape(numerical)[0], training=True)
         loss, embedding_gradient, mlp_gradients = self._dense_gradients(numerical, embeddings, label)
         table_gradients = tape.gradient(embeddings, tables, output_gradients=embedding_gradient)
         return loss, table_gradients, mlp_gradients
