@@ -28,6 +28,8 @@ import os
 import sys
 import time
 
+import numpy as np
+
 from preprocessing.criteo_format import NUM_CATEGORICAL, NUM_INTEGER
 from preprocessing.splits import SPLIT_RULES, make_plan
 from preprocessing.vocabulary import Vocabulary, VocabularyError
@@ -67,6 +69,8 @@ class PreprocessConfig:
     num_workers: int = 0
     spark_master: str = "local[*]"
     block_bytes: int = 1 << 20  # bytes parsed at a time (tests use small blocks)
+    keys: str = "vocabulary"  # or "hashed": raw int64 keys for dynamic tables (preprocessing.hashed_keys)
+    dynamic_capacity: int = 1_000_000  # --keys=hashed: each dynamic table's capacity (rows per rank)
 
     def __post_init__(self):
         if not self.inputs:
@@ -81,6 +85,13 @@ class PreprocessConfig:
             raise ValueError(f"--split must be one of {list(SPLIT_RULES)}. Received: split={self.split!r}")
         if not 0.0 <= self.test_fraction < 1.0:
             raise ValueError(f"--test_fraction must lie in [0, 1). Received: test_fraction={self.test_fraction}")
+        if self.keys not in ("vocabulary", "hashed"):
+            raise ValueError(f"--keys must be vocabulary or hashed. Received: keys={self.keys!r}")
+        if self.keys == "hashed" and (self.vocab_dir or self.frequency_threshold is not None):
+            raise ValueError("--keys=hashed builds no vocabulary: leave out --vocab_dir and --frequency_threshold. "
+                             f"Received: vocab_dir={self.vocab_dir!r}, frequency_threshold={self.frequency_threshold}")
+        if self.dynamic_capacity <= 0:
+            raise ValueError(f"--dynamic_capacity must be > 0. Received: dynamic_capacity={self.dynamic_capacity}")
 
 
 def expand_inputs(patterns) -> tuple[str, ...]:
@@ -151,6 +162,11 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
         plan = make_plan(files, config.split, config.test_fraction)
         log.info("pass 0 (formats, %d data lines): %.1fs", sum(f.data_lines for f in files), time.perf_counter() - started)
         counted_rows = None
+        hashed = config.keys == "hashed"
+        if hashed:
+            from preprocessing.hashed_keys import HashedKeys
+
+            vocabulary = HashedKeys()
         if vocabulary is None:
             started = time.perf_counter()
             counts, counted_rows = engine.count(files, plan, config.strict, threshold)
@@ -161,8 +177,8 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
                 )
             vocabulary = Vocabulary.from_counts(counts, NUM_CATEGORICAL, threshold)
             log.info("pass 1 (counts over %d training rows): %.1fs", counted_rows, time.perf_counter() - started)
-        cardinalities = vocabulary.cardinalities
-        dtypes = [categorical_dtype_for(c) for c in cardinalities]
+        cardinalities = [config.dynamic_capacity] * NUM_CATEGORICAL if hashed else vocabulary.cardinalities
+        dtypes = [np.dtype(np.int64)] * NUM_CATEGORICAL if hashed else [categorical_dtype_for(c) for c in cardinalities]
         spec = nvidia_spec(
             NUM_INTEGER, cardinalities, splits=plan.names, base_directory=workspace,
             metadata={
@@ -174,6 +190,8 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
                 "vocabulary": f"{VOCABULARY_DIR}/manifest.json",
             },
         )
+        if hashed:
+            _make_dynamic(spec, config.dynamic_capacity)
         started = time.perf_counter()
         with contextlib.ExitStack() as stack:
             writers = {split: stack.enter_context(SplitBinaryWriter(spec, split)) for split in plan.names}
@@ -185,7 +203,8 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
             rows = {split: writer.num_samples for split, writer in writers.items()}
         log.info("pass 2 (transform, %s rows): %.1fs", rows, time.perf_counter() - started)
         spec.metadata["num_samples"] = rows
-        vocabulary.save(os.path.join(workspace, VOCABULARY_DIR))
+        if not hashed:
+            vocabulary.save(os.path.join(workspace, VOCABULARY_DIR))
         spec.save(os.path.join(workspace, SPEC_FILE))
         os.chmod(os.path.join(workspace, SPEC_FILE), 0o666 & ~umask)  # save() writes through a private mkstemp
         FeatureSpec.load(os.path.join(workspace, SPEC_FILE), check_files=True)
@@ -198,8 +217,9 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
             "split": plan.metadata(),
             "rows": rows,
             "training_rows_counted": counted_rows,
-            "frequency_threshold": threshold,
-            "cardinalities": cardinalities,
+            "frequency_threshold": None if hashed else threshold,
+            "keys": config.keys,
+            "cardinalities": None if hashed else cardinalities,
             "bad_rows": tally.to_json([f.path for f in files]),
         }
         with open(os.path.join(workspace, REPORT_FILE), "w", encoding="utf-8") as stream:
@@ -209,6 +229,18 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
     finally:
         if engine is not None:
             engine.close()
+
+
+def _make_dynamic(spec, capacity: int) -> None:
+    """--keys=hashed: every categorical feature becomes a dynamic table of int64 raw keys."""
+    from preprocessing.hashed_keys import TRANSFORM as HASHED_TRANSFORM
+
+    for name in spec.categorical_features:
+        spec.feature_spec[name] = {"dtype": "int64", "dynamic": True, "capacity": capacity, "eviction": "lru"}
+    spec.metadata.pop("vocabulary", None)
+    spec.metadata.pop("frequency_threshold", None)
+    spec.metadata["transform"] = {**spec.metadata["transform"], "categorical": HASHED_TRANSFORM}
+    spec.metadata["keys"] = "hashed"
 
 
 # ----------------------------------------------------------------------------- command line
@@ -228,6 +260,9 @@ def _define_flags():
     flags.DEFINE_bool("strict", False, "Stop at the first bad row instead of skipping and counting it.")
     flags.DEFINE_integer("num_workers", 0, "--engine=local: worker processes (0: all cores).")
     flags.DEFINE_string("spark_master", "local[*]", "--engine=spark: the Spark master URL.")
+    flags.DEFINE_enum("keys", "vocabulary", ["vocabulary", "hashed"], "vocabulary: ids by training frequency "
+                      "(fixed tables); hashed: raw 64-bit keys per feature, no vocabulary pass (dynamic tables).")
+    flags.DEFINE_integer("dynamic_capacity", 1_000_000, "--keys=hashed: capacity (rows per rank) of every dynamic table.")
     flags.mark_flags_as_required(["input", "output_dir"])
     return flags.FLAGS
 
@@ -250,6 +285,8 @@ def main(argv) -> None:
             strict=values.strict,
             num_workers=values.num_workers,
             spark_master=values.spark_master,
+            keys=values.keys,
+            dynamic_capacity=values.dynamic_capacity,
         )
     except ValueError as error:
         sys.exit(f"preprocessing.criteo: error: {error}")

@@ -33,6 +33,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import yaml
 
+from tf_dlrm.dynamic import spec as dynamic_spec
+
 LABEL_CHANNEL = "label"
 NUMERICAL_CHANNEL = "numerical"
 CATEGORICAL_CHANNEL = "categorical"
@@ -41,8 +43,9 @@ CHANNELS = (LABEL_CHANNEL, NUMERICAL_CHANNEL, CATEGORICAL_CHANNEL)
 SPLIT_BINARY = "split_binary"
 CSV = "csv"
 CHUNK_TYPES = (SPLIT_BINARY, CSV)
-# Optional chunk keys; `header` and `delimiter` only mean something for csv chunks.
-CHUNK_KEYS = ("type", "features", "files", "header", "delimiter")
+# Optional chunk keys; `header`, `delimiter` and `encode` (raw categorical values -> keys, see
+# tf_dlrm.data.transcode) only mean something for csv chunks.
+CHUNK_KEYS = ("type", "features", "files", "header", "delimiter", "encode")
 
 COMBINERS = ("sum", "mean", "sqrtn")
 SUPPORTED_DTYPES = ("bool", "float16", "float32", "int8", "int16", "int32", "int64")
@@ -200,7 +203,9 @@ class FeatureSpec:
         return list(self.source_spec)
 
     def cardinalities(self) -> list[int]:
-        return [int(self.feature_spec[name]["cardinality"]) for name in self.categorical_features]
+        # A dynamic table (tf_dlrm.dynamic.spec) may omit its cardinality: its rows are its capacity.
+        return [int(self.feature_spec[name].get("cardinality") or self.feature_spec[name]["capacity"])
+                for name in self.categorical_features]
 
     def hotness(self, feature: str) -> int:
         """Ids per sample of a categorical feature (1: one-hot)."""
@@ -316,6 +321,11 @@ class FeatureSpec:
             if dtype not in SUPPORTED_DTYPES:
                 self._fail(f"{where}.dtype: unsupported dtype {dtype!r}. Supported: {list(SUPPORTED_DTYPES)}")
             if name in categorical:
+                dynamic_problem = dynamic_spec.problem(name, properties)
+                if dynamic_problem:
+                    self._fail(f"{where}{dynamic_problem}")
+                if dynamic_spec.is_dynamic(properties) and "cardinality" not in properties:
+                    continue  # raw keys of any value: no cardinality to check (tf_dlrm.dynamic.spec)
                 cardinality = properties.get("cardinality")
                 if isinstance(cardinality, bool) or not isinstance(cardinality, int) or cardinality <= 0:
                     self._fail(

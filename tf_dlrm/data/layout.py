@@ -47,6 +47,8 @@ def with_split_binary_sources(spec: FeatureSpec, splits: Sequence[str], base_dir
     """
     features = copy.deepcopy(spec.feature_spec)
     for name in spec.categorical_features:
+        if features[name].get("dynamic") is True:
+            continue  # raw keys of a dynamic table keep their declared dtype (no id bound to shrink it to)
         features[name]["dtype"] = str(categorical_dtype_for(int(features[name]["cardinality"])))
     features[spec.label_feature]["dtype"] = "bool"
     sources = {}

@@ -22,9 +22,13 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.data.validation import BadDataError, id_problem, numerical_problem
+from tf_dlrm.dynamic import spec as dynamic_spec
 from tf_dlrm.feature_spec import FeatureSpec
 
 LAST_BATCH_MODES = ("drop", "keep", "pad")
+
+# Keys of dynamic tables are checked against no cardinality: every signed value read as unsigned is below 2**64.
+DYNAMIC_KEY_BOUND = 1 << 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,9 +127,13 @@ class SplitBinaryReader:
             for index in indices:
                 name = spec.categorical_features[index]
                 out = np.int64 if cardinalities[index] > np.iinfo(np.int32).max else np.int32
+                bound = cardinalities[index]
+                if dynamic_spec.is_dynamic(spec.feature_spec[name]):
+                    # Raw keys of a dynamic table: any value of the file's dtype is valid (no id bound).
+                    out, bound = np.int64, DYNAMIC_KEY_BOUND
                 self._categorical.append(
                     _Column(self.files.categorical[index], spec.dtype(name), spec.hotness(name), scope, np.dtype(out), name,
-                            cardinalities[index])
+                            bound)
                 )
         self.num_numerical = len(spec.numerical_features)
         self._descriptors: dict[str, int] = {}

@@ -39,7 +39,9 @@ class SplitBinaryWriter:
         self._label_dtype = spec.dtype(spec.label_feature)
         self._numerical_dtype = spec.numerical_dtype()
         self._categorical_dtypes = [spec.dtype(name) for name in spec.categorical_features]
-        self._cardinalities = spec.cardinalities()
+        # Raw keys of dynamic tables (tf_dlrm.dynamic) have no id bound: any value of the dtype.
+        self._cardinalities = [None if spec.feature_spec[name].get("dynamic") is True else rows
+                               for name, rows in zip(spec.categorical_features, spec.cardinalities())]
         self._streams = {}
         for path in self.paths:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -88,7 +90,7 @@ class SplitBinaryWriter:
                 raise ValueError(f"feature '{name}': expected {count * hotness} ids ({count} samples of hotness {hotness}). "
                                  f"Received: shape {ids.shape}")
             ids = ids.reshape(-1)
-            if count and (ids.min() < 0 or ids.max() >= cardinality):
+            if count and cardinality is not None and (ids.min() < 0 or ids.max() >= cardinality):
                 raise ValueError(
                     f"feature '{name}': ids must lie in [0, {cardinality}). Received range [{ids.min()}, {ids.max()}]"
                 )

@@ -71,6 +71,8 @@ class GeneratorConfig:
     effect_decay: float = 1.5
     numerical_share: float = 0.35
     pairwise_share: float = 0.15
+    # Write sparse int64 keys for dynamic tables instead of ids (tf_dlrm.dynamic): see _as_keys.
+    hashed_keys: bool = False
 
     def __post_init__(self):
         if self.zipf_exponent <= 0:
@@ -280,6 +282,8 @@ def _generate_into(spec, workspace, num_train_samples, num_valid_samples, seed, 
     """The body of :func:`generate`, writing into ``workspace``."""
     out_spec = with_split_binary_sources(spec, [TRAIN_SPLIT, TEST_SPLIT], workspace)
     model = HiddenModel(out_spec, seed, config)
+    if config.hashed_keys:
+        _make_dynamic(out_spec)
     counts = {TRAIN_SPLIT: num_train_samples, TEST_SPLIT: num_valid_samples}
     writers = {}
     try:
@@ -294,6 +298,8 @@ def _generate_into(spec, workspace, num_train_samples, num_valid_samples, seed, 
                 numerical, ranks, ids = model.sample(rng, count)
                 probabilities = _sigmoid(model.logits(numerical, ranks))
                 labels = rng.random(count) < probabilities
+                if config.hashed_keys:
+                    ids = _as_keys(ids)
                 writer.append(labels, numerical if model.num_numerical else None, ids)
                 if split == TEST_SPLIT:
                     valid_labels.append(labels)
@@ -327,6 +333,23 @@ def _generate_into(spec, workspace, num_train_samples, num_valid_samples, seed, 
     return out_spec
 
 
+def _as_keys(ids: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """``--hashed_keys``: id ``i`` of table ``t`` becomes the int64 key ``mix64((t << 33) | i)``
+    (SplitMix64, a bijection: distinct ids stay distinct, spread over the whole int64 range). The
+    ids stay Zipf-distributed, so new keys keep appearing over the stream (the tail's first sightings)."""
+    from tf_dlrm.dynamic.routing import mix64
+
+    return [mix64(np.asarray(column, np.int64) | np.int64(table << 33)).view(np.int64) for table, column in enumerate(ids)]
+
+
+def _make_dynamic(spec: FeatureSpec) -> None:
+    """Every categorical feature becomes a dynamic table of int64 keys with capacity = its vocabulary."""
+    for name in spec.categorical_features:
+        properties = spec.feature_spec[name]
+        spec.feature_spec[name] = {**properties, "dtype": "int64", "dynamic": True,
+                                   "capacity": int(properties["cardinality"]), "eviction": "lru"}
+
+
 # ---------------------------------------------------------------------- command line
 
 
@@ -342,6 +365,7 @@ def _define_flags() -> None:
     flags.DEFINE_integer("seed", 0, "Seed of the hidden model and the samples.")
     flags.DEFINE_float("zipf_exponent", GeneratorConfig.zipf_exponent, "Power-law exponent of id popularity.")
     flags.DEFINE_float("positive_rate", GeneratorConfig.positive_rate, "Mean click probability.")
+    flags.DEFINE_bool("hashed_keys", False, "Write sparse int64 keys and a spec of dynamic tables (capacity = vocabulary).")
     flags.DEFINE_integer("block_size", DEFAULT_BLOCK_SIZE, "Samples generated per block (bounds memory).", lower_bound=1)
     flags.mark_flags_as_required(["feature_spec", "output_dir"])
 
@@ -354,7 +378,8 @@ def main(argv: Sequence[str]) -> None:
     options = flags.FLAGS
     try:
         spec = FeatureSpec.load(options.feature_spec, check_files=False)
-        config = GeneratorConfig(zipf_exponent=options.zipf_exponent, positive_rate=options.positive_rate)
+        config = GeneratorConfig(zipf_exponent=options.zipf_exponent, positive_rate=options.positive_rate,
+                                 hashed_keys=options.hashed_keys)
         written = generate(
             spec, options.output_dir, options.num_train_samples, options.num_valid_samples,
             seed=options.seed, config=config, block_size=options.block_size,

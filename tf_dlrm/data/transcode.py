@@ -17,6 +17,12 @@ apply transforms such as log(1+x) before), categorical ids integers in ``[0, car
 multi-hot feature (``hotness: h`` in its feature_spec entry) holds exactly ``h`` ids per cell separated
 by ``|``, e.g. ``12|7|99`` for ``hotness: 3``; more or fewer ids is an error naming the line.
 
+Raw categorical values (a city, a URL, an item hash) need no mapping of the user's: a chunk may set
+``encode: {feature: hash}`` for a categorical feature declared a dynamic table (``dynamic: true``,
+``dtype: int64``; :mod:`tf_dlrm.dynamic.spec`); each cell, stripped, becomes the int64 key
+``blake2b(feature name + NUL + cell, 8 bytes)`` (little-endian, signed; an empty cell is a value like
+any other). ``encode: vocabulary`` (ids by frequency) is not implemented yet and is refused.
+
 Output: NVIDIA's per-split split_binary layout under ``output_dir`` and ``output_dir/feature_spec.yaml``
 written last. Files are parsed in blocks of lines with numpy; a block that fails is rescanned cell by
 cell only to name the first bad file, line and column. The output is staged in a temporary sibling
@@ -31,6 +37,7 @@ Usage::
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import os
 import sys
@@ -50,6 +57,15 @@ MULTI_HOT_SEPARATOR = "|"
 
 class TranscodeError(ValueError):
     """The csv input is not valid; the message names the file, line and column."""
+
+
+ENCODINGS = ("hash",)
+
+
+def hash_key(feature: str, cell: str) -> int:
+    """The int64 key of a raw categorical value (``encode: hash``)."""
+    digest = hashlib.blake2b(feature.encode("utf-8") + b"\0" + cell.strip().encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 class _Column:
@@ -116,6 +132,8 @@ def _parse_multi_hot(column: _Column, cells: np.ndarray) -> tuple[np.ndarray | N
 
 def _parse_column(column: _Column, cells: np.ndarray) -> tuple[np.ndarray | None, int, str]:
     """Parses a column of cells with numpy; on failure returns (None, row, reason) of the first bad cell."""
+    if column.kind == "hashed":  # any text is a valid raw value
+        return np.fromiter((hash_key(column.feature, cell) for cell in cells.tolist()), np.int64, count=len(cells)), -1, ""
     if column.hotness > 1:
         return _parse_multi_hot(column, cells)
     try:
@@ -166,7 +184,9 @@ class _SplitTranscoder:
         position = {feature: index for index, feature in enumerate(self.features)}
         self.label = _Column(spec.label_feature, position[spec.label_feature], "label", np.dtype(np.float64))
         self.numerical = [_Column(f, position[f], "numerical", spec.dtype(f)) for f in spec.numerical_features]
+        encode = _check_encode(spec, split, chunk.get("encode", {}))
         self.categorical = [
+            _Column(f, position[f], "hashed", np.dtype(np.int64)) if f in encode else
             _Column(f, position[f], "categorical", spec.dtype(f), int(spec.feature_spec[f]["cardinality"]), spec.hotness(f))
             for f in spec.categorical_features
         ]
@@ -221,6 +241,24 @@ class _SplitTranscoder:
         numerical = np.stack([parse(c) for c in self.numerical], axis=1) if self.numerical else None
         categorical = [parse(c) for c in self.categorical]
         writer.append(label, numerical, categorical)
+
+
+def _check_encode(spec: FeatureSpec, split: str, encode) -> dict:
+    """The chunk's ``encode`` mapping, checked: each a categorical, dynamic, int64, one-hot feature."""
+    where = f"{spec.source}: source_spec.{split}[0].encode"
+    if not isinstance(encode, dict):
+        raise TranscodeError(f"{where}: expected a mapping feature -> encoding. Received: {encode!r}")
+    for feature, encoding in encode.items():
+        if encoding not in ENCODINGS:
+            raise TranscodeError(f"{where}.{feature}: expected one of {list(ENCODINGS)} (vocabulary encoding is not "
+                                 f"implemented yet). Received: {encoding!r}")
+        if feature not in spec.categorical_features:
+            raise TranscodeError(f"{where}.{feature}: only categorical features are encoded. Received: {feature!r}")
+        properties = spec.feature_spec[feature]
+        if properties.get("dynamic") is not True or properties.get("dtype") != "int64" or spec.hotness(feature) != 1:
+            raise TranscodeError(f"{where}.{feature}: a hashed feature holds raw int64 keys of a one-hot dynamic table; "
+                                 f"declare it with dtype: int64 and dynamic: true (and a capacity). Received: {dict(properties)}")
+    return dict(encode)
 
 
 def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_BLOCK_LINES) -> FeatureSpec:

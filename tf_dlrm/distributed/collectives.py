@@ -32,6 +32,15 @@ def alltoall(env: DistributedEnv, tensor: tf.Tensor, splits: Sequence[int] | Non
     return received[0] if isinstance(received, (tuple, list)) else received
 
 
+def alltoall_with_splits(env: DistributedEnv, tensor: tf.Tensor, splits: tf.Tensor, name: str | None = None):
+    """As :func:`alltoall` with tensor ``splits``; also returns how many rows came from each rank
+    (what a reply must send back). With one rank: ``(tensor, splits)``."""
+    if not env.distributed:
+        return tensor, splits
+    received, received_splits = _hvd().alltoall(tensor, splits=splits, name=name)
+    return received, received_splits
+
+
 def grouped_mean(env: DistributedEnv, tensors: Sequence[tf.Tensor], name: str | None = None) -> list[tf.Tensor]:
     """Averages each tensor over ranks in one grouped allreduce."""
     if not env.distributed or not tensors:

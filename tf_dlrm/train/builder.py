@@ -66,7 +66,16 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
 def build_model(
     spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, env: DistributedEnv, seed: int, data_parallel_input: bool = False
 ) -> DLRM:
-    """A built model of ``config.family`` (DLRM by default) whose embedding executes ``plan`` on ``env.rank``."""
+    """A built model of ``config.family`` (DLRM by default) whose embedding executes ``plan`` on ``env.rank``
+    (dynamic tables: see :mod:`tf_dlrm.dynamic.builder`; the plan then only describes their sizes)."""
+    from tf_dlrm.dynamic import builder as dynamic_builder
+
+    if dynamic_builder.has_dynamic_tables(spec):
+        if config.family.model != "dlrm":
+            raise ValueError(f"Dynamic tables are built for --model=dlrm only for now. Received: --model={config.family.model}")
+        model = dynamic_builder.make_dynamic_model(spec, config, env, seed, table_widths(spec, config))
+        build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, env.world_size)
+        return model
     if config.family.model != "dlrm":
         from tf_dlrm.models import build_family_model
 

@@ -114,6 +114,13 @@ class Checkpointer:
 
     @classmethod
     def from_config(cls, config, trainer, spec, env, reporter) -> "Checkpointer":
+        if getattr(trainer.model.embedding, "dynamic", False) and (
+                config.save_checkpoint_path or config.restore_checkpoint_path or config.resume):
+            raise ValueError(
+                "--save_checkpoint_path/--restore_checkpoint_path/--resume: main.py does not yet checkpoint dynamic "
+                "embedding tables; use tf_dlrm.dynamic.checkpoint (save/restore of keys, rows and optimizer state). "
+                f"Received: save_checkpoint_path={config.save_checkpoint_path!r}, "
+                f"restore_checkpoint_path={config.restore_checkpoint_path!r}, resume={config.resume}")
         return cls(
             trainer, spec, config.model, env, reporter, save_path=config.save_checkpoint_path,
             every_steps=config.checkpoint_every_steps, keep=config.keep_checkpoints, seed=config.seed,

@@ -113,6 +113,10 @@ class Trainer:
         self.padding = variables_of_kind(model.non_trainable_variables, VariableKind.PADDING)
         self.sparse = SparseUpdater(make_sparse_optimizer(config), env, self.shards, self.replicated, self.padding,
                                     weight_decay=config.embedding_weight_decay, table_optimizers=_table_optimizers(model, config))
+        # Dynamic tables (tf_dlrm.dynamic) reset a row's optimizer state when they give it to a new key.
+        for layer in model._flatten_layers(include_self=False):
+            if hasattr(layer, "attach_optimizer_state"):
+                layer.attach_optimizer_state(self.sparse)
         self.dense_optimizer = make_dense_optimizer(config)
         self.dense_optimizer.build(self.mlp)
         self.learning_rate = tf.Variable(config.schedule.base, dtype=tf.float32, trainable=False, name="learning_rate")
@@ -180,7 +184,8 @@ class Trainer:
             return loss, gradients[: len(tables)], gradients[len(tables):]
         with tf.GradientTape() as tape:
             tape.watch(tables)
-            embeddings = self.model.embedding(categorical, local_batch=tf.shape(numerical)[0])
+            # training=True: a dynamic table (tf_dlrm.dynamic) inserts new keys only in training.
+            embeddings = self.model.embedding(categorical, local_batch=tf.shape(numerical)[0], training=True)
         loss, embedding_gradient, mlp_gradients = self._dense_gradients(numerical, embeddings, label)
         table_gradients = tape.gradient(embeddings, tables, output_gradients=embedding_gradient)
         return loss, table_gradients, mlp_gradients

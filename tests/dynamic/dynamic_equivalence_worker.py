@@ -1,0 +1,149 @@
+"""Run under horovodrun: an N-rank DLRM on dynamic tables vs one process on the same keys and seed.
+
+Usage: ``horovodrun -np N python tests/dynamic/dynamic_equivalence_worker.py CASES.json OUT_DIR``.
+The reference is one process holding ``reference_shards`` shards ("world": N shards, the same
+row-wise ownership and so the same per-shard capacity and evictions; 1: one plain table, for cases
+whose capacity never fills). Every rank writes ``OUT_DIR/rank<r>.json`` with, per case:
+
+- ``forward``: logits of a fresh evaluation batch (seen and unseen keys) after training, gathered;
+- ``tables`` / ``embedding_state``: every live (table, key)'s row and optimizer state, gathered
+  from all ranks, vs the reference's (``same_keys``: the two key sets are identical);
+- ``mlp``: MLP weights; ``counters``: evictions / rejections / rows, summed over ranks, both runs;
+- ``rows_per_step``: the reference's live rows after each step (insertions in every step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf  # noqa: E402
+
+from tf_dlrm.distributed import collectives  # noqa: E402
+from tf_dlrm.distributed import env as env_module  # noqa: E402
+from tf_dlrm.distributed.env import DistributedEnv  # noqa: E402
+from tf_dlrm.dynamic.layer import DynamicEmbedding  # noqa: E402
+from tf_dlrm.model.dlrm import DLRM  # noqa: E402
+from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
+from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
+
+NUM_NUMERICAL = 4
+
+
+def make_model(case, rank, world, shards):
+    embedding = DynamicEmbedding(case["tables"], rank=rank, world_size=world, num_shards=shards, seed=case["seed"])
+    width = case["tables"][0]["width"]
+    return DLRM(embedding, num_numerical=NUM_NUMERICAL, bottom_mlp_dims=[8, width], top_mlp_dims=[8, 1], seed=case["seed"])
+
+
+def make_batches(case, count):
+    """Global batches of raw int64 keys over the whole range (negative ones too): each step draws
+    from a pool that grows by ``new_keys_per_step`` fresh keys, more often the recent ones."""
+    rng = np.random.default_rng(case["seed"] + 7)
+    size, tables = case["global_batch"], len(case["tables"])
+    pools = [list(rng.integers(-2**63, 2**63 - 1, case["new_keys_per_step"], dtype=np.int64)) for _ in range(tables)]
+    batches = []
+    for _ in range(count):
+        keys = []
+        for pool in pools:
+            pool.extend(rng.integers(-2**63, 2**63 - 1, case["new_keys_per_step"], dtype=np.int64))
+            weights = np.arange(1, len(pool) + 1, dtype=np.float64) ** 2
+            keys.append(np.asarray(pool, np.int64)[rng.choice(len(pool), size, p=weights / weights.sum())])
+        numerical = rng.random((size, NUM_NUMERICAL), dtype=np.float32)
+        label = rng.integers(0, 2, (size, 1)).astype(np.float32)
+        batches.append((numerical, keys, label))
+    return batches
+
+
+def local(batch, env):
+    numerical, keys, label = batch
+    b = numerical.shape[0] // env.world_size
+    rows = slice(env.rank * b, (env.rank + 1) * b)
+    return numerical[rows], tuple(tf.constant(k[rows]) for k in keys), label[rows]
+
+
+def whole(batch):
+    numerical, keys, label = batch
+    return numerical, tuple(tf.constant(k) for k in keys), label
+
+
+def max_abs(actual, expected) -> float:
+    return float(np.max(np.abs(np.asarray(actual, np.float64) - np.asarray(expected, np.float64)), initial=0.0))
+
+
+def compare_rows(env, model, reference, state_of=None, reference_state_of=None) -> dict:
+    """Gathers every rank's (key, values) per table; the max difference to the reference, by key."""
+    worst, same = 0.0, True
+    for table in range(len(model.embedding.table_configs)):
+        keys, values = model.embedding.local_rows(table, state_of)
+        keys = collectives.allgather(env, tf.constant(keys, tf.int64), name=f"keys_{table}").numpy()
+        values = collectives.allgather(env, tf.constant(values, tf.float32), name=f"values_{table}").numpy()
+        expected_keys, expected = reference.embedding.local_rows(table, reference_state_of)
+        order, expected_order = np.argsort(keys), np.argsort(expected_keys)
+        if not np.array_equal(keys[order], expected_keys[expected_order]):
+            same = False
+            continue
+        worst = max(worst, max_abs(values[order], expected[expected_order]))
+    return {"abs": worst, "same_keys": same}
+
+
+def summed_counters(env, embedding) -> dict:
+    counters = embedding.counters()
+    names = sorted(counters)
+    flat = np.array([[counters[n]["evictions"], counters[n]["rejections"], counters[n]["rows"]] for n in names], np.int64)
+    total = collectives.sum_over_ranks(env, tf.constant(flat), name="dynamic_counters").numpy()
+    return {n: dict(zip(("evictions", "rejections", "rows"), map(int, row))) for n, row in zip(names, total)}
+
+
+def run_case(case, env):
+    shards = env.world_size if case["reference_shards"] == "world" else int(case["reference_shards"])
+    model = make_model(case, env.rank, env.world_size, None)
+    reference = make_model(case, 0, 1, shards)
+    batches = make_batches(case, case["steps"] + 1)
+    model(local(batches[0], env)[:2])
+    reference(whole(batches[0])[:2])
+    config = OptimizerConfig(LearningRateSchedule(case["learning_rate"]), optimizer="sgd",
+                             embedding_optimizer=case["embedding_optimizer"])
+    trainer = Trainer(model, env, config)
+    trainer.broadcast_initial_state()
+    reference_trainer = Trainer(reference, DistributedEnv(), config)
+    rows_per_step = []
+    for batch in batches[:-1]:
+        trainer.train_step(*local(batch, env))
+        reference_trainer.train_step(*whole(batch))
+        rows_per_step.append(sum(c["rows"] for c in reference.embedding.counters().values()))
+    record = {"case": case["name"], "rank": env.rank, "rows_per_step": rows_per_step}
+    numerical, keys, _ = local(batches[-1], env)
+    logits = collectives.allgather(env, model((numerical, keys), training=False), name="logits").numpy()
+    reference_numerical, reference_keys, _ = whole(batches[-1])
+    record["forward"] = max_abs(logits, reference((reference_numerical, reference_keys), training=False).numpy())
+    record["tables"] = compare_rows(env, model, reference)
+    states = {}
+    for name in trainer.sparse.slot_names:
+        states[name] = compare_rows(env, model, reference, lambda v, n=name: trainer.sparse.slot(v, n),
+                                    lambda v, n=name: reference_trainer.sparse.slot(v, n))
+    record["embedding_state"] = states
+    record["mlp"] = max(max_abs(a.numpy(), b.numpy()) for a, b in zip(trainer.mlp, reference_trainer.mlp))
+    record["counters"] = summed_counters(env, model.embedding)
+    record["reference_counters"] = reference.embedding.counters()
+    return record
+
+
+def main():
+    cases_path, out_dir = sys.argv[1], sys.argv[2]
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    env = env_module.initialize(force_horovod=True)
+    with open(cases_path) as handle:
+        cases = json.load(handle)
+    records = [run_case(case, env) for case in cases]
+    with open(os.path.join(out_dir, f"rank{env.rank}.json"), "w") as handle:
+        json.dump(records, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

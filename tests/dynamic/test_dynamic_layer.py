@@ -1,0 +1,188 @@
+"""One process: the dynamic table's routing, insertion, admission, eviction order and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.dynamic import checkpoint, hashing, routing
+from tf_dlrm.dynamic.layer import DynamicEmbedding
+from tf_dlrm.dynamic.routing import DynamicTableConfig
+from tf_dlrm.dynamic.shard_state import ShardState
+
+
+def test_numpy_and_tensorflow_owners_agree_over_the_whole_key_range():
+    keys = np.concatenate([np.array([0, 1, -1, 2**63 - 1, -2**63], np.int64),
+                           np.random.default_rng(0).integers(-2**63, 2**63 - 1, 2000, dtype=np.int64)])
+    for shards in (1, 2, 3, 4, 7):
+        expected = routing.owner_shard(keys, shards)
+        np.testing.assert_array_equal(hashing.owner_shard(tf.constant(keys), shards).numpy(), expected)
+        assert set(expected) == set(range(shards))
+    # SplitMix64 of 0 (a published value: the first output of SplitMix64 seeded with 0).
+    assert int(routing.mix64(np.array([0], np.int64))[0]) == 0xE220A8397B1DCDAF
+
+
+def test_initial_rows_depend_on_key_seed_and_table_only():
+    keys = tf.constant([5, -7, 2**62], tf.int64)
+    first = hashing.initial_rows(keys, seed=1, table=0, width=6, bound=0.5).numpy()
+    again = hashing.initial_rows(tf.reverse(keys, [0]), seed=1, table=0, width=6, bound=0.5).numpy()[::-1]
+    np.testing.assert_array_equal(first, again)
+    assert np.all(np.abs(first) <= 0.5)
+    assert not np.array_equal(first, hashing.initial_rows(keys, seed=2, table=0, width=6, bound=0.5).numpy())
+    assert not np.array_equal(first, hashing.initial_rows(keys, seed=1, table=1, width=6, bound=0.5).numpy())
+
+
+@pytest.mark.parametrize("field, value", [("capacity", 0), ("capacity", -3), ("width", 0), ("min_count", 0), ("capacity", 2.5)])
+def test_bad_table_config_is_refused_by_name(field, value):
+    arguments = {"name": "items", "capacity": 10, "width": 4, field: value}
+    with pytest.raises(ValueError, match=f"{field} of dynamic table 'items'. Received: {field}={value}"):
+        DynamicTableConfig(**arguments)
+
+
+def test_bad_policy_and_scope_are_refused():
+    with pytest.raises(ValueError, match="eviction one of .*Received: eviction='fifo'"):
+        DynamicTableConfig("items", 10, 4, eviction="fifo")
+    with pytest.raises(ValueError, match="capacity_scope one of"):
+        DynamicTableConfig("items", 10, 4, capacity_scope="global")
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.uint64, tf.string])
+def test_key_dtype_other_than_signed_integers_is_refused(dtype):
+    layer = DynamicEmbedding([{"name": "items", "capacity": 8, "width": 2}])
+    keys = tf.constant(["a", "b"]) if dtype == tf.string else tf.constant([1, 2], dtype)
+    with pytest.raises(ValueError, match="int64 \\(or int32\\) keys for dynamic feature 'items'"):
+        layer((keys,), training=True)
+
+
+def test_routing_check_refuses_unsigned_dtype():
+    with pytest.raises(ValueError, match="dynamic feature 'user'. Received: dtype=uint64"):
+        routing.check_key_dtype(np.uint64, "user")
+
+
+def _resolve(state, keys, step):
+    keys = tf.constant(sorted(set(keys)), tf.int64)
+    counts = tf.ones_like(keys)
+    rows, _, _ = state.resolve(keys, counts, tf.constant(step, tf.int64))
+    return dict(zip(keys.numpy().tolist(), rows.numpy().tolist()))
+
+
+def _live(state):
+    exported = state.export()
+    return sorted(exported["keys"].tolist())
+
+
+def test_lru_evicts_the_least_recently_used_ties_by_key():
+    state = ShardState(3, "lru", 1, "lru_test")
+    _resolve(state, [10, 20, 30], 1)
+    _resolve(state, [20], 2)
+    rows = _resolve(state, [20, 40], 3)  # 10 and 30 unused since step 1: the smaller key (10) goes
+    assert _live(state) == [20, 30, 40] and rows[40] >= 0
+    assert int(state.evictions.numpy()) == 1
+    _resolve(state, [50, 60], 4)  # 20 (step 3) vs 30 (step 1) vs 40 (step 3): 30, then 20 (key order)
+    assert _live(state) == [40, 50, 60]
+    assert int(state.evictions.numpy()) == 3
+
+
+def test_lfu_evicts_the_least_used_and_never_a_row_of_the_current_step():
+    state = ShardState(2, "lfu", 1, "lfu_test")
+    _resolve(state, [1, 2], 1)
+    _resolve(state, [1], 2)
+    _resolve(state, [1], 3)
+    rows = _resolve(state, [2, 3], 4)  # 2 is used now (protected), 1 is the only candidate
+    assert _live(state) == [2, 3] and rows[3] >= 0 and rows[2] >= 0
+
+
+def test_full_shard_without_policy_rejects_new_keys_and_keeps_old_rows():
+    state = ShardState(2, "none", 1, "reject_test")
+    first = _resolve(state, [5, 6], 1)
+    rows = _resolve(state, [5, 7, 8], 2)
+    assert rows[7] == -1 and rows[8] == -1 and rows[5] == first[5]
+    assert int(state.rejections.numpy()) == 2 and _live(state) == [5, 6]
+
+
+def test_min_count_admits_a_key_on_its_kth_sighting():
+    state = ShardState(4, "none", 3, "admission_test")
+    assert _resolve(state, [9], 1)[9] == -1
+    assert _resolve(state, [9], 2)[9] == -1
+    assert _resolve(state, [9], 3)[9] >= 0
+    assert _live(state) == [9]
+
+
+def test_training_inserts_evaluation_reads_zeros_and_inserts_nothing():
+    layer = DynamicEmbedding([{"name": "items", "capacity": 8, "width": 3}], seed=4)
+    seen = tf.constant([2**60, -5, 2**60], tf.int64)
+    trained = layer((seen,), training=True).numpy()
+    expected = hashing.initial_rows(tf.constant([2**60, -5, 2**60], tf.int64), 4, 0, 3, 1 / np.sqrt(8)).numpy()
+    np.testing.assert_array_equal(trained[:, 0, :], expected)
+    evaluated = layer((tf.constant([-5, 123], tf.int64),), training=False).numpy()
+    np.testing.assert_array_equal(evaluated[0, 0], expected[1])
+    np.testing.assert_array_equal(evaluated[1, 0], np.zeros(3))
+    assert layer.counters()["items"]["rows"] == 2
+
+
+def test_fixed_table_checkpoint_into_a_dynamic_table_is_a_clear_error(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "tf_dlrm.checkpoint", "version": 1}))
+    layer = DynamicEmbedding([{"name": "items", "capacity": 8, "width": 3}])
+    layer.build()
+    with pytest.raises(ValueError, match="holds fixed embedding tables .*a dynamic table restores only"):
+        checkpoint.restore(str(tmp_path), layer, None, DistributedEnv())
+    with pytest.raises(ValueError, match="Expected a dynamic-table checkpoint"):
+        checkpoint.restore(str(tmp_path / "nothing"), layer, None, DistributedEnv())
+
+
+def test_restore_into_smaller_capacity_is_a_clear_error(tmp_path):
+    big = DynamicEmbedding([{"name": "items", "capacity": 8, "width": 3}])
+    big((tf.constant([1, 2, 3, 4], tf.int64),), training=True)
+    checkpoint.save(str(tmp_path), big, None, DistributedEnv())
+    small = DynamicEmbedding([{"name": "items", "capacity": 3, "width": 3}])
+    small.build()
+    with pytest.raises(ValueError, match="holds 4 keys of table 'items' for shard 0 of 1; its capacity is 3 rows"):
+        checkpoint.restore(str(tmp_path), small, None, DistributedEnv())
+    other = DynamicEmbedding([{"name": "users", "capacity": 8, "width": 3}])
+    other.build()
+    with pytest.raises(ValueError, match="do not match the model's"):
+        checkpoint.restore(str(tmp_path), other, None, DistributedEnv())
+    restored = DynamicEmbedding([{"name": "items", "capacity": 8, "width": 3}])
+    restored.build()
+    checkpoint.restore(str(tmp_path), restored, None, DistributedEnv())
+    keys = tf.constant([4, 1, 99], tf.int64)
+    np.testing.assert_array_equal(restored((keys,), training=False).numpy(), big((keys,), training=False).numpy())
+
+
+def test_saved_model_serves_raw_keys_like_the_trained_model(tmp_path):
+    from tf_dlrm.dynamic import export
+    from tf_dlrm.model.dlrm import DLRM
+    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.train.step import OptimizerConfig, Trainer
+
+    tables = [{"name": "user", "capacity": 16, "width": 4, "eviction": "lru"}, {"name": "item", "capacity": 16, "width": 4}]
+    model = DLRM(DynamicEmbedding(tables, seed=2), num_numerical=3, bottom_mlp_dims=[8, 4], top_mlp_dims=[4, 1], seed=2)
+    rng = np.random.default_rng(1)
+    keys = rng.integers(-2**63, 2**63 - 1, (12, 2), dtype=np.int64)
+    numerical = rng.random((12, 3), dtype=np.float32)
+    model((numerical, (tf.constant(keys[:, 0]), tf.constant(keys[:, 1]))))
+    trainer = Trainer(model, DistributedEnv(), OptimizerConfig(LearningRateSchedule(0.1), optimizer="sgd",
+                                                               embedding_optimizer="adagrad"))
+    label = rng.integers(0, 2, (12, 1)).astype(np.float32)
+    for _ in range(3):
+        trainer.train_step(numerical, (tf.constant(keys[:, 0]), tf.constant(keys[:, 1])), label)
+    served_keys = np.concatenate([keys[:6], rng.integers(-2**63, 2**63 - 1, (6, 2), dtype=np.int64)])  # half unseen
+    expected = tf.sigmoid(model((numerical, (tf.constant(served_keys[:, 0]), tf.constant(served_keys[:, 1]))),
+                                training=False)).numpy().reshape(-1)
+    export.export(model, str(tmp_path / "served"))
+    # Served by a process that imports TensorFlow only (no tf_dlrm kernel library, no Horovod).
+    np.savez(tmp_path / "inputs.npz", numerical=numerical, categorical=served_keys)
+    script = ("import sys, numpy as np, tensorflow as tf\n"
+              "d = np.load(sys.argv[1] + '/inputs.npz'); m = tf.saved_model.load(sys.argv[1] + '/served')\n"
+              "p = m.signatures['serving_default'](numerical=tf.constant(d['numerical']), categorical=tf.constant(d['categorical']))\n"
+              "np.save(sys.argv[1] + '/probability.npy', p['probability'].numpy())\n")
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, capture_output=True, cwd=str(tmp_path))
+    probability = np.load(tmp_path / "probability.npy")
+    np.testing.assert_allclose(probability, expected, rtol=0, atol=1e-6)
+    assert model.embedding.counters()["user"]["rows"] == 12  # serving inserted nothing
