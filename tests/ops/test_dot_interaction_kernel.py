@@ -176,3 +176,18 @@ def test_build_is_skipped_when_up_to_date_and_a_failed_build_keeps_the_library()
     with open(ops.LIBRARY, "rb") as handle:
         assert hashlib.sha256(handle.read()).hexdigest() == before
     assert not os.path.exists(ops.LIBRARY + ".partial")
+
+
+def test_a_library_built_from_other_sources_is_refused_by_name(tmp_path):
+    # The same library beside a stamp of other sources (as after a pull that changed the .cc without a
+    # reinstall): the layers must fall back with a reason, not load kernels that may lack a dtype.
+    stale_stamp = tmp_path / "stamp"
+    stale_stamp.write_text("sources of an older checkout\n")
+    done = run_python(
+        "from tf_dlrm import ops; from tf_dlrm.ops import build; "
+        f"build.STAMP = {str(stale_stamp)!r}; print(ops.unavailable_reason()); print(ops.kernels())")
+    assert done.returncode == 0, done.stderr
+    reason, loaded = done.stdout.strip().splitlines()
+    assert "stamp differs" in reason and ops.LIBRARY in reason and "python -m tf_dlrm.ops.build" in reason
+    assert loaded == "None"
+    assert "stamp differs" in done.stderr  # the one warning of kernels()

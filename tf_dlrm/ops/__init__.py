@@ -29,6 +29,14 @@ def kernels():
 
 
 @functools.lru_cache(maxsize=None)
+def _built_from_these_sources() -> bool:
+    from tf_dlrm.ops import build
+
+    # Either ISA choice is fine here: the flags change the speed of the code, not which kernels exist.
+    return any(build.up_to_date(build.build_key(flags)) for flags in ([], ["-mavx2", "-mfma"]))
+
+
+@functools.lru_cache(maxsize=None)
 def _load():
     import tensorflow as tf
 
@@ -44,6 +52,11 @@ def unavailable_reason() -> str | None:
         return "the kernels are disabled by TF_DLRM_DISABLE_KERNELS=1"
     if not os.path.exists(LIBRARY):
         return f"the kernel library {LIBRARY} is missing (build it with: python -m tf_dlrm.ops.build)"
+    if not _built_from_these_sources():
+        # A library left from older sources loads but may lack kernels the layers now ask for
+        # (e.g. a dtype): refuse it by name rather than fail inside a training step.
+        return (f"the kernel library {LIBRARY} was built from other sources or for another TensorFlow (its stamp "
+                "differs); rebuild it with: python -m tf_dlrm.ops.build")
     loaded = _load()
     if isinstance(loaded, Exception):
         return (f"the kernel library {LIBRARY} could not be loaded ({loaded}); rebuild it with: "
