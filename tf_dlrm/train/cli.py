@@ -57,10 +57,6 @@ def run_training(config: RunConfig, stop=None) -> dict:
     report_precision(reporter, config, choice)
     reporter.say(plan.describe())
     reporter.say(describe_traffic(traffic))
-    paths = interaction_paths(model.interaction, config.xla)
-    reporter.event("interaction", **paths)
-    reporter.say(f"interaction: training {paths['training']}, evaluation {paths['evaluation']}"
-                 + "".join(f"; {reason}" for reason in paths["reasons"]))
     reporter.event(
         "config",
         world_size=env.world_size,
@@ -77,6 +73,11 @@ def run_training(config: RunConfig, stop=None) -> dict:
         alltoall_bytes_per_step=exchange,
         bytes_per_step_per_rank=[t.to_dict() for t in traffic],
     )
+    # After the config event, which stays the log's first line.
+    paths = interaction_paths(model.interaction, config.xla)
+    reporter.event("interaction", **paths)
+    reporter.say(f"interaction: training {paths['training']}, evaluation {paths['evaluation']}"
+                 + "".join(f"; {reason}" for reason in paths["reasons"]))
     reporter.say(
         f"world size {env.world_size}, precision {policy}, per-rank embedding bytes {rank_bytes}, "
         f"alltoall bytes per step (max over ranks) {exchange}"
