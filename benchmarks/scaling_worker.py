@@ -40,6 +40,8 @@ def main(argv=None) -> None:
     parser.add_argument("--batch_size", type=int, default=0, help="global batch (0: the config's)")
     parser.add_argument("--intra_op", type=int, default=0, help="intra-op threads per rank (0: the trainer's default)")
     parser.add_argument("--inter_op", type=int, default=0, help="inter-op threads per rank (0: the trainer's default)")
+    parser.add_argument("--deduplicate_exchange", type=int, default=0,
+                        help="1: build the embedding with deduplicate_exchange=True (no main.py flag yet)")
     parser.add_argument("--independent", type=str, default="",
                         help="RANK/N: one of N plain processes (no Horovod, no exchange) started together, "
                              "each training batch / N samples per step on cores / N threads")
@@ -68,6 +70,12 @@ def main(argv=None) -> None:
     from tf_dlrm.train.schedule import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
+    if args.deduplicate_exchange:
+        import functools
+
+        from tf_dlrm.distributed.embedding import DistributedEmbedding
+
+        builder.DistributedEmbedding = functools.partial(DistributedEmbedding, deduplicate_exchange=True)
     config = CONFIGS[args.config]
     batch_size = (args.batch_size or config.batch_size) // independent_count
     spec = FeatureSpec.load(args.spec)

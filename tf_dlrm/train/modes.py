@@ -138,10 +138,6 @@ def run_train(config, stop=None) -> dict:
     exchange = plan.alltoall_bytes_per_step(config.batch_size, bytes_per_value=2 if session.policy != "float32" else 4)
     traffic = step_traffic_of(trainer, config.batch_size, env.world_size)
     reporter.say(describe_traffic(traffic))
-    paths = interaction_paths(session.model.interaction, config.xla)
-    reporter.event("interaction", **paths)
-    reporter.say(f"interaction: training {paths['training']}, evaluation {paths['evaluation']}"
-                 + "".join(f"; {reason}" for reason in paths["reasons"]))
     reporter.event(
         "config", world_size=env.world_size, precision=session.policy, amp=config.amp.value,
         precision_native=session.choice.native, cpu=read_cpu_info().summary(), xla=config.xla,
@@ -149,6 +145,10 @@ def run_train(config, stop=None) -> dict:
         rank_embedding_bytes=rank_bytes, alltoall_bytes_per_step=exchange,
         bytes_per_step_per_rank=[t.to_dict() for t in traffic],
     )
+    paths = interaction_paths(session.model.interaction, config.xla)
+    reporter.event("interaction", **paths)  # after the config event: a log's first line stays config
+    reporter.say(f"interaction: training {paths['training']}, evaluation {paths['evaluation']}"
+                 + "".join(f"; {reason}" for reason in paths["reasons"]))
     reporter.say(
         f"world size {env.world_size}, precision {session.policy}, per-rank embedding bytes {rank_bytes}, "
         f"alltoall bytes per step (max over ranks) {exchange}"
