@@ -115,7 +115,9 @@ def step_traffic_of(trainer, global_batch_size: int, world_size: int):
     from tf_dlrm.distributed.traffic import step_traffic
 
     embedding = trainer.model.embedding
-    widths = list(embedding.send_widths) if embedding.exchanges and world_size > 1 else [0] * world_size
+    # Dynamic tables (tf_dlrm.dynamic) route keys by hash, so their bytes depend on the batch: not counted here.
+    exchanges = getattr(embedding, "exchanges", False) and hasattr(embedding, "send_widths")
+    widths = list(embedding.send_widths) if exchanges and world_size > 1 else [0] * world_size
     value_bytes = 2 if trainer.model.compute_dtype in ("bfloat16", "float16") else 4
     return step_traffic(widths, global_batch_size, value_bytes, trainer.allreduce_payload_bytes() if world_size > 1 else 0)
 
