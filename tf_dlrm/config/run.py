@@ -37,6 +37,8 @@ class RunConfig:
     keep_checkpoints: int = 2
     resume: bool = False
     saved_model_path: str | None = None
+    # --bf16_dense_allreduce: average the MLP gradients as bfloat16 under --amp (bfloat16).
+    bf16_dense_allreduce: bool = False
     inference_batch_sizes: tuple[int, ...] = (1, 64, 1024, 4096)
     keep_best: bool = False
 

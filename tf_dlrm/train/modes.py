@@ -86,7 +86,8 @@ def open_session(config, started=None) -> Session:
     report_precision(reporter, config, choice)
     plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
     model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input)
-    trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla)
+    trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla,
+                      compress_dense_gradients=config.bf16_dense_allreduce)
     trainer.broadcast_initial_state()
     checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, env, reporter)
     reporter.say(plan.describe())
