@@ -11,7 +11,8 @@ from __future__ import annotations
 import functools
 import os
 
-LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tf_dlrm_ops.so")
+from tf_dlrm.ops import build  # standard library only: no TensorFlow at import
+from tf_dlrm.ops.build import LIBRARY
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,8 +31,6 @@ def kernels():
 
 @functools.lru_cache(maxsize=None)
 def _built_from_these_sources() -> bool:
-    from tf_dlrm.ops import build
-
     # Either ISA choice is fine here: the flags change the speed of the code, not which kernels exist.
     return any(build.up_to_date(build.build_key(flags)) for flags in ([], ["-mavx2", "-mfma"]))
 

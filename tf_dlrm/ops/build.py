@@ -20,9 +20,8 @@ import shutil
 import subprocess
 import sys
 
-from tf_dlrm.ops import LIBRARY
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+LIBRARY = os.path.join(HERE, "_tf_dlrm_ops.so")
 STAMP = LIBRARY + ".stamp"
 
 
