@@ -35,6 +35,22 @@ def launch(num_ranks: int, args: list[str], timeout: float = 600, check: bool = 
     return completed
 
 
+def launch_cases(world_size: int, worker: str, cases: list[dict], directory, timeout: float = 900) -> list[dict]:
+    """Runs ``worker`` (a script ending in :func:`tests.case_runs.run_cases_on_this_rank`) on
+    ``world_size`` ranks over ``cases``; returns every rank's records, rank by rank."""
+    import json
+
+    cases_path = os.path.join(str(directory), "cases.json")
+    with open(cases_path, "w") as handle:
+        json.dump(cases, handle)
+    launch(world_size, [worker, cases_path, str(directory)], timeout=timeout)
+    records = []
+    for rank in range(world_size):
+        with open(os.path.join(str(directory), f"rank{rank}.json")) as handle:
+            records.extend(json.load(handle))
+    return records
+
+
 def run_python(args: list[str], timeout: float = 600, check: bool = True, env: dict | None = None):
     """Runs ``python ARGS`` in the repository with quiet TensorFlow logs."""
     completed = subprocess.run(

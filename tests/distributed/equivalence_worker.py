@@ -15,9 +15,7 @@ For each case every rank writes the largest differences it saw into ``OUT_DIR/ra
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 
 import numpy as np
 
@@ -195,17 +193,7 @@ def run_case(case, env):
     return record
 
 
-def main():
-    cases_path, out_dir = sys.argv[1], sys.argv[2]
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(int(os.environ.get("EQ_INTER", "1")))
-    env = env_module.initialize(force_horovod=True)
-    with open(cases_path) as handle:
-        cases = json.load(handle)
-    records = [run_case(case, env) for case in cases]
-    with open(os.path.join(out_dir, f"rank{env.rank}.json"), "w") as handle:
-        json.dump(records, handle, indent=1)
-
-
 if __name__ == "__main__":
-    main()
+    from tests.case_runs import run_cases_on_this_rank
+
+    run_cases_on_this_rank(run_case, inter_op_threads=int(os.environ.get("EQ_INTER", "1")))

@@ -15,11 +15,10 @@ of order 1, hence 1e-6 absolute).
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from conftest import launch
+from conftest import launch_cases
 
 BASE = {"seed": 3, "global_batch": 24, "steps": 3, "learning_rate": 0.1, "data_parallel_threshold": 100}
 CASES = [
@@ -85,13 +84,7 @@ _results: dict[int, list[dict]] = {}
 def results_for(world_size: int, tmp_path_factory) -> list[dict]:
     if world_size not in _results:
         directory = tmp_path_factory.mktemp(f"equivalence_np{world_size}")
-        cases_path = directory / "cases.json"
-        cases_path.write_text(json.dumps(CASES))
-        launch(world_size, ["tests/distributed/equivalence_worker.py", str(cases_path), str(directory)], timeout=900)
-        records = []
-        for rank in range(world_size):
-            records.extend(json.loads((directory / f"rank{rank}.json").read_text()))
-        _results[world_size] = records
+        _results[world_size] = launch_cases(world_size, "tests/distributed/equivalence_worker.py", CASES, directory)
     return _results[world_size]
 
 

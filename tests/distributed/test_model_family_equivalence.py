@@ -9,11 +9,10 @@ within rtol 1e-5. Each world size is one horovodrun launch running every case.
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from conftest import launch
+from conftest import launch_cases
 
 BASE = {"seed": 5, "global_batch": 24, "steps": 3, "learning_rate": 0.1, "data_parallel_threshold": 100,
         "cardinalities": [50, 300, 500, 1000], "dim": 7}
@@ -40,13 +39,7 @@ _results: dict[int, list[dict]] = {}
 def results_for(world_size: int, tmp_path_factory) -> list[dict]:
     if world_size not in _results:
         directory = tmp_path_factory.mktemp(f"model_family_np{world_size}")
-        cases_path = directory / "cases.json"
-        cases_path.write_text(json.dumps(CASES))
-        launch(world_size, ["tests/distributed/model_family_worker.py", str(cases_path), str(directory)], timeout=900)
-        records = []
-        for rank in range(world_size):
-            records.extend(json.loads((directory / f"rank{rank}.json").read_text()))
-        _results[world_size] = records
+        _results[world_size] = launch_cases(world_size, "tests/distributed/model_family_worker.py", CASES, directory)
     return _results[world_size]
 
 

@@ -16,11 +16,10 @@ Key sets and eviction/rejection counts must be identical (integers).
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
-from conftest import launch
+from conftest import launch_cases
 
 BASE = {"seed": 3, "global_batch": 24, "learning_rate": 0.1, "new_keys_per_step": 6}
 TABLES = [{"name": "a", "capacity": 400, "width": 4}, {"name": "b", "capacity": 400, "width": 4}]
@@ -45,10 +44,7 @@ _results: dict[int, list[dict]] = {}
 def results_for(world_size, tmp_path_factory):
     if world_size not in _results:
         directory = tmp_path_factory.mktemp(f"dynamic_np{world_size}")
-        (directory / "cases.json").write_text(json.dumps(CASES))
-        launch(world_size, ["tests/dynamic/dynamic_equivalence_worker.py", str(directory / "cases.json"), str(directory)],
-               timeout=900)
-        _results[world_size] = [r for rank in range(world_size) for r in json.loads((directory / f"rank{rank}.json").read_text())]
+        _results[world_size] = launch_cases(world_size, "tests/dynamic/dynamic_equivalence_worker.py", CASES, directory)
     return _results[world_size]
 
 
