@@ -42,7 +42,12 @@ class FamilyModel(keras.Model):
     def split_embeddings(self, embeddings):
         """``(deep [b, sum of deep widths], extra [b, number of width-1 features])`` in compute dtype."""
         flat = tf.reshape(tf.cast(embeddings, self.compute_dtype), [-1, self.deep_width + self.extra_width])
-        return flat[:, :self.deep_width], flat[:, self.deep_width:]
+        if not self.extra_width:
+            # No slice at all: a slice's gradient (StridedSliceGrad) writes a zeroed copy of the whole block.
+            return flat, flat[:, :0]
+        # One split: its gradient is one concat, where two slices' gradients are two zeroed full copies.
+        deep, extra = tf.split(flat, [self.deep_width, self.extra_width], axis=1)
+        return deep, extra
 
     def deep_input(self, numerical, deep):
         """The deep MLP's (and DCNv2's ``x0``) input: numerical features next to the embeddings."""
