@@ -191,3 +191,9 @@ def test_a_library_built_from_other_sources_is_refused_by_name(tmp_path):
     assert "stamp differs" in reason and ops.LIBRARY in reason and "python -m tf_dlrm.ops.build" in reason
     assert loaded == "None"
     assert "stamp differs" in done.stderr  # the one warning of kernels()
+
+
+def test_the_package_and_its_build_name_the_same_library():
+    from tf_dlrm.ops import build
+
+    assert ops.LIBRARY == build.LIBRARY

@@ -11,8 +11,9 @@ from __future__ import annotations
 import functools
 import os
 
-from tf_dlrm.ops import build  # standard library only: no TensorFlow at import
-from tf_dlrm.ops.build import LIBRARY
+# The same path as tf_dlrm.ops.build.LIBRARY (tests/ops checks it); not imported from there, so that
+# `python -m tf_dlrm.ops.build` does not find its module already imported by this package.
+LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tf_dlrm_ops.so")
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,6 +32,8 @@ def kernels():
 
 @functools.lru_cache(maxsize=None)
 def _built_from_these_sources() -> bool:
+    from tf_dlrm.ops import build
+
     # Either ISA choice is fine here: the flags change the speed of the code, not which kernels exist.
     return any(build.up_to_date(build.build_key(flags)) for flags in ([], ["-mavx2", "-mfma"]))
 
