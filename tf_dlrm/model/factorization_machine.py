@@ -12,12 +12,24 @@ class FactorizationMachine(keras.layers.Layer):
 
     ``sum_{i<j} <v_i, v_j> = 1/2 sum_d ((sum_i v_id)^2 - sum_i v_id^2)`` (Rendle 2010, lemma 3.1):
     ``O(F D)`` instead of ``O(F^2 D)``. Reference: Guo et al. 2017, "DeepFM", eq. 2.
+
+    Args:
+        scale: factor of the sum (1: the paper's term). DeepFM passes ``1/sqrt(D)``, see there.
     """
+
+    def __init__(self, scale: float = 1.0, **kwargs):
+        super().__init__(**kwargs)
+        if not (isinstance(scale, (int, float)) and 0.0 < float(scale) < float("inf")):
+            raise ValueError(f"Expected a positive finite FM scale. Received: scale={scale!r}")
+        self.scale = float(scale)
 
     def call(self, vectors):
         summed = tf.reduce_sum(vectors, axis=1)
         squares = tf.reduce_sum(tf.square(vectors), axis=1)
-        return 0.5 * tf.reduce_sum(tf.square(summed) - squares, axis=1, keepdims=True)
+        return (0.5 * self.scale) * tf.reduce_sum(tf.square(summed) - squares, axis=1, keepdims=True)
+
+    def get_config(self):
+        return {**super().get_config(), "scale": self.scale}
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], 1)
