@@ -85,6 +85,19 @@ def test_factorization_machine_by_hand():
     np.testing.assert_allclose(FactorizationMachine()(vectors).numpy(), [[67.0]])
 
 
+def test_factorization_machine_scale_multiplies_the_term_and_is_serialised():
+    vectors = np.array([[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]], np.float32)
+    layer = FactorizationMachine(scale=0.25)
+    np.testing.assert_allclose(layer(vectors).numpy(), [[67.0 * 0.25]])
+    assert FactorizationMachine.from_config(layer.get_config()).scale == 0.25
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("inf"), "1"])
+def test_factorization_machine_scale_is_checked(scale):
+    with pytest.raises(ValueError, match="Received: scale="):
+        FactorizationMachine(scale=scale)
+
+
 def test_linear_term_sums_weights_plus_bias():
     term = LinearTerm()
     weights = _batch((4, 6), 11)
