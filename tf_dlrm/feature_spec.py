@@ -45,7 +45,7 @@ CSV = "csv"
 CHUNK_TYPES = (SPLIT_BINARY, CSV)
 # Optional chunk keys; `header`, `delimiter` and `encode` (raw categorical values -> keys, see
 # tf_dlrm.data.transcode) only mean something for csv chunks.
-CHUNK_KEYS = ("type", "features", "files", "header", "delimiter", "encode")
+CHUNK_KEYS = ("type", "features", "files", "header", "delimiter", "encode", "transform")
 
 COMBINERS = ("sum", "mean", "sqrtn")
 SUPPORTED_DTYPES = ("bool", "float16", "float32", "int8", "int16", "int32", "int64")

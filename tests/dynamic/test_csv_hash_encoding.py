@@ -53,7 +53,8 @@ def test_hash_encoding_writes_the_documented_keys(tmp_path):
 
 
 @pytest.mark.parametrize("encode, dynamic, message", [
-    ({"city": "vocabulary", "url": "hash"}, True, "encode.city: expected one of \\['hash'\\] \\(vocabulary encoding is not implemented yet\\)"),
+    ({"city": "vocabulary", "url": "hash"}, True, "encode.city: vocabulary ids are for a fixed table; a dynamic table takes encode: hash"),
+    ({"city": "hash", "url": "lookup"}, True, "encode.url: expected one of \\['hash', 'vocabulary'\\]"),
     ({"city": "hash"}, False, "encode.city: a hashed feature holds raw int64 keys of a one-hot dynamic table"),
     ({"price": "hash"}, True, "encode.price: only categorical features are encoded"),
 ])

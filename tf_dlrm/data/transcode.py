@@ -11,17 +11,23 @@ read one after the other::
           files: [train_part0.csv, train_part1.csv]
           header: true        # optional, default false: the first line of each file names the columns
           delimiter: ","      # optional, default ","
+          encode: {cat_0: vocabulary, cat_1: hash}     # optional: raw categorical values
+          transform: {num_0: log1p, num_1: {clip: [0, 100]}}   # optional: numerical transforms
 
-Cells are plain values (no quoting): labels 0 or 1, numerical values finite numbers (stored as given:
-apply transforms such as log(1+x) before), categorical ids integers in ``[0, cardinality)``. A
-multi-hot feature (``hotness: h`` in its feature_spec entry) holds exactly ``h`` ids per cell separated
-by ``|``, e.g. ``12|7|99`` for ``hotness: 3``; more or fewer ids is an error naming the line.
+Cells are plain values (no quoting): labels 0 or 1, numerical values finite numbers, categorical ids
+integers in ``[0, cardinality)`` unless the column is encoded. A multi-hot feature (``hotness: h``)
+holds exactly ``h`` ids per cell separated by ``|``, e.g. ``12|7|99`` for ``hotness: 3``.
 
-Raw categorical values (a city, a URL, an item hash) need no mapping of the user's: a chunk may set
-``encode: {feature: hash}`` for a categorical feature declared a dynamic table (``dynamic: true``,
-``dtype: int64``; :mod:`tf_dlrm.dynamic.spec`); each cell, stripped, becomes the int64 key
-``blake2b(feature name + NUL + cell, 8 bytes)`` (little-endian, signed; an empty cell is a value like
-any other). ``encode: vocabulary`` (ids by frequency) is not implemented yet and is refused.
+Raw values (:mod:`tf_dlrm.data.csv_declarations` has the syntax): ``encode: hash`` turns each stripped
+cell into the int64 key ``blake2b(feature name + NUL + cell, 8 bytes)`` (little-endian, signed) of a
+dynamic table (``dynamic: true``, ``dtype: int64``); ``encode: vocabulary`` numbers the values by
+descending frequency over the train split (:mod:`tf_dlrm.data.csv_vocabulary`: ``min_count``, the OOV
+id), writes ``vocabularies/<feature>.tsv`` next to the data and sets the feature's cardinality in the
+written spec. ``transform`` applies ``log1p`` and ``clip`` to numerical values
+(:mod:`tf_dlrm.data.csv_values`). An empty cell is a value like any other for an encoded column.
+
+Engines: ``--engine=local`` (this process) or ``--engine=spark`` (:mod:`tf_dlrm.data.transcode_spark`);
+both call the same per-block functions and write the same bytes.
 
 Output: NVIDIA's per-split split_binary layout under ``output_dir`` and ``output_dir/feature_spec.yaml``
 written last. Files are parsed in blocks of lines with numpy; a block that fails is rescanned cell by
@@ -32,265 +38,229 @@ itself (transcoding in place), is refused.
 
 Usage::
 
-    python -m tf_dlrm.data.transcode --input_spec=my_data/feature_spec.yaml --output_dir=my_data/binary
+    python -m tf_dlrm.data.transcode --input_spec=my_data/feature_spec.yaml --output_dir=my_data/binary [--engine=spark]
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import itertools
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
+import yaml
 
-from tf_dlrm.data.layout import with_split_binary_sources
+from tf_dlrm.data.csv_declarations import HASH, Declarations, read_declarations, transform_entry, vocabulary_features_of_raw
+from tf_dlrm.data.csv_values import (CATEGORICAL, HASHED, LABEL, MULTI_HOT_SEPARATOR, NUMERICAL, VOCABULARY, Column,  # noqa: F401
+                                     CsvLayout, TranscodeError, count_block, hash_key, parse_block)
+from tf_dlrm.data.csv_vocabulary import Vocabulary, build_vocabulary
+from tf_dlrm.data.layout import categorical_file_name, with_split_binary_sources
 from tf_dlrm.data.split_binary import SplitBinaryWriter
-from tf_dlrm.feature_spec import CSV, FeatureSpec
+from tf_dlrm.feature_spec import CSV, TRAIN_SPLIT, FeatureSpec, FeatureSpecError
 from tf_dlrm.io.publish import staged_output
 
 DEFAULT_BLOCK_LINES = 1 << 16
-# Ids of a multi-hot cell ("12|7|99"): a character no number and no csv delimiter we accept uses.
-MULTI_HOT_SEPARATOR = "|"
+ENGINES = ("local", "spark")
+VOCABULARY_DIRECTORY = "vocabularies"
 
 
-class TranscodeError(ValueError):
-    """The csv input is not valid; the message names the file, line and column."""
+@dataclasses.dataclass(frozen=True)
+class CsvSource:
+    """One split's csv files and how they are read."""
+
+    split: str
+    paths: tuple[str, ...]
+    features: tuple[str, ...]
+    header: bool
+    delimiter: str
+
+    def check_header(self, path: str, first: str | None) -> None:
+        """The first line of ``path`` (no newline; None for an empty file) must name the chunk's features."""
+        if first is None:
+            raise TranscodeError(f"{path}: the file is empty; expected a header line (the chunk sets header: true)")
+        names = [name.strip() for name in first.split(self.delimiter)]
+        if names != list(self.features):
+            raise TranscodeError(f"{path}, line 1: the header names {names} do not match the chunk's features {list(self.features)}")
 
 
-ENCODINGS = ("hash",)
+class LocalEngine:
+    """Reads the csv files in this process, in blocks of ``block_lines`` lines."""
 
-
-def hash_key(feature: str, cell: str) -> int:
-    """The int64 key of a raw categorical value (``encode: hash``)."""
-    digest = hashlib.blake2b(feature.encode("utf-8") + b"\0" + cell.strip().encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
-
-
-class _Column:
-    """One used csv column: where it goes and how its cells are checked."""
-
-    def __init__(self, feature: str, index: int, kind: str, dtype: np.dtype, cardinality: int | None = None,
-                 hotness: int = 1):
-        self.feature, self.index, self.kind = feature, index, kind
-        self.dtype, self.cardinality, self.hotness = dtype, cardinality, hotness
-
-    def describe(self) -> str:
-        return f"column {self.index + 1} ('{self.feature}')"
-
-
-def _cell_error(column: _Column, cell: str) -> str | None:
-    """Why one cell is invalid for its column, or None when it is valid."""
-    text = cell.strip()
-    if not text:
-        return f"missing value in {column.describe()}"
-    if column.kind == "categorical":
-        try:
-            value = int(text)
-        except ValueError:
-            return f"{column.describe()}: categorical id {cell!r} is not an integer"
-        if not 0 <= value < column.cardinality:
-            return f"{column.describe()}: categorical id {value} is outside [0, {column.cardinality})"
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        return f"{column.describe()}: {cell!r} is not a number"
-    if column.kind == "label" and value not in (0.0, 1.0):
-        return f"{column.describe()}: label must be 0 or 1. Received: {cell!r}"
-    if not np.isfinite(value):
-        return f"{column.describe()}: {cell!r} is not a finite number"
-    if column.kind == "numerical" and abs(value) > float(np.finfo(column.dtype).max):
-        return f"{column.describe()}: {value} overflows the feature's dtype {column.dtype}"
-    return None
-
-
-def _first_bad_cell(column: _Column, cells: np.ndarray) -> tuple[int, str] | None:
-    for row, cell in enumerate(cells.tolist()):
-        reason = _cell_error(column, cell)
-        if reason:
-            return row, reason
-    return None
-
-
-def _parse_multi_hot(column: _Column, cells: np.ndarray) -> tuple[np.ndarray | None, int, str]:
-    """A multi-hot column: each cell holds exactly ``hotness`` ids separated by ``|`` ("12|7|99")."""
-    lists = [cell.split(MULTI_HOT_SEPARATOR) for cell in cells.tolist()]
-    for row, ids in enumerate(lists):
-        if len(ids) != column.hotness:
-            more = "more" if len(ids) > column.hotness else "fewer"
-            return None, row, (f"{column.describe()}: {len(ids)} ids in {str(cells[row])!r}, {more} than the feature's hotness "
-                               f"{column.hotness} (a multi-hot cell holds exactly hotness ids separated by "
-                               f"{MULTI_HOT_SEPARATOR!r}; there is no pad id)")
-    flat = np.array([text for ids in lists for text in ids], dtype=str)
-    values, row, reason = _parse_column(_Column(column.feature, column.index, column.kind, column.dtype, column.cardinality), flat)
-    if values is None:
-        return None, row // column.hotness, reason
-    return values.reshape(len(lists), column.hotness), -1, ""
-
-
-def _parse_column(column: _Column, cells: np.ndarray) -> tuple[np.ndarray | None, int, str]:
-    """Parses a column of cells with numpy; on failure returns (None, row, reason) of the first bad cell."""
-    if column.kind == "hashed":  # any text is a valid raw value
-        return np.fromiter((hash_key(column.feature, cell) for cell in cells.tolist()), np.int64, count=len(cells)), -1, ""
-    if column.hotness > 1:
-        return _parse_multi_hot(column, cells)
-    try:
-        if column.kind == "categorical":
-            values = cells.astype(np.int64)
-            valid = (values >= 0) & (values < column.cardinality)
-        else:
-            values = cells.astype(np.float64)
-            valid = np.isfinite(values)
-            if column.kind == "label":
-                valid &= (values == 0) | (values == 1)
-            else:
-                valid &= np.abs(values) <= float(np.finfo(column.dtype).max)
-        if valid.all():
-            return values, -1, ""
-    except (ValueError, OverflowError):
-        pass
-    found = _first_bad_cell(column, cells)
-    if found is None:  # numpy rejected a cell Python accepts: the precise scan decides
-        parse = int if column.kind == "categorical" else float
-        return np.array([parse(cell) for cell in cells.tolist()]), -1, ""
-    return None, found[0], found[1]
-
-
-class _SplitTranscoder:
-    """Streams one split's csv files into a SplitBinaryWriter."""
-
-    def __init__(self, spec: FeatureSpec, split: str, block_lines: int):
-        chunks = spec.chunks(split)
-        if len(chunks) != 1 or chunks[0]["type"] != CSV:
-            types = [chunk["type"] for chunk in chunks]
-            raise TranscodeError(
-                f"{spec.source}: source_spec.{split}: expected exactly one chunk of type 'csv' holding all "
-                f"features of the split. Received {len(chunks)} chunk(s) of type(s) {types}"
-            )
-        chunk = chunks[0]
-        self.features = list(chunk["features"])
-        self.header = chunk.get("header", False)
-        self.delimiter = chunk.get("delimiter", ",")
-        if not isinstance(self.header, bool):
-            raise TranscodeError(f"{spec.source}: source_spec.{split}[0].header: expected true or false. Received: {self.header!r}")
-        if not isinstance(self.delimiter, str) or not self.delimiter or "\n" in self.delimiter:
-            raise TranscodeError(
-                f"{spec.source}: source_spec.{split}[0].delimiter: expected a non-empty string. Received: {self.delimiter!r}"
-            )
-        self.paths = [spec.resolve(relative) for relative in chunk["files"]]
+    def __init__(self, block_lines: int = DEFAULT_BLOCK_LINES):
+        if block_lines <= 0:
+            raise ValueError(f"Expected block_lines > 0. Received: block_lines={block_lines}")
         self.block_lines = block_lines
-        position = {feature: index for index, feature in enumerate(self.features)}
-        self.label = _Column(spec.label_feature, position[spec.label_feature], "label", np.dtype(np.float64))
-        self.numerical = [_Column(f, position[f], "numerical", spec.dtype(f)) for f in spec.numerical_features]
-        encode = _check_encode(spec, split, chunk.get("encode", {}))
-        self.categorical = [
-            _Column(f, position[f], "hashed", np.dtype(np.int64)) if f in encode else
-            _Column(f, position[f], "categorical", spec.dtype(f), int(spec.feature_spec[f]["cardinality"]), spec.hotness(f))
-            for f in spec.categorical_features
-        ]
 
-    def write(self, writer: SplitBinaryWriter) -> int:
-        for path in self.paths:
-            self._write_file(path, writer)
-        return writer.num_samples
+    def count(self, source: CsvSource, layout: CsvLayout, features: Sequence[str]) -> dict[str, dict[str, int]]:
+        counts: dict[str, dict[str, int]] = {feature: {} for feature in features}
+        for path, first_line, lines in self._blocks(source):
+            count_block(layout, features, path, first_line, lines, counts)
+        return counts
 
-    def _write_file(self, path: str, writer: SplitBinaryWriter) -> None:
-        with open(path, "r", encoding="utf-8", newline=None) as handle:
-            line_number = 1  # of the next line read
-            if self.header:
-                first = handle.readline()
-                if not first:
-                    raise TranscodeError(f"{path}: the file is empty; expected a header line (the chunk sets header: true)")
-                names = [name.strip() for name in first.rstrip("\n").split(self.delimiter)]
-                if names != self.features:
-                    raise TranscodeError(
-                        f"{path}, line 1: the header names {names} do not match the chunk's features {self.features}"
-                    )
-                line_number = 2
-            while True:
+    def write(self, source: CsvSource, layout: CsvLayout, writer: SplitBinaryWriter) -> None:
+        for path, first_line, lines in self._blocks(source):
+            writer.append(*parse_block(layout, path, first_line, lines))
+
+    def _blocks(self, source: CsvSource) -> Iterator[tuple[str, int, list[str]]]:
+        for path in source.paths:
+            with open(path, "r", encoding="utf-8", newline=None) as handle:
+                line_number = 1  # of the next line read
                 try:
-                    lines = list(itertools.islice(handle, self.block_lines))
+                    if source.header:
+                        first = handle.readline()
+                        source.check_header(path, first.rstrip("\n") if first else None)
+                        line_number = 2
+                    while True:
+                        lines = list(itertools.islice(handle, self.block_lines))
+                        if not lines:
+                            break
+                        yield path, line_number, [line[:-1] if line.endswith("\n") else line for line in lines]
+                        line_number += len(lines)
                 except UnicodeDecodeError as error:
                     raise TranscodeError(f"{path}: not UTF-8 text (after line {line_number - 1}): {error}") from error
-                if not lines:
-                    return
-                self._write_block(path, line_number, lines, writer)
-                line_number += len(lines)
-
-    def _write_block(self, path: str, first_line: int, lines: list[str], writer: SplitBinaryWriter) -> None:
-        rows = [line[:-1].split(self.delimiter) if line.endswith("\n") else line.split(self.delimiter) for line in lines]
-        widths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        wrong = np.flatnonzero(widths != len(self.features))
-        if wrong.size:
-            row = int(wrong[0])
-            raise TranscodeError(
-                f"{path}, line {first_line + row}: expected {len(self.features)} columns separated by "
-                f"{self.delimiter!r} ({', '.join(self.features)}). Received {widths[row]}"
-            )
-        table = np.array(rows, dtype=str).reshape(len(rows), len(self.features))
-
-        def parse(column: _Column) -> np.ndarray:
-            values, row, reason = _parse_column(column, table[:, column.index])
-            if values is None:
-                raise TranscodeError(f"{path}, line {first_line + row}: {reason}")
-            return values
-
-        label = parse(self.label).astype(bool)
-        numerical = np.stack([parse(c) for c in self.numerical], axis=1) if self.numerical else None
-        categorical = [parse(c) for c in self.categorical]
-        writer.append(label, numerical, categorical)
 
 
-def _check_encode(spec: FeatureSpec, split: str, encode) -> dict:
-    """The chunk's ``encode`` mapping, checked: each a categorical, dynamic, int64, one-hot feature."""
-    where = f"{spec.source}: source_spec.{split}[0].encode"
-    if not isinstance(encode, dict):
-        raise TranscodeError(f"{where}: expected a mapping feature -> encoding. Received: {encode!r}")
-    for feature, encoding in encode.items():
-        if encoding not in ENCODINGS:
-            raise TranscodeError(f"{where}.{feature}: expected one of {list(ENCODINGS)} (vocabulary encoding is not "
-                                 f"implemented yet). Received: {encoding!r}")
-        if feature not in spec.categorical_features:
-            raise TranscodeError(f"{where}.{feature}: only categorical features are encoded. Received: {feature!r}")
-        properties = spec.feature_spec[feature]
-        if properties.get("dynamic") is not True or properties.get("dtype") != "int64" or spec.hotness(feature) != 1:
-            raise TranscodeError(f"{where}.{feature}: a hashed feature holds raw int64 keys of a one-hot dynamic table; "
-                                 f"declare it with dtype: int64 and dynamic: true (and a capacity). Received: {dict(properties)}")
-    return dict(encode)
+def _load_spec(input_spec_path: str) -> tuple[FeatureSpec, set[str]]:
+    """The input spec; a feature encoded by vocabulary takes its cardinality (and dtype) from the vocabulary."""
+    try:
+        with open(input_spec_path, "r", encoding="utf-8") as handle:
+            raw = yaml.safe_load(handle)
+    except FileNotFoundError as error:
+        raise FeatureSpecError(f"Feature spec file not found: {input_spec_path}") from error
+    except yaml.YAMLError as error:
+        raise FeatureSpecError(f"{input_spec_path}: not valid YAML: {error}") from error
+    by_vocabulary = vocabulary_features_of_raw(raw)
+    for feature in sorted(by_vocabulary):
+        properties = raw.get("feature_spec", {}).get(feature) if isinstance(raw.get("feature_spec"), dict) else None
+        if not isinstance(properties, dict):
+            continue  # the spec's own validation names the problem
+        if "cardinality" in properties:
+            raise TranscodeError(f"{input_spec_path}: feature_spec.{feature}.cardinality: a feature with encode: vocabulary "
+                                 f"gets its cardinality from the vocabulary; remove it. Received: {properties['cardinality']!r}")
+        properties.setdefault("dtype", "int64")
+        properties["cardinality"] = 1  # placeholder for validation; replaced once the vocabulary is counted
+    spec = FeatureSpec.from_dict(raw, base_directory=os.path.dirname(os.path.abspath(input_spec_path)),
+                                 source=input_spec_path, check_files=True)
+    return spec, by_vocabulary
 
 
-def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_BLOCK_LINES) -> FeatureSpec:
+def _source(spec: FeatureSpec, split: str) -> tuple[CsvSource, Declarations]:
+    chunks = spec.chunks(split)
+    if len(chunks) != 1 or chunks[0]["type"] != CSV:
+        types = [chunk["type"] for chunk in chunks]
+        raise TranscodeError(
+            f"{spec.source}: source_spec.{split}: expected exactly one chunk of type 'csv' holding all "
+            f"features of the split. Received {len(chunks)} chunk(s) of type(s) {types}"
+        )
+    chunk = chunks[0]
+    header, delimiter = chunk.get("header", False), chunk.get("delimiter", ",")
+    if not isinstance(header, bool):
+        raise TranscodeError(f"{spec.source}: source_spec.{split}[0].header: expected true or false. Received: {header!r}")
+    if not isinstance(delimiter, str) or not delimiter or "\n" in delimiter:
+        raise TranscodeError(f"{spec.source}: source_spec.{split}[0].delimiter: expected a non-empty string. Received: {delimiter!r}")
+    paths = tuple(spec.resolve(relative) for relative in chunk["files"])
+    return CsvSource(split, paths, tuple(chunk["features"]), header, delimiter), read_declarations(spec, split, chunk)
+
+
+def _same_declarations(spec: FeatureSpec, declarations: dict[str, Declarations]) -> Declarations:
+    splits = list(declarations)
+    reference = declarations[splits[0]]
+    for split in splits[1:]:
+        for name in ("encode", "transform"):
+            if getattr(declarations[split], name) != getattr(reference, name):
+                raise TranscodeError(
+                    f"{spec.source}: source_spec.{split}[0].{name} differs from source_spec.{splits[0]}[0].{name}: every split "
+                    f"must declare the same encodings and transforms. Received: {dict(getattr(declarations[split], name))!r} "
+                    f"vs {dict(getattr(reference, name))!r}"
+                )
+    return reference
+
+
+def _layout(spec: FeatureSpec, source: CsvSource, declarations: Declarations,
+            vocabularies: dict[str, Vocabulary | None]) -> CsvLayout:
+    position = {feature: index for index, feature in enumerate(source.features)}
+    numerical = tuple(Column(f, position[f], NUMERICAL, spec.dtype(f), transforms=declarations.transform.get(f, ()))
+                      for f in spec.numerical_features)
+    categorical = []
+    for f in spec.categorical_features:
+        encoding = declarations.encode.get(f)
+        if encoding == HASH:
+            categorical.append(Column(f, position[f], HASHED, np.dtype(np.int64)))
+        elif encoding is not None:
+            categorical.append(Column(f, position[f], VOCABULARY, np.dtype(np.int64), vocabulary=vocabularies[f]))
+        else:
+            categorical.append(Column(f, position[f], CATEGORICAL, spec.dtype(f), int(spec.feature_spec[f]["cardinality"]),
+                                      spec.hotness(f)))
+    label = Column(spec.label_feature, position[spec.label_feature], LABEL, np.dtype(np.float64))
+    return CsvLayout(source.features, source.delimiter, label, numerical, tuple(categorical))
+
+
+def vocabulary_file_name(feature: str, index: int) -> str:
+    return f"{VOCABULARY_DIRECTORY}/{categorical_file_name(feature, index)[:-len('.bin')]}.tsv"
+
+
+def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_BLOCK_LINES, engine=None) -> FeatureSpec:
     """Converts every split of a csv FeatureSpec to split_binary under ``output_dir``.
 
     Args:
         input_spec_path: a FeatureSpec yaml whose splits are csv chunks (paths relative to the yaml).
-        output_dir: where ``<split>/...bin`` and ``feature_spec.yaml`` are written.
-        block_lines: lines parsed at a time (bounds memory).
+        output_dir: where ``<split>/...bin``, ``vocabularies/*.tsv`` and ``feature_spec.yaml`` are written.
+        block_lines: lines parsed at a time by the local engine (bounds memory).
+        engine: ``LocalEngine`` (default, with ``block_lines``) or a ``transcode_spark.SparkEngine``; both write
+            the same bytes.
 
     Returns:
         The written spec (categorical dtypes chosen by cardinality, label bool).
 
     Raises:
         FeatureSpecError: the input spec is invalid or names a missing file.
-        TranscodeError: a csv file is invalid (message: file, 1-based line, column and reason).
+        TranscodeError: a declaration or a csv file is invalid (message: file, 1-based line, column and reason).
     """
-    if block_lines <= 0:
-        raise ValueError(f"Expected block_lines > 0. Received: block_lines={block_lines}")
-    spec = FeatureSpec.load(input_spec_path, check_files=True)
+    engine = engine if engine is not None else LocalEngine(block_lines)
+    spec, by_vocabulary = _load_spec(input_spec_path)
     if not spec.splits:
         raise TranscodeError(f"{input_spec_path}: source_spec lists no splits to transcode")
-    transcoders = {split: _SplitTranscoder(spec, split, block_lines) for split in spec.splits}
+    sources, declared = {}, {}
+    for split in spec.splits:
+        sources[split], declared[split] = _source(spec, split)
+    declarations = _same_declarations(spec, declared)
+    options = declarations.vocabulary_features()
+    assert set(options) == by_vocabulary, (options, by_vocabulary)  # both read the same chunks
+    vocabularies: dict[str, Vocabulary | None] = {}
+    if options:
+        if TRAIN_SPLIT not in sources:
+            raise TranscodeError(f"{input_spec_path}: encode: vocabulary counts values over the '{TRAIN_SPLIT}' split, "
+                                 f"which source_spec lacks. Received splits: {spec.splits}")
+        features = [f for f in spec.categorical_features if f in options]
+        counting_layout = _layout(spec, sources[TRAIN_SPLIT], declarations, {f: None for f in features})
+        counts = engine.count(sources[TRAIN_SPLIT], counting_layout, features)
+        for index, feature in enumerate(spec.categorical_features):
+            if feature in options:
+                vocabulary = vocabularies[feature] = build_vocabulary(feature, counts[feature], options[feature])
+                spec.feature_spec[feature].update({"cardinality": vocabulary.cardinality, "oov_id": vocabulary.oov_id,
+                                                   "vocabulary": vocabulary_file_name(feature, index)})
+    for feature, encoding in declarations.encode.items():
+        spec.feature_spec[feature]["encoded"] = HASH if encoding == HASH else "vocabulary"
+    for feature, steps in declarations.transform.items():
+        spec.feature_spec[feature]["transform"] = transform_entry(steps)
+    layouts = {split: _layout(spec, sources[split], declarations, vocabularies) for split in spec.splits}
     output_dir = os.path.abspath(output_dir)
-    inputs = [input_spec_path] + [spec.resolve(f) for split in spec.splits for chunk in spec.chunks(split) for f in chunk["files"]]
+    inputs = [input_spec_path] + [path for source in sources.values() for path in source.paths]
     # Staged in a temporary sibling and published by one rename once every split is read without error.
     with staged_output(output_dir, "--output_dir", "tf_dlrm.data.transcode", inputs) as workspace:
         out_spec = with_split_binary_sources(spec, spec.splits, workspace)
+        for feature, vocabulary in vocabularies.items():
+            path = os.path.join(workspace, spec.feature_spec[feature]["vocabulary"])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8", newline="\n") as handle:
+                handle.write(vocabulary.to_text())
         counts = {}
-        for split, transcoder in transcoders.items():
+        for split in spec.splits:
             with SplitBinaryWriter(out_spec, split) as writer:
-                counts[split] = transcoder.write(writer)
+                engine.write(sources[split], layouts[split], writer)
+                counts[split] = writer.num_samples
         out_spec.metadata.update({"transcoded_from": os.path.abspath(input_spec_path), "num_samples": counts})
         out_spec.save(os.path.join(workspace, "feature_spec.yaml"))
     out_spec.base_directory = output_dir
@@ -308,6 +278,8 @@ def _define_flags() -> None:
     flags.DEFINE_string("input_spec", None, "FeatureSpec yaml with one csv chunk per split.")
     flags.DEFINE_string("output_dir", None, "Directory for the split_binary files and feature_spec.yaml.")
     flags.DEFINE_integer("block_lines", DEFAULT_BLOCK_LINES, "Lines parsed at a time (bounds memory).", lower_bound=1)
+    flags.DEFINE_enum("engine", "local", list(ENGINES), "local: this process; spark: PySpark (same bytes).")
+    flags.DEFINE_string("spark_master", "local[*]", "Spark master URL (--engine=spark).")
     flags.mark_flags_as_required(["input_spec", "output_dir"])
 
 
@@ -317,12 +289,25 @@ def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         sys.exit(f"error: unexpected arguments {list(argv[1:])}")
     options = flags.FLAGS
+    engine = None
     try:
-        spec = transcode(options.input_spec, options.output_dir, block_lines=options.block_lines)
-    except (ValueError, OSError) as error:  # TranscodeError and FeatureSpecError are ValueErrors
+        if options.engine == "spark":
+            from tf_dlrm.data.transcode_spark import SparkEngine
+
+            engine = SparkEngine(master=options.spark_master)
+        spec = transcode(options.input_spec, options.output_dir, block_lines=options.block_lines, engine=engine)
+    except (ValueError, OSError, ImportError, RuntimeError) as error:  # TranscodeError, FeatureSpecError: ValueErrors
         sys.exit(f"error: {error}")
+    finally:
+        if engine is not None:
+            engine.close()
     counts: Any = spec.metadata["num_samples"]
     print(f"wrote {spec.source}: " + ", ".join(f"{split}={count} samples" for split, count in counts.items()))
+    for feature in spec.categorical_features:
+        properties = spec.feature_spec[feature]
+        if "vocabulary" in properties:
+            print(f"  {feature}: vocabulary of {properties['cardinality'] - 1} values + OOV id {properties['oov_id']} "
+                  f"({properties['vocabulary']})")
 
 
 def run() -> None:
