@@ -1,0 +1,236 @@
+"""The Spark engine of the csv transcoder: the same blocks functions as the local engine, on executors.
+
+Spark reads each csv file (``textFile``, bytes, one or more partitions per file), the driver counts
+lines per partition so every line keeps its file and line number, and the executors call
+:func:`tf_dlrm.data.csv_values.count_block` (the vocabulary pass, reduced by value across the
+cluster; the driver numbers the values with the same :func:`build_vocabulary` as the local engine)
+and :func:`tf_dlrm.data.csv_values.parse_block` (the write pass) on blocks of lines. Every row's
+values depend on that row alone, so both engines write the same bytes (tested byte for byte).
+
+Executors save each partition's arrays under ``<split output>/_spark_parts``; the driver appends them
+in partition order through the same ``SplitBinaryWriter`` as the local engine and removes them. On a
+cluster the output directory must be on a filesystem the executors and the driver share. A bad cell
+stops the job with the message of the first partition (in file order) that holds one.
+
+This module imports no TensorFlow and no FeatureSpec: executors import only it, ``csv_values`` and
+``csv_vocabulary`` (shipped with ``addPyFile``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import operator
+import os
+import shutil
+import sys
+import tempfile
+import zipfile
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from tf_dlrm.data.csv_values import CsvLayout, TranscodeError, count_block, parse_block
+
+DEFAULT_BLOCK_LINES = 1 << 16
+_ERROR = "error"
+
+
+def _require_pyspark():
+    try:
+        import pyspark  # noqa: F401
+    except ImportError as error:
+        raise ImportError("--engine=spark needs PySpark: install it with `make install-spark` "
+                          "(pip extra `tf_dlrm[spark]`)") from error
+
+
+def make_session(master: str = "local[*]", conf: dict | None = None):
+    """A SparkSession whose Python workers use this interpreter (unless PYSPARK_PYTHON is set)."""
+    _require_pyspark()
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName("tf_dlrm_transcode").config("spark.ui.enabled", "false")
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    try:
+        session = builder.getOrCreate()
+    except Exception as error:  # py4j/PySpark raise their own types; the cause is kept
+        raise RuntimeError(f"Cannot start Spark with --spark_master={master} (needs Java 17 and a reachable master): {error}") from error
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+# ----------------------------------------------------------------------------- executor functions
+
+
+def _line_count(_, lines: Iterable[bytes]):
+    yield sum(1 for _ in lines)
+
+
+def _blocks(partition: int, lines: Iterable[bytes], layout, paths, header: bool, block_lines: int):
+    """``(path, first line number, decoded lines)`` of a partition; a file's header line is skipped."""
+    file_index, first_index = layout[partition]
+    path = paths[file_index]
+    number = first_index + 1  # 1-based line number of the next line
+    batch, start = [], None
+    for line in lines:
+        if header and number == 1:
+            number += 1
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise TranscodeError(f"{path}: not UTF-8 text (line {number}): {error}") from error
+        if start is None:
+            start = number
+        batch.append(text)
+        number += 1
+        if len(batch) >= block_lines:
+            yield path, start, batch
+            batch, start = [], None
+    if batch:
+        yield path, start, batch
+
+
+def _count_partition(partition, lines, layout, paths, header, block_lines, csv_layout, features):
+    counts: dict[str, dict[str, int]] = {feature: {} for feature in features}
+    try:
+        for path, first_line, block in _blocks(partition, lines, layout, paths, header, block_lines):
+            count_block(csv_layout, features, path, first_line, block, counts)
+    except TranscodeError as error:
+        yield (_ERROR, partition), str(error)
+        return
+    for feature, values in counts.items():
+        for value, count in values.items():
+            yield (feature, value), count
+
+
+def _write_partition(partition, lines, layout, paths, header, block_lines, csv_layout, parts_dir):
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    attempt = context.attemptNumber() if context is not None else 0
+    part = os.path.join(parts_dir, f"{partition:06d}-{attempt}.npy")
+    rows = 0
+    try:
+        with open(part, "wb") as handle:
+            for path, first_line, block in _blocks(partition, lines, layout, paths, header, block_lines):
+                label, numerical, categorical = parse_block(csv_layout, path, first_line, block)
+                for array in [label, numerical] + list(categorical):
+                    if array is not None:
+                        np.save(handle, array, allow_pickle=False)
+                rows += label.shape[0]
+    except TranscodeError as error:
+        yield partition, None, 0, str(error)
+        return
+    yield partition, part, rows, None
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+class SparkEngine:
+    """Transcodes with PySpark; ``transcode(..., engine=SparkEngine(...))``.
+
+    Args:
+        spark: an existing SparkSession (kept open), or None to start one on ``master`` (stopped by :meth:`close`).
+        master: the Spark master URL, ``local[*]`` by default.
+        min_partitions: passed to ``textFile`` (a gzip file is one partition).
+        block_lines: executors parse a partition in blocks of this many lines.
+    """
+
+    def __init__(self, spark=None, master: str = "local[*]", min_partitions: int | None = None,
+                 block_lines: int = DEFAULT_BLOCK_LINES):
+        _require_pyspark()
+        if block_lines <= 0:
+            raise ValueError(f"Expected block_lines > 0. Received: block_lines={block_lines}")
+        self._owns_session = spark is None
+        self.spark = spark if spark is not None else make_session(master)
+        self.context = self.spark.sparkContext
+        self.min_partitions = min_partitions
+        self.block_lines = block_lines
+        _ship_modules(self.context)
+
+    def close(self) -> None:
+        if self._owns_session:
+            self.spark.stop()
+
+    def _read(self, source):
+        """The union RDD of the split's files, and ``(file index, first line index)`` per partition."""
+        rdds = []
+        for path in source.paths:
+            rdd = self.context.textFile(os.path.abspath(path), self.min_partitions, use_unicode=False)
+            if source.header:
+                first = rdd.take(1)
+                try:
+                    source.check_header(path, first[0].decode("utf-8") if first else None)
+                except UnicodeDecodeError as error:
+                    raise TranscodeError(f"{path}: not UTF-8 text (line 1): {error}") from error
+            rdds.append(rdd)
+        union = self.context.union(rdds)
+        counts = union.mapPartitionsWithIndex(_line_count).collect()
+        layout, partition = [], 0
+        for index, rdd in enumerate(rdds):
+            line = 0
+            for _ in range(rdd.getNumPartitions()):
+                layout.append((index, line))
+                line += counts[partition]
+                partition += 1
+        return union, layout
+
+    def count(self, source, layout: CsvLayout, features: Sequence[str]) -> dict[str, dict[str, int]]:
+        union, partitions = self._read(source)
+        counting = functools.partial(_count_partition, layout=partitions, paths=list(source.paths), header=source.header,
+                                     block_lines=self.block_lines, csv_layout=layout, features=list(features))
+        reduced = union.mapPartitionsWithIndex(counting).reduceByKey(operator.add).collect()
+        errors = sorted((key[1], message) for key, message in reduced if key[0] == _ERROR)
+        if errors:
+            raise TranscodeError(errors[0][1])
+        counts: dict[str, dict[str, int]] = {feature: {} for feature in features}
+        for (feature, value), count in reduced:
+            counts[feature][value] = count
+        return counts
+
+    def write(self, source, layout: CsvLayout, writer) -> None:
+        union, partitions = self._read(source)
+        parts_dir = tempfile.mkdtemp(prefix="_spark_parts_", dir=os.path.dirname(os.path.abspath(writer.paths[0])))
+        try:
+            writing = functools.partial(_write_partition, layout=partitions, paths=list(source.paths), header=source.header,
+                                        block_lines=self.block_lines, csv_layout=layout, parts_dir=parts_dir)
+            results = sorted(union.mapPartitionsWithIndex(writing).collect(), key=lambda result: result[0])
+            errors = [message for _, _, _, message in results if message is not None]
+            if errors:
+                raise TranscodeError(errors[0])
+            arrays_per_block = 2 + len(layout.categorical) if layout.numerical else 1 + len(layout.categorical)
+            for _, part, rows, _ in results:
+                with open(part, "rb") as handle:
+                    read = 0
+                    while read < rows:
+                        arrays = [np.load(handle, allow_pickle=False) for _ in range(arrays_per_block)]
+                        if not layout.numerical:
+                            arrays.insert(1, None)
+                        writer.append(arrays[0], arrays[1], arrays[2:])
+                        read += arrays[0].shape[0]
+        finally:
+            shutil.rmtree(parts_dir, ignore_errors=True)
+
+
+def _ship_modules(context) -> None:
+    """Ships the modules executors import, once per SparkContext (the zip outlives the context)."""
+    if getattr(context, "_tf_dlrm_transcode_shipped", False):
+        return
+    directory = tempfile.mkdtemp(prefix="tf_dlrm_spark_code_")
+    atexit.register(shutil.rmtree, directory, True)
+    data = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(data)
+    archive = os.path.join(directory, "tf_dlrm_transcode.zip")
+    with zipfile.ZipFile(archive, "w") as bundle:
+        bundle.writestr("tf_dlrm/__init__.py", "")
+        bundle.writestr("tf_dlrm/data/__init__.py", "")
+        for name in ("csv_values.py", "csv_vocabulary.py", "transcode_spark.py"):
+            bundle.write(os.path.join(data, name), f"tf_dlrm/data/{name}")
+    if os.path.getsize(os.path.join(package, "__init__.py")) or os.path.getsize(os.path.join(data, "__init__.py")):
+        raise RuntimeError("tf_dlrm/__init__.py and tf_dlrm/data/__init__.py must stay empty: executors get empty copies")
+    context.addPyFile(archive)
+    context._tf_dlrm_transcode_shipped = True
