@@ -85,7 +85,8 @@ def edit_chunks(spec_path, **changes):
             if key.startswith("feature_"):
                 raw["feature_spec"][key[len("feature_"):]] = value
             elif split == "test" or not key.startswith("test_"):
-                chunks[0][key.replace("test_", "")].update(value)  # merged into the declarations of write_dataset
+                name = key.replace("test_", "")  # merged into the declarations of write_dataset (a copy: yaml aliases)
+                chunks[0][name] = {**chunks[0][name], **value}
     open(spec_path, "w").write(yaml.safe_dump(raw))
 
 
