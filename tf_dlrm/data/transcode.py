@@ -165,15 +165,16 @@ def _source(spec: FeatureSpec, split: str) -> tuple[CsvSource, Declarations]:
 
 
 def _same_declarations(spec: FeatureSpec, declarations: dict[str, Declarations]) -> Declarations:
-    splits = list(declarations)
-    reference = declarations[splits[0]]
-    for split in splits[1:]:
+    """The declarations every split shares (compared with the train split's, where the vocabulary comes from)."""
+    first = TRAIN_SPLIT if TRAIN_SPLIT in declarations else next(iter(declarations))
+    reference = declarations[first]
+    for split in declarations:
         for name in ("encode", "transform"):
             if getattr(declarations[split], name) != getattr(reference, name):
                 raise TranscodeError(
-                    f"{spec.source}: source_spec.{split}[0].{name} differs from source_spec.{splits[0]}[0].{name}: every split "
-                    f"must declare the same encodings and transforms. Received: {dict(getattr(declarations[split], name))!r} "
-                    f"vs {dict(getattr(reference, name))!r}"
+                    f"{spec.source}: source_spec.{split}[0].{name} differs from source_spec.{first}[0].{name}: every split "
+                    f"must declare the same encodings and transforms. Received: {spec.chunks(split)[0].get(name)!r} "
+                    f"vs {spec.chunks(first)[0].get(name)!r}"
                 )
     return reference
 
