@@ -1,0 +1,69 @@
+"""The Spark engine of the csv transcoder writes the same bytes as the local engine (files, vocabularies, spec)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("pyspark", reason="the Spark engine needs PySpark: make install-spark")
+
+from raw_csv import write_dataset  # noqa: E402
+from tf_dlrm.data.transcode import TranscodeError, transcode  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from tf_dlrm.data.transcode_spark import SparkEngine, make_session
+
+    session = make_session("local[2]", conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
+                                              "spark.ui.showConsoleProgress": "false", "spark.driver.memory": "1g"})
+    yield SparkEngine(session, min_partitions=3, block_lines=97)
+    session.stop()
+
+
+def files_of(directory):
+    found = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as handle:
+                found[os.path.relpath(path, directory)] = handle.read()
+    return found
+
+
+def assert_identical(tmp_path):
+    local, spark = files_of(tmp_path / "local"), files_of(tmp_path / "spark")
+    assert sorted(local) == sorted(spark)
+    assert [name for name in local if local[name] != spark[name]] == []
+    return local
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["vocabulary_fixed_tables", "hash_dynamic_tables"])
+def test_local_and_spark_write_identical_bytes(tmp_path, engine, dynamic):
+    spec_path = write_dataset(tmp_path, rows=3000, dynamic=dynamic, train_files=2)
+    transcode(spec_path, str(tmp_path / "local"), block_lines=256)
+    transcode(spec_path, str(tmp_path / "spark"), engine=engine)
+    files = assert_identical(tmp_path)
+    assert engine.context.textFile(str(tmp_path / "train0.csv"), 3).getNumPartitions() >= 2  # really split
+    expected = {"feature_spec.yaml", "train/label.bin", "train/numerical.bin", "test/label.bin"}
+    expected |= {"vocabularies/cat_2_device.tsv"} | (set() if dynamic else {"vocabularies/cat_0_city.tsv",
+                                                                             "vocabularies/cat_1_url.tsv"})
+    assert expected <= set(files), sorted(files)
+
+
+def test_spark_reports_a_bad_cell_like_the_local_engine(tmp_path, engine):
+    spec_path = write_dataset(tmp_path, rows=600)
+    lines = (tmp_path / "train0.csv").read_text().splitlines()
+    cells = lines[450].split(",")
+    cells[1] = "cheap"
+    lines[450] = ",".join(cells)
+    (tmp_path / "train0.csv").write_text("\n".join(lines) + "\n")
+    messages = []
+    for output, settings in (("local", {}), ("spark", {"engine": engine})):
+        with pytest.raises(TranscodeError) as raised:
+            transcode(spec_path, str(tmp_path / output), **settings)
+        messages.append(str(raised.value))
+        assert not (tmp_path / output).exists()
+    assert messages[0] == messages[1]
+    assert "train0.csv, line 451: column 2 ('price'): 'cheap' is not a number" in messages[1]
