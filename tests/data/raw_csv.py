@@ -34,7 +34,7 @@ def write_dataset(directory, rows: int = 6000, seed: int = 0, encode=None, trans
                   train_files: int = 1) -> str:
     """Writes ``train*.csv``, ``test.csv`` and ``spec.yaml``; returns the spec's path.
 
-    ``dynamic`` declares city and url as dynamic tables (for ``encode: hash``); otherwise they are
+    ``dynamic`` declares the categoricals dynamic tables (for ``encode: hash``); otherwise they are
     fixed tables whose cardinality comes from ``encode: vocabulary``.
     """
     rng = np.random.default_rng(seed)
@@ -44,9 +44,9 @@ def write_dataset(directory, rows: int = 6000, seed: int = 0, encode=None, trans
         write_csv(directory / name, rows // train_files, rng, effects)
     write_csv(directory / "test.csv", rows // 3, rng, effects, extra_city="City Nowhere")
     if dynamic:
-        encode = encode or {"city": "hash", "url": "hash", "device": "vocabulary"}
+        encode = encode or {"city": "hash", "url": "hash", "device": "hash"}  # a model is all dynamic or all fixed
         table = {"dtype": "int64", "dynamic": True, "capacity": 1000}
-        categorical = {"city": dict(table), "url": dict(table), "device": {"dtype": "int8"}}
+        categorical = {"city": dict(table), "url": dict(table), "device": dict(table)}
     else:
         encode = encode or {"city": "vocabulary", "url": {"type": "vocabulary", "min_count": 3, "oov": "last"},
                             "device": "vocabulary"}
