@@ -52,12 +52,14 @@ def test_local_and_spark_write_identical_bytes(tmp_path, engine, dynamic):
     assert expected <= set(files), sorted(files)
 
 
-def test_spark_reports_a_bad_cell_like_the_local_engine(tmp_path, engine):
+@pytest.mark.parametrize("edit, message", [
+    (lambda cells: cells[:1] + ["cheap"] + cells[2:], "train0.csv, line 451: column 2 ('price'): 'cheap' is not a number"),
+    (lambda cells: cells[:-1], "train0.csv, line 451: expected 6 columns separated by ','"),  # fails in the counting pass
+], ids=["bad_number", "missing_column"])
+def test_spark_reports_a_bad_line_like_the_local_engine(tmp_path, engine, edit, message):
     spec_path = write_dataset(tmp_path, rows=600)
     lines = (tmp_path / "train0.csv").read_text().splitlines()
-    cells = lines[450].split(",")
-    cells[1] = "cheap"
-    lines[450] = ",".join(cells)
+    lines[450] = ",".join(edit(lines[450].split(",")))
     (tmp_path / "train0.csv").write_text("\n".join(lines) + "\n")
     messages = []
     for output, settings in (("local", {}), ("spark", {"engine": engine})):
@@ -66,4 +68,4 @@ def test_spark_reports_a_bad_cell_like_the_local_engine(tmp_path, engine):
         messages.append(str(raised.value))
         assert not (tmp_path / output).exists()
     assert messages[0] == messages[1]
-    assert "train0.csv, line 451: column 2 ('price'): 'cheap' is not a number" in messages[1]
+    assert message in messages[1]
