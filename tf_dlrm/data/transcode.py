@@ -220,7 +220,7 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
         TranscodeError: a declaration or a csv file is invalid (message: file, 1-based line, column and reason).
     """
     engine = engine if engine is not None else LocalEngine(block_lines)
-    spec, by_vocabulary = _load_spec(input_spec_path)
+    spec, _ = _load_spec(input_spec_path)
     if not spec.splits:
         raise TranscodeError(f"{input_spec_path}: source_spec lists no splits to transcode")
     sources, declared = {}, {}
@@ -228,7 +228,6 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
         sources[split], declared[split] = _source(spec, split)
     declarations = _same_declarations(spec, declared)
     options = declarations.vocabulary_features()
-    assert set(options) == by_vocabulary, (options, by_vocabulary)  # both read the same chunks
     vocabularies: dict[str, Vocabulary | None] = {}
     if options:
         if TRAIN_SPLIT not in sources:
