@@ -340,6 +340,7 @@ def run_export(config) -> dict:
             directory = directory or checkpoint.resolve(config.restore_checkpoint_path)
             manifest = checkpoint.read_manifest(directory)
             checkpoint.verify_files(directory, manifest)
+            export.check_kind(directory, manifest, spec)  # before the spec comparison: the clearer error
             checkpoint.check_compatible(directory, manifest, spec, config.model)
             info = export.export_checkpoint(directory, manifest, config.saved_model_path, spec, config.model)
             outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started}
