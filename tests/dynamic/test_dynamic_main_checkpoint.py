@@ -102,9 +102,12 @@ def test_save_on_2_resume_on_3_eval_and_export(datasets, tmp_path):
     assert len(restored) == 1 and restored[0]["step"] == 6
 
     losses = {e["step"]: e["loss"] for e in events(tmp_path / "reference.jsonl", "train")}
-    for event in events(tmp_path / "second.jsonl", "train"):
+    continued = events(tmp_path / "second.jsonl", "train")
+    assert [e["step"] for e in continued] == list(range(7, 13))
+    for event in continued:
         difference = abs(event["loss"] - losses[event["step"]])
         assert difference <= 1e-5, (event["step"], event["loss"], losses[event["step"]])
+    print(f"losses of steps 7-12: max abs difference {max(abs(e['loss'] - losses[e['step']]) for e in continued)}")
     resumed, expected = dense_arrays(ckpt(run, 12)), dense_arrays(ckpt(reference, 12))
     assert sorted(resumed) == sorted(expected)
     worst = max(float(np.max(np.abs(resumed[n] - expected[n]))) for n in expected)
@@ -165,3 +168,37 @@ def test_a_fixed_table_checkpoint_is_refused_for_dynamic_tables(datasets, tmp_pa
         assert wanted in output and "dynamic: true in the feature spec" in output, output[-3000:]
         assert "Traceback" not in output, output[-3000:]
         assert not target.exists() or not os.listdir(target)
+
+
+@pytest.mark.slow
+def test_a_save_killed_half_way_leaves_the_previous_checkpoint_and_resumes(datasets, tmp_path):
+    """SIGKILLed in the step-4 save, after the rows are written, before the manifest: step 2 stays the
+    checkpoint, step 4 only a hidden temporary directory; ``--resume`` restarts from step 2."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, worker_env
+
+    save = tmp_path / "save"
+    args = ["main.py", f"--dataset_path={datasets / 'keys'}", *FLAGS, "--max_steps=4", "--checkpoint_every_steps=2",
+            f"--save_checkpoint_path={save}"]
+    process = subprocess.Popen([sys.executable, *args], cwd=REPO, env=worker_env({checkpoint.DELAY_ENV: "5"}),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    half_written = save / ".ckpt-00000004.tmp" / "dynamic" / "dynamic_rank0.npz"
+    try:
+        deadline = time.time() + 300
+        while not half_written.exists() and process.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert half_written.exists(), "the save never got half-way"
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+    assert sorted(os.listdir(save)) == [".ckpt-00000004.tmp", "ckpt-00000002", "latest"]
+    log = tmp_path / "resumed.jsonl"
+    run_python([*args, "--resume", f"--log_path={log}"])
+    assert [e["step"] for e in events(log, "checkpoint_restored")] == [2] and events(log, "final")[-1]["steps"] == 4
+    assert sorted(os.listdir(save)) == ["ckpt-00000002", "ckpt-00000004", "latest"]
+    assert len(dynamic_rows(ckpt(save, 4))[("t7", "keys")]) > 0

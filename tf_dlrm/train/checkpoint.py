@@ -190,6 +190,8 @@ class Checkpointer:
                 dynamic_record, dynamic_error = dynamic_tables.save(self.trainer, self.env, root, files,
                                                                     lambda what: self._refusal(step, what))
                 error = error or dynamic_error
+                if delay and self.env.is_chief:
+                    time.sleep(delay)
             if self.env.is_chief and error is None:
                 try:
                     self._write_rest(temporary, step, files, tables, state_entries, dynamic_record)
