@@ -187,7 +187,8 @@ class Checkpointer:
             error = error or state_error
             dynamic_record = None
             if self.dynamic:  # collective; rank 0's error or the rows' own
-                dynamic_record, dynamic_error = dynamic_tables.save(self.trainer, self.env, root, files,
+                shared_root = broadcast_json(self.env, root, "dynamic_checkpoint_root")
+                dynamic_record, dynamic_error = dynamic_tables.save(self.trainer, self.env, shared_root, files,
                                                                     lambda what: self._refusal(step, what))
                 error = error or dynamic_error
                 if delay and self.env.is_chief:

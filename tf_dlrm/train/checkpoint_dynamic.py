@@ -51,14 +51,12 @@ def _write_rank_file(path: str, arrays: dict) -> None:
         os.fsync(handle.fileno())
 
 
-def save(trainer, env, temporary: str | None, files: dict, refusal) -> tuple[dict | None, str | None]:
-    """Collective: every rank writes its rows under ``temporary`` (rank 0's; None when rank 0 already
-    failed: nothing is written then); rank 0 adds the files to ``files``. Returns the manifest record
-    and the first error, the same on every rank: a failed write, or ``refusal(what)`` for NaN rows."""
-    from tf_dlrm.train.checkpoint import broadcast_json
-
+def save(trainer, env, root: str | None, files: dict, refusal) -> tuple[dict | None, str | None]:
+    """Collective: every rank writes its rows under ``root`` (rank 0's temporary directory, the same on
+    every rank; None when rank 0 already failed: nothing is written then); rank 0 adds the files to
+    ``files``. Returns the manifest record and the first error, the same on every rank: a failed
+    write, or ``refusal(what)`` for NaN rows."""
     layer = trainer.model.embedding
-    root = broadcast_json(env, temporary, "dynamic_checkpoint_root")
     if root is None:
         return None, None
     arrays = dynamic_checkpoint.rank_arrays(layer, trainer.sparse)
