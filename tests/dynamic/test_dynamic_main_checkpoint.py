@@ -173,7 +173,8 @@ def test_a_fixed_table_checkpoint_is_refused_for_dynamic_tables(datasets, tmp_pa
 @pytest.mark.slow
 def test_a_save_killed_half_way_leaves_the_previous_checkpoint_and_resumes(datasets, tmp_path):
     """SIGKILLed in the step-4 save, after the rows are written, before the manifest: step 2 stays the
-    checkpoint, step 4 only a hidden temporary directory; ``--resume`` restarts from step 2."""
+    checkpoint, step 4 only a hidden temporary directory; ``--resume`` restarts from step 2. Then
+    inference from the result, and a spec of fixed tables refusing it."""
     import signal
     import subprocess
     import sys
@@ -202,3 +203,11 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_and_resumes(datas
     assert [e["step"] for e in events(log, "checkpoint_restored")] == [2] and events(log, "final")[-1]["steps"] == 4
     assert sorted(os.listdir(save)) == ["ckpt-00000002", "ckpt-00000004", "latest"]
     assert len(dynamic_rows(ckpt(save, 4))[("t7", "keys")]) > 0
+    # Inference from it; a spec of fixed tables refuses it.
+    inference = tmp_path / "inference.jsonl"
+    run_python(["main.py", f"--dataset_path={datasets / 'keys'}", *FLAGS, "--mode=inference", f"--restore_checkpoint_path={save}", "--inference_batch_sizes=128",
+                "--max_steps=3", f"--log_path={inference}"])
+    assert events(inference, "final")[-1]["checkpoint"] == ckpt(save, 4)
+    completed = run_python(["main.py", f"--dataset_path={datasets / 'ids'}", *FLAGS, "--mode=eval",
+                            f"--restore_checkpoint_path={ckpt(save, 4)}"], check=False)
+    assert completed.returncode != 0 and "holds dynamic embedding tables" in completed.stderr + completed.stdout
