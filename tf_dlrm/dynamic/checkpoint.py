@@ -13,6 +13,8 @@ Restoring reads every rank's file and keeps the keys whose owner (``owner_shard(
 owner with its row and state. A shard lays its keys out in ascending key order; rows are not
 observable (decisions tie-break on keys, never on rows), so training continues as if uninterrupted.
 A fixed-table checkpoint (``manifest.json`` of :mod:`tf_dlrm.train.checkpoint_store`) is refused.
+``main.py``'s checkpoints hold this layout in their ``dynamic/`` folder, written through
+:func:`rank_arrays` and :func:`meta_of` (:mod:`tf_dlrm.train.checkpoint_dynamic`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ Data position and RNG: the reader's batch order is a pure function of ``(seed, e
 training draws no other random numbers, so the step, ``(epoch, batch)`` of the next batch and
 the seed restore the data stream exactly.
 
+Dynamic tables (:mod:`tf_dlrm.dynamic`) have no full-table layout: every rank writes its rows into
+the same temporary directory (:mod:`tf_dlrm.train.checkpoint_dynamic`).
+
 The store's public names are re-exported here (``checkpoint.read_manifest``,
 ``checkpoint.CheckpointError``, ...), so callers need only this module.
 """
