@@ -1,5 +1,6 @@
 """``main.py`` on a spec whose categorical features are dynamic tables: trains on 1 and 2 ranks,
-reports its tables' counters, refuses checkpoint flags and bad specs with clear errors."""
+reports its tables' counters, refuses bad specs with clear errors (checkpoints, resume, eval and
+export: test_dynamic_main_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -56,14 +57,6 @@ def test_dynamic_tables_train_on_one_and_two_ranks(dataset, tmp_path):
     losses = [{e["step"]: e["loss"] for e in runs[n] if e["event"] == "train"} for n in (1, 2)]
     for step in range(1, 21):
         assert abs(losses[0][step] - losses[1][step]) <= 1e-5, (step, losses[0][step], losses[1][step])
-
-
-def test_checkpoint_flags_with_dynamic_tables_are_refused(dataset, tmp_path):
-    completed = run_python(["main.py", f"--dataset_path={dataset}", "--feature_spec=dynamic.yaml",
-                            f"--save_checkpoint_path={tmp_path / 'ckpt'}", "--max_steps=1", *FLAGS], check=False)
-    assert completed.returncode != 0
-    assert "does not yet checkpoint dynamic embedding tables" in completed.stdout + completed.stderr
-    assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
 
 
 def test_capacity_zero_is_refused_naming_the_feature(dataset, tmp_path):

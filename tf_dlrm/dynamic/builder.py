@@ -13,8 +13,9 @@ def has_dynamic_tables(spec) -> bool:
     return bool(dynamic_spec.dynamic_features(spec))
 
 
-def make_dynamic_model(spec, config, env: DistributedEnv, seed: int, widths) -> DLRM:
-    """The (unbuilt) DLRM; ``widths``: each table's width. Every categorical feature must be dynamic
+def make_dynamic_model(spec, config, env: DistributedEnv, seed: int, widths, num_shards: int | None = None) -> DLRM:
+    """The (unbuilt) DLRM; ``widths``: each table's width; ``num_shards``: shards of every table (default:
+    the world size; export holds a checkpoint's shards in one process). Every categorical feature must be dynamic
     and one-hot (mixing fixed and dynamic tables in one model is not supported yet: the error names
     the fixed ones)."""
     names = spec.categorical_features
@@ -26,7 +27,8 @@ def make_dynamic_model(spec, config, env: DistributedEnv, seed: int, widths) -> 
     if multi_hot:
         raise ValueError(f"Expected one-hot dynamic features. Received: hotness > 1 for {multi_hot}")
     tables = [dynamic_spec.table_config(n, spec.feature_spec[n], w) for n, w in zip(names, widths)]
-    embedding = DynamicEmbedding(tables, rank=env.rank, world_size=env.world_size, seed=seed, name="embedding")
+    embedding = DynamicEmbedding(tables, rank=env.rank, world_size=env.world_size, num_shards=num_shards,
+                                 seed=seed, name="embedding")
     return DLRM(embedding, num_numerical=len(spec.numerical_features), bottom_mlp_dims=config.bottom_mlp_dims,
                 top_mlp_dims=config.top_mlp_dims, interaction=config.interaction,
                 include_diagonal=config.include_diagonal, seed=seed)

@@ -13,6 +13,8 @@ Restoring reads every rank's file and keeps the keys whose owner (``owner_shard(
 owner with its row and state. A shard lays its keys out in ascending key order; rows are not
 observable (decisions tie-break on keys, never on rows), so training continues as if uninterrupted.
 A fixed-table checkpoint (``manifest.json`` of :mod:`tf_dlrm.train.checkpoint_store`) is refused.
+``main.py``'s checkpoints hold this layout in their ``dynamic/`` folder, written through
+:func:`rank_arrays` and :func:`meta_of` (:mod:`tf_dlrm.train.checkpoint_dynamic`).
 """
 
 from __future__ import annotations
@@ -38,9 +40,8 @@ def _rank_file(directory: str, rank: int) -> str:
     return os.path.join(directory, f"dynamic_rank{rank}.npz")
 
 
-def save(directory: str, layer, sparse_updater, env) -> None:
-    """Collective: every rank writes its shards' live rows, then rank 0 the commit mark."""
-    os.makedirs(directory, exist_ok=True)
+def rank_arrays(layer, sparse_updater) -> dict:
+    """This rank's live rows of every table (keys ascending per shard), as the arrays of its file."""
     arrays = {}
     slot_names = tuple(sparse_updater.slot_names) if sparse_updater is not None else ()
     for table, _ in enumerate(layer.table_configs):
@@ -61,14 +62,31 @@ def save(directory: str, layer, sparse_updater, env) -> None:
     counters = layer.counters()
     arrays["evictions"] = np.array([counters[t.name]["evictions"] for t in layer.table_configs], np.int64)
     arrays["rejections"] = np.array([counters[t.name]["rejections"] for t in layer.table_configs], np.int64)
+    return arrays
+
+
+def meta_of(layer, sparse_updater, world_size: int) -> dict:
+    """The commit mark's contents (rank 0 writes it once every rank's file is written)."""
+    slot_names = tuple(sparse_updater.slot_names) if sparse_updater is not None else ()
+    return {"format": FORMAT, "version": VERSION, "world_size": world_size, "num_shards": layer.num_shards,
+            "seed": layer.seed, "training_step": int(layer.training_step.numpy()),
+            "tables": [t.to_dict() for t in layer.table_configs], "slots": list(slot_names)}
+
+
+def rank_file_name(rank: int) -> str:
+    return os.path.basename(_rank_file("", rank))
+
+
+def save(directory: str, layer, sparse_updater, env) -> None:
+    """Collective: every rank writes its shards' live rows, then rank 0 the commit mark."""
+    os.makedirs(directory, exist_ok=True)
+    arrays = rank_arrays(layer, sparse_updater)
     temporary = _rank_file(directory, env.rank) + ".partial.npz"
     np.savez(temporary, **arrays)
     os.replace(temporary, _rank_file(directory, env.rank))
     collectives.barrier(env)
     if env.is_chief:
-        meta = {"format": FORMAT, "version": VERSION, "world_size": env.world_size, "num_shards": layer.num_shards,
-                "seed": layer.seed, "training_step": int(layer.training_step.numpy()),
-                "tables": [t.to_dict() for t in layer.table_configs], "slots": list(slot_names)}
+        meta = meta_of(layer, sparse_updater, env.world_size)
         with open(os.path.join(directory, META + ".partial"), "w") as handle:
             json.dump(meta, handle, indent=1)
         os.replace(os.path.join(directory, META + ".partial"), os.path.join(directory, META))
@@ -107,21 +125,38 @@ def _check_compatible(meta: dict, layer, slot_names, path: str) -> None:
                          f"optimizer needs {list(slot_names)}.")
 
 
-def restore(directory: str, layer, sparse_updater, env) -> dict:
-    """Every rank loads the keys it now owns (re-routed for this run's shards); returns the meta."""
+def check(directory: str, layer, slot_names) -> tuple[dict, list]:
+    """Everything :func:`restore` could refuse, checked before any weight changes (``slot_names``:
+    the optimizer state to restore, None for none); returns the meta and the opened rank files.
+    Capacity is checked for every shard of the restoring run, so one process can check for all."""
     meta = read_meta(directory)
-    slot_names = tuple(sparse_updater.slot_names) if sparse_updater is not None else None
-    _check_compatible(meta, layer, slot_names, directory)
+    _check_compatible(meta, layer, None if slot_names is None else tuple(slot_names), directory)
     files = [_rank_file(directory, r) for r in range(meta["world_size"])]
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise ValueError(f"The dynamic-table checkpoint {directory} misses {', '.join(missing)} "
                          f"(saved by {meta['world_size']} ranks).")
-    loaded = [np.load(f) for f in files]
     extra = sorted(set(glob.glob(os.path.join(directory, "dynamic_rank*.npz"))) - set(files))
     if extra:
         raise ValueError(f"The dynamic-table checkpoint {directory} holds files of ranks it does not list: {extra}")
+    loaded = [np.load(f, allow_pickle=False) for f in files]
     for table, config in enumerate(layer.table_configs):
+        keys = np.concatenate([f[f"t{table}_keys"] for f in loaded])
+        per_shard = np.bincount(routing.owner_shard(keys, layer.num_shards), minlength=layer.num_shards)
+        capacity = config.rows_per_shard(layer.num_shards)
+        if per_shard.max(initial=0) > capacity:
+            shard = int(np.argmax(per_shard))
+            raise ValueError(f"The dynamic-table checkpoint {directory} holds {int(per_shard[shard])} keys of table "
+                             f"{config.name!r} for shard {shard} of {layer.num_shards}; its capacity is "
+                             f"{capacity} rows. Raise the capacity (or restore on more ranks).")
+    return meta, loaded
+
+
+def restore(directory: str, layer, sparse_updater, env) -> dict:
+    """Every rank loads the keys it now owns (re-routed for this run's shards); returns the meta."""
+    slot_names = tuple(sparse_updater.slot_names) if sparse_updater is not None else None
+    meta, loaded = check(directory, layer, slot_names)
+    for table, _ in enumerate(layer.table_configs):
         whole = {field: np.concatenate([f[f"t{table}_{field}"] for f in loaded])
                  for field in ("keys", "values", "last_used", "use_count", "seen_keys", "seen_counts")}
         slots = {name: np.concatenate([f[f"t{table}_slot_{name}"] for f in loaded]) for name in (slot_names or ())}
@@ -130,11 +165,7 @@ def restore(directory: str, layer, sparse_updater, env) -> dict:
         for shard in layer.local_shards:
             mine = np.flatnonzero(owners == shard)
             mine = mine[np.argsort(whole["keys"][mine], kind="stable")]
-            state = layer.states[shard][table]
-            if len(mine) > state.capacity:
-                raise ValueError(f"The dynamic-table checkpoint {directory} holds {len(mine)} keys of table "
-                                 f"{config.name!r} for shard {shard} of {layer.num_shards}; its capacity is "
-                                 f"{state.capacity} rows. Raise the capacity (or restore on more ranks).")
+            state = layer.states[shard][table]  # (its capacity holds them: checked above)
             waiting = seen_owners == shard
             rows = state.load(whole["keys"][mine], whole["last_used"][mine], whole["use_count"][mine],
                               whole["seen_keys"][waiting], whole["seen_counts"][waiting]).numpy()

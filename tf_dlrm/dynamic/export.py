@@ -10,7 +10,8 @@ contents) and row storage, so ``tf.saved_model.load`` alone serves it (no tf_dlr
 tables never saw reads zeros, as in evaluation. Export from one process holding every shard: restore
 an N-rank checkpoint (:mod:`tf_dlrm.dynamic.checkpoint`) into a model built with ``world_size=1``
 (every key is re-routed to it), then export. This lives apart from :mod:`tf_dlrm.train.export`
-(fixed tables, plain-TF rewrite of the forward pass); here the Keras forward pass is traced as is.
+(fixed tables); here the Keras forward pass is traced as is. ``main.py --mode=export`` builds the
+one-process model with the checkpoint's shard count (:func:`tf_dlrm.train.export.dynamic_serving`).
 """
 
 from __future__ import annotations

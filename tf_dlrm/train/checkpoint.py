@@ -16,6 +16,9 @@ Data position and RNG: the reader's batch order is a pure function of ``(seed, e
 training draws no other random numbers, so the step, ``(epoch, batch)`` of the next batch and
 the seed restore the data stream exactly.
 
+Dynamic tables (:mod:`tf_dlrm.dynamic`) have no full-table layout: every rank writes its rows into
+the same temporary directory (:mod:`tf_dlrm.train.checkpoint_dynamic`).
+
 The store's public names are re-exported here (``checkpoint.read_manifest``,
 ``checkpoint.CheckpointError``, ...), so callers need only this module.
 """
@@ -33,6 +36,7 @@ import tensorflow as tf
 import yaml
 
 from tf_dlrm.distributed import collectives
+from tf_dlrm.train import checkpoint_dynamic as dynamic_tables
 from tf_dlrm.train import checkpoint_embedding_state as embedding_state
 from tf_dlrm.train import checkpoint_store as store
 from tf_dlrm.train.checkpoint_choice import check_same_data, newest_intact
@@ -102,6 +106,9 @@ class Checkpointer:
         self.data = None  # checkpoint_choice.data_record of the training split, when training
         self.last_saved_step = None
         self.embedding = trainer.model.embedding
+        # Dynamic tables (tf_dlrm.dynamic) have no full-table layout: checkpoint_dynamic saves their rows.
+        self.dynamic = dynamic_tables.is_dynamic(self.embedding)
+        self.fixed_tables = [] if self.dynamic else list(self.embedding.plan.tables)
         model_name = trainer.model.name
         self.dense = [(_relative(v.path), v) for v in trainer.mlp]
         # Optimizer slots are named after the model variable: "adam/dlrm_bottom_mlp_dense_0_kernel_momentum".
@@ -114,13 +121,6 @@ class Checkpointer:
 
     @classmethod
     def from_config(cls, config, trainer, spec, env, reporter) -> "Checkpointer":
-        if getattr(trainer.model.embedding, "dynamic", False) and (
-                config.save_checkpoint_path or config.restore_checkpoint_path or config.resume):
-            raise ValueError(
-                "--save_checkpoint_path/--restore_checkpoint_path/--resume: main.py does not yet checkpoint dynamic "
-                "embedding tables; use tf_dlrm.dynamic.checkpoint (save/restore of keys, rows and optimizer state). "
-                f"Received: save_checkpoint_path={config.save_checkpoint_path!r}, "
-                f"restore_checkpoint_path={config.restore_checkpoint_path!r}, resume={config.resume}")
         return cls(
             trainer, spec, config.model, env, reporter, save_path=config.save_checkpoint_path,
             every_steps=config.checkpoint_every_steps, keep=config.keep_checkpoints, seed=config.seed,
@@ -170,7 +170,7 @@ class Checkpointer:
                 except (OSError, CheckpointError) as failure:
                     error = f"cannot save a checkpoint under {self.save_path}: {failure}"
             tables = []
-            for table, name in enumerate(t.name for t in self.embedding.plan.tables):
+            for table, name in enumerate(t.name for t in self.fixed_tables):
                 full = self.embedding.get_full_table(table)  # collective: every rank, every table, in order
                 if self.env.is_chief and error is None and non_finite_arrays([(name, full)]):
                     error = self._refusal(step, f"table '{name}' holds NaN or inf")
@@ -186,11 +186,19 @@ class Checkpointer:
                 del full
             # The embedding optimizer's state, gathered like the tables (collective on every rank).
             root = temporary if self.env.is_chief and error is None else None
-            state_entries, state_error = embedding_state.save(self.trainer, len(self.embedding.plan.tables), root, files)
+            state_entries, state_error = embedding_state.save(self.trainer, len(self.fixed_tables), root, files)
             error = error or state_error
+            dynamic_record = None
+            if self.dynamic:  # collective; rank 0's error or the rows' own
+                shared_root = broadcast_json(self.env, root, "dynamic_checkpoint_root")
+                dynamic_record, dynamic_error = dynamic_tables.save(self.trainer, self.env, shared_root, files,
+                                                                    lambda what: self._refusal(step, what))
+                error = error or dynamic_error
+                if delay and self.env.is_chief:
+                    time.sleep(delay)
             if self.env.is_chief and error is None:
                 try:
-                    self._write_rest(temporary, step, files, tables, state_entries)
+                    self._write_rest(temporary, step, files, tables, state_entries, dynamic_record)
                     store.publish(self.save_path, temporary, final, self.keep)
                 except OSError as failure:
                     published = os.path.isdir(final) and not os.path.exists(temporary)
@@ -222,7 +230,7 @@ class Checkpointer:
         epoch, batch = divmod(step, self.steps_per_epoch) if self.steps_per_epoch else (None, None)
         return {"epoch": epoch, "batch": batch, "steps_per_epoch": self.steps_per_epoch, "batch_size": self.batch_size}
 
-    def _write_rest(self, root: str, step: int, files: dict, tables: list, state_entries: list) -> None:
+    def _write_rest(self, root: str, step: int, files: dict, tables: list, state_entries: list, dynamic_record) -> None:
         dense, state, scale = [], [], []
         for entries, variables, folder in (
             (dense, self.dense, "dense"), (state, self.optimizer_state, "optimizer"), (scale, self.loss_scale, "optimizer")
@@ -252,7 +260,7 @@ class Checkpointer:
                 "note": "training draws no other random numbers",
             },
             "saved_world_size": self.env.world_size,
-            "saved_plan": self.embedding.plan.to_dict(),
+            "saved_plan": None if self.dynamic else self.embedding.plan.to_dict(),
             "model": model,
             "optimizer": optimizer_record,
             "tables": tables,
@@ -260,6 +268,7 @@ class Checkpointer:
             "optimizer_state": state,
             "loss_scale": scale,
             "embedding_state": state_entries,
+            **({dynamic_tables.MANIFEST_KEY: dynamic_record} if dynamic_record else {}),
             "files": files,
         }
         store.write_manifest(root, manifest)  # last: a directory without one is never taken for a checkpoint
@@ -301,6 +310,8 @@ class Checkpointer:
             if for_training:
                 embedding_state.restore(self.trainer, directory, header["embedding_state"], cardinalities, widths,
                                         self.env.is_chief)
+            if self.dynamic:
+                dynamic_tables.restore(self.trainer, self.env, directory, header["dynamic"], for_training)
             variables = [v for _, v in self.dense]
             if for_training:
                 variables += [v for _, v in self.optimizer_state] + ([v for _, v in self.loss_scale] if header["loss_scale"] else [])
@@ -353,7 +364,9 @@ class Checkpointer:
             return {"path": None, "note": note, "skipped": skipped}
         manifest = read_manifest(directory)
         verify_files(directory, manifest)
+        dynamic_tables.check_kind(directory, manifest, self.dynamic)  # before the spec comparison: the clearer error
         check_compatible(directory, manifest, self.spec, self.model_config)
+        dynamic_tables.check(directory, manifest, self.embedding, self.trainer.sparse.slot_names if for_training else None)
         names = [n for n, _ in self.dense]
         if [d["name"] for d in manifest["dense"]] != names:
             raise CheckpointError(f"checkpoint {directory}: dense weights {[d['name'] for d in manifest['dense']]}, the model has {names}")
@@ -377,6 +390,7 @@ class Checkpointer:
             load_array(directory, entry["file"], variable.shape, variable.dtype)
         state_files = embedding_state.check(directory, manifest, self.trainer, cardinalities, widths) if for_training else []
         return {
+            "dynamic": manifest.get(dynamic_tables.MANIFEST_KEY),
             "embedding_state": state_files,
             "path": directory,
             "skipped": skipped,
@@ -391,8 +405,7 @@ class Checkpointer:
     def _table_shapes(self) -> tuple[list[int], list[int]]:
         """Widths and rows of every table of the model (the categorical features' tables, then the
         width-1 tables of DeepFM and Wide & Deep), in plan order."""
-        tables = self.embedding.plan.tables
-        return [t.dim for t in tables], [t.rows for t in tables]
+        return [t.dim for t in self.fixed_tables], [t.rows for t in self.fixed_tables]
 
     def _loss_scale_matches(self, manifest: dict) -> bool:
         return bool(self.loss_scale) and [s["name"] for s in manifest.get("loss_scale", [])] == [n for n, _ in self.loss_scale]

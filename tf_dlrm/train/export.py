@@ -28,7 +28,7 @@ from absl import logging as absl_logging
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.io.publish import check_replaceable, staged_output
 from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
-from tf_dlrm.train import checkpoint
+from tf_dlrm.train import checkpoint, checkpoint_dynamic
 
 SERVING_INFO = "tf_dlrm_serving.json"
 WRITER = "tf_dlrm export"
@@ -87,6 +87,11 @@ def load_checkpoint_into(model, directory: str, manifest: dict) -> None:
         values = checkpoint.load_array(directory, entry["file"], (table.rows, table.dim), np.float32)
         model.embedding.set_full_table(index, values)  # one process: no collective
         del values
+    load_dense_into(model, directory, manifest)
+
+
+def load_dense_into(model, directory: str, manifest: dict) -> None:
+    """The dense weights (by name) of a verified checkpoint into ``model``."""
     files = {entry["name"]: entry["file"] for entry in manifest["dense"]}
     for variable in variables_of_kind(model.trainable_variables, VariableKind.DENSE):
         name = checkpoint._relative(variable.path)
@@ -105,12 +110,47 @@ def export_checkpoint(directory: str, manifest: dict, saved_model_path: str, spe
     if os.path.exists(saved_model_path) and (not os.path.isdir(saved_model_path) or os.listdir(saved_model_path)):
         raise ValueError(f"--saved_model_path={saved_model_path} exists and is not empty; choose a new directory")
     check_replaceable(os.path.abspath(saved_model_path), "--saved_model_path", WRITER, [directory])
-    model = rebuild_for_serving(spec, model_config)
-    load_checkpoint_into(model, directory, manifest)
-    module = ServingModule(model, len(spec.numerical_features), len(spec.categorical_features))
+    from tf_dlrm.dynamic import builder as dynamic_builder
+
+    if dynamic_builder.has_dynamic_tables(spec) or manifest.get(checkpoint_dynamic.MANIFEST_KEY):
+        module = dynamic_serving(directory, manifest, spec, model_config)
+    else:
+        model = rebuild_for_serving(spec, model_config)
+        load_checkpoint_into(model, directory, manifest)
+        module = ServingModule(model, len(spec.numerical_features), len(spec.categorical_features))
     with staged_output(saved_model_path, "--saved_model_path", WRITER, [directory]) as temporary:
         _save(module, temporary, _serving_info(directory, manifest))
     return _serving_info(directory, manifest)
+
+
+def check_kind(directory: str, manifest: dict, spec) -> None:
+    """Refuses a checkpoint of fixed tables for a spec of dynamic ones, and the reverse."""
+    from tf_dlrm.dynamic import builder as dynamic_builder
+
+    checkpoint_dynamic.check_kind(directory, manifest, dynamic_builder.has_dynamic_tables(spec))
+
+
+def dynamic_serving(directory: str, manifest: dict, spec, model_config):
+    """The serving module of a checkpoint of dynamic tables (:mod:`tf_dlrm.dynamic.export`): one
+    process holds the checkpoint's shards (same count, so the same capacity per shard), every key
+    re-routed to its shard with its row; the SavedModel carries the key maps and takes raw keys."""
+    from tf_dlrm.dynamic import builder as dynamic_builder
+    from tf_dlrm.dynamic import checkpoint as dynamic_checkpoint
+    from tf_dlrm.dynamic.export import DynamicServing
+    from tf_dlrm.train import builder
+
+    checkpoint_dynamic.check_kind(directory, manifest, dynamic_builder.has_dynamic_tables(spec))
+    folder = checkpoint_dynamic.folder_of(directory, manifest)
+    meta = dynamic_checkpoint.read_meta(folder)
+    keras.mixed_precision.set_global_policy("float32")  # served in float32 whatever the training precision
+    env = DistributedEnv(rank=0, world_size=1)
+    model = dynamic_builder.make_dynamic_model(spec, model_config, env, meta["seed"], builder.table_widths(spec, model_config),
+                                               num_shards=meta["num_shards"])
+    builder.build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, 1)
+    checkpoint_dynamic.check(directory, manifest, model.embedding, None)
+    load_dense_into(model, directory, manifest)
+    dynamic_checkpoint.restore(folder, model.embedding, None, env)
+    return DynamicServing(model)
 
 
 def _save(module, temporary: str, info: dict) -> None:

@@ -4,7 +4,8 @@
 - eval: exact AUC and logloss of a checkpoint on the validation split, on any world size and plan;
 - inference: latency (mean, p50, p90, p99) and throughput of the forward pass per global batch
   size, from a checkpoint (or the initial weights when none is given);
-- export: a TF SavedModel with full tables and a serving signature (:mod:`tf_dlrm.train.export`).
+- export: a TF SavedModel with full tables and a serving signature (:mod:`tf_dlrm.train.export`;
+  dynamic tables: their key maps, serving raw int64 keys).
 
 Each prints a one-screen summary on rank 0 and logs JSON lines ending with a ``final`` record.
 """
@@ -340,6 +341,7 @@ def run_export(config) -> dict:
             directory = directory or checkpoint.resolve(config.restore_checkpoint_path)
             manifest = checkpoint.read_manifest(directory)
             checkpoint.verify_files(directory, manifest)
+            export.check_kind(directory, manifest, spec)  # before the spec comparison: the clearer error
             checkpoint.check_compatible(directory, manifest, spec, config.model)
             info = export.export_checkpoint(directory, manifest, config.saved_model_path, spec, config.model)
             outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started}
