@@ -62,6 +62,32 @@ def test_cross_network_equals_numpy(low_rank):
     assert (clone.num_layers, clone.low_rank, clone.seed) == (3, low_rank, 2)
 
 
+@pytest.mark.parametrize("low_rank", [0, 2])
+def test_cross_network_gradient_equals_autodiff_of_its_layers(low_rank):
+    """The network's hand-written gradient (x_l = x0 * s_l form) against autodiff of the layers in turn."""
+    import tensorflow as tf
+
+    x0 = tf.constant(_batch((6, 5), 7))
+    upstream = tf.constant(_batch((6, 5), 8))
+    network = CrossNetwork(3, low_rank=low_rank, seed=2)
+    network.build((None, 5))
+    for layer in network.cross_layers:
+        layer.bias.assign(_batch((5,), layer.seed))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x0)
+        fused = network(x0)
+        x = x0
+        for layer in network.cross_layers:
+            x = layer((x0, x))
+        fused_loss, layers_loss = tf.reduce_sum(fused * upstream), tf.reduce_sum(x * upstream)
+    sources = [x0] + network.trainable_weights
+    assert len(sources) == 1 + 3 * (3 if low_rank else 2)
+    for got, expected in zip(tape.gradient(fused_loss, sources), tape.gradient(layers_loss, sources)):
+        expected = expected.numpy()
+        # Float32 sums in another order: rounding of the largest term's size.
+        np.testing.assert_allclose(got.numpy(), expected, rtol=0, atol=TOLERANCE * max(np.abs(expected).max(), 1.0) * 10)
+
+
 def test_cross_arguments_are_checked():
     with pytest.raises(ValueError, match="Received: low_rank=-1"):
         CrossLayer(low_rank=-1)
