@@ -62,7 +62,8 @@ def define_flags() -> None:
                   "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables).")
     f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
                    "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. lazy_adam wants about "
-                   "3e-3, adagrad 0.1, sgd about 1.")
+                   "3e-3, adagrad 0.1, sgd about 1. Not given, with lazy_adam: 0.01 for --model=deepfm and wide_deep "
+                   "(tf_dlrm/config/models.py MODEL_EMBEDDING_LEARNING_RATES).")
     f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad, rowwise_adagrad and ftrl (embeddings and MLPs).")
     f.DEFINE_float("adagrad_epsilon", 1e-7, "Epsilon of adagrad and rowwise_adagrad.")
     f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")
@@ -121,15 +122,19 @@ def define_flags() -> None:
                     "spec does not have, or an empty one, is refused before training.")
 
 
-def family_rate(values: flags.FlagValues, name: str) -> float:
+def family_rate(values: flags.FlagValues, name: str, model_default: float | None = None) -> float:
     """The base rate of one optimizer family (``dense_learning_rate`` or ``embedding_learning_rate``).
 
     Its own flag wins when given; else an explicit ``--learning_rate`` drives it (0 = the schedule's
-    base), as it drove every weight before the families had their own rates; else its tuned default.
+    base), as it drove every weight before the families had their own rates; else the model's
+    default (``model_default``, see :data:`tf_dlrm.config.models.MODEL_EMBEDDING_LEARNING_RATES`) or
+    the flag's tuned default.
     """
-    if values[name].present or not values["learning_rate"].present:
+    if values[name].present:
         return values[name].value
-    return 0.0
+    if values["learning_rate"].present:
+        return 0.0
+    return values[name].value if model_default is None else model_default
 
 
 def config_from_flags(values: flags.FlagValues) -> RunConfig:
@@ -172,7 +177,8 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         ),
         optimizer=OptimizerConfig(
             schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=family_rate(values, "dense_learning_rate"),
-            embedding_optimizer=values.embedding_optimizer, embedding_learning_rate=family_rate(values, "embedding_learning_rate"),
+            embedding_optimizer=values.embedding_optimizer, embedding_learning_rate=family_rate(
+                values, "embedding_learning_rate", model.family.default_embedding_learning_rate(values.embedding_optimizer, values.embedding_learning_rate)),
             adagrad_initial_accumulator=values.adagrad_initial_accumulator, adagrad_epsilon=values.adagrad_epsilon,
             adam_beta1=values.adam_beta1, adam_beta2=values.adam_beta2, adam_epsilon=values.adam_epsilon,
             embedding_weight_decay=values.embedding_weight_decay, dense_weight_decay=values.dense_weight_decay,
