@@ -13,8 +13,10 @@ recommends for wide inputs); Wide & Deep crosses categorical features 0x1 and 2x
 
 Prints one JSON line per case: ``{"benchmark": "model_throughput", "config": ..., "model": ...,
 "impl": "tf_dlrm"|"naive_keras", "precision": "fp32", "xla": false, "world_size": 1,
-"samples_per_s": {"median", "min", "max"}, "vs_naive_fp32": ...}`` (ratio of medians to the naive
-case of the same model).
+"samples_per_s": {"median", "min", "max"}, "vs_naive_fp32": ..., "cpu_ms_per_step": ...,
+"vs_naive_fp32_cpu": ...}`` (ratio of medians to the naive case of the same model; ``_cpu``: of the
+naive case's median CPU time per step to this case's, the process's CPU time over a window, steadier
+than wall time when other jobs share the cores).
 """
 
 from __future__ import annotations
@@ -83,14 +85,16 @@ class ModelCase:
             order = list(network.embedding.global_categorical) + list(network.embedding.local_categorical)
             self.step = trainer.train_step
             self.batches = [(tf.constant(n), tuple(tf.constant(ids[t]) for t in order), tf.constant(l)) for n, ids, l in batches]
-        self.position, self.windows = 0, []
+        self.position, self.windows, self.cpu_ms = 0, [], []
 
     def run(self, steps: int) -> float:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         for _ in range(steps):
             loss = self.step(*self.batches[self.position % len(self.batches)])
             self.position += 1
         loss.numpy()
+        # The process's CPU time per step: steadier than wall time while other jobs share the cores.
+        self.cpu_ms.append((time.process_time() - cpu_started) / steps * 1000.0)
         return steps * self.batch_size / (time.perf_counter() - started)
 
 
@@ -122,10 +126,13 @@ def main(argv=None) -> list[dict]:
             for case in cases:
                 case.windows.append(case.run(args.window_steps))
         naive = statistics.median(cases[0].windows)
+        naive_cpu = statistics.median(cases[0].cpu_ms[-args.windows:])
         for case in cases:
+            cpu_ms = statistics.median(case.cpu_ms[-args.windows:])
             record = {"benchmark": "model_throughput", "config": args.config, "model": model, "impl": case.impl,
                       "precision": "fp32", "xla": False, "world_size": 1, "samples_per_s": summarize(case.windows),
-                      "vs_naive_fp32": round(statistics.median(case.windows) / naive, 3), "batch_size": config.batch_size,
+                      "vs_naive_fp32": round(statistics.median(case.windows) / naive, 3),
+                      "cpu_ms_per_step": round(cpu_ms, 1), "vs_naive_fp32_cpu": round(naive_cpu / cpu_ms, 3), "batch_size": config.batch_size,
                       "windows": args.windows, "window_steps": args.window_steps, "intra_op_threads": intra,
                       "inter_op_threads": inter, "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in MODEL_SETTINGS[model].items()},
                       "load_average_1m": [load_before, load_average()]}

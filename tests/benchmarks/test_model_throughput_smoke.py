@@ -17,3 +17,4 @@ def test_model_throughput_records():
         assert record["benchmark"] == "model_throughput" and record["precision"] == "fp32"
         assert all(0 < v < float("inf") for v in record["samples_per_s"].values()), record
         assert record["vs_naive_fp32"] > 0
+        assert record["cpu_ms_per_step"] > 0 and record["vs_naive_fp32_cpu"] > 0, record
