@@ -41,6 +41,7 @@ import tensorflow as tf
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.distributed.dedup_exchange import deduplicated_exchange
+from tf_dlrm.distributed.embedding_bag import bag_kernel, mark_distinct_rows
 from tf_dlrm.distributed.exchange import bfloat16_alltoall, index_dtype, permute
 from tf_dlrm.distributed.id_exchange import exchange_ids
 from tf_dlrm.distributed.packing import (
@@ -173,16 +174,36 @@ class DistributedEmbedding(keras.layers.Layer):
         # attribute names of this layer (tf_dlrm.model.variable_kind).
         return set_layout(mark(variable, kind), self._layout(slices, offsets)), offsets
 
+    def _pools_with_kernel(self, slices, entries) -> bool:
+        """Whether a fused variable is read through tf_dlrm's embedding-bag kernel
+        (:mod:`tf_dlrm.distributed.embedding_bag`): when the library is loaded, the variable has a
+        multi-hot feature (all one-hot: one plain gather is as fast), and none of its slices is
+        part of a column-sliced table (row-wise optimizer state there needs each lookup's position
+        in the batch, which the kernel's gradient over distinct rows does not keep)."""
+        if not any(not self.features[f].one_hot for f, _ in entries):
+            return False
+        if any(len(self.plan.table_slices(s.table)) > 1 for s in slices):
+            return False
+        return bag_kernel() is not None
+
     def build(self, input_shape=None):
         self.group_offsets, self.replicated_offsets = [], []
-        for width, slices in self.groups:
+        self.group_kernel, self.replicated_kernel = [], []
+        for (width, slices), entries in zip(self.groups, self.entries):
             variable, offsets = self._fused_variable(f"shards_w{width}", slices, VariableKind.SHARDED)
             self.shard_variables.append(variable)
             self.group_offsets.append(offsets)
-        for width, slices in self.replicated_groups:
+            self.group_kernel.append(self._pools_with_kernel(slices, entries) and not self.deduplicate_exchange)
+        for (width, slices), entries in zip(self.replicated_groups, self.replicated_entries):
             variable, offsets = self._fused_variable(f"replicated_w{width}", slices, VariableKind.REPLICATED)
             self.replicated_variables.append(variable)
             self.replicated_offsets.append(offsets)
+            self.replicated_kernel.append(self._pools_with_kernel(slices, entries))
+        # Read once per call by the kernel: their gradients' rows are distinct (the sparse update
+        # skips its own deduplication).
+        for variable, kernel in zip(self.shard_variables + self.replicated_variables, self.group_kernel + self.replicated_kernel):
+            if kernel:
+                mark_distinct_rows(variable)
         distributed = self.env.distributed and self.exchanges
         self.padding_variables = []
         if distributed and not any(self.entries):
@@ -230,9 +251,10 @@ class DistributedEmbedding(keras.layers.Layer):
         parts = []
         if self.exchanges:
             parts.append(self._model_parallel_lookup(global_ids, local_batch))
-        for variable, offsets, entries in zip(self.replicated_variables, self.replicated_offsets, self.replicated_entries):
+        for variable, offsets, entries, kernel in zip(self.replicated_variables, self.replicated_offsets,
+                                                      self.replicated_entries, self.replicated_kernel):
             looked_up = pooled_lookup(variable, [(ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
-                                      tf.as_dtype(offsets.dtype))
+                                      tf.as_dtype(offsets.dtype), kernel=kernel)
             parts.append(tf.cast(looked_up, self.compute_dtype))
         joined = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
         pooled = permute(joined, self.permutation, axis=1)
@@ -264,11 +286,11 @@ class DistributedEmbedding(keras.layers.Layer):
 
     def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch) -> tf.Tensor:
         packed = []
-        for variable, offsets, entries in zip(self.shard_variables, self.group_offsets, self.entries):
+        for variable, offsets, entries, kernel in zip(self.shard_variables, self.group_offsets, self.entries, self.group_kernel):
             if entries:
                 packed.append(pooled_lookup(
                     variable, [(global_ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
-                    tf.as_dtype(offsets.dtype)))
+                    tf.as_dtype(offsets.dtype), kernel=kernel))
         if self.deduplicate_exchange and self.env.distributed:
             mine = [(variable, tf.cast(global_ids[f], tf.as_dtype(offsets.dtype)) + offsets[p], width)
                     for (width, _), variable, offsets, entries in zip(self.groups, self.shard_variables, self.group_offsets, self.entries)

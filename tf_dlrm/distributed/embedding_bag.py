@@ -1,0 +1,94 @@
+"""Pooled lookups through tf_dlrm's embedding-bag kernel (``tf_dlrm/ops/embedding_bag.cc``).
+
+:func:`bag_lookup` pools every entry ``(ids, row_offset, combiner)`` of one fused variable with one
+op, written straight into the ``[n, E * w]`` block that :func:`tf_dlrm.distributed.pooling.pooled_lookup`
+returns (no gathered ``[ids, w]`` tensor, no concat). Its gradient (registered below) is one
+``IndexedSlices`` over the *distinct* fused rows the entries read, each row's gradient summed over all
+its occurrences (duplicate ids in a sample, across the batch, and across features sharing a table).
+A variable read this way is marked (:func:`mark_distinct_rows`) so that the sparse update skips its
+own ``unique`` + segment sum (:mod:`tf_dlrm.train.sparse_update`), and plain SGD updates its rows with
+one multi-threaded op (:func:`apply_sgd_to_distinct_rows`) instead of TensorFlow's single-threaded
+sparse update.
+
+Without the kernel library (:func:`tf_dlrm.ops.kernels` is None; it logs why once) the layer keeps
+the plain TensorFlow path: the same values, duplicate rows in the gradient, slower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+from tensorflow.python.eager import tape as tape_lib
+
+from tf_dlrm.ops import kernels
+
+_DISTINCT_ROWS = "tf_dlrm_gradient_rows_distinct"
+
+
+def bag_kernel():
+    """The kernel library when it has the embedding-bag ops, else None."""
+    library = kernels()
+    return library if library is not None and hasattr(library, "tf_dlrm_embedding_bag") else None
+
+
+def mark_distinct_rows(variable):
+    """Marks ``variable`` as read only by :func:`bag_lookup`, once per step: its gradient's rows
+    are distinct. (A model calling the same embedding layer twice in one step would get two sets of
+    rows joined by the tape; the layer's docstring says it reads its variables once per call.)"""
+    setattr(variable, _DISTINCT_ROWS, True)
+    return variable
+
+
+def distinct_rows(variable) -> bool:
+    return bool(getattr(variable, _DISTINCT_ROWS, False))
+
+
+def _tf_variable(variable) -> tf.Variable:
+    """The ``tf.Variable`` under a Keras 3 variable (or the variable itself)."""
+    return variable if isinstance(variable, tf.Variable) else variable.value
+
+
+def _as_values_and_splits(ids, index_dtype: tf.DType):
+    if isinstance(ids, tf.RaggedTensor):
+        return tf.cast(ids.values, index_dtype), tf.cast(ids.row_splits, tf.int64)
+    # One-hot [n]: one id per sample.
+    count = tf.shape(ids, out_type=tf.int64)[0]
+    return tf.cast(ids, index_dtype), tf.range(count + 1, dtype=tf.int64)
+
+
+def bag_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType) -> tf.Tensor:
+    """``[n, E * w]`` float32: entry ``e = (ids, row_offset, combiner)`` pooled into columns
+    ``[e*w, (e+1)*w)`` of ``variable`` (a Keras or tf variable ``[rows, w]``, float32); ids are
+    1-D (one-hot) or ``tf.RaggedTensor`` (multi-hot), all of one batch size ``n``."""
+    library = bag_kernel()
+    if library is None:
+        raise RuntimeError("tf_dlrm's embedding-bag kernel is not loaded (python -m tf_dlrm.ops.build)")
+    pairs = [_as_values_and_splits(ids, index_dtype) for ids, _, _ in entries]
+    table = _tf_variable(variable)
+    # The op reads the handle, not the value: tell active tapes, as a variable's own reads do, so
+    # that a tape watching trainable variables automatically records this read.
+    tape_lib.variable_accessed(table)
+    return library.tf_dlrm_embedding_bag(
+        table=table.handle, values=[v for v, _ in pairs], row_splits=[s for _, s in pairs],
+        offsets=[int(offset) for _, offset, _ in entries], combiners=[str(c) for _, _, c in entries],
+        width=int(variable.shape[1]))
+
+
+@tf.RegisterGradient("TfDlrmEmbeddingBag")
+def _bag_gradient(op, upstream):
+    count = op.get_attr("E")
+    values, splits = op.inputs[1:1 + count], op.inputs[1 + count:]
+    combiners = [c.decode() if isinstance(c, bytes) else c for c in op.get_attr("combiners")]
+    rows, summed = bag_kernel().tf_dlrm_embedding_bag_grad(
+        gradient=upstream, values=values, row_splits=splits, offsets=op.get_attr("offsets"), combiners=combiners,
+        width=op.get_attr("width"))
+    shape = tf.raw_ops.VariableShape(input=op.inputs[0], out_type=rows.dtype)
+    return [tf.IndexedSlices(summed, rows, shape)] + [None] * (2 * count)
+
+
+def apply_sgd_to_distinct_rows(variable, gradient: tf.IndexedSlices, learning_rate) -> None:
+    """``variable[rows] -= learning_rate * values`` for a gradient whose rows are distinct (from
+    :func:`bag_lookup`), on all CPU threads: distinct rows are written by one thread each."""
+    bag_kernel().tf_dlrm_sparse_apply_sgd(table=_tf_variable(variable).handle, rows=gradient.indices, gradient=gradient.values,
+                                          learning_rate=tf.cast(learning_rate, tf.float32))

@@ -1,0 +1,518 @@
+// The pooled ("bag") lookup of several features in one fused embedding variable, its gradient,
+// and a multi-threaded sparse SGD update for gradients whose rows are distinct.
+//
+// TfDlrmEmbeddingBag(table, values[E], row_splits[E]) -> [n, E * width]: entry e's sample s is
+//   combiner_e(sum of table[offsets[e] + values[e][k]] for k in [row_splits[e][s], row_splits[e][s + 1]))
+// (sum; mean divides by max(count, 1); sqrtn by sqrt(max(count, 1)): an empty sample pools to 0),
+// written straight into the entry's columns. Why a kernel: TensorFlow's path (unique, gather of
+// the distinct rows into a new tensor, sparse segment sum, scale, concat of the entries) moves every
+// gathered row through memory three times; here each sample's rows are summed in registers and
+// read once, one thread per block of samples, and the table is read under the variable's shared
+// lock without copying it (a ReadVariableOp of a variable updated by scatters copies it whole).
+//
+// TfDlrmEmbeddingBagGrad(gradient [n, E * width], values, row_splits) -> (rows [U], summed [U, width]):
+// the gradient with respect to the table as one IndexedSlices over the distinct fused rows, each
+// row's gradient summed over all its occurrences (within a sample, across the batch, and across
+// entries reading the same table slice, i.e. the same offset). One hash pass per table slice finds
+// the distinct rows (in order of first occurrence) and their occurrences; then one thread per block
+// of rows sums its rows' upstream gradients. The sparse optimizers then touch each row once.
+//
+// TfDlrmSparseApplySgd(table, rows, gradient, learning_rate): table[rows[u]] -= rate * gradient[u],
+// multi-threaded over u; the rows must be distinct (as TfDlrmEmbeddingBagGrad's are).
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace tf_dlrm {
+namespace {
+
+using ::tensorflow::DataType;
+using ::tensorflow::OpInputList;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::Var;
+using ::tensorflow::errors::InvalidArgument;
+using ::tensorflow::shape_inference::InferenceContext;
+
+enum class Combiner { kSum, kMean, kSqrtn };
+
+::tensorflow::Status ParseCombiners(const std::vector<std::string>& names, std::vector<Combiner>* out) {
+  for (const auto& name : names) {
+    if (name == "sum") {
+      out->push_back(Combiner::kSum);
+    } else if (name == "mean") {
+      out->push_back(Combiner::kMean);
+    } else if (name == "sqrtn") {
+      out->push_back(Combiner::kSqrtn);
+    } else {
+      return InvalidArgument("Expected combiners in {sum, mean, sqrtn}. Received: ", name);
+    }
+  }
+  return ::tensorflow::OkStatus();
+}
+
+inline float Scale(Combiner combiner, int64_t count) {
+  if (combiner == Combiner::kSum) return 1.0f;
+  const float safe = static_cast<float>(count > 1 ? count : 1);
+  return combiner == Combiner::kMean ? 1.0f / safe : 1.0f / std::sqrt(safe);
+}
+
+// Rows are read in an order known ahead (ids): asking for the row kPrefetch ids ahead hides most of
+// the memory latency of reading rows scattered over a table larger than the caches.
+constexpr int64_t kPrefetch = 4;
+
+inline void PrefetchRow(const float* row, int64_t width) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t at = 0; at < width * static_cast<int64_t>(sizeof(float)); at += 64) __builtin_prefetch(bytes + at);
+}
+
+// The entries' ids and row splits, checked, as plain pointers (ids widened to int64 on read).
+template <typename Index, typename Split>
+struct Entries {
+  std::vector<const Index*> values;
+  std::vector<int64_t> sizes;
+  std::vector<const Split*> splits;
+  int64_t batch = 0;
+
+  ::tensorflow::Status Read(OpKernelContext* context, int count) {
+    OpInputList value_list, split_list;
+    TF_RETURN_IF_ERROR(context->input_list("values", &value_list));
+    TF_RETURN_IF_ERROR(context->input_list("row_splits", &split_list));
+    for (int e = 0; e < count; ++e) {
+      const Tensor& ids = value_list[e];
+      const Tensor& splits_tensor = split_list[e];
+      if (ids.dims() != 1 || splits_tensor.dims() != 1 || splits_tensor.NumElements() < 1) {
+        return InvalidArgument("entry ", e, ": expected 1-D values and non-empty 1-D row_splits. Received: ",
+                               ids.shape().DebugString(), ", ", splits_tensor.shape().DebugString());
+      }
+      const int64_t rows = splits_tensor.NumElements() - 1;
+      if (e == 0) batch = rows;
+      if (rows != batch) {
+        return InvalidArgument("entry ", e, " has ", rows, " samples; entry 0 has ", batch, " (one batch for all)");
+      }
+      const Split* split = splits_tensor.flat<Split>().data();
+      const int64_t size = ids.NumElements();
+      if (split[0] != 0 || split[rows] != size) {
+        return InvalidArgument("entry ", e, ": row_splits must start at 0 and end at the number of values (", size,
+                               "). Received: ", static_cast<int64_t>(split[0]), " ... ", static_cast<int64_t>(split[rows]));
+      }
+      for (int64_t s = 0; s < rows; ++s) {
+        if (split[s + 1] < split[s]) return InvalidArgument("entry ", e, ": row_splits decrease at sample ", s);
+      }
+      values.push_back(ids.flat<Index>().data());
+      sizes.push_back(size);
+      splits.push_back(split);
+    }
+    return ::tensorflow::OkStatus();
+  }
+};
+
+// The ids of entry e must lie in [0, rows - offsets[e]): checked before any row is read.
+template <typename Index>
+::tensorflow::Status CheckIds(const Index* ids, int64_t size, int64_t offset, int64_t rows, int entry) {
+  const uint64_t limit = static_cast<uint64_t>(rows - offset);
+  for (int64_t k = 0; k < size; ++k) {
+    if (static_cast<uint64_t>(static_cast<int64_t>(ids[k])) >= limit) {
+      return InvalidArgument("entry ", entry, ": id ", static_cast<int64_t>(ids[k]), " at position ", k,
+                             " is outside [0, ", rows - offset, ") (the table slice at fused row ", offset, ")");
+    }
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// Looks up resource input 0, which must be a float32 [rows, width] variable (the caller locks it).
+::tensorflow::Status LookupTable(OpKernelContext* context, ::tensorflow::core::RefCountPtr<Var>* variable) {
+  TF_RETURN_IF_ERROR(::tensorflow::LookupResource(context, ::tensorflow::HandleFromInput(context, 0), variable));
+  const Tensor* table = (*variable)->tensor();
+  if (table->dtype() != ::tensorflow::DT_FLOAT || table->dims() != 2) {
+    return InvalidArgument("expected a float32 [rows, width] variable. Received: ",
+                           ::tensorflow::DataTypeString(table->dtype()), " ", table->shape().DebugString());
+  }
+  return ::tensorflow::OkStatus();
+}
+
+class BagAttributes {
+ public:
+  explicit BagAttributes(OpKernelConstruction* context) {
+    std::vector<std::string> names;
+    OP_REQUIRES_OK(context, context->GetAttr("offsets", &offsets_));
+    OP_REQUIRES_OK(context, context->GetAttr("combiners", &names));
+    OP_REQUIRES_OK(context, context->GetAttr("width", &width_));
+    OP_REQUIRES_OK(context, ParseCombiners(names, &combiners_));
+    OP_REQUIRES(context, offsets_.size() == combiners_.size() && !offsets_.empty(),
+                InvalidArgument("Expected one offset and one combiner per entry. Received: ", offsets_.size(),
+                                " offsets, ", combiners_.size(), " combiners"));
+  }
+
+ protected:
+  std::vector<int64_t> offsets_;
+  std::vector<Combiner> combiners_;
+  int64_t width_ = 0;
+};
+
+template <typename Index, typename Split>
+class EmbeddingBagOp : public OpKernel, BagAttributes {
+ public:
+  explicit EmbeddingBagOp(OpKernelConstruction* context) : OpKernel(context), BagAttributes(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    const int count = static_cast<int>(offsets_.size());
+    Entries<Index, Split> entries;
+    OP_REQUIRES_OK(context, entries.Read(context, count));
+    ::tensorflow::core::RefCountPtr<Var> variable;
+    OP_REQUIRES_OK(context, LookupTable(context, &variable));
+    // Shared: other readers may run alongside; a dense assignment waits for us.
+    ::tensorflow::tf_shared_lock lock(*variable->mu());
+    const Tensor& table = *variable->tensor();
+    const int64_t rows = table.dim_size(0), width = table.dim_size(1);
+    OP_REQUIRES(context, width == width_,
+                InvalidArgument("the variable's width is ", width, "; the op was built for width ", width_));
+    int64_t total = 0;
+    for (int e = 0; e < count; ++e) {
+      OP_REQUIRES_OK(context, CheckIds(entries.values[e], entries.sizes[e], offsets_[e], rows, e));
+      total += entries.sizes[e];
+    }
+    const int64_t batch = entries.batch;
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({batch, count * width}), &output));
+    const float* data = table.flat<float>().data();
+    float* out = output->flat<float>().data();
+    auto work = [&](int64_t begin, int64_t end) {
+      // Entry by entry: the ids of samples [begin, end) of one entry are contiguous, so the row
+      // kPrefetch ids ahead is known and fetched while this one is added.
+      for (int e = 0; e < count; ++e) {
+        const Index* ids = entries.values[e];
+        const Split* split = entries.splits[e];
+        const float* base = data + offsets_[e] * width;
+        const int64_t stop = split[end];
+        for (int64_t s = begin; s < end; ++s) {
+          float* __restrict target = out + (s * count + e) * width;
+          const int64_t first = split[s], last = split[s + 1];
+          std::fill(target, target + width, 0.0f);
+          for (int64_t k = first; k < last; ++k) {
+            if (k + kPrefetch < stop) PrefetchRow(base + static_cast<int64_t>(ids[k + kPrefetch]) * width, width);
+            const float* __restrict row = base + static_cast<int64_t>(ids[k]) * width;
+            for (int64_t j = 0; j < width; ++j) target[j] += row[j];
+          }
+          const float scale = Scale(combiners_[e], last - first);
+          if (scale != 1.0f) {
+            for (int64_t j = 0; j < width; ++j) target[j] *= scale;
+          }
+        }
+      }
+    };
+    auto* threads = context->device()->tensorflow_cpu_worker_threads();
+    const int64_t cost = batch > 0 ? (total / batch + count) * width : 1;
+    ::tensorflow::Shard(threads->num_threads, threads->workers, batch, std::max<int64_t>(cost, 1), work);
+  }
+};
+
+// Open addressing over ids of one table slice: the slot of each distinct id, in first-seen order.
+class IdIndex {
+ public:
+  explicit IdIndex(int64_t expected) {
+    int64_t capacity = 16;
+    while (capacity < 2 * expected) capacity *= 2;
+    keys_.assign(capacity, -1);
+    slots_.resize(capacity);
+    mask_ = capacity - 1;
+  }
+
+  // The slot of `id` (>= 0), a new one (the next free number) when first seen.
+  int32_t Find(int64_t id) {
+    uint64_t at = (static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> 20;
+    while (true) {
+      at &= mask_;
+      if (keys_[at] == id) return slots_[at];
+      if (keys_[at] < 0) {
+        keys_[at] = id;
+        slots_[at] = static_cast<int32_t>(distinct_.size());
+        distinct_.push_back(id);
+        return slots_[at];
+      }
+      ++at;
+    }
+  }
+
+  const std::vector<int64_t>& distinct() const { return distinct_; }
+
+ private:
+  std::vector<int64_t> keys_;
+  std::vector<int32_t> slots_;
+  std::vector<int64_t> distinct_;
+  uint64_t mask_ = 0;
+};
+
+template <typename Index, typename Split>
+class EmbeddingBagGradOp : public OpKernel, BagAttributes {
+ public:
+  explicit EmbeddingBagGradOp(OpKernelConstruction* context) : OpKernel(context), BagAttributes(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    const int count = static_cast<int>(offsets_.size());
+    Entries<Index, Split> entries;
+    OP_REQUIRES_OK(context, entries.Read(context, count));
+    const Tensor& upstream = context->input(0);
+    const int64_t batch = entries.batch, width = width_;
+    OP_REQUIRES(context, upstream.dims() == 2 && upstream.dim_size(0) == batch && upstream.dim_size(1) == count * width,
+                InvalidArgument("Expected the gradient of shape [", batch, ", ", count * width,
+                                "]. Received: ", upstream.shape().DebugString()));
+    // Entries with one offset read one table slice: their ids are deduplicated together.
+    std::map<int64_t, std::vector<int>> slices;
+    for (int e = 0; e < count; ++e) slices[offsets_[e]].push_back(e);
+    struct Slice {
+      int64_t offset;
+      std::vector<int> entries;
+      std::vector<int64_t> distinct;
+      std::vector<int64_t> starts;       // [distinct + 1]: where each row's occurrences begin
+      std::vector<int64_t> occurrences;  // entry * batch + sample, grouped by row
+    };
+    std::vector<Slice> groups;
+    for (auto& [offset, members] : slices) groups.push_back(Slice{offset, members, {}, {}, {}});
+    auto index_slice = [&](Slice& slice) {
+      int64_t size = 0;
+      for (int e : slice.entries) size += entries.sizes[e];
+      int64_t largest = -1;
+      for (int e : slice.entries) {
+        for (int64_t k = 0; k < entries.sizes[e]; ++k) largest = std::max<int64_t>(largest, entries.values[e][k]);
+      }
+      std::vector<int32_t> slot_of(size);
+      std::vector<int64_t> code_of(size);
+      auto visit = [&](auto&& find) {
+        int64_t position = 0;
+        for (int e : slice.entries) {
+          const Index* ids = entries.values[e];
+          const Split* split = entries.splits[e];
+          for (int64_t s = 0; s < batch; ++s) {
+            for (int64_t k = split[s]; k < split[s + 1]; ++k, ++position) {
+              slot_of[position] = find(static_cast<int64_t>(ids[k]));
+              code_of[position] = e * batch + s;
+            }
+          }
+        }
+      };
+      if (largest < 8 * size + 4096) {
+        // Ids no larger than a few times their count (a small table, or many lookups): a direct
+        // id -> slot array, cheaper than hashing.
+        std::vector<int32_t> slot(largest + 1, -1);
+        visit([&](int64_t id) {
+          if (slot[id] < 0) {
+            slot[id] = static_cast<int32_t>(slice.distinct.size());
+            slice.distinct.push_back(id);
+          }
+          return slot[id];
+        });
+      } else {
+        IdIndex index(size);
+        visit([&](int64_t id) { return index.Find(id); });
+        slice.distinct = index.distinct();
+      }
+      const int64_t distinct = static_cast<int64_t>(slice.distinct.size());
+      // Counting sort of the occurrences by row.
+      slice.starts.assign(distinct + 1, 0);
+      for (int64_t p = 0; p < size; ++p) ++slice.starts[slot_of[p] + 1];
+      for (int64_t u = 0; u < distinct; ++u) slice.starts[u + 1] += slice.starts[u];
+      std::vector<int64_t> fill(slice.starts.begin(), slice.starts.end() - 1);
+      slice.occurrences.resize(size);
+      for (int64_t p = 0; p < size; ++p) slice.occurrences[fill[slot_of[p]]++] = code_of[p];
+    };
+    auto* threads = context->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(threads->num_threads, threads->workers, static_cast<int64_t>(groups.size()), 1 << 20,
+                        [&](int64_t begin, int64_t end) {
+                          for (int64_t g = begin; g < end; ++g) index_slice(groups[g]);
+                        });
+    std::vector<int64_t> first_row(groups.size() + 1, 0);
+    for (size_t g = 0; g < groups.size(); ++g) first_row[g + 1] = first_row[g] + groups[g].distinct.size();
+    const int64_t total = first_row.back();
+    Tensor* rows_out = nullptr;
+    Tensor* summed_out = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({total}), &rows_out));
+    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({total, width}), &summed_out));
+    auto rows = rows_out->flat<Index>();
+    float* summed = summed_out->flat<float>().data();
+    const float* gradient = upstream.flat<float>().data();
+    // Each entry's per-sample scale, computed once.
+    std::vector<std::vector<float>> scales(count);
+    for (int e = 0; e < count; ++e) {
+      if (combiners_[e] == Combiner::kSum) continue;
+      scales[e].resize(batch);
+      for (int64_t s = 0; s < batch; ++s) scales[e][s] = Scale(combiners_[e], entries.splits[e][s + 1] - entries.splits[e][s]);
+    }
+    auto work = [&](int64_t begin, int64_t end) {
+      size_t g = std::upper_bound(first_row.begin(), first_row.end(), begin) - first_row.begin() - 1;
+      for (int64_t r = begin; r < end; ++r) {
+        while (r >= first_row[g + 1]) ++g;
+        const Slice& slice = groups[g];
+        const int64_t u = r - first_row[g];
+        rows(r) = static_cast<Index>(slice.distinct[u] + slice.offset);
+        float* __restrict target = summed + r * width;
+        std::fill(target, target + width, 0.0f);
+        for (int64_t o = slice.starts[u]; o < slice.starts[u + 1]; ++o) {
+          const int64_t code = slice.occurrences[o];
+          const int64_t e = code / batch, s = code % batch;
+          const float* __restrict source = gradient + (s * count + e) * width;
+          if (scales[e].empty()) {
+            for (int64_t j = 0; j < width; ++j) target[j] += source[j];
+          } else {
+            const float scale = scales[e][s];
+            for (int64_t j = 0; j < width; ++j) target[j] += scale * source[j];
+          }
+        }
+      }
+    };
+    int64_t occurrences = 0;
+    for (const auto& slice : groups) occurrences += slice.occurrences.size();
+    const int64_t cost = total > 0 ? (occurrences / total + 1) * width : 1;
+    ::tensorflow::Shard(threads->num_threads, threads->workers, total, cost, work);
+  }
+};
+
+template <typename Index>
+class SparseApplySgdOp : public OpKernel {
+ public:
+  explicit SparseApplySgdOp(OpKernelConstruction* context) : OpKernel(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& rows = context->input(1);
+    const Tensor& gradient = context->input(2);
+    const Tensor& rate_tensor = context->input(3);
+    OP_REQUIRES(context, ::tensorflow::TensorShapeUtils::IsScalar(rate_tensor.shape()),
+                InvalidArgument("Expected a scalar learning_rate. Received: ", rate_tensor.shape().DebugString()));
+    ::tensorflow::core::RefCountPtr<Var> variable;
+    OP_REQUIRES_OK(context, LookupTable(context, &variable));
+    // Exclusive: the rows are written in place. A variable's buffer may be shared with a tensor
+    // read from it earlier (copy-on-write mode); it is copied once and the variable switched to
+    // copy-on-read mode, as TensorFlow's own sparse updates do (EnsureSparseVariableAccess).
+    ::tensorflow::mutex_lock lock(*variable->mu());
+    Tensor* table = variable->tensor();
+    if (!variable->copy_on_read_mode.load()) {
+      if (!table->RefCountIsOne()) {
+        Tensor copy;
+        OP_REQUIRES_OK(context, context->allocate_temp(table->dtype(), table->shape(), &copy));
+        std::copy_n(table->flat<float>().data(), table->NumElements(), copy.flat<float>().data());
+        *table = copy;
+      }
+      variable->copy_on_read_mode.store(true);
+    }
+    const int64_t count = rows.NumElements(), width = table->dim_size(1), limit = table->dim_size(0);
+    OP_REQUIRES(context, rows.dims() == 1 && gradient.dims() == 2 && gradient.dim_size(0) == count &&
+                             gradient.dim_size(1) == width,
+                InvalidArgument("Expected rows [U] and a gradient [U, ", width, "]. Received: ",
+                                rows.shape().DebugString(), ", ", gradient.shape().DebugString()));
+    const Index* row = rows.flat<Index>().data();
+    for (int64_t u = 0; u < count; ++u) {
+      OP_REQUIRES(context, static_cast<uint64_t>(static_cast<int64_t>(row[u])) < static_cast<uint64_t>(limit),
+                  InvalidArgument("row ", static_cast<int64_t>(row[u]), " at position ", u, " is outside [0, ", limit, ")"));
+    }
+    const float rate = rate_tensor.scalar<float>()();
+    float* data = table->flat<float>().data();
+    const float* values = gradient.flat<float>().data();
+    auto work = [&](int64_t begin, int64_t end) {
+      for (int64_t u = begin; u < end; ++u) {
+        if (u + kPrefetch < end) PrefetchRow(data + static_cast<int64_t>(row[u + kPrefetch]) * width, width);
+        float* __restrict target = data + static_cast<int64_t>(row[u]) * width;
+        const float* __restrict source = values + u * width;
+        for (int64_t j = 0; j < width; ++j) target[j] -= rate * source[j];
+      }
+    };
+    auto* threads = context->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(threads->num_threads, threads->workers, count, 2 * width, work);
+  }
+};
+
+::tensorflow::Status BagShape(InferenceContext* c) {
+  std::vector<int64_t> offsets;
+  int64_t width;
+  TF_RETURN_IF_ERROR(c->GetAttr("offsets", &offsets));
+  TF_RETURN_IF_ERROR(c->GetAttr("width", &width));
+  const int count = static_cast<int>(offsets.size());
+  // Inputs: table, values[count], row_splits[count]: the batch is row_splits[0]'s length - 1.
+  auto samples = c->Dim(c->input(1 + count), 0);
+  ::tensorflow::shape_inference::DimensionHandle batch;
+  TF_RETURN_IF_ERROR(c->Subtract(samples, 1, &batch));
+  c->set_output(0, c->Matrix(batch, count * width));
+  return ::tensorflow::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("TfDlrmEmbeddingBag")
+    .Input("table: resource")
+    .Input("values: E * Tindices")
+    .Input("row_splits: E * Tsplits")
+    .Output("pooled: float")
+    .Attr("E: int >= 1")
+    .Attr("Tindices: {int32, int64}")
+    .Attr("Tsplits: {int32, int64}")
+    .Attr("offsets: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("width: int >= 1")
+    .SetShapeFn(BagShape);
+
+REGISTER_OP("TfDlrmEmbeddingBagGrad")
+    .Input("gradient: float")
+    .Input("values: E * Tindices")
+    .Input("row_splits: E * Tsplits")
+    .Output("rows: Tindices")
+    .Output("summed: float")
+    .Attr("E: int >= 1")
+    .Attr("Tindices: {int32, int64}")
+    .Attr("Tsplits: {int32, int64}")
+    .Attr("offsets: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("width: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t width;
+      TF_RETURN_IF_ERROR(c->GetAttr("width", &width));
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, width));
+      return ::tensorflow::OkStatus();
+    });
+
+REGISTER_OP("TfDlrmSparseApplySgd")
+    .Input("table: resource")
+    .Input("rows: Tindices")
+    .Input("gradient: float")
+    .Input("learning_rate: float")
+    .Attr("Tindices: {int32, int64}")
+    .SetShapeFn([](InferenceContext* c) { return ::tensorflow::OkStatus(); });
+
+#define TF_DLRM_REGISTER_BAG(index, split)                                                                  \
+  REGISTER_KERNEL_BUILDER(Name("TfDlrmEmbeddingBag")                                                        \
+                              .Device(::tensorflow::DEVICE_CPU)                                             \
+                              .HostMemory("table")                                                          \
+                              .TypeConstraint<index>("Tindices")                                            \
+                              .TypeConstraint<split>("Tsplits"),                                            \
+                          EmbeddingBagOp<index, split>);                                                    \
+  REGISTER_KERNEL_BUILDER(Name("TfDlrmEmbeddingBagGrad")                                                    \
+                              .Device(::tensorflow::DEVICE_CPU)                                             \
+                              .TypeConstraint<index>("Tindices")                                            \
+                              .TypeConstraint<split>("Tsplits"),                                            \
+                          EmbeddingBagGradOp<index, split>);
+TF_DLRM_REGISTER_BAG(int32_t, int32_t)
+TF_DLRM_REGISTER_BAG(int32_t, int64_t)
+TF_DLRM_REGISTER_BAG(int64_t, int32_t)
+TF_DLRM_REGISTER_BAG(int64_t, int64_t)
+#undef TF_DLRM_REGISTER_BAG
+
+REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplySgd").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int32_t>("Tindices"),
+                        SparseApplySgdOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplySgd").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tindices"),
+                        SparseApplySgdOp<int64_t>);
+
+}  // namespace tf_dlrm
