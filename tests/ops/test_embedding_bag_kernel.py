@@ -152,10 +152,19 @@ def test_in_a_tf_function_with_int64_row_splits_and_unknown_batch():
 
 def test_ids_outside_the_slice_are_refused_by_name():
     variable = tf.Variable(np.zeros((10, 2), np.float32))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"entry 1: id 4 at position 1 is outside \[0, 4\)"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"entry 1: an id is outside \[0, 4\) \(id 4 at position 1"):
         bag_lookup(variable, [(tf.constant([0, 1], tf.int32), 0, "sum"), (tf.constant([0, 4], tf.int32), 6, "sum")], tf.int32)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"id -1 at position 0"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"an id is outside \[0, 10\) \(id -1 at position 0"):
         bag_lookup(variable, [(tf.ragged.constant([[-1], []], dtype=tf.int32), 0, "sum")], tf.int32)
+    # With checks: the table's own rows (not the variable's), the hotness, the feature's name.
+    ragged = tf.ragged.constant([[1, 2, 3], [5]], dtype=tf.int32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 'history': an id is outside \[0, 5\) \(id 5 at position 3"):
+        bag_lookup(variable, [(ragged, 0, "mean")], tf.int32, checks=[("history", 5, 3)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 'history': a sample has more ids than its hotness 2 \(sample 0 has 3\)"):
+        bag_lookup(variable, [(ragged, 0, "mean")], tf.int32, checks=[("history", 6, 2)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 'wide': rows \[8, 14\) are outside the variable's 10 rows"):
+        bag_lookup(variable, [(ragged, 8, "sum")], tf.int32, checks=[("wide", 6, 0)])
+    np.testing.assert_array_equal(bag_lookup(variable, [(ragged, 0, "sum")], tf.int32, checks=[("history", 6, 3)]).numpy(), 0.0)
 
 
 def test_bad_row_splits_and_combiners_are_refused():

@@ -204,6 +204,11 @@ class DistributedEmbedding(keras.layers.Layer):
         for variable, kernel in zip(self.shard_variables + self.replicated_variables, self.group_kernel + self.replicated_kernel):
             if kernel:
                 mark_distinct_rows(variable)
+        # A multi-hot feature of a whole (not column-sliced) table is pooled by the kernel on
+        # whichever rank owns it (_pools_with_kernel), which checks its ids there.
+        self.kernel_checked_features = frozenset(
+            f for f, feature in enumerate(self.features)
+            if not feature.one_hot and len(self.plan.table_slices(self.feature_tables[f])) == 1 and bag_kernel() is not None)
         distributed = self.env.distributed and self.exchanges
         self.padding_variables = []
         if distributed and not any(self.entries):
@@ -230,8 +235,19 @@ class DistributedEmbedding(keras.layers.Layer):
     # ------------------------------------------------------------------ forward
 
     def _normalized(self, features, categorical) -> dict:
-        return {f: normalize_ids(ids, self.features[f], self.cardinalities[self.feature_tables[f]], self.validate_ids)
+        # Ids the kernel pools are checked by it, on the rank that looks them up (one pass fewer).
+        return {f: normalize_ids(ids, self.features[f], self.cardinalities[self.feature_tables[f]],
+                                 self.validate_ids and f not in self.kernel_checked_features)
                 for f, ids in zip(features, categorical)}
+
+    def _kernel_checks(self, entries) -> list[tuple]:
+        """(name, table rows, hotness to check or 0) of each entry, for the kernel's own id checks."""
+        checks = []
+        for f, _ in entries:
+            feature = self.features[f]
+            hotness = feature.hotness if self.validate_ids and feature.ragged else 0  # fixed: checked by shape
+            checks.append((feature.name, self.cardinalities[self.feature_tables[f]], hotness))
+        return checks
 
     def call(self, categorical, local_batch=None):
         """``categorical``: the ids of :attr:`global_categorical` then :attr:`local_categorical`
@@ -254,7 +270,7 @@ class DistributedEmbedding(keras.layers.Layer):
         for variable, offsets, entries, kernel in zip(self.replicated_variables, self.replicated_offsets,
                                                       self.replicated_entries, self.replicated_kernel):
             looked_up = pooled_lookup(variable, [(ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
-                                      tf.as_dtype(offsets.dtype), kernel=kernel)
+                                      tf.as_dtype(offsets.dtype), kernel=kernel, checks=self._kernel_checks(entries))
             parts.append(tf.cast(looked_up, self.compute_dtype))
         joined = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
         pooled = permute(joined, self.permutation, axis=1)
@@ -290,7 +306,7 @@ class DistributedEmbedding(keras.layers.Layer):
             if entries:
                 packed.append(pooled_lookup(
                     variable, [(global_ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
-                    tf.as_dtype(offsets.dtype), kernel=kernel))
+                    tf.as_dtype(offsets.dtype), kernel=kernel, checks=self._kernel_checks(entries)))
         if self.deduplicate_exchange and self.env.distributed:
             mine = [(variable, tf.cast(global_ids[f], tf.as_dtype(offsets.dtype)) + offsets[p], width)
                     for (width, _), variable, offsets, entries in zip(self.groups, self.shard_variables, self.group_offsets, self.entries)

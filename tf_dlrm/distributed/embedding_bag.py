@@ -57,10 +57,14 @@ def _as_values_and_splits(ids, index_dtype: tf.DType):
     return tf.cast(ids, index_dtype), tf.range(count + 1, dtype=tf.int64)
 
 
-def bag_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType) -> tf.Tensor:
+def bag_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType, checks: Sequence[tuple] | None = None) -> tf.Tensor:
     """``[n, E * w]`` float32: entry ``e = (ids, row_offset, combiner)`` pooled into columns
     ``[e*w, (e+1)*w)`` of ``variable`` (a Keras or tf variable ``[rows, w]``, float32); ids are
-    1-D (one-hot) or ``tf.RaggedTensor`` (multi-hot), all of one batch size ``n``."""
+    1-D (one-hot) or ``tf.RaggedTensor`` (multi-hot), all of one batch size ``n``.
+
+    ``checks``: per entry ``(feature name, table rows, hotness or 0)``: the kernel refuses, naming
+    the feature, an id outside ``[0, table rows)`` and (hotness > 0) a sample with more ids. Without
+    them it refuses ids past the variable's last row. It never reads outside the variable."""
     library = bag_kernel()
     if library is None:
         raise RuntimeError("tf_dlrm's embedding-bag kernel is not loaded (python -m tf_dlrm.ops.build)")
@@ -72,7 +76,8 @@ def bag_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType) -> tf.
     return library.tf_dlrm_embedding_bag(
         table=table.handle, values=[v for v, _ in pairs], row_splits=[s for _, s in pairs],
         offsets=[int(offset) for _, offset, _ in entries], combiners=[str(c) for _, _, c in entries],
-        width=int(variable.shape[1]))
+        width=int(variable.shape[1]), names=[str(n) for n, _, _ in checks or ()],
+        limits=[int(r) for _, r, _ in checks or ()], hotness=[int(h) for _, _, h in checks or ()])
 
 
 @tf.RegisterGradient("TfDlrmEmbeddingBag")

@@ -100,14 +100,15 @@ def combiner_scale(ids: tf.RaggedTensor, combiner: str) -> tf.Tensor | None:
     return 1.0 / count if combiner == Combiner.MEAN.value else tf.math.rsqrt(count)
 
 
-def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType, kernel: bool = False) -> tf.Tensor:
+def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType, kernel: bool = False, checks=None) -> tf.Tensor:
     """``[n, E * w]``: entry ``e = (ids, row_offset, combiner)`` pooled into columns ``[e*w, (e+1)*w)``.
 
     All entries share one batch size ``n``; ``variable`` is ``[rows of all slices, w]``. ``kernel``:
-    pool with tf_dlrm's embedding-bag kernel (the caller checked that it is loaded).
+    pool with tf_dlrm's embedding-bag kernel (the caller checked that it is loaded), which checks
+    the ids itself (``checks``: see :func:`tf_dlrm.distributed.embedding_bag.bag_lookup`).
     """
     if kernel:
-        return bag_lookup(variable, entries, index_dtype)
+        return bag_lookup(variable, entries, index_dtype, checks)
     width = int(variable.shape[1])
     count = len(entries)
     if all(not isinstance(ids, tf.RaggedTensor) for ids, _, _ in entries):

@@ -122,14 +122,31 @@ struct Entries {
   }
 };
 
-// The ids of entry e must lie in [0, rows - offsets[e]): checked before any row is read.
-template <typename Index>
-::tensorflow::Status CheckIds(const Index* ids, int64_t size, int64_t offset, int64_t rows, int entry) {
-  const uint64_t limit = static_cast<uint64_t>(rows - offset);
+// What the error messages call entry e: its feature's name when the caller gave names.
+std::string EntryName(const std::vector<std::string>& names, int entry) {
+  if (entry < static_cast<int>(names.size())) return "feature '" + names[entry] + "'";
+  return "entry " + std::to_string(entry);
+}
+
+// Entry e's ids must lie in [0, limit) (its table's rows), and its samples hold at most `hotness`
+// ids (0: unchecked): checked before any row is read, so bad input fails by name, never reads
+// outside the variable.
+template <typename Index, typename Split>
+::tensorflow::Status CheckEntry(const Index* ids, const Split* split, int64_t batch, int64_t size, int64_t limit,
+                                int64_t hotness, const std::string& name) {
+  const uint64_t bound = static_cast<uint64_t>(limit);
   for (int64_t k = 0; k < size; ++k) {
-    if (static_cast<uint64_t>(static_cast<int64_t>(ids[k])) >= limit) {
-      return InvalidArgument("entry ", entry, ": id ", static_cast<int64_t>(ids[k]), " at position ", k,
-                             " is outside [0, ", rows - offset, ") (the table slice at fused row ", offset, ")");
+    if (static_cast<uint64_t>(static_cast<int64_t>(ids[k])) >= bound) {
+      return InvalidArgument(name, ": an id is outside [0, ", limit, ") (id ", static_cast<int64_t>(ids[k]),
+                             " at position ", k, "; there are no pad ids: every id must be >= 0 and < the table's rows)");
+    }
+  }
+  if (hotness > 0) {
+    for (int64_t s = 0; s < batch; ++s) {
+      if (split[s + 1] - split[s] > hotness) {
+        return InvalidArgument(name, ": a sample has more ids than its hotness ", hotness, " (sample ", s, " has ",
+                               static_cast<int64_t>(split[s + 1] - split[s]), ")");
+      }
     }
   }
   return ::tensorflow::OkStatus();
@@ -157,9 +174,20 @@ class BagAttributes {
     OP_REQUIRES(context, offsets_.size() == combiners_.size() && !offsets_.empty(),
                 InvalidArgument("Expected one offset and one combiner per entry. Received: ", offsets_.size(),
                                 " offsets, ", combiners_.size(), " combiners"));
+    if (context->HasAttr("limits")) {
+      OP_REQUIRES_OK(context, context->GetAttr("limits", &limits_));
+      OP_REQUIRES_OK(context, context->GetAttr("hotness", &hotness_));
+      OP_REQUIRES_OK(context, context->GetAttr("names", &names_));
+      OP_REQUIRES(context, (limits_.empty() || limits_.size() == offsets_.size()) &&
+                               (hotness_.empty() || hotness_.size() == offsets_.size()),
+                  InvalidArgument("Expected limits and hotness empty or one per entry. Received: ", limits_.size(),
+                                  " limits, ", hotness_.size(), " hotness values, ", offsets_.size(), " entries"));
+    }
   }
 
  protected:
+  std::vector<int64_t> limits_, hotness_;
+  std::vector<std::string> names_;
   std::vector<int64_t> offsets_;
   std::vector<Combiner> combiners_;
   int64_t width_ = 0;
@@ -184,7 +212,13 @@ class EmbeddingBagOp : public OpKernel, BagAttributes {
                 InvalidArgument("the variable's width is ", width, "; the op was built for width ", width_));
     int64_t total = 0;
     for (int e = 0; e < count; ++e) {
-      OP_REQUIRES_OK(context, CheckIds(entries.values[e], entries.sizes[e], offsets_[e], rows, e));
+      // Without a limit, an entry may read up to the variable's last row.
+      const int64_t limit = limits_.empty() ? rows - offsets_[e] : limits_[e];
+      OP_REQUIRES(context, offsets_[e] >= 0 && offsets_[e] + limit <= rows,
+                  InvalidArgument(EntryName(names_, e), ": rows [", offsets_[e], ", ", offsets_[e] + limit,
+                                  ") are outside the variable's ", rows, " rows"));
+      OP_REQUIRES_OK(context, CheckEntry(entries.values[e], entries.splits[e], entries.batch, entries.sizes[e], limit,
+                                         hotness_.empty() ? 0 : hotness_[e], EntryName(names_, e)));
       total += entries.sizes[e];
     }
     const int64_t batch = entries.batch;
@@ -462,6 +496,9 @@ REGISTER_OP("TfDlrmEmbeddingBag")
     .Attr("offsets: list(int)")
     .Attr("combiners: list(string)")
     .Attr("width: int >= 1")
+    .Attr("limits: list(int) = []")
+    .Attr("hotness: list(int) = []")
+    .Attr("names: list(string) = []")
     .SetShapeFn(BagShape);
 
 REGISTER_OP("TfDlrmEmbeddingBagGrad")
