@@ -237,11 +237,15 @@ class EmbeddingBagOp : public OpKernel, BagAttributes {
         for (int64_t s = begin; s < end; ++s) {
           float* __restrict target = out + (s * count + e) * width;
           const int64_t first = split[s], last = split[s + 1];
-          std::fill(target, target + width, 0.0f);
+          if (first == last) std::fill(target, target + width, 0.0f);
           for (int64_t k = first; k < last; ++k) {
             if (k + kPrefetch < stop) PrefetchRow(base + static_cast<int64_t>(ids[k + kPrefetch]) * width, width);
             const float* __restrict row = base + static_cast<int64_t>(ids[k]) * width;
-            for (int64_t j = 0; j < width; ++j) target[j] += row[j];
+            if (k == first) {
+              std::copy_n(row, width, target);
+            } else {
+              for (int64_t j = 0; j < width; ++j) target[j] += row[j];
+            }
           }
           const float scale = Scale(combiners_[e], last - first);
           if (scale != 1.0f) {
@@ -396,7 +400,12 @@ class EmbeddingBagGradOp : public OpKernel, BagAttributes {
         rows(r) = static_cast<Index>(slice.distinct[u] + slice.offset);
         float* __restrict target = summed + r * width;
         std::fill(target, target + width, 0.0f);
-        for (int64_t o = slice.starts[u]; o < slice.starts[u + 1]; ++o) {
+        const int64_t stop = slice.starts[u + 1];
+        for (int64_t o = slice.starts[u]; o < stop; ++o) {
+          if (o + kPrefetch < stop) {
+            const int64_t ahead = slice.occurrences[o + kPrefetch];
+            PrefetchRow(gradient + ((ahead % batch) * count + ahead / batch) * width, width);
+          }
           const int64_t code = slice.occurrences[o];
           const int64_t e = code / batch, s = code % batch;
           const float* __restrict source = gradient + (s * count + e) * width;
