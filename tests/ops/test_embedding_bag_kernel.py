@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from arithmetic import float32_sum_bound
 from tf_dlrm import ops
-from tf_dlrm.distributed.embedding_bag import apply_sgd_to_distinct_rows, bag_kernel, bag_lookup
+from tf_dlrm.distributed.embedding_bag import apply_sgd_to_distinct_rows, bag_kernel, bag_lookup, multi_table_bag_lookup
 from tf_dlrm.distributed.pooling import pooled_lookup
 
 
@@ -167,24 +167,31 @@ def test_ids_outside_the_slice_are_refused_by_name():
     np.testing.assert_array_equal(bag_lookup(variable, [(ragged, 0, "sum")], tf.int32, checks=[("history", 6, 3)]).numpy(), 0.0)
 
 
+def raw_bag(variable, values, row_splits, offsets, combiners, width):
+    count = len(values)
+    return library().tf_dlrm_embedding_bag(
+        tables=[variable.handle], values=values, row_splits=row_splits, offsets=offsets, combiners=combiners,
+        table_of=[0] * count, columns=[e * width for e in range(count)], widths=[width], output_width=count * width)
+
+
 def test_bad_row_splits_and_combiners_are_refused():
     variable = tf.Variable(np.zeros((10, 2), np.float32))
     values = tf.constant([1, 2, 3], tf.int32)
     with pytest.raises(tf.errors.InvalidArgumentError, match="end at the number of values"):
-        library().tf_dlrm_embedding_bag(table=variable.handle, values=[values], row_splits=[tf.constant([0, 2], tf.int64)],
+        raw_bag(variable, values=[values], row_splits=[tf.constant([0, 2], tf.int64)],
                                         offsets=[0], combiners=["sum"], width=2)
     with pytest.raises(tf.errors.InvalidArgumentError, match="decrease at sample 1"):
-        library().tf_dlrm_embedding_bag(table=variable.handle, values=[values], row_splits=[tf.constant([0, 3, 2, 3], tf.int64)],
+        raw_bag(variable, values=[values], row_splits=[tf.constant([0, 3, 2, 3], tf.int64)],
                                         offsets=[0], combiners=["sum"], width=2)
     with pytest.raises(tf.errors.InvalidArgumentError, match="entry 1 has 1 samples; entry 0 has 2"):
-        library().tf_dlrm_embedding_bag(table=variable.handle, values=[values, values],
+        raw_bag(variable, values=[values, values],
                                         row_splits=[tf.constant([0, 1, 3], tf.int64), tf.constant([0, 3], tf.int64)],
                                         offsets=[0, 0], combiners=["sum", "sum"], width=2)
     with pytest.raises(tf.errors.InvalidArgumentError, match="combiners in"):
-        library().tf_dlrm_embedding_bag(table=variable.handle, values=[values], row_splits=[tf.constant([0, 3], tf.int64)],
+        raw_bag(variable, values=[values], row_splits=[tf.constant([0, 3], tf.int64)],
                                         offsets=[0], combiners=["max"], width=2)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="width is 2"):
-        library().tf_dlrm_embedding_bag(table=variable.handle, values=[values], row_splits=[tf.constant([0, 3], tf.int64)],
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table 0 has width 2; the op was built for 3"):
+        raw_bag(variable, values=[values], row_splits=[tf.constant([0, 3], tf.int64)],
                                         offsets=[0], combiners=["sum"], width=3)
 
 
@@ -202,3 +209,29 @@ def test_sgd_on_distinct_rows_matches_numpy_and_leaves_earlier_reads_alone():
     np.testing.assert_array_equal(earlier.numpy(), table)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"row 1000 at position 0 is outside \[0, 1000\)"):
         apply_sgd_to_distinct_rows(variable, tf.IndexedSlices(tf.zeros([1, 24]), tf.constant([1000], tf.int32)), 0.5)
+
+
+def test_several_variables_in_one_op_write_any_column_order():
+    """Two variables of widths 3 and 2, entries placed out of variable order: the same values and
+    per-variable gradients as one op per variable followed by a column permutation."""
+    rng = np.random.default_rng(11)
+    narrow, wide = tf.Variable(rng.normal(size=(12, 2)).astype(np.float32)), tf.Variable(rng.normal(size=(9, 3)).astype(np.float32))
+    a = tf.ragged.constant([[1, 1, 4], [], [8, 0]], dtype=tf.int32)
+    b = tf.constant([[2, 5], [5, 5], [0, 1]], tf.int32)
+    b = tf.RaggedTensor.from_tensor(b)
+    c = tf.constant([3, 3, 7], tf.int32)
+    # Output columns: c (narrow, 0:2), a (wide, 2:5), b (narrow, 5:7).
+    entries = [(a, 0, "mean", 1, 2), (b, 6, "sqrtn", 0, 5), (c, 0, "sum", 0, 0)]
+    upstream = rng.normal(size=(3, 7)).astype(np.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        joint = multi_table_bag_lookup([narrow, wide], entries, tf.int32)
+        apart = tf.concat([bag_lookup(narrow, [(c, 0, "sum")], tf.int32), bag_lookup(wide, [(a, 0, "mean")], tf.int32),
+                           bag_lookup(narrow, [(b, 6, "sqrtn")], tf.int32)], axis=1)
+    np.testing.assert_allclose(joint.numpy(), apart.numpy(), rtol=1e-6)
+    for variable in (narrow, wide):
+        ours = tape.gradient(joint, variable, output_gradients=upstream)
+        theirs = tape.gradient(apart, variable, output_gradients=upstream)
+        assert len(set(ours.indices.numpy().tolist())) == len(ours.indices.numpy())
+        np.testing.assert_allclose(tf.convert_to_tensor(ours).numpy(), tf.convert_to_tensor(theirs).numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must tile"):
+        multi_table_bag_lookup([narrow, wide], [(a, 0, "mean", 1, 1), (c, 0, "sum", 0, 0)], tf.int32)

@@ -65,31 +65,51 @@ def bag_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType, checks
     ``checks``: per entry ``(feature name, table rows, hotness or 0)``: the kernel refuses, naming
     the feature, an id outside ``[0, table rows)`` and (hotness > 0) a sample with more ids. Without
     them it refuses ids past the variable's last row. It never reads outside the variable."""
+    width = int(variable.shape[1])
+    placed = [(ids, offset, combiner, 0, e * width) for e, (ids, offset, combiner) in enumerate(entries)]
+    return multi_table_bag_lookup([variable], placed, index_dtype, checks)
+
+
+def multi_table_bag_lookup(variables: Sequence, entries: Sequence[tuple], index_dtype: tf.DType,
+                           checks: Sequence[tuple] | None = None) -> tf.Tensor:
+    """``[n, sum of entry widths]`` float32 from several variables in one op: entry
+    ``(ids, row_offset, combiner, variable index, first column)`` pools rows of ``variables[index]``
+    into columns ``[first column, first column + its width)``; the entries' columns must tile the
+    output. One op instead of one per variable plus a concat and a permutation: the layer writes
+    its output in feature order directly when nothing else joins it (one process)."""
     library = bag_kernel()
     if library is None:
         raise RuntimeError("tf_dlrm's embedding-bag kernel is not loaded (python -m tf_dlrm.ops.build)")
-    pairs = [_as_values_and_splits(ids, index_dtype) for ids, _, _ in entries]
-    table = _tf_variable(variable)
-    # The op reads the handle, not the value: tell active tapes, as a variable's own reads do, so
+    pairs = [_as_values_and_splits(entry[0], index_dtype) for entry in entries]
+    tables = [_tf_variable(v) for v in variables]
+    # The op reads the handles, not the values: tell active tapes, as a variable's own reads do, so
     # that a tape watching trainable variables automatically records this read.
-    tape_lib.variable_accessed(table)
+    for table in tables:
+        tape_lib.variable_accessed(table)
+    widths = [int(v.shape[1]) for v in variables]
     return library.tf_dlrm_embedding_bag(
-        table=table.handle, values=[v for v, _ in pairs], row_splits=[s for _, s in pairs],
-        offsets=[int(offset) for _, offset, _ in entries], combiners=[str(c) for _, _, c in entries],
-        width=int(variable.shape[1]), names=[str(n) for n, _, _ in checks or ()],
+        tables=[t.handle for t in tables], values=[v for v, _ in pairs], row_splits=[s for _, s in pairs],
+        offsets=[int(e[1]) for e in entries], combiners=[str(e[2]) for e in entries],
+        table_of=[int(e[3]) for e in entries], columns=[int(e[4]) for e in entries], widths=widths,
+        output_width=sum(widths[int(e[3])] for e in entries), names=[str(n) for n, _, _ in checks or ()],
         limits=[int(r) for _, r, _ in checks or ()], hotness=[int(h) for _, _, h in checks or ()])
 
 
 @tf.RegisterGradient("TfDlrmEmbeddingBag")
 def _bag_gradient(op, upstream):
-    count = op.get_attr("E")
-    values, splits = op.inputs[1:1 + count], op.inputs[1 + count:]
+    tables, count = op.get_attr("T"), op.get_attr("E")
+    values, splits = op.inputs[tables:tables + count], op.inputs[tables + count:]
     combiners = [c.decode() if isinstance(c, bytes) else c for c in op.get_attr("combiners")]
-    rows, summed = bag_kernel().tf_dlrm_embedding_bag_grad(
+    outputs = bag_kernel().tf_dlrm_embedding_bag_grad(
         gradient=upstream, values=values, row_splits=splits, offsets=op.get_attr("offsets"), combiners=combiners,
-        width=op.get_attr("width"))
-    shape = tf.raw_ops.VariableShape(input=op.inputs[0], out_type=rows.dtype)
-    return [tf.IndexedSlices(summed, rows, shape)] + [None] * (2 * count)
+        table_of=op.get_attr("table_of"), columns=op.get_attr("columns"), widths=op.get_attr("widths"),
+        output_width=op.get_attr("output_width"), T=tables)
+    rows, summed = outputs
+    gradients = []
+    for t in range(tables):
+        shape = tf.raw_ops.VariableShape(input=op.inputs[t], out_type=rows[t].dtype)
+        gradients.append(tf.IndexedSlices(summed[t], rows[t], shape))
+    return gradients + [None] * (2 * count)
 
 
 def apply_sgd_to_distinct_rows(variable, gradient: tf.IndexedSlices, learning_rate) -> None:

@@ -24,8 +24,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <map>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -152,9 +153,9 @@ template <typename Index, typename Split>
   return ::tensorflow::OkStatus();
 }
 
-// Looks up resource input 0, which must be a float32 [rows, width] variable (the caller locks it).
-::tensorflow::Status LookupTable(OpKernelContext* context, ::tensorflow::core::RefCountPtr<Var>* variable) {
-  TF_RETURN_IF_ERROR(::tensorflow::LookupResource(context, ::tensorflow::HandleFromInput(context, 0), variable));
+// Looks up resource input `index`, which must be a float32 [rows, width] variable (the caller locks it).
+::tensorflow::Status LookupTable(OpKernelContext* context, int index, ::tensorflow::core::RefCountPtr<Var>* variable) {
+  TF_RETURN_IF_ERROR(::tensorflow::LookupResource(context, ::tensorflow::HandleFromInput(context, index), variable));
   const Tensor* table = (*variable)->tensor();
   if (table->dtype() != ::tensorflow::DT_FLOAT || table->dims() != 2) {
     return InvalidArgument("expected a float32 [rows, width] variable. Received: ",
@@ -163,34 +164,56 @@ template <typename Index, typename Split>
   return ::tensorflow::OkStatus();
 }
 
+// Which table each entry reads, at which row offset, pooled how, into which output columns.
 class BagAttributes {
  public:
   explicit BagAttributes(OpKernelConstruction* context) {
     std::vector<std::string> names;
     OP_REQUIRES_OK(context, context->GetAttr("offsets", &offsets_));
     OP_REQUIRES_OK(context, context->GetAttr("combiners", &names));
-    OP_REQUIRES_OK(context, context->GetAttr("width", &width_));
+    OP_REQUIRES_OK(context, context->GetAttr("table_of", &table_of_));
+    OP_REQUIRES_OK(context, context->GetAttr("columns", &columns_));
+    OP_REQUIRES_OK(context, context->GetAttr("widths", &widths_));
+    OP_REQUIRES_OK(context, context->GetAttr("output_width", &output_width_));
     OP_REQUIRES_OK(context, ParseCombiners(names, &combiners_));
-    OP_REQUIRES(context, offsets_.size() == combiners_.size() && !offsets_.empty(),
-                InvalidArgument("Expected one offset and one combiner per entry. Received: ", offsets_.size(),
-                                " offsets, ", combiners_.size(), " combiners"));
+    const size_t count = offsets_.size();
+    OP_REQUIRES(context, count > 0 && combiners_.size() == count && table_of_.size() == count && columns_.size() == count,
+                InvalidArgument("Expected one offset, combiner, table and column per entry. Received: ", count,
+                                " offsets, ", combiners_.size(), " combiners, ", table_of_.size(), " tables, ",
+                                columns_.size(), " columns"));
+    // The entries' column blocks must tile [0, output_width) exactly: every output value is written.
+    std::vector<std::pair<int64_t, int64_t>> blocks;
+    for (size_t e = 0; e < count; ++e) {
+      OP_REQUIRES(context, table_of_[e] >= 0 && table_of_[e] < static_cast<int64_t>(widths_.size()),
+                  InvalidArgument("entry ", e, " reads table ", table_of_[e], " of ", widths_.size()));
+      blocks.emplace_back(columns_[e], widths_[table_of_[e]]);
+    }
+    std::sort(blocks.begin(), blocks.end());
+    int64_t next = 0;
+    for (const auto& [column, width] : blocks) {
+      OP_REQUIRES(context, column == next && width > 0,
+                  InvalidArgument("the entries' columns must tile [0, ", output_width_, ") exactly; a block starts at ",
+                                  column, " where ", next, " was expected"));
+      next += width;
+    }
+    OP_REQUIRES(context, next == output_width_,
+                InvalidArgument("the entries' columns end at ", next, ", not at output_width ", output_width_));
     if (context->HasAttr("limits")) {
       OP_REQUIRES_OK(context, context->GetAttr("limits", &limits_));
       OP_REQUIRES_OK(context, context->GetAttr("hotness", &hotness_));
       OP_REQUIRES_OK(context, context->GetAttr("names", &names_));
-      OP_REQUIRES(context, (limits_.empty() || limits_.size() == offsets_.size()) &&
-                               (hotness_.empty() || hotness_.size() == offsets_.size()),
+      OP_REQUIRES(context, (limits_.empty() || limits_.size() == count) && (hotness_.empty() || hotness_.size() == count),
                   InvalidArgument("Expected limits and hotness empty or one per entry. Received: ", limits_.size(),
-                                  " limits, ", hotness_.size(), " hotness values, ", offsets_.size(), " entries"));
+                                  " limits, ", hotness_.size(), " hotness values, ", count, " entries"));
     }
   }
 
  protected:
   std::vector<int64_t> limits_, hotness_;
   std::vector<std::string> names_;
-  std::vector<int64_t> offsets_;
+  std::vector<int64_t> offsets_, table_of_, columns_, widths_;
   std::vector<Combiner> combiners_;
-  int64_t width_ = 0;
+  int64_t output_width_ = 0;
 };
 
 template <typename Index, typename Split>
@@ -200,31 +223,39 @@ class EmbeddingBagOp : public OpKernel, BagAttributes {
 
   void Compute(OpKernelContext* context) override {
     const int count = static_cast<int>(offsets_.size());
+    const int tables = static_cast<int>(widths_.size());
     Entries<Index, Split> entries;
     OP_REQUIRES_OK(context, entries.Read(context, count));
-    ::tensorflow::core::RefCountPtr<Var> variable;
-    OP_REQUIRES_OK(context, LookupTable(context, &variable));
-    // Shared: other readers may run alongside; a dense assignment waits for us.
-    ::tensorflow::tf_shared_lock lock(*variable->mu());
-    const Tensor& table = *variable->tensor();
-    const int64_t rows = table.dim_size(0), width = table.dim_size(1);
-    OP_REQUIRES(context, width == width_,
-                InvalidArgument("the variable's width is ", width, "; the op was built for width ", width_));
+    std::vector<::tensorflow::core::RefCountPtr<Var>> variables(tables);
+    // Shared locks: other readers may run alongside; a dense assignment waits for us. Writers hold
+    // one variable at a time, so taking several shared locks cannot deadlock with them.
+    std::vector<std::unique_ptr<::tensorflow::tf_shared_lock>> locks;
+    std::vector<const float*> data(tables);
+    std::vector<int64_t> rows(tables);
+    for (int t = 0; t < tables; ++t) {
+      OP_REQUIRES_OK(context, LookupTable(context, t, &variables[t]));
+      locks.push_back(std::make_unique<::tensorflow::tf_shared_lock>(*variables[t]->mu()));
+      const Tensor& table = *variables[t]->tensor();
+      OP_REQUIRES(context, table.dim_size(1) == widths_[t],
+                  InvalidArgument("table ", t, " has width ", table.dim_size(1), "; the op was built for ", widths_[t]));
+      data[t] = table.flat<float>().data();
+      rows[t] = table.dim_size(0);
+    }
     int64_t total = 0;
     for (int e = 0; e < count; ++e) {
+      const int64_t table_rows = rows[table_of_[e]];
       // Without a limit, an entry may read up to the variable's last row.
-      const int64_t limit = limits_.empty() ? rows - offsets_[e] : limits_[e];
-      OP_REQUIRES(context, offsets_[e] >= 0 && offsets_[e] + limit <= rows,
+      const int64_t limit = limits_.empty() ? table_rows - offsets_[e] : limits_[e];
+      OP_REQUIRES(context, offsets_[e] >= 0 && offsets_[e] + limit <= table_rows,
                   InvalidArgument(EntryName(names_, e), ": rows [", offsets_[e], ", ", offsets_[e] + limit,
-                                  ") are outside the variable's ", rows, " rows"));
+                                  ") are outside the variable's ", table_rows, " rows"));
       OP_REQUIRES_OK(context, CheckEntry(entries.values[e], entries.splits[e], entries.batch, entries.sizes[e], limit,
                                          hotness_.empty() ? 0 : hotness_[e], EntryName(names_, e)));
-      total += entries.sizes[e];
+      total += entries.sizes[e] * widths_[table_of_[e]];
     }
-    const int64_t batch = entries.batch;
+    const int64_t batch = entries.batch, stride = output_width_;
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({batch, count * width}), &output));
-    const float* data = table.flat<float>().data();
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({batch, stride}), &output));
     float* out = output->flat<float>().data();
     auto work = [&](int64_t begin, int64_t end) {
       // Entry by entry: the ids of samples [begin, end) of one entry are contiguous, so the row
@@ -232,10 +263,11 @@ class EmbeddingBagOp : public OpKernel, BagAttributes {
       for (int e = 0; e < count; ++e) {
         const Index* ids = entries.values[e];
         const Split* split = entries.splits[e];
-        const float* base = data + offsets_[e] * width;
+        const int64_t width = widths_[table_of_[e]];
+        const float* base = data[table_of_[e]] + offsets_[e] * width;
         const int64_t stop = split[end];
         for (int64_t s = begin; s < end; ++s) {
-          float* __restrict target = out + (s * count + e) * width;
+          float* __restrict target = out + s * stride + columns_[e];
           const int64_t first = split[s], last = split[s + 1];
           if (first == last) std::fill(target, target + width, 0.0f);
           for (int64_t k = first; k < last; ++k) {
@@ -255,7 +287,7 @@ class EmbeddingBagOp : public OpKernel, BagAttributes {
       }
     };
     auto* threads = context->device()->tensorflow_cpu_worker_threads();
-    const int64_t cost = batch > 0 ? (total / batch + count) * width : 1;
+    const int64_t cost = batch > 0 ? total / batch + stride : 1;
     ::tensorflow::Shard(threads->num_threads, threads->workers, batch, std::max<int64_t>(cost, 1), work);
   }
 };
@@ -303,31 +335,47 @@ class EmbeddingBagGradOp : public OpKernel, BagAttributes {
 
   void Compute(OpKernelContext* context) override {
     const int count = static_cast<int>(offsets_.size());
+    const int tables = static_cast<int>(widths_.size());
     Entries<Index, Split> entries;
     OP_REQUIRES_OK(context, entries.Read(context, count));
     const Tensor& upstream = context->input(0);
-    const int64_t batch = entries.batch, width = width_;
-    OP_REQUIRES(context, upstream.dims() == 2 && upstream.dim_size(0) == batch && upstream.dim_size(1) == count * width,
-                InvalidArgument("Expected the gradient of shape [", batch, ", ", count * width,
+    const int64_t batch = entries.batch, stride = output_width_;
+    OP_REQUIRES(context, upstream.dims() == 2 && upstream.dim_size(0) == batch && upstream.dim_size(1) == stride,
+                InvalidArgument("Expected the gradient of shape [", batch, ", ", stride,
                                 "]. Received: ", upstream.shape().DebugString()));
-    // Entries with one offset read one table slice: their ids are deduplicated together.
-    std::map<int64_t, std::vector<int>> slices;
-    for (int e = 0; e < count; ++e) slices[offsets_[e]].push_back(e);
+    // Entries whose rows may overlap (the same table, overlapping ranges [offset, offset + largest
+    // id]) are deduplicated together; the layer's entries of different table slices never overlap,
+    // so each slice's ids are indexed on their own (small, cache-friendly, in parallel).
     struct Slice {
-      int64_t offset;
+      int64_t table, offset;  // offset: the group's first row in its table
       std::vector<int> entries;
-      std::vector<int64_t> distinct;
+      std::vector<int64_t> distinct;     // rows relative to offset
       std::vector<int64_t> starts;       // [distinct + 1]: where each row's occurrences begin
       std::vector<int64_t> occurrences;  // entry * batch + sample, grouped by row
     };
-    std::vector<Slice> groups;
-    for (auto& [offset, members] : slices) groups.push_back(Slice{offset, members, {}, {}, {}});
-    auto index_slice = [&](Slice& slice) {
-      int64_t size = 0;
-      for (int e : slice.entries) size += entries.sizes[e];
+    std::vector<std::tuple<int64_t, int64_t, int64_t, int>> ranges;  // table, first row, end row, entry
+    for (int e = 0; e < count; ++e) {
       int64_t largest = -1;
+      for (int64_t k = 0; k < entries.sizes[e]; ++k) largest = std::max<int64_t>(largest, entries.values[e][k]);
+      ranges.emplace_back(table_of_[e], offsets_[e], offsets_[e] + largest + 1, e);
+    }
+    std::sort(ranges.begin(), ranges.end());
+    std::vector<Slice> groups;
+    int64_t group_end = 0;
+    for (const auto& [table, first, end, e] : ranges) {
+      if (groups.empty() || groups.back().table != table || first >= group_end) {
+        groups.push_back(Slice{table, first, {}, {}, {}, {}});
+        group_end = end;
+      }
+      groups.back().entries.push_back(e);
+      group_end = std::max(group_end, end);
+    }
+    auto index_slice = [&](Slice& slice) {
+      int64_t size = 0, largest = -1;
       for (int e : slice.entries) {
-        for (int64_t k = 0; k < entries.sizes[e]; ++k) largest = std::max<int64_t>(largest, entries.values[e][k]);
+        size += entries.sizes[e];
+        const int64_t shift = offsets_[e] - slice.offset;
+        for (int64_t k = 0; k < entries.sizes[e]; ++k) largest = std::max<int64_t>(largest, entries.values[e][k] + shift);
       }
       std::vector<int32_t> slot_of(size);
       std::vector<int64_t> code_of(size);
@@ -336,9 +384,10 @@ class EmbeddingBagGradOp : public OpKernel, BagAttributes {
         for (int e : slice.entries) {
           const Index* ids = entries.values[e];
           const Split* split = entries.splits[e];
+          const int64_t shift = offsets_[e] - slice.offset;
           for (int64_t s = 0; s < batch; ++s) {
             for (int64_t k = split[s]; k < split[s + 1]; ++k, ++position) {
-              slot_of[position] = find(static_cast<int64_t>(ids[k]));
+              slot_of[position] = find(static_cast<int64_t>(ids[k]) + shift);
               code_of[position] = e * batch + s;
             }
           }
@@ -374,15 +423,25 @@ class EmbeddingBagGradOp : public OpKernel, BagAttributes {
                         [&](int64_t begin, int64_t end) {
                           for (int64_t g = begin; g < end; ++g) index_slice(groups[g]);
                         });
-    std::vector<int64_t> first_row(groups.size() + 1, 0);
-    for (size_t g = 0; g < groups.size(); ++g) first_row[g + 1] = first_row[g] + groups[g].distinct.size();
+    // Rows of all slices in one numbering (for the threads); each table's rows in its own output.
+    std::vector<int64_t> first_row(groups.size() + 1, 0), row_in_table(groups.size(), 0), table_total(tables, 0);
+    for (size_t g = 0; g < groups.size(); ++g) {
+      first_row[g + 1] = first_row[g] + groups[g].distinct.size();
+      row_in_table[g] = table_total[groups[g].table];
+      table_total[groups[g].table] += groups[g].distinct.size();
+    }
+    OpOutputListHelper outputs(context, tables);
+    std::vector<Index*> rows_out(tables);
+    std::vector<float*> summed_out(tables);
+    for (int t = 0; t < tables; ++t) {
+      Tensor* rows_tensor = nullptr;
+      Tensor* summed_tensor = nullptr;
+      OP_REQUIRES_OK(context, outputs.rows.allocate(t, TensorShape({table_total[t]}), &rows_tensor));
+      OP_REQUIRES_OK(context, outputs.summed.allocate(t, TensorShape({table_total[t], widths_[t]}), &summed_tensor));
+      rows_out[t] = rows_tensor->flat<Index>().data();
+      summed_out[t] = summed_tensor->flat<float>().data();
+    }
     const int64_t total = first_row.back();
-    Tensor* rows_out = nullptr;
-    Tensor* summed_out = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({total}), &rows_out));
-    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({total, width}), &summed_out));
-    auto rows = rows_out->flat<Index>();
-    float* summed = summed_out->flat<float>().data();
     const float* gradient = upstream.flat<float>().data();
     // Each entry's per-sample scale, computed once.
     std::vector<std::vector<float>> scales(count);
@@ -396,19 +455,20 @@ class EmbeddingBagGradOp : public OpKernel, BagAttributes {
       for (int64_t r = begin; r < end; ++r) {
         while (r >= first_row[g + 1]) ++g;
         const Slice& slice = groups[g];
-        const int64_t u = r - first_row[g];
-        rows(r) = static_cast<Index>(slice.distinct[u] + slice.offset);
-        float* __restrict target = summed + r * width;
+        const int64_t u = r - first_row[g], width = widths_[slice.table];
+        const int64_t out_row = row_in_table[g] + u;
+        rows_out[slice.table][out_row] = static_cast<Index>(slice.distinct[u] + slice.offset);
+        float* __restrict target = summed_out[slice.table] + out_row * width;
         std::fill(target, target + width, 0.0f);
         const int64_t stop = slice.starts[u + 1];
         for (int64_t o = slice.starts[u]; o < stop; ++o) {
           if (o + kPrefetch < stop) {
             const int64_t ahead = slice.occurrences[o + kPrefetch];
-            PrefetchRow(gradient + ((ahead % batch) * count + ahead / batch) * width, width);
+            PrefetchRow(gradient + (ahead % batch) * stride + columns_[ahead / batch], width);
           }
           const int64_t code = slice.occurrences[o];
           const int64_t e = code / batch, s = code % batch;
-          const float* __restrict source = gradient + (s * count + e) * width;
+          const float* __restrict source = gradient + s * stride + columns_[e];
           if (scales[e].empty()) {
             for (int64_t j = 0; j < width; ++j) target[j] += source[j];
           } else {
@@ -420,9 +480,19 @@ class EmbeddingBagGradOp : public OpKernel, BagAttributes {
     };
     int64_t occurrences = 0;
     for (const auto& slice : groups) occurrences += slice.occurrences.size();
-    const int64_t cost = total > 0 ? (occurrences / total + 1) * width : 1;
+    const int64_t cost = total > 0 ? (occurrences / total + 1) * (stride / tables + 1) : 1;
     ::tensorflow::Shard(threads->num_threads, threads->workers, total, cost, work);
   }
+
+ private:
+  // The two output lists, rows: T * Tindices and summed: T * float.
+  struct OpOutputListHelper {
+    OpOutputListHelper(OpKernelContext* context, int tables) {
+      OP_REQUIRES_OK(context, context->output_list("rows", &rows));
+      OP_REQUIRES_OK(context, context->output_list("summed", &summed));
+    }
+    ::tensorflow::OpOutputList rows, summed;
+  };
 };
 
 template <typename Index>
@@ -437,7 +507,7 @@ class SparseApplySgdOp : public OpKernel {
     OP_REQUIRES(context, ::tensorflow::TensorShapeUtils::IsScalar(rate_tensor.shape()),
                 InvalidArgument("Expected a scalar learning_rate. Received: ", rate_tensor.shape().DebugString()));
     ::tensorflow::core::RefCountPtr<Var> variable;
-    OP_REQUIRES_OK(context, LookupTable(context, &variable));
+    OP_REQUIRES_OK(context, LookupTable(context, 0, &variable));
     // Exclusive: the rows are written in place. A variable's buffer may be shared with a tensor
     // read from it earlier (copy-on-write mode); it is copied once and the variable switched to
     // copy-on-read mode, as TensorFlow's own sparse updates do (EnsureSparseVariableAccess).
@@ -479,32 +549,35 @@ class SparseApplySgdOp : public OpKernel {
 };
 
 ::tensorflow::Status BagShape(InferenceContext* c) {
-  std::vector<int64_t> offsets;
-  int64_t width;
-  TF_RETURN_IF_ERROR(c->GetAttr("offsets", &offsets));
-  TF_RETURN_IF_ERROR(c->GetAttr("width", &width));
-  const int count = static_cast<int>(offsets.size());
-  // Inputs: table, values[count], row_splits[count]: the batch is row_splits[0]'s length - 1.
-  auto samples = c->Dim(c->input(1 + count), 0);
+  int64_t tables, entries, width;
+  TF_RETURN_IF_ERROR(c->GetAttr("T", &tables));
+  TF_RETURN_IF_ERROR(c->GetAttr("E", &entries));
+  TF_RETURN_IF_ERROR(c->GetAttr("output_width", &width));
+  // Inputs: tables[T], values[E], row_splits[E]: the batch is row_splits[0]'s length - 1.
+  auto samples = c->Dim(c->input(tables + entries), 0);
   ::tensorflow::shape_inference::DimensionHandle batch;
   TF_RETURN_IF_ERROR(c->Subtract(samples, 1, &batch));
-  c->set_output(0, c->Matrix(batch, count * width));
+  c->set_output(0, c->Matrix(batch, width));
   return ::tensorflow::OkStatus();
 }
 
 }  // namespace
 
 REGISTER_OP("TfDlrmEmbeddingBag")
-    .Input("table: resource")
+    .Input("tables: T * resource")
     .Input("values: E * Tindices")
     .Input("row_splits: E * Tsplits")
     .Output("pooled: float")
+    .Attr("T: int >= 1")
     .Attr("E: int >= 1")
     .Attr("Tindices: {int32, int64}")
     .Attr("Tsplits: {int32, int64}")
     .Attr("offsets: list(int)")
     .Attr("combiners: list(string)")
-    .Attr("width: int >= 1")
+    .Attr("table_of: list(int)")
+    .Attr("columns: list(int)")
+    .Attr("widths: list(int)")
+    .Attr("output_width: int >= 1")
     .Attr("limits: list(int) = []")
     .Attr("hotness: list(int) = []")
     .Attr("names: list(string) = []")
@@ -514,19 +587,25 @@ REGISTER_OP("TfDlrmEmbeddingBagGrad")
     .Input("gradient: float")
     .Input("values: E * Tindices")
     .Input("row_splits: E * Tsplits")
-    .Output("rows: Tindices")
-    .Output("summed: float")
+    .Output("rows: T * Tindices")
+    .Output("summed: T * float")
+    .Attr("T: int >= 1")
     .Attr("E: int >= 1")
     .Attr("Tindices: {int32, int64}")
     .Attr("Tsplits: {int32, int64}")
     .Attr("offsets: list(int)")
     .Attr("combiners: list(string)")
-    .Attr("width: int >= 1")
+    .Attr("table_of: list(int)")
+    .Attr("columns: list(int)")
+    .Attr("widths: list(int)")
+    .Attr("output_width: int >= 1")
     .SetShapeFn([](InferenceContext* c) {
-      int64_t width;
-      TF_RETURN_IF_ERROR(c->GetAttr("width", &width));
-      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
-      c->set_output(1, c->Matrix(InferenceContext::kUnknownDim, width));
+      std::vector<int64_t> widths;
+      TF_RETURN_IF_ERROR(c->GetAttr("widths", &widths));
+      for (size_t t = 0; t < widths.size(); ++t) {
+        c->set_output(t, c->Vector(InferenceContext::kUnknownDim));
+        c->set_output(widths.size() + t, c->Matrix(InferenceContext::kUnknownDim, widths[t]));
+      }
       return ::tensorflow::OkStatus();
     });
 
@@ -541,7 +620,7 @@ REGISTER_OP("TfDlrmSparseApplySgd")
 #define TF_DLRM_REGISTER_BAG(index, split)                                                                  \
   REGISTER_KERNEL_BUILDER(Name("TfDlrmEmbeddingBag")                                                        \
                               .Device(::tensorflow::DEVICE_CPU)                                             \
-                              .HostMemory("table")                                                          \
+                              .HostMemory("tables")                                                         \
                               .TypeConstraint<index>("Tindices")                                            \
                               .TypeConstraint<split>("Tsplits"),                                            \
                           EmbeddingBagOp<index, split>);                                                    \
