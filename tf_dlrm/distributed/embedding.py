@@ -41,7 +41,7 @@ import tensorflow as tf
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.distributed.dedup_exchange import deduplicated_exchange
-from tf_dlrm.distributed.embedding_bag import bag_kernel, mark_distinct_rows
+from tf_dlrm.distributed.embedding_bag import bag_kernel, mark_distinct_rows, multi_table_bag_lookup
 from tf_dlrm.distributed.exchange import bfloat16_alltoall, index_dtype, permute
 from tf_dlrm.distributed.id_exchange import exchange_ids
 from tf_dlrm.distributed.packing import (
@@ -209,6 +209,15 @@ class DistributedEmbedding(keras.layers.Layer):
         self.kernel_checked_features = frozenset(
             f for f, feature in enumerate(self.features)
             if not feature.one_hot and len(self.plan.table_slices(self.feature_tables[f])) == 1 and bag_kernel() is not None)
+        # One process with a multi-hot feature and no column-sliced table: every variable, the
+        # one-hot features' included, is pooled by one kernel op writing feature order directly (no
+        # per-width blocks, concat or permutation, forward or backward).
+        self.single_op = (not self.env.distributed and not self.data_parallel_input and bool(self.kernel_checked_features)
+                          and all(len(self.plan.table_slices(t)) == 1 for t in set(self.feature_tables)))
+        if self.single_op:
+            for variable in self.shard_variables + self.replicated_variables:
+                mark_distinct_rows(variable)
+            self.kernel_checked_features = frozenset(range(self.num_features))
         distributed = self.env.distributed and self.exchanges
         self.padding_variables = []
         if distributed and not any(self.entries):
@@ -258,6 +267,8 @@ class DistributedEmbedding(keras.layers.Layer):
         if local_batch is None:
             local_batch = self._local_batch_from(categorical)
         ids = self._normalized(self._input_features(), categorical)
+        if self.single_op:
+            return self._single_op_lookup(ids)
         if self.data_parallel_input and self.exchanges:
             global_ids, unread = exchange_ids(self.env, ids, self.features_on_rank, self.env.rank, f"{self.name}_id_exchange")
             if unread and self.id_sink is not None:
@@ -274,6 +285,25 @@ class DistributedEmbedding(keras.layers.Layer):
             parts.append(tf.cast(looked_up, self.compute_dtype))
         joined = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
         pooled = permute(joined, self.permutation, axis=1)
+        if self.embedding_dim is None:
+            return pooled
+        return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
+
+    def _single_op_lookup(self, ids) -> tf.Tensor:
+        """One process: every feature pooled by one kernel op, straight into feature order."""
+        columns = np.concatenate([[0], np.cumsum(self.feature_widths)[:-1]])
+        variables = self.shard_variables + self.replicated_variables
+        placed, features = [], []
+        for index, (offsets, entries) in enumerate(zip(self.group_offsets + self.replicated_offsets,
+                                                       self.entries + self.replicated_entries)):
+            for f, p in entries:
+                placed.append((ids[f], offsets[p], self.features[f].combiner, index, int(columns[f])))
+                features.append((f, p))
+        # One index dtype for the op: int64 when any variable needs it.
+        dtypes = {tf.as_dtype(o.dtype) for o in self.group_offsets + self.replicated_offsets}
+        index_dtype = tf.int64 if tf.int64 in dtypes else tf.int32
+        pooled = multi_table_bag_lookup(variables, placed, index_dtype, self._kernel_checks(features))
+        pooled = tf.cast(pooled, self.compute_dtype)
         if self.embedding_dim is None:
             return pooled
         return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
