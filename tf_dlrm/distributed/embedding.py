@@ -28,6 +28,11 @@ The backward of the alltoall (registered by Horovod) returns to each shard the s
 its gradient, i.e. N times the gradient of the global mean loss: the trainer scales shard
 gradients by 1/N. The pooling's backward sends the pooled gradient to every id (duplicates kept,
 accumulated by the sparse update).
+
+tf_dlrm's embedding-bag kernel (:mod:`tf_dlrm.distributed.embedding_bag`), when built, pools every
+fused variable that has a multi-hot feature (and no column-sliced table) in one op, checks its ids
+(naming the feature), and returns a gradient over distinct rows; in one process every variable is
+pooled by a single op straight into feature order. The layer reads each variable once per call.
 """
 
 from __future__ import annotations
@@ -75,10 +80,12 @@ class DistributedEmbedding(keras.layers.Layer):
         deduplicate_exchange: send each destination one row per distinct id of its samples and the
             samples' indices (:mod:`tf_dlrm.distributed.dedup_exchange`) instead of one row per
             sample; one-hot features only, every rank owning a slice; the rows travel in float32.
+        use_kernel: pool with tf_dlrm's embedding-bag kernel when it is built (see module doc);
+            False keeps plain TensorFlow ops (the same values; benchmarks compare the two).
     """
 
     def __init__(self, plan, rank: int = 0, seed: int = 0, data_parallel_input: bool = False, features=None,
-                 validate_ids: bool = True, deduplicate_exchange: bool = False, **kwargs):
+                 validate_ids: bool = True, deduplicate_exchange: bool = False, use_kernel: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
         table_names = [t.name for t in self.plan.tables]
@@ -98,6 +105,7 @@ class DistributedEmbedding(keras.layers.Layer):
         self.seed = int(seed)
         self.data_parallel_input = bool(data_parallel_input)
         self.validate_ids = bool(validate_ids)
+        self.use_kernel = bool(use_kernel)
         self.num_tables = len(self.plan.tables)
         self.num_features = len(self.features)
         self.cardinalities = tuple(t.rows for t in self.plan.tables)
@@ -184,7 +192,7 @@ class DistributedEmbedding(keras.layers.Layer):
             return False
         if any(len(self.plan.table_slices(s.table)) > 1 for s in slices):
             return False
-        return bag_kernel() is not None
+        return self.use_kernel and bag_kernel() is not None
 
     def build(self, input_shape=None):
         self.group_offsets, self.replicated_offsets = [], []
@@ -208,7 +216,8 @@ class DistributedEmbedding(keras.layers.Layer):
         # whichever rank owns it (_pools_with_kernel), which checks its ids there.
         self.kernel_checked_features = frozenset(
             f for f, feature in enumerate(self.features)
-            if not feature.one_hot and len(self.plan.table_slices(self.feature_tables[f])) == 1 and bag_kernel() is not None)
+            if not feature.one_hot and len(self.plan.table_slices(self.feature_tables[f])) == 1 and self.use_kernel
+            and bag_kernel() is not None)
         # One process with a multi-hot feature and no column-sliced table: every variable, the
         # one-hot features' included, is pooled by one kernel op writing feature order directly (no
         # per-width blocks, concat or permutation, forward or backward).
@@ -495,4 +504,5 @@ class DistributedEmbedding(keras.layers.Layer):
             "features": [feature.to_dict() for feature in self.features],
             "validate_ids": self.validate_ids,
             "deduplicate_exchange": self.deduplicate_exchange,
+            "use_kernel": self.use_kernel,
         }
