@@ -106,3 +106,12 @@ def test_without_the_library_the_layer_pools_with_tensorflow_ops():
     disabled, enabled = results
     assert disabled.startswith("[False] [False]") and enabled.startswith("[True] [True]")
     assert disabled.split("] ")[-1] == enabled.split("] ")[-1]  # the same pooled values
+
+
+def test_use_kernel_false_keeps_the_tensorflow_path_and_is_serialised():
+    plan = make_plan(TABLES, 1, data_parallel_threshold=5)
+    layer = DistributedEmbedding(plan, features=FEATURES, use_kernel=False)
+    layer.build()
+    assert not layer.single_op and not any(layer.group_kernel) and not layer.kernel_checked_features
+    assert not any(distinct_rows(v) for v in layer.shard_variables + layer.replicated_variables)
+    assert DistributedEmbedding.from_config(layer.get_config()).use_kernel is False
