@@ -117,3 +117,18 @@ def apply_sgd_to_distinct_rows(variable, gradient: tf.IndexedSlices, learning_ra
     :func:`bag_lookup`), on all CPU threads: distinct rows are written by one thread each."""
     bag_kernel().tf_dlrm_sparse_apply_sgd(table=_tf_variable(variable).handle, rows=gradient.indices, gradient=gradient.values,
                                           learning_rate=tf.cast(learning_rate, tf.float32))
+
+
+def apply_lazy_adam_to_distinct_rows(variable, m, v, rows, gradient, alpha, beta_1: float, beta_2: float,
+                                     epsilon: float) -> bool:
+    """Lazy Adam on distinct ``rows`` in one multi-threaded pass over the table and both moments
+    (:class:`tf_dlrm.optimizers.lazy_adam.LazyAdam` has the formula); False (nothing done) without
+    the kernel library."""
+    library = bag_kernel()
+    if library is None:
+        return False
+    library.tf_dlrm_sparse_apply_lazy_adam(
+        table=_tf_variable(variable).handle, m=_tf_variable(m).handle, v=_tf_variable(v).handle, rows=rows,
+        gradient=gradient, alpha=tf.cast(alpha, tf.float32), beta_1=beta_1, beta_2=beta_2,
+        one_minus_beta_1=1.0 - beta_1, one_minus_beta_2=1.0 - beta_2, epsilon=epsilon)
+    return True

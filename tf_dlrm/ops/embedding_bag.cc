@@ -495,6 +495,105 @@ class EmbeddingBagGradOp : public OpKernel, BagAttributes {
   };
 };
 
+// Called with the variable's lock held exclusively, before rows are written in place: a buffer
+// still shared with a tensor read from it earlier (copy-on-write mode) is copied once and the
+// variable switched to copy-on-read mode, as TensorFlow's own sparse updates do
+// (EnsureSparseVariableAccess).
+::tensorflow::Status PrepareSparseWrite(OpKernelContext* context, Var* variable) {
+  Tensor* table = variable->tensor();
+  if (!variable->copy_on_read_mode.load()) {
+    if (!table->RefCountIsOne()) {
+      Tensor copy;
+      TF_RETURN_IF_ERROR(context->allocate_temp(table->dtype(), table->shape(), &copy));
+      std::copy_n(table->flat<float>().data(), table->NumElements(), copy.flat<float>().data());
+      *table = copy;
+    }
+    variable->copy_on_read_mode.store(true);
+  }
+  return ::tensorflow::OkStatus();
+}
+
+// Lazy Adam on distinct rows (tf_dlrm/optimizers/lazy_adam.py has the formula): inputs table, m, v
+// (resources of one shape), rows [U], gradient [U, width], alpha (the bias-corrected rate); one pass
+// per row, rows sharded over the threads.
+template <typename Index>
+class SparseApplyLazyAdamOp : public OpKernel {
+ public:
+  explicit SparseApplyLazyAdamOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("beta_1", &beta_1_));
+    OP_REQUIRES_OK(context, context->GetAttr("beta_2", &beta_2_));
+    // 1 - beta, computed by the caller in double precision and rounded once (1 - 0.99f in float
+    // differs from float(1 - 0.99) by 1e-6 relative).
+    OP_REQUIRES_OK(context, context->GetAttr("one_minus_beta_1", &keep_1_));
+    OP_REQUIRES_OK(context, context->GetAttr("one_minus_beta_2", &keep_2_));
+    OP_REQUIRES_OK(context, context->GetAttr("epsilon", &epsilon_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& rows = context->input(3);
+    const Tensor& gradient = context->input(4);
+    const Tensor& alpha_tensor = context->input(5);
+    OP_REQUIRES(context, ::tensorflow::TensorShapeUtils::IsScalar(alpha_tensor.shape()),
+                InvalidArgument("Expected a scalar alpha. Received: ", alpha_tensor.shape().DebugString()));
+    ::tensorflow::core::RefCountPtr<Var> variables[3];
+    for (int i = 0; i < 3; ++i) OP_REQUIRES_OK(context, LookupTable(context, i, &variables[i]));
+    // Exclusive locks in address order (as TensorFlow orders its training ops' locks).
+    std::vector<::tensorflow::mutex*> order = {variables[0]->mu(), variables[1]->mu(), variables[2]->mu()};
+    std::sort(order.begin(), order.end());
+    order.erase(std::unique(order.begin(), order.end()), order.end());
+    std::vector<std::unique_ptr<::tensorflow::mutex_lock>> locks;
+    for (auto* mu : order) locks.push_back(std::make_unique<::tensorflow::mutex_lock>(*mu));
+    for (int i = 0; i < 3; ++i) OP_REQUIRES_OK(context, PrepareSparseWrite(context, variables[i].get()));
+    const TensorShape& shape = variables[0]->tensor()->shape();
+    OP_REQUIRES(context, variables[1]->tensor()->shape() == shape && variables[2]->tensor()->shape() == shape,
+                InvalidArgument("Expected m and v shaped like the table ", shape.DebugString()));
+    const int64_t count = rows.NumElements(), width = shape.dim_size(1), limit = shape.dim_size(0);
+    OP_REQUIRES(context, rows.dims() == 1 && gradient.dims() == 2 && gradient.dim_size(0) == count &&
+                             gradient.dim_size(1) == width,
+                InvalidArgument("Expected rows [U] and a gradient [U, ", width, "]. Received: ",
+                                rows.shape().DebugString(), ", ", gradient.shape().DebugString()));
+    const Index* row = rows.flat<Index>().data();
+    for (int64_t u = 0; u < count; ++u) {
+      OP_REQUIRES(context, static_cast<uint64_t>(static_cast<int64_t>(row[u])) < static_cast<uint64_t>(limit),
+                  InvalidArgument("row ", static_cast<int64_t>(row[u]), " at position ", u, " is outside [0, ", limit, ")"));
+    }
+    const float alpha = alpha_tensor.scalar<float>()();
+    const float beta_1 = beta_1_, beta_2 = beta_2_, epsilon = epsilon_;
+    const float keep_1 = keep_1_, keep_2 = keep_2_;
+    float* table = variables[0]->tensor()->flat<float>().data();
+    float* m = variables[1]->tensor()->flat<float>().data();
+    float* v = variables[2]->tensor()->flat<float>().data();
+    const float* values = gradient.flat<float>().data();
+    auto work = [&](int64_t begin, int64_t end) {
+      for (int64_t u = begin; u < end; ++u) {
+        if (u + kPrefetch < end) {
+          const int64_t ahead = static_cast<int64_t>(row[u + kPrefetch]) * width;
+          PrefetchRow(table + ahead, width);
+          PrefetchRow(m + ahead, width);
+          PrefetchRow(v + ahead, width);
+        }
+        const int64_t at = static_cast<int64_t>(row[u]) * width;
+        const float* __restrict g = values + u * width;
+        float* __restrict w = table + at;
+        float* __restrict mu = m + at;
+        float* __restrict nu = v + at;
+        for (int64_t j = 0; j < width; ++j) {
+          const float first = beta_1 * mu[j] + keep_1 * g[j];
+          const float second = beta_2 * nu[j] + keep_2 * (g[j] * g[j]);
+          mu[j] = first;
+          nu[j] = second;
+          w[j] -= alpha * first / (std::sqrt(second) + epsilon);
+        }
+      }
+    };
+    auto* threads = context->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(threads->num_threads, threads->workers, count, 12 * width, work);
+  }
+
+ private:
+  float beta_1_, beta_2_, keep_1_, keep_2_, epsilon_;
+};
+
 template <typename Index>
 class SparseApplySgdOp : public OpKernel {
  public:
@@ -512,16 +611,8 @@ class SparseApplySgdOp : public OpKernel {
     // read from it earlier (copy-on-write mode); it is copied once and the variable switched to
     // copy-on-read mode, as TensorFlow's own sparse updates do (EnsureSparseVariableAccess).
     ::tensorflow::mutex_lock lock(*variable->mu());
+    OP_REQUIRES_OK(context, PrepareSparseWrite(context, variable.get()));
     Tensor* table = variable->tensor();
-    if (!variable->copy_on_read_mode.load()) {
-      if (!table->RefCountIsOne()) {
-        Tensor copy;
-        OP_REQUIRES_OK(context, context->allocate_temp(table->dtype(), table->shape(), &copy));
-        std::copy_n(table->flat<float>().data(), table->NumElements(), copy.flat<float>().data());
-        *table = copy;
-      }
-      variable->copy_on_read_mode.store(true);
-    }
     const int64_t count = rows.NumElements(), width = table->dim_size(1), limit = table->dim_size(0);
     OP_REQUIRES(context, rows.dims() == 1 && gradient.dims() == 2 && gradient.dim_size(0) == count &&
                              gradient.dim_size(1) == width,
@@ -635,6 +726,25 @@ TF_DLRM_REGISTER_BAG(int64_t, int32_t)
 TF_DLRM_REGISTER_BAG(int64_t, int64_t)
 #undef TF_DLRM_REGISTER_BAG
 
+REGISTER_OP("TfDlrmSparseApplyLazyAdam")
+    .Input("table: resource")
+    .Input("m: resource")
+    .Input("v: resource")
+    .Input("rows: Tindices")
+    .Input("gradient: float")
+    .Input("alpha: float")
+    .Attr("Tindices: {int32, int64}")
+    .Attr("beta_1: float")
+    .Attr("beta_2: float")
+    .Attr("one_minus_beta_1: float")
+    .Attr("one_minus_beta_2: float")
+    .Attr("epsilon: float")
+    .SetShapeFn([](InferenceContext* c) { return ::tensorflow::OkStatus(); });
+
+REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplyLazyAdam").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int32_t>("Tindices"),
+                        SparseApplyLazyAdamOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplyLazyAdam").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tindices"),
+                        SparseApplyLazyAdamOp<int64_t>);
 REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplySgd").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int32_t>("Tindices"),
                         SparseApplySgdOp<int32_t>);
 REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplySgd").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tindices"),
