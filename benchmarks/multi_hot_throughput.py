@@ -19,9 +19,10 @@ window by window so that machine load hits them alike. Cases:
   rows on all threads (tf_dlrm/ops/embedding_bag.cc); without it (``TF_DLRM_DISABLE_KERNELS=1``) per
   feature one ``unique``, one gather of its distinct rows and one sparse segment sum.
   Only when asked for (``--cases``): ``tf_dlrm_unchecked`` without the id checks;
-  ``tf_dlrm_without_kernel`` with plain TensorFlow pooling; ``tf_dlrm_lazy_adam`` and
-  ``tf_dlrm_lazy_adam_without_kernel`` with the trainer's default embedding optimizer (lazy Adam:
-  compare these two with each other, the naive cases keep SGD).
+  ``tf_dlrm_without_kernel`` with plain TensorFlow pooling (``use_kernel=False``); ``tf_dlrm_lazy_adam``
+  and ``tf_dlrm_lazy_adam_without_kernel`` with the trainer's default embedding optimizer (lazy Adam,
+  whose update uses tf_dlrm's kernel in both when it is built; the naive cases keep SGD, so compare
+  these two with each other only).
 
 Prints one JSON line per case (``vs_naive_sparse`` / ``vs_naive_ragged``: ratios of medians), then
 one line ``{"benchmark": "multi_hot_alltoall_bytes", ...}`` with the embedding alltoall bytes per
