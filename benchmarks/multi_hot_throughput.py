@@ -12,10 +12,17 @@ window by window so that machine load hits them alike. Cases:
   (the ids as a ``tf.SparseTensor``), Keras SGD on every variable;
 - ``naive_ragged``: the same with ``tf.gather`` on a ``tf.RaggedTensor`` of ids and ``reduce_sum`` /
   ``reduce_mean`` over the ragged axis;
-- ``tf_dlrm``: :class:`tf_dlrm.distributed.embedding.DistributedEmbedding` (tables fused by width;
-  per feature one ``unique``, one gather of its distinct rows and one sparse segment sum) in
-  tf_dlrm's DLRM and Trainer; ``tf_dlrm_unchecked`` (only when asked for) the same without the id
-  checks.
+- ``tf_dlrm``: :class:`tf_dlrm.distributed.embedding.DistributedEmbedding` (tables fused by width)
+  in tf_dlrm's DLRM and Trainer, the same SGD. With tf_dlrm's kernel library built (the default
+  install) one embedding-bag op pools all 26 features without gathering rows into a new tensor, its
+  gradient is one ``IndexedSlices`` per fused variable over the distinct rows, and SGD updates those
+  rows on all threads (tf_dlrm/ops/embedding_bag.cc); without it (``TF_DLRM_DISABLE_KERNELS=1``) per
+  feature one ``unique``, one gather of its distinct rows and one sparse segment sum.
+  Only when asked for (``--cases``): ``tf_dlrm_unchecked`` without the id checks;
+  ``tf_dlrm_without_kernel`` with plain TensorFlow pooling (``use_kernel=False``); ``tf_dlrm_lazy_adam``
+  and ``tf_dlrm_lazy_adam_without_kernel`` with the trainer's default embedding optimizer (lazy Adam,
+  whose update uses tf_dlrm's kernel in both when it is built; the naive cases keep SGD, so compare
+  these two with each other only).
 
 Prints one JSON line per case (``vs_naive_sparse`` / ``vs_naive_ragged``: ratios of medians), then
 one line ``{"benchmark": "multi_hot_alltoall_bytes", ...}`` with the embedding alltoall bytes per
@@ -64,7 +71,8 @@ def make_batches(count: int, batch_size: int, rows: int, seed: int):
     return batches
 
 
-def build_tf_dlrm(rows: int, batches, learning_rate: float, validate_ids: bool = True):
+def build_tf_dlrm(rows: int, batches, learning_rate: float, validate_ids: bool = True, use_kernel: bool = True,
+                  embedding_optimizer: str = "sgd"):
     import tensorflow as tf
 
     from tf_dlrm.config.embedding import FeatureConfig
@@ -78,11 +86,11 @@ def build_tf_dlrm(rows: int, batches, learning_rate: float, validate_ids: bool =
 
     features = [FeatureConfig(f"f{f}", f"f{f}", hotness(f), combiner(f)) for f in range(NUM_FEATURES)]
     plan = make_plan([TableSpec(f"f{f}", rows, width(f)) for f in range(NUM_FEATURES)], 1, data_parallel_threshold=0)
-    embedding = DistributedEmbedding(plan, features=features, validate_ids=validate_ids, name="embedding")
+    embedding = DistributedEmbedding(plan, features=features, validate_ids=validate_ids, use_kernel=use_kernel, name="embedding")
     model = DLRM(embedding, NUM_NUMERICAL, BOTTOM, TOP, interaction="cat")
     env = DistributedEnv()
     model((tf.constant(batches[0][0]), tuple(tf.constant(i) for i in batches[0][1])))
-    trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(learning_rate)))
+    trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(learning_rate), embedding_optimizer=embedding_optimizer))
     tensors = [(tf.constant(n), tuple(tf.constant(i) for i in ids), tf.constant(l)) for n, ids, l in batches]
     return trainer.train_step, tensors
 
@@ -186,6 +194,13 @@ def main(argv=None) -> list[dict]:
         "tf_dlrm": lambda: build_tf_dlrm(args.rows, batches, 0.05),
         # The same without the id range and hotness checks (what they cost).
         "tf_dlrm_unchecked": lambda: build_tf_dlrm(args.rows, batches, 0.05, validate_ids=False),
+        # Plain TensorFlow pooling (unique, gather, segment sum per feature) instead of the kernel.
+        "tf_dlrm_without_kernel": lambda: build_tf_dlrm(args.rows, batches, 0.05, use_kernel=False),
+        # The trainer's default embedding optimizer (lazy Adam; the naive cases keep SGD, so only the
+        # ratio between these two cases compares like with like).
+        "tf_dlrm_lazy_adam": lambda: build_tf_dlrm(args.rows, batches, 0.05, embedding_optimizer="lazy_adam"),
+        "tf_dlrm_lazy_adam_without_kernel": lambda: build_tf_dlrm(args.rows, batches, 0.05, use_kernel=False,
+                                                                  embedding_optimizer="lazy_adam"),
     }
     names = args.cases.split(",")
     cases = {name: builders[name]() for name in names}

@@ -25,3 +25,14 @@ def test_multi_hot_benchmark_records():
         assert 2496 / int(world_size) <= columns < 2496
         assert sent["multi_hot"] == sent["one_hot"]
         assert sent["ids_per_step"] == 64 * sum(1 + (f * 19) // 25 for f in range(26))
+
+
+def test_the_optional_cases_run():
+    """The kernel / plain-TensorFlow and lazy-Adam cases build and train (one window each)."""
+    cases = "naive_sparse,tf_dlrm_without_kernel,tf_dlrm_lazy_adam,tf_dlrm_lazy_adam_without_kernel"
+    completed = run_python(["benchmarks/multi_hot_throughput.py", "--rows=300", "--batch_size=64", "--num_batches=2",
+                            "--warmup_steps=1", "--windows=1", "--window_steps=1", f"--cases={cases}"], timeout=600)
+    records = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
+    throughput = {r["case"]: r for r in records if r["benchmark"] == "multi_hot_throughput"}
+    assert set(throughput) == set(cases.split(","))
+    assert all(r["samples_per_s"]["median"] > 0 for r in throughput.values())

@@ -28,6 +28,11 @@ The backward of the alltoall (registered by Horovod) returns to each shard the s
 its gradient, i.e. N times the gradient of the global mean loss: the trainer scales shard
 gradients by 1/N. The pooling's backward sends the pooled gradient to every id (duplicates kept,
 accumulated by the sparse update).
+
+tf_dlrm's embedding-bag kernel (:mod:`tf_dlrm.distributed.embedding_bag`), when built, pools every
+fused variable that has a multi-hot feature (and no column-sliced table) in one op, checks its ids
+(naming the feature), and returns a gradient over distinct rows; in one process every variable is
+pooled by a single op straight into feature order. The layer reads each variable once per call.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import tensorflow as tf
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.distributed.dedup_exchange import deduplicated_exchange
+from tf_dlrm.distributed.embedding_bag import bag_kernel, mark_distinct_rows, multi_table_bag_lookup
 from tf_dlrm.distributed.exchange import bfloat16_alltoall, index_dtype, permute
 from tf_dlrm.distributed.id_exchange import exchange_ids
 from tf_dlrm.distributed.packing import (
@@ -74,10 +80,12 @@ class DistributedEmbedding(keras.layers.Layer):
         deduplicate_exchange: send each destination one row per distinct id of its samples and the
             samples' indices (:mod:`tf_dlrm.distributed.dedup_exchange`) instead of one row per
             sample; one-hot features only, every rank owning a slice; the rows travel in float32.
+        use_kernel: pool with tf_dlrm's embedding-bag kernel when it is built (see module doc);
+            False keeps plain TensorFlow ops (the same values; benchmarks compare the two).
     """
 
     def __init__(self, plan, rank: int = 0, seed: int = 0, data_parallel_input: bool = False, features=None,
-                 validate_ids: bool = True, deduplicate_exchange: bool = False, **kwargs):
+                 validate_ids: bool = True, deduplicate_exchange: bool = False, use_kernel: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
         table_names = [t.name for t in self.plan.tables]
@@ -97,6 +105,7 @@ class DistributedEmbedding(keras.layers.Layer):
         self.seed = int(seed)
         self.data_parallel_input = bool(data_parallel_input)
         self.validate_ids = bool(validate_ids)
+        self.use_kernel = bool(use_kernel)
         self.num_tables = len(self.plan.tables)
         self.num_features = len(self.features)
         self.cardinalities = tuple(t.rows for t in self.plan.tables)
@@ -173,16 +182,51 @@ class DistributedEmbedding(keras.layers.Layer):
         # attribute names of this layer (tf_dlrm.model.variable_kind).
         return set_layout(mark(variable, kind), self._layout(slices, offsets)), offsets
 
+    def _pools_with_kernel(self, slices, entries) -> bool:
+        """Whether a fused variable is read through tf_dlrm's embedding-bag kernel
+        (:mod:`tf_dlrm.distributed.embedding_bag`): when the library is loaded, the variable has a
+        multi-hot feature (all one-hot: one plain gather is as fast), and none of its slices is
+        part of a column-sliced table (row-wise optimizer state there needs each lookup's position
+        in the batch, which the kernel's gradient over distinct rows does not keep)."""
+        if not any(not self.features[f].one_hot for f, _ in entries):
+            return False
+        if any(len(self.plan.table_slices(s.table)) > 1 for s in slices):
+            return False
+        return self.use_kernel and bag_kernel() is not None
+
     def build(self, input_shape=None):
         self.group_offsets, self.replicated_offsets = [], []
-        for width, slices in self.groups:
+        self.group_kernel, self.replicated_kernel = [], []
+        for (width, slices), entries in zip(self.groups, self.entries):
             variable, offsets = self._fused_variable(f"shards_w{width}", slices, VariableKind.SHARDED)
             self.shard_variables.append(variable)
             self.group_offsets.append(offsets)
-        for width, slices in self.replicated_groups:
+            self.group_kernel.append(self._pools_with_kernel(slices, entries) and not self.deduplicate_exchange)
+        for (width, slices), entries in zip(self.replicated_groups, self.replicated_entries):
             variable, offsets = self._fused_variable(f"replicated_w{width}", slices, VariableKind.REPLICATED)
             self.replicated_variables.append(variable)
             self.replicated_offsets.append(offsets)
+            self.replicated_kernel.append(self._pools_with_kernel(slices, entries))
+        # Read once per call by the kernel: their gradients' rows are distinct (the sparse update
+        # skips its own deduplication).
+        for variable, kernel in zip(self.shard_variables + self.replicated_variables, self.group_kernel + self.replicated_kernel):
+            if kernel:
+                mark_distinct_rows(variable)
+        # A multi-hot feature of a whole (not column-sliced) table is pooled by the kernel on
+        # whichever rank owns it (_pools_with_kernel), which checks its ids there.
+        self.kernel_checked_features = frozenset(
+            f for f, feature in enumerate(self.features)
+            if not feature.one_hot and len(self.plan.table_slices(self.feature_tables[f])) == 1 and self.use_kernel
+            and bag_kernel() is not None)
+        # One process with a multi-hot feature and no column-sliced table: every variable, the
+        # one-hot features' included, is pooled by one kernel op writing feature order directly (no
+        # per-width blocks, concat or permutation, forward or backward).
+        self.single_op = (not self.env.distributed and not self.data_parallel_input and bool(self.kernel_checked_features)
+                          and all(len(self.plan.table_slices(t)) == 1 for t in set(self.feature_tables)))
+        if self.single_op:
+            for variable in self.shard_variables + self.replicated_variables:
+                mark_distinct_rows(variable)
+            self.kernel_checked_features = frozenset(range(self.num_features))
         distributed = self.env.distributed and self.exchanges
         self.padding_variables = []
         if distributed and not any(self.entries):
@@ -209,8 +253,19 @@ class DistributedEmbedding(keras.layers.Layer):
     # ------------------------------------------------------------------ forward
 
     def _normalized(self, features, categorical) -> dict:
-        return {f: normalize_ids(ids, self.features[f], self.cardinalities[self.feature_tables[f]], self.validate_ids)
+        # Ids the kernel pools are checked by it, on the rank that looks them up (one pass fewer).
+        return {f: normalize_ids(ids, self.features[f], self.cardinalities[self.feature_tables[f]],
+                                 self.validate_ids and f not in self.kernel_checked_features)
                 for f, ids in zip(features, categorical)}
+
+    def _kernel_checks(self, entries) -> list[tuple]:
+        """(name, table rows, hotness to check or 0) of each entry, for the kernel's own id checks."""
+        checks = []
+        for f, _ in entries:
+            feature = self.features[f]
+            hotness = feature.hotness if self.validate_ids and feature.ragged else 0  # fixed: checked by shape
+            checks.append((feature.name, self.cardinalities[self.feature_tables[f]], hotness))
+        return checks
 
     def call(self, categorical, local_batch=None):
         """``categorical``: the ids of :attr:`global_categorical` then :attr:`local_categorical`
@@ -221,6 +276,8 @@ class DistributedEmbedding(keras.layers.Layer):
         if local_batch is None:
             local_batch = self._local_batch_from(categorical)
         ids = self._normalized(self._input_features(), categorical)
+        if self.single_op:
+            return self._single_op_lookup(ids)
         if self.data_parallel_input and self.exchanges:
             global_ids, unread = exchange_ids(self.env, ids, self.features_on_rank, self.env.rank, f"{self.name}_id_exchange")
             if unread and self.id_sink is not None:
@@ -230,12 +287,32 @@ class DistributedEmbedding(keras.layers.Layer):
         parts = []
         if self.exchanges:
             parts.append(self._model_parallel_lookup(global_ids, local_batch))
-        for variable, offsets, entries in zip(self.replicated_variables, self.replicated_offsets, self.replicated_entries):
+        for variable, offsets, entries, kernel in zip(self.replicated_variables, self.replicated_offsets,
+                                                      self.replicated_entries, self.replicated_kernel):
             looked_up = pooled_lookup(variable, [(ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
-                                      tf.as_dtype(offsets.dtype))
+                                      tf.as_dtype(offsets.dtype), kernel=kernel, checks=self._kernel_checks(entries))
             parts.append(tf.cast(looked_up, self.compute_dtype))
         joined = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
         pooled = permute(joined, self.permutation, axis=1)
+        if self.embedding_dim is None:
+            return pooled
+        return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
+
+    def _single_op_lookup(self, ids) -> tf.Tensor:
+        """One process: every feature pooled by one kernel op, straight into feature order."""
+        columns = np.concatenate([[0], np.cumsum(self.feature_widths)[:-1]])
+        variables = self.shard_variables + self.replicated_variables
+        placed, features = [], []
+        for index, (offsets, entries) in enumerate(zip(self.group_offsets + self.replicated_offsets,
+                                                       self.entries + self.replicated_entries)):
+            for f, p in entries:
+                placed.append((ids[f], offsets[p], self.features[f].combiner, index, int(columns[f])))
+                features.append((f, p))
+        # One index dtype for the op: int64 when any variable needs it.
+        dtypes = {tf.as_dtype(o.dtype) for o in self.group_offsets + self.replicated_offsets}
+        index_dtype = tf.int64 if tf.int64 in dtypes else tf.int32
+        pooled = multi_table_bag_lookup(variables, placed, index_dtype, self._kernel_checks(features))
+        pooled = tf.cast(pooled, self.compute_dtype)
         if self.embedding_dim is None:
             return pooled
         return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
@@ -264,11 +341,11 @@ class DistributedEmbedding(keras.layers.Layer):
 
     def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch) -> tf.Tensor:
         packed = []
-        for variable, offsets, entries in zip(self.shard_variables, self.group_offsets, self.entries):
+        for variable, offsets, entries, kernel in zip(self.shard_variables, self.group_offsets, self.entries, self.group_kernel):
             if entries:
                 packed.append(pooled_lookup(
                     variable, [(global_ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
-                    tf.as_dtype(offsets.dtype)))
+                    tf.as_dtype(offsets.dtype), kernel=kernel, checks=self._kernel_checks(entries)))
         if self.deduplicate_exchange and self.env.distributed:
             mine = [(variable, tf.cast(global_ids[f], tf.as_dtype(offsets.dtype)) + offsets[p], width)
                     for (width, _), variable, offsets, entries in zip(self.groups, self.shard_variables, self.group_offsets, self.entries)
@@ -427,4 +504,5 @@ class DistributedEmbedding(keras.layers.Layer):
             "features": [feature.to_dict() for feature in self.features],
             "validate_ids": self.validate_ids,
             "deduplicate_exchange": self.deduplicate_exchange,
+            "use_kernel": self.use_kernel,
         }

@@ -13,6 +13,9 @@ Backward: the gradient of ``sparse_segment_sum`` adds the pooled gradients of ev
 an id (duplicates within a sample and across the batch accumulated) into one row per distinct id,
 and the gradient of the gather is ``IndexedSlices`` over the distinct rows: the sparse update
 touches each row of an entry once (rows of a table read by several features once per feature).
+
+With ``kernel=True`` the whole function is one op of tf_dlrm's kernel library instead
+(:func:`tf_dlrm.distributed.embedding_bag.bag_lookup`: same values; a gradient over distinct rows).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tf_dlrm.config.embedding import Combiner, FeatureConfig
+from tf_dlrm.distributed.embedding_bag import bag_lookup
 from tf_dlrm.distributed.exchange import gather_rows
 
 
@@ -96,11 +100,15 @@ def combiner_scale(ids: tf.RaggedTensor, combiner: str) -> tf.Tensor | None:
     return 1.0 / count if combiner == Combiner.MEAN.value else tf.math.rsqrt(count)
 
 
-def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType) -> tf.Tensor:
+def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType, kernel: bool = False, checks=None) -> tf.Tensor:
     """``[n, E * w]``: entry ``e = (ids, row_offset, combiner)`` pooled into columns ``[e*w, (e+1)*w)``.
 
-    All entries share one batch size ``n``; ``variable`` is ``[rows of all slices, w]``.
+    All entries share one batch size ``n``; ``variable`` is ``[rows of all slices, w]``. ``kernel``:
+    pool with tf_dlrm's embedding-bag kernel (the caller checked that it is loaded), which checks
+    the ids itself (``checks``: see :func:`tf_dlrm.distributed.embedding_bag.bag_lookup`).
     """
+    if kernel:
+        return bag_lookup(variable, entries, index_dtype, checks)
     width = int(variable.shape[1])
     count = len(entries)
     if all(not isinstance(ids, tf.RaggedTensor) for ids, _, _ in entries):

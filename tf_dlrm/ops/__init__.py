@@ -1,5 +1,7 @@
-"""tf_dlrm's own CPU kernels (``dot_interaction.cc``), compiled by ``python -m tf_dlrm.ops.build``
-(``scripts/install.sh`` runs it) into ``_tf_dlrm_ops.so`` beside the source.
+"""tf_dlrm's own CPU kernels (``dot_interaction.cc``: DLRM's dot interaction; ``embedding_bag.cc``:
+pooled multi-hot lookups, their gradient over distinct rows, SGD on distinct rows), compiled by
+``python -m tf_dlrm.ops.build`` (``scripts/install.sh`` runs it) into ``_tf_dlrm_ops.so`` beside
+the sources.
 
 :func:`kernels` loads the library once per process. Without it (not built, or built for another
 TensorFlow) the layers fall back to plain TensorFlow ops, which compute the same values more
@@ -18,14 +20,15 @@ LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tf_dlrm_ops
 
 @functools.lru_cache(maxsize=None)
 def kernels():
-    """The loaded kernel module (``tf_dlrm_dot_interaction`` and its gradient), or None (with one
-    warning naming the library, unless ``TF_DLRM_DISABLE_KERNELS=1`` asked for the fallback)."""
+    """The loaded kernel module (``tf_dlrm_dot_interaction``, ``tf_dlrm_embedding_bag`` and their
+    gradients), or None (with one warning naming the library, unless ``TF_DLRM_DISABLE_KERNELS=1``
+    asked for the fallback)."""
     reason = unavailable_reason()
     if reason is not None:
         if os.environ.get("TF_DLRM_DISABLE_KERNELS") != "1":
             from absl import logging
 
-            logging.warning("tf_dlrm: %s; the dot interaction uses plain TensorFlow ops (slower).", reason)
+            logging.warning("tf_dlrm: %s; the dot interaction and multi-hot pooling use plain TensorFlow ops (slower).", reason)
         return None
     return _load()
 

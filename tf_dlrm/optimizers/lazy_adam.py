@@ -15,6 +15,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tf_dlrm.config.training import check_adam_arguments
+from tf_dlrm.distributed.embedding_bag import apply_lazy_adam_to_distinct_rows
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, gather, scatter_sub, scatter_update
 
 
@@ -31,6 +32,12 @@ class LazyAdam(SparseOptimizer):
     def apply(self, variable, slots, rows, gradient, learning_rate, step, row_mean_squares=None) -> None:
         t = tf.cast(step, tf.float32)
         alpha = tf.cast(learning_rate, tf.float32) * tf.sqrt(1.0 - self.beta_2**t) / (1.0 - self.beta_1**t)
+        # ``rows`` are distinct (the caller summed repeated ids): tf_dlrm's kernel updates the table
+        # and both moments in one pass on all threads; the ops below (two gathers, three scatters)
+        # are the fallback without the kernel library.
+        if apply_lazy_adam_to_distinct_rows(variable, slots["m"], slots["v"], rows, gradient, alpha,
+                                            self.beta_1, self.beta_2, self.epsilon):
+            return
         m = self.beta_1 * gather(slots["m"], rows) + (1.0 - self.beta_1) * gradient
         v = self.beta_2 * gather(slots["v"], rows) + (1.0 - self.beta_2) * tf.square(gradient)
         scatter_update(slots["m"], rows, m)

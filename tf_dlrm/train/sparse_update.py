@@ -3,6 +3,9 @@
 - ``sharded`` variables (this rank's fused shards): the exchange's backward delivers ``N`` times the
   gradient of the global mean loss as ``IndexedSlices``, one entry per looked-up id; it is scaled by
   ``1/N``, repeated ids are summed (:func:`deduplicate`), and the optimizer updates those rows.
+  A variable read through tf_dlrm's embedding-bag kernel gets its gradient summed per distinct
+  row already (:mod:`tf_dlrm.distributed.embedding_bag`): it skips that deduplication, and plain
+  SGD updates its rows with one multi-threaded op.
 - ``replicated`` tables: their gradient joins the dense allreduce (averaged over ranks). With a
   stateful optimizer it carries one extra column counting each row's lookups, so after the
   allreduce every rank knows the rows touched anywhere in the global batch, which are exactly the
@@ -19,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.distributed import collectives
+from tf_dlrm.distributed.embedding_bag import apply_sgd_to_distinct_rows, distinct_rows
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.model.variable_kind import layout_of
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, deduplicate, gather
@@ -117,13 +121,22 @@ class SparseUpdater:
         scale = 1.0 / self.env.world_size
         if self.plain_sgd:
             for variable, gradient in zip(self.shards, shard_gradients):
-                SparseSGD.apply_repeated(variable, gradient, learning_rate * scale)
+                if distinct_rows(variable):  # one row per thread, no lock held between rows
+                    apply_sgd_to_distinct_rows(variable, gradient, learning_rate * scale)
+                else:
+                    SparseSGD.apply_repeated(variable, gradient, learning_rate * scale)
             for variable, gradient in zip(self.replicated, replicated_gradients):
                 variable.assign_sub(gradient * learning_rate)
             return
         updates = []  # (variable, slots, layout, rows, summed gradient, position of each entry)
         for variable, slots, gradient in zip(self.shards, self.shard_slots, shard_gradients):
-            rows, summed, position = deduplicate(gradient)
+            if distinct_rows(variable):
+                # Summed per distinct row by the embedding-bag kernel's gradient already. No
+                # position: such a variable holds no slice of a column-sliced table (the layer checks),
+                # the only place row_mean_squares reads positions.
+                rows, summed, position = gradient.indices, gradient.values, None
+            else:
+                rows, summed, position = deduplicate(gradient)
             summed = summed * scale if self.env.world_size > 1 else summed  # one pass fewer in one process
             updates.append((variable, slots, layout_of(variable), rows, summed, position))
         groups = self.shard_groups + self.replicated_groups

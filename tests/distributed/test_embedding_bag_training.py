@@ -1,0 +1,117 @@
+"""Training steps through the embedding-bag kernel equal the plain TensorFlow path, for every sparse
+optimizer: the kernel's gradient arrives summed per distinct row, and the sparse update skips its own
+deduplication for such variables (tf_dlrm/train/sparse_update.py); a wrong skip would count a
+duplicated row twice in Adagrad's or Adam's state, or not at all."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_dlrm.config.embedding import FeatureConfig
+from tf_dlrm.distributed import embedding as embedding_module
+from tf_dlrm.distributed.embedding import DistributedEmbedding
+from tf_dlrm.distributed.embedding_bag import bag_kernel, distinct_rows
+from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.distributed.plan import TableSpec
+from tf_dlrm.distributed.planner import make_plan
+from tf_dlrm.model.dlrm import DLRM
+from tf_dlrm.train.schedule import LearningRateSchedule
+from tf_dlrm.train.step import OptimizerConfig, Trainer
+
+TABLES = [TableSpec("items", 30, 8), TableSpec("tags", 12, 8), TableSpec("users", 50, 8), TableSpec("small", 4, 8)]
+FEATURES = [
+    FeatureConfig("clicks", "items", hotness=5, combiner="sum"),
+    FeatureConfig("history", "items", hotness=6, combiner="mean", ragged=True),  # shares a table
+    FeatureConfig("tags", "tags", hotness=3, combiner="sqrtn"),
+    FeatureConfig("user", "users"),
+    FeatureConfig("bucket", "small", hotness=2, combiner="mean", ragged=True),  # replicated table
+]
+BATCH = 16
+
+
+def batches(order, count=3):
+    """``order``: the feature of each id tensor the layer takes (its ``_input_features()``)."""
+    rng = np.random.default_rng(7)
+    out = []
+    for _ in range(count):
+        numerical = rng.random((BATCH, 4), dtype=np.float32)
+        # Few rows and many ids: duplicates within samples and across the batch.
+        ragged = lambda rows, hotness: tf.ragged.constant(  # noqa: E731
+            [list(rng.integers(0, rows, rng.integers(0, hotness + 1))) for _ in range(BATCH)], dtype=tf.int32)
+        ids = (rng.integers(0, 30, (BATCH, 5)).astype(np.int32), ragged(30, 6),
+               rng.integers(0, 12, (BATCH, 3)).astype(np.int32), rng.integers(0, 50, BATCH).astype(np.int32), ragged(4, 2))
+        out.append((tf.constant(numerical), tuple(ids[f] for f in order), tf.constant(rng.integers(0, 2, (BATCH, 1)).astype(np.float32))))
+    return out
+
+
+def train(optimizer: str, kernel: bool, monkeypatch):
+    with monkeypatch.context() as patch:
+        if not kernel:
+            patch.setattr(embedding_module, "bag_kernel", lambda: None)
+        plan = make_plan(TABLES, 1, data_parallel_threshold=5)
+        layer = DistributedEmbedding(plan, features=FEATURES, seed=3, name="embedding")
+        model = DLRM(layer, 4, (16, 8), (8, 1), interaction="cat")
+        data = batches(layer._input_features())
+        model((data[0][0], data[0][1]))
+    marked = [distinct_rows(v) for v in layer.shard_variables + layer.replicated_variables]
+    config = OptimizerConfig(LearningRateSchedule(1.0), optimizer="sgd", embedding_optimizer=optimizer)
+    trainer = Trainer(model, DistributedEnv(), config)
+    initial = [v.numpy() for v in layer.shard_variables + layer.replicated_variables]
+    for numerical, ids, label in data:
+        trainer.train_step(numerical, ids, label)
+    # What training changed (the initial tables are equal in both runs: same seed).
+    return [v.numpy() - start for v, start in zip(layer.shard_variables + layer.replicated_variables, initial)], marked
+
+
+@pytest.mark.skipif(bag_kernel() is None, reason="the kernel library is not built")
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad", "lazy_adam", "ftrl"])
+def test_kernel_steps_equal_the_tensorflow_path(optimizer, monkeypatch):
+    with_kernel, marked = train(optimizer, True, monkeypatch)
+    without, unmarked = train(optimizer, False, monkeypatch)
+    assert any(marked) and not any(unmarked)
+    for ours, theirs in zip(with_kernel, without):
+        scale = np.abs(theirs).max()
+        assert scale > 0  # the tables trained
+        # The two paths sum a row's gradients in another order: float32 roundoff of the updates
+        # (about 1e-7 of them per sum, a few sums per step, three steps), far below 1e-4 of the
+        # largest update; a gradient counted twice or scaled wrongly for some rows is off by far more.
+        np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4 * scale)
+
+
+def test_without_the_library_the_layer_pools_with_tensorflow_ops():
+    """``TF_DLRM_DISABLE_KERNELS=1`` (or no library): the plain path, nothing marked, same values."""
+    code = (
+        "import numpy as np, tensorflow as tf\n"
+        "from tf_dlrm.config.embedding import FeatureConfig\n"
+        "from tf_dlrm.distributed.embedding import DistributedEmbedding\n"
+        "from tf_dlrm.distributed.embedding_bag import distinct_rows\n"
+        "from tf_dlrm.distributed.plan import TableSpec\n"
+        "from tf_dlrm.distributed.planner import make_plan\n"
+        "plan = make_plan([TableSpec('items', 30, 4)], 1, data_parallel_threshold=0)\n"
+        "layer = DistributedEmbedding(plan, features=[FeatureConfig('f', 'items', hotness=3, combiner='mean')], seed=2)\n"
+        "out = layer([np.array([[1, 1, 2], [29, 0, 0]], np.int32)])\n"
+        "print(layer.group_kernel, [distinct_rows(v) for v in layer.shard_variables], np.round(out.numpy().sum(), 5))\n")
+    results = []
+    for environment in ({"TF_DLRM_DISABLE_KERNELS": "1"}, {}):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **environment})
+        assert done.returncode == 0, done.stderr
+        results.append(done.stdout.strip().splitlines()[-1])
+    disabled, enabled = results
+    assert disabled.startswith("[False] [False]") and enabled.startswith("[True] [True]")
+    assert disabled.split("] ")[-1] == enabled.split("] ")[-1]  # the same pooled values
+
+
+def test_use_kernel_false_keeps_the_tensorflow_path_and_is_serialised():
+    plan = make_plan(TABLES, 1, data_parallel_threshold=5)
+    layer = DistributedEmbedding(plan, features=FEATURES, use_kernel=False)
+    layer.build()
+    assert not layer.single_op and not any(layer.group_kernel) and not layer.kernel_checked_features
+    assert not any(distinct_rows(v) for v in layer.shard_variables + layer.replicated_variables)
+    assert DistributedEmbedding.from_config(layer.get_config()).use_kernel is False
