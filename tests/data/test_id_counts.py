@@ -56,3 +56,21 @@ def test_stored_counts_of_wrong_size_are_refused(tmp_path):
     id_counts.save_counts(id_counts.counts_path(spec), counts, 1)
     with pytest.raises(ValueError, match=f"feature '{first}' have shape \\(4,\\), expected \\(5,\\)"):
         id_counts.counts_for(spec)
+
+
+def test_command_line_writes_counts_and_prints_hot_rows(tmp_path):
+    import subprocess
+    import sys
+    rng = np.random.default_rng(1)
+    spec = _write(tmp_path, [rng.integers(0, c, 3000) for c in CARDINALITIES])
+    spec.save(str(tmp_path / "feature_spec.yaml"))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run([sys.executable, "-m", "tf_dlrm.data.id_counts", f"--spec={tmp_path}/feature_spec.yaml",
+                             "--hot_rows_budget=0.05", "--world_size=2", "--dim=4"],
+                            cwd=repo, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert os.path.exists(id_counts.counts_path(spec))
+    assert "hot rows: budget 0.05" in result.stdout and "expected hit rate" in result.stdout
+    bad = subprocess.run([sys.executable, "-m", "tf_dlrm.data.id_counts", f"--spec={tmp_path}/feature_spec.yaml",
+                          "--hot_rows_budget=2"], cwd=repo, capture_output=True, text=True)
+    assert bad.returncode != 0 and "hot_rows_budget" in bad.stderr

@@ -70,3 +70,16 @@ def test_counts_of_wrong_size_name_the_table():
         plan_hot_rows(_plan(), counts, 0.1)
     with pytest.raises(ValueError, match="counts for 3 tables"):
         plan_hot_rows(_plan(), counts[:2], 0.1)
+
+
+def test_hot_rows_module_imports_no_framework():
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[2]
+    code = ("import sys, tf_dlrm.distributed.hot_rows; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'horovod', 'keras'}))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                            capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -85,3 +85,37 @@ def counts_for(spec: FeatureSpec, split: str = "train") -> dict[str, np.ndarray]
     counts = count_ids(spec, split)
     save_counts(path, counts, spec.split_files(split).num_samples)
     return counts
+
+
+def main(argv=None) -> None:
+    """``python -m tf_dlrm.data.id_counts --spec=DATASET/feature_spec.yaml [--hot_rows_budget=0.1]
+    [--world_size=2] [--strategy=auto] [--dim=128]``: counts (or reads) the ids, then prints the hot-row plan."""
+    import argparse
+
+    from tf_dlrm.distributed.hot_rows import plan_hot_rows
+    from tf_dlrm.distributed.plan import TableSpec
+    from tf_dlrm.distributed.planner import make_plan
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--hot_rows_budget", type=float, default=0.1)
+    parser.add_argument("--world_size", type=int, default=2)
+    parser.add_argument("--strategy", default="auto")
+    parser.add_argument("--dim", type=int, default=128)
+    args = parser.parse_args(argv)
+    try:
+        spec = FeatureSpec.load(args.spec)
+        counts = counts_for(spec, args.split)
+        tables = [TableSpec(name, rows, dim) for name, rows, dim in
+                  zip(spec.categorical_features, spec.cardinalities(), spec.embedding_dims(args.dim))]
+        plan = make_plan(tables, args.world_size, args.strategy)
+        hot = plan_hot_rows(plan, [counts[name] for name in spec.categorical_features], args.hot_rows_budget)
+    except (ValueError, OSError) as error:
+        raise SystemExit(f"tf_dlrm.data.id_counts: {error}") from None
+    print(f"id counts: {counts_path(spec)}")
+    print(hot.describe())
+
+
+if __name__ == "__main__":
+    main()
