@@ -160,3 +160,21 @@ def test_command_line(tmp_path):
     bad = subprocess.run(command[:3] + [f"--feature_spec={tmp_path / 'absent.yaml'}"] + command[4:],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "absent.yaml" in bad.stderr
+
+
+def test_per_feature_id_distribution(small):
+    _, written = small
+    features = len(written.categorical_features)
+    exponents = tuple([0.0, 2.0] + [1.05] * (features - 2))
+    model = synthetic.HiddenModel(written, seed=3, config=synthetic.GeneratorConfig(feature_zipf_exponents=exponents))
+    _, ranks, _ = model.sample(np.random.default_rng(0), 20_000)
+    cardinality = written.cardinalities()
+    uniform, skewed = np.asarray(ranks[0]).ravel(), np.asarray(ranks[1]).ravel()
+    # Uniform: the top rank has about 1/cardinality of the mass; exponent 2: about 1/zeta(2) = 0.61.
+    assert abs(np.mean(uniform == 0) - 1 / cardinality[0]) < 5 * np.sqrt(1 / cardinality[0] / 20_000) + 1e-3
+    assert np.mean(skewed == 0) > 0.4
+    with pytest.raises(ValueError, match="feature_zipf_exponents >= 0"):
+        synthetic.GeneratorConfig(feature_zipf_exponents=(1.0, -1.0))
+    with pytest.raises(ValueError, match=f"Expected {features} feature_zipf_exponents"):
+        synthetic.HiddenModel(written, seed=3, config=synthetic.GeneratorConfig(feature_zipf_exponents=(1.0,))).sample(
+            np.random.default_rng(0), 4)

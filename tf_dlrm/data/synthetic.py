@@ -73,10 +73,20 @@ class GeneratorConfig:
     pairwise_share: float = 0.15
     # Write sparse int64 keys for dynamic tables instead of ids (tf_dlrm.dynamic): see _as_keys.
     hashed_keys: bool = False
+    # Per categorical feature, in spec order: a Zipf exponent (> 0), or 0 for uniform ids; empty means
+    # zipf_exponent for every feature. Reproduces the different skews of real logs' features.
+    feature_zipf_exponents: tuple = ()
+
+    def exponent_of(self, feature: int) -> float:
+        """Zipf exponent of categorical feature `feature` (0 means uniform)."""
+        return self.feature_zipf_exponents[feature] if self.feature_zipf_exponents else self.zipf_exponent
 
     def __post_init__(self):
         if self.zipf_exponent <= 0:
             raise ValueError(f"Expected zipf_exponent > 0. Received: zipf_exponent={self.zipf_exponent}")
+        if any(not isinstance(e, (int, float)) or e < 0 for e in self.feature_zipf_exponents):
+            raise ValueError("Expected feature_zipf_exponents >= 0 (0 = uniform). "
+                             f"Received: feature_zipf_exponents={self.feature_zipf_exponents}")
         if not 0 < self.positive_rate < 1:
             raise ValueError(f"Expected 0 < positive_rate < 1. Received: positive_rate={self.positive_rate}")
         if self.logit_std < 0:
@@ -183,8 +193,15 @@ class HiddenModel:
             counts = np.floor(rng.lognormal(self.count_mu[j], self.count_sigma[j], count))
             numerical[:, j] = np.log1p(counts)
         ranks, ids = [], []
-        for cardinality, id_map, hotness in zip(self.cardinalities, self.id_maps, self.hotness):
-            table_ranks = _power_law_ranks(rng, count * hotness, cardinality, self.config.zipf_exponent)
+        if self.config.feature_zipf_exponents and len(self.config.feature_zipf_exponents) != len(self.cardinalities):
+            raise ValueError(f"Expected {len(self.cardinalities)} feature_zipf_exponents (one per categorical "
+                             f"feature). Received: {len(self.config.feature_zipf_exponents)}")
+        for feature, (cardinality, id_map, hotness) in enumerate(zip(self.cardinalities, self.id_maps, self.hotness)):
+            exponent = self.config.exponent_of(feature)
+            if exponent == 0:
+                table_ranks = rng.integers(0, cardinality, count * hotness)
+            else:
+                table_ranks = _power_law_ranks(rng, count * hotness, cardinality, exponent)
             if hotness > 1:
                 table_ranks = table_ranks.reshape(count, hotness)
             ranks.append(table_ranks)
