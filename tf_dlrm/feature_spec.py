@@ -72,6 +72,17 @@ def categorical_dtype_for(cardinality: int) -> np.dtype:
     return np.dtype(np.int64)
 
 
+def read_spec_yaml(path: str):
+    """The parsed yaml of a spec file; a missing file or bad YAML is a :class:`FeatureSpecError` naming it."""
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    except FileNotFoundError as error:
+        raise FeatureSpecError(f"Feature spec file not found: {path}") from error
+    except yaml.YAMLError as error:
+        raise FeatureSpecError(f"{path}: not valid YAML: {error}") from error
+
+
 @dataclasses.dataclass(frozen=True)
 class SplitFiles:
     """Absolute paths of one split's split_binary files and its sample count."""
@@ -109,13 +120,7 @@ class FeatureSpec:
     @classmethod
     def load(cls, path: str, check_files: bool = True) -> "FeatureSpec":
         """Reads and validates a yaml spec; with ``check_files`` also its split_binary files."""
-        try:
-            with open(path, "r", encoding="utf-8") as handle:
-                raw = yaml.safe_load(handle)
-        except FileNotFoundError as error:
-            raise FeatureSpecError(f"Feature spec file not found: {path}") from error
-        except yaml.YAMLError as error:
-            raise FeatureSpecError(f"{path}: not valid YAML: {error}") from error
+        raw = read_spec_yaml(path)
         return cls.from_dict(
             raw, base_directory=os.path.dirname(os.path.abspath(path)), source=path, check_files=check_files
         )

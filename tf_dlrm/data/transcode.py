@@ -50,7 +50,6 @@ import sys
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-import yaml
 
 from tf_dlrm.data.csv_declarations import HASH, Declarations, read_declarations, transform_entry, vocabulary_features_of_raw
 from tf_dlrm.data.csv_values import (CATEGORICAL, HASHED, LABEL, MULTI_HOT_SEPARATOR, NUMERICAL, VOCABULARY, Column,  # noqa: F401
@@ -58,7 +57,7 @@ from tf_dlrm.data.csv_values import (CATEGORICAL, HASHED, LABEL, MULTI_HOT_SEPAR
 from tf_dlrm.data.csv_vocabulary import Vocabulary, build_vocabulary
 from tf_dlrm.data.layout import categorical_file_name, with_split_binary_sources
 from tf_dlrm.data.split_binary import SplitBinaryWriter
-from tf_dlrm.feature_spec import CSV, TRAIN_SPLIT, FeatureSpec, FeatureSpecError
+from tf_dlrm.feature_spec import CSV, TRAIN_SPLIT, FeatureSpec, FeatureSpecError, read_spec_yaml
 from tf_dlrm.io.publish import staged_output
 
 DEFAULT_BLOCK_LINES = 1 << 16
@@ -124,13 +123,7 @@ class LocalEngine:
 
 def _load_spec(input_spec_path: str) -> tuple[FeatureSpec, set[str]]:
     """The input spec; a feature encoded by vocabulary takes its cardinality (and dtype) from the vocabulary."""
-    try:
-        with open(input_spec_path, "r", encoding="utf-8") as handle:
-            raw = yaml.safe_load(handle)
-    except FileNotFoundError as error:
-        raise FeatureSpecError(f"Feature spec file not found: {input_spec_path}") from error
-    except yaml.YAMLError as error:
-        raise FeatureSpecError(f"{input_spec_path}: not valid YAML: {error}") from error
+    raw = read_spec_yaml(input_spec_path)
     by_vocabulary = vocabulary_features_of_raw(raw)
     for feature in sorted(by_vocabulary):
         properties = raw.get("feature_spec", {}).get(feature) if isinstance(raw.get("feature_spec"), dict) else None
