@@ -64,6 +64,8 @@ def criteo_sampler(path, rng):
 def measure(plan, hot, draw, world_size, batch_size, batches, value_bytes=4):
     local = batch_size // world_size
     hot_sets = {t: np.array(hot.for_table(t), dtype=np.int64) for t in plan.model_parallel}
+    # Sent by each rank, forward and backward: the owner sends a destination the rows of its local
+    # samples, and the destination sends their gradients back.
     before = np.zeros(world_size)
     after = np.zeros(world_size)
     gather = np.zeros(world_size)
@@ -78,8 +80,9 @@ def measure(plan, hot, draw, world_size, batch_size, batches, value_bytes=4):
                     if destination == rank:
                         continue
                     part = cold[destination * local:(destination + 1) * local]
-                    before[rank] += local * piece.width * value_bytes
-                    after[rank] += int(part.sum()) * piece.width * value_bytes
+                    for sender in (rank, destination):
+                        before[sender] += local * piece.width * value_bytes
+                        after[sender] += int(part.sum()) * piece.width * value_bytes
         for table in plan.model_parallel:
             hits += int(np.isin(ids[table], hot_sets[table]).sum())
             lookups += ids[table].size
@@ -88,11 +91,10 @@ def measure(plan, hot, draw, world_size, batch_size, batches, value_bytes=4):
                 column = ids[table][rank * local:(rank + 1) * local]
                 touched = np.unique(column[np.isin(column, hot_sets[table])])
                 gather[rank] += (world_size - 1) * touched.size * (plan.tables[table].dim * value_bytes + 8)
-    # The alltoall moves the same bytes forward (rows) and backward (their gradients); the allgather
-    # of hot-row gradients runs once, in the backward.
+    # The allgather of hot-row gradients runs once, in the backward.
     busiest = int(np.argmax(before))
-    plain = 2 * before[busiest] / batches
-    replicated = (2 * after[busiest] + gather[busiest]) / batches
+    plain = before[busiest] / batches
+    replicated = (after[busiest] + gather[busiest]) / batches
     return busiest, plain, replicated, hits / max(lookups, 1)
 
 

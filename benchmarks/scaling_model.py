@@ -22,27 +22,34 @@ milliseconds at known bytes give bytes/s, lookup + update at known gathered valu
 value. With ``--check_measured`` (``benchmarks/scaling.py`` output) it predicts the same config at
 that run's world size and batch and prints predicted vs measured samples/s (goal: within 25%).
 
-Hot-row replication is not implemented yet: the ``with_hot_rows`` fields are ``null`` placeholders;
-the Zipf exponents of the Criteo sample's ids are printed already (``--criteo_sample``), fitted from
-the id counts by least squares of ``log count`` on ``log rank``.
+With hot-row replication (``with_hot_rows``, one entry per id distribution): the hottest rows of the
+model-parallel tables, chosen as the planner does under ``--hot_rows_budget`` (a fraction of their
+memory), replicated on every rank; expected hit rates, memory per rank, cold-row alltoall plus the
+sparse hot-gradient allgather, and the step they predict (:mod:`scaling_hot_rows`). Id distributions:
+Zipf with the exponents of ``--zipf_exponents`` on every table (the synthetic generator's
+``--zipf_exponents``; the exponent refitted on ids drawn from it is printed), and per table the
+exponent fitted on the shared Criteo sample (``--criteo_sample``; least squares of ``log count`` on
+``log rank``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
 from typing import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from tf_dlrm.distributed.packing import send_width  # noqa: E402
 from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
 from tf_dlrm.distributed.planner import make_plan  # noqa: E402
 from tf_dlrm.distributed.traffic import step_traffic  # noqa: E402
+
+from scaling_hot_rows import fit_exponent, hot_row_figures  # noqa: E402
 
 # facebookresearch/dlrm, dlrm_s_pytorch.py and data_utils.py, "--max-ind-range=40000000" (the
 # MLPerf training configuration); the same list is in mlcommons/inference recommendation/dlrm.
@@ -128,13 +135,17 @@ def rates_from_breakdown(records: list[dict], dim: int = 128) -> dict:
             "allreduce_bytes_per_s": statistics.median(ar), "seconds_per_gathered_value": statistics.median(per_value)}
 
 
-def predict(cardinalities: Sequence[int], dim: int, world_size: int, global_batch: int, rates: dict) -> dict:
+def predict(cardinalities: Sequence[int], dim: int, world_size: int, global_batch: int, rates: dict,
+            exchange_bytes: Sequence[float] | None = None) -> dict:
+    """The slowest rank's step; ``exchange_bytes`` (per rank) replaces the plan's alltoall bytes
+    (hot-row replication: cold rows plus the hot-gradient allgather, at the alltoall's rate)."""
     figures = plan_figures(cardinalities, dim, world_size, global_batch)
     steps = []
     for rank, traffic in enumerate(figures["traffic"]):
         compute = figures["dense_flops"] / rates["dense_flop_per_s"]
         embedding = figures["gathered_values"][rank] * rates["seconds_per_gathered_value"]
-        exchange = (traffic.alltoall_forward_sent + traffic.alltoall_backward_sent) / rates["alltoall_bytes_per_s"]
+        sent = traffic.alltoall_forward_sent + traffic.alltoall_backward_sent
+        exchange = (sent if exchange_bytes is None else exchange_bytes[rank]) / rates["alltoall_bytes_per_s"]
         allreduce = traffic.allreduce_sent / rates["allreduce_bytes_per_s"]
         steps.append({"dense_s": compute, "embedding_s": embedding, "exchange_s": exchange, "allreduce_s": allreduce,
                       "step_s": compute + embedding + exchange + allreduce})
@@ -153,18 +164,37 @@ def zipf_exponents(path: str, columns: int = 26) -> dict:
             for i, value in enumerate(fields[14:14 + columns]):
                 if value:
                     counts[i][value] = counts[i].get(value, 0) + 1
-    out = {}
-    for i, table in enumerate(counts):
-        ordered = sorted(table.values(), reverse=True)
-        if len(ordered) < 3:
-            out[f"cat_{i}"] = None
-            continue
-        xs = [math.log(r + 1) for r in range(len(ordered))]
-        ys = [math.log(c) for c in ordered]
-        mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-        out[f"cat_{i}"] = round(-slope, 3)
-    return out
+    return {f"cat_{i}": fit_exponent(list(table.values())) for i, table in enumerate(counts)}
+
+
+def synthetic_refit(exponent: float, rows: int = 1_000_000, draws: int = 1_000_000) -> float | None:
+    """The exponent fitted (as on the Criteo sample) on ids drawn by the synthetic generator's sampler."""
+    import numpy as np
+
+    from tf_dlrm.data.hidden_model import _power_law_ranks
+
+    ranks = _power_law_ranks(np.random.default_rng(0), draws, rows, exponent)
+    return fit_exponent(np.bincount(ranks, minlength=rows))
+
+
+def with_hot_rows(prediction: dict, exponents, budget: float, batch: int, rates: dict, min_count_per_step: float = 0.0) -> dict:
+    """Hot-row figures of the prediction's plan under Zipf ``exponents`` and the step they predict."""
+    figures = prediction["figures"]
+    plan = figures["plan"]
+    hot = hot_row_figures(plan, exponents, budget, batch, min_count_per_step=min_count_per_step)
+    predicted = predict(MLPERF_CRITEO_1TB_CARDINALITIES, plan.tables[0].dim, plan.world_size, batch, rates,
+                        exchange_bytes=hot["exchange_bytes_per_rank"])
+    return {
+        "budget": budget, "hot_rows": hot["hot_rows"], "expected_hit_rate": round(hot["expected_hit_rate"], 4),
+        "table_bytes_per_rank_max": max(figures["rank_bytes"]) + hot["hot_bytes_per_rank"],
+        "cold_alltoall_bytes_per_step": int(hot["cold_alltoall_bytes_per_step"]),
+        "hot_gradient_allgather_bytes_per_step": int(hot["hot_gradient_allgather_bytes_per_step"]),
+        "hot_gradient_union_allreduce_bytes_per_step": int(hot["hot_gradient_union_allreduce_bytes_per_step"]),
+        "hot_gradient_combine": hot["hot_gradient_combine"],
+        "exchange_bytes_per_step": int(hot["bytes_per_step_with_hot_rows"]),
+        "exchange_ratio": round(hot["ratio"], 4) if hot["ratio"] is not None else None,
+        "predicted": {**predicted["slowest_rank"], "samples_per_s": round(predicted["samples_per_s"], 1)},
+    }
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -182,11 +212,24 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--world_sizes", default="8,16,64,256")
     parser.add_argument("--batch_sizes", default="32768,262144")
     parser.add_argument("--criteo_sample", default="/work/shared/data/criteo_1tb_day0_sample_1k.tsv")
+    parser.add_argument("--zipf_exponents", default="1.05,1.2", help="synthetic id distributions (Zipf on every table)")
+    parser.add_argument("--hot_rows_budget", type=float, default=0.1,
+                        help="hot rows' memory as a fraction of the model-parallel tables'")
     args = parser.parse_args(argv)
+    if not 0 < args.hot_rows_budget <= 1:
+        raise SystemExit(f"--hot_rows_budget must be in (0, 1]. Received: {args.hot_rows_budget}")
     rates = rates_from_breakdown(read_jsonl(args.rates))
     out = [{"benchmark": "scaling_model_rates", **{k: (round(v, 12) if isinstance(v, float) else v) for k, v in rates.items()}}]
+    tables = len(MLPERF_CRITEO_1TB_CARDINALITIES)
+    distributions = {}
+    for exponent in (float(e) for e in args.zipf_exponents.split(",") if e):
+        distributions[f"zipf_{exponent:g}"] = [exponent] * tables
+        out.append({"benchmark": "scaling_model_zipf", "source": f"synthetic generator, zipf_exponent={exponent:g}",
+                    "refitted_exponent": synthetic_refit(exponent)})
     if os.path.exists(args.criteo_sample):
-        out.append({"benchmark": "scaling_model_zipf", "source": args.criteo_sample, "exponents": zipf_exponents(args.criteo_sample)})
+        fitted = zipf_exponents(args.criteo_sample, tables)
+        out.append({"benchmark": "scaling_model_zipf", "source": args.criteo_sample, "exponents": fitted})
+        distributions["criteo_sample_fit"] = [fitted[f"cat_{i}"] or 0.0 for i in range(tables)]
     for world_size in (int(w) for w in args.world_sizes.split(",")):
         for batch in (int(b) for b in args.batch_sizes.split(",")):
             prediction = predict(MLPERF_CRITEO_1TB_CARDINALITIES, 128, world_size, batch, rates)
@@ -201,7 +244,13 @@ def main(argv=None) -> list[dict]:
                 "allreduce_bytes_sent_per_rank_per_step": traffic[0].allreduce_sent,
                 "allreduce_payload_bytes": traffic[0].allreduce_payload,
                 "predicted": {**prediction["slowest_rank"], "samples_per_s": round(prediction["samples_per_s"], 1)},
-                "with_hot_rows": None,  # hot-row replication is not implemented yet (issue #14, item 1)
+                # Two choices of hot rows: the budget's hottest, and of those only rows expected at
+                # least N times per step (the ones whose replication saves bytes; see scaling_hot_rows).
+                "with_hot_rows": {name: with_hot_rows(prediction, exponents, args.hot_rows_budget, batch, rates)
+                                  for name, exponents in distributions.items()},
+                "with_hot_rows_seen_n_times": {
+                    name: with_hot_rows(prediction, exponents, args.hot_rows_budget, batch, rates, min_count_per_step=world_size)
+                    for name, exponents in distributions.items()},
             })
     if args.check_measured:
         for record in read_jsonl(args.check_measured):
