@@ -74,3 +74,15 @@ def test_command_line_writes_counts_and_prints_hot_rows(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tf_dlrm.data.id_counts", f"--spec={tmp_path}/feature_spec.yaml",
                           "--hot_rows_budget=2"], cwd=repo, capture_output=True, text=True)
     assert bad.returncode != 0 and "hot_rows_budget" in bad.stderr
+    # With the global batch, rows seen fewer than world_size times per batch stay cold: fewer hot rows.
+    seen = subprocess.run([sys.executable, "-m", "tf_dlrm.data.id_counts", f"--spec={tmp_path}/feature_spec.yaml",
+                           "--hot_rows_budget=0.05", "--world_size=2", "--dim=4", "--global_batch_size=100"],
+                          cwd=repo, capture_output=True, text=True)
+    assert seen.returncode == 0, seen.stderr
+
+    def hot_rows(text):
+        return sum(int(line.split(": ")[1].split()[0]) for line in text.splitlines() if "hot rows, expected" in line)
+    assert hot_rows(seen.stdout) < hot_rows(result.stdout)
+    zero = subprocess.run([sys.executable, "-m", "tf_dlrm.data.id_counts", f"--spec={tmp_path}/feature_spec.yaml",
+                           "--global_batch_size=0", "--world_size=0"], cwd=repo, capture_output=True, text=True)
+    assert zero.returncode != 0

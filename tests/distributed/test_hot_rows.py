@@ -83,3 +83,27 @@ def test_hot_rows_module_imports_no_framework():
     result = subprocess.run([sys.executable, "-c", code], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
                             capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_min_count_keeps_rarely_seen_rows_cold():
+    plan = _plan(strategy="column_wise")
+    # Budget for everything, but rows counted fewer than 32 times stay cold: big's 100 (1) and 9 (30).
+    hot = plan_hot_rows(plan, _counts(), 1.0, min_count=32)
+    assert hot.for_table(0) == (7,) and hot.for_table(1) == (0, 5)
+    assert hot.tables[0].hit_rate == pytest.approx(50 / 81)
+
+
+def test_min_count_for_is_world_size_lookups_per_batch():
+    # 1,000,000 samples in batches of 16384: a row seen 2 times per batch occurs 122.07 times -> 123.
+    from tf_dlrm.distributed.hot_rows import min_count_for
+
+    assert min_count_for(2, 1_000_000, 16384) == 123
+    assert min_count_for(1, 100, 100) == 1
+    with pytest.raises(ValueError, match="world_size, samples and global_batch_size"):
+        min_count_for(2, 0, 16384)
+
+
+@pytest.mark.parametrize("min_count", [0, -1, 1.5, True])
+def test_bad_min_count_is_named(min_count):
+    with pytest.raises(ValueError, match="min_count"):
+        plan_hot_rows(_plan(), _counts(), 0.5, min_count=min_count)

@@ -89,10 +89,11 @@ def counts_for(spec: FeatureSpec, split: str = "train") -> dict[str, np.ndarray]
 
 def main(argv=None) -> None:
     """``python -m tf_dlrm.data.id_counts --spec=DATASET/feature_spec.yaml [--hot_rows_budget=0.1]
-    [--world_size=2] [--strategy=auto] [--dim=128]``: counts (or reads) the ids, then prints the hot-row plan."""
+    [--world_size=2] [--strategy=auto] [--dim=128] [--global_batch_size=B]``: counts (or reads) the ids, then
+    prints the hot-row plan (with ``--global_batch_size``, only rows seen ``world_size`` times per batch)."""
     import argparse
 
-    from tf_dlrm.distributed.hot_rows import plan_hot_rows
+    from tf_dlrm.distributed.hot_rows import min_count_for, plan_hot_rows
     from tf_dlrm.distributed.plan import TableSpec
     from tf_dlrm.distributed.planner import make_plan
 
@@ -103,6 +104,8 @@ def main(argv=None) -> None:
     parser.add_argument("--world_size", type=int, default=2)
     parser.add_argument("--strategy", default="auto")
     parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--global_batch_size", type=int, default=0,
+                        help="> 0: replicate only rows looked up at least world_size times per global batch on average")
     args = parser.parse_args(argv)
     try:
         spec = FeatureSpec.load(args.spec)
@@ -110,7 +113,11 @@ def main(argv=None) -> None:
         tables = [TableSpec(name, rows, dim) for name, rows, dim in
                   zip(spec.categorical_features, spec.cardinalities(), spec.embedding_dims(args.dim))]
         plan = make_plan(tables, args.world_size, args.strategy)
-        hot = plan_hot_rows(plan, [counts[name] for name in spec.categorical_features], args.hot_rows_budget)
+        min_count = 1
+        if args.global_batch_size:
+            min_count = min_count_for(args.world_size, spec.split_files(args.split).num_samples, args.global_batch_size)
+        hot = plan_hot_rows(plan, [counts[name] for name in spec.categorical_features], args.hot_rows_budget,
+                            min_count=min_count)
     except (ValueError, OSError) as error:
         raise SystemExit(f"tf_dlrm.data.id_counts: {error}") from None
     print(f"id counts: {counts_path(spec)}")

@@ -53,16 +53,34 @@ class HotRowPlan:
         return "\n".join(lines)
 
 
-def plan_hot_rows(plan: ShardingPlan, counts: list, budget: float, bytes_per_value: int = 4) -> HotRowPlan:
+def min_count_for(world_size: int, samples: int, global_batch_size: int) -> int:
+    """Occurrences (in counts over ``samples``) of a row looked up ``world_size`` times per global batch.
+
+    Exact replication sends every touched hot row to every rank each step (about ``2 N D`` bytes over
+    all ranks per distinct hot id) where the alltoall sent ``2 D`` per lookup: a row pays for its
+    replica when a batch looks it up more than about N times (``benchmarks/scaling_hot_rows.py``).
+    """
+    if world_size < 1 or samples < 1 or global_batch_size < 1:
+        raise ValueError(f"Expected world_size, samples and global_batch_size >= 1. Received: {world_size}, "
+                         f"{samples}, {global_batch_size}")
+    return -(-world_size * samples // global_batch_size)
+
+
+def plan_hot_rows(plan: ShardingPlan, counts: list, budget: float, bytes_per_value: int = 4,
+                  min_count: int = 1) -> HotRowPlan:
     """Chooses hot rows of `plan`'s model-parallel tables.
 
     Args:
         plan: the sharding plan; only its model-parallel tables get hot rows (replicated ones are local).
         counts: per table (same order as ``plan.tables``), the occurrence count of every id.
         budget: fraction of the model-parallel tables' bytes the replicas may use, in ``[0, 1]``.
+        min_count: rows counted fewer times stay cold even when the budget has room
+            (:func:`min_count_for` gives the count at which replication saves bytes).
     """
     if not isinstance(budget, (int, float)) or not 0 <= budget <= MAX_BUDGET:
         raise ValueError(f"Expected 0 <= hot_rows_budget <= {MAX_BUDGET}. Received: hot_rows_budget={budget!r}")
+    if not isinstance(min_count, (int, np.integer)) or isinstance(min_count, bool) or min_count < 1:
+        raise ValueError(f"Expected an integer min_count >= 1. Received: min_count={min_count!r}")
     if len(counts) != len(plan.tables):
         raise ValueError(f"Expected id counts for {len(plan.tables)} tables. Received: {len(counts)}")
     tables = plan.model_parallel
@@ -81,7 +99,7 @@ def plan_hot_rows(plan: ShardingPlan, counts: list, budget: float, bytes_per_val
     # Candidates: (lookups per byte, table, id), only ids that occur; best first, ties by table then id.
     candidates = []
     for table, array in arrays.items():
-        ids = np.flatnonzero(array)
+        ids = np.flatnonzero(array >= min_count)
         row_bytes = plan.tables[table].dim * bytes_per_value
         candidates.append((array[ids] / row_bytes, np.full(ids.size, table), ids, np.full(ids.size, row_bytes)))
     chosen = {table: [] for table in tables}
