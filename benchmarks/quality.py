@@ -45,7 +45,8 @@ BEST_FLAGS = ["--optimizer=adam", "--dense_learning_rate=0.001", "--embedding_op
               "--embedding_learning_rate=0.003", "--keep_best", "--evals_per_epoch=4"]
 ARCHITECTURE = {"embedding_dim": 128, "bottom_mlp_dims": (512, 256, 128), "top_mlp_dims": (1024, 1024, 512, 256, 1)}
 MODEL_FLAGS = {"tf_dlrm_dcnv2": ["--model=dcnv2"], "tf_dlrm_deepfm": ["--model=deepfm"],
-               "tf_dlrm_wide_deep": ["--model=wide_deep", "--feature_spec=feature_spec_crossed.yaml"]}
+               "tf_dlrm_wide_deep": ["--model=wide_deep", "--feature_spec=feature_spec_crossed.yaml"],
+               "tf_dlrm_amp": ["--amp"]}
 BASELINE_RATE = {"keras_adam": 0.001, "logistic_regression": 0.01}  # Adam's usual rate; LR has ~1 weight per id: 10x
 
 

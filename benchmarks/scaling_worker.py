@@ -41,7 +41,7 @@ def main(argv=None) -> None:
     parser.add_argument("--intra_op", type=int, default=0, help="intra-op threads per rank (0: the trainer's default)")
     parser.add_argument("--inter_op", type=int, default=0, help="inter-op threads per rank (0: the trainer's default)")
     parser.add_argument("--deduplicate_exchange", type=int, default=0,
-                        help="1: build the embedding with deduplicate_exchange=True (no main.py flag yet)")
+                        help="1: build the embedding as main.py --deduplicate_exchange does")
     parser.add_argument("--independent", type=str, default="",
                         help="RANK/N: one of N plain processes (no Horovod, no exchange) started together, "
                              "each training batch / N samples per step on cores / N threads")
@@ -70,18 +70,14 @@ def main(argv=None) -> None:
     from tf_dlrm.train.schedule import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
-    if args.deduplicate_exchange:
-        import functools
-
-        from tf_dlrm.distributed.embedding import DistributedEmbedding
-
-        builder.DistributedEmbedding = functools.partial(DistributedEmbedding, deduplicate_exchange=True)
     config = CONFIGS[args.config]
     batch_size = (args.batch_size or config.batch_size) // independent_count
     spec = FeatureSpec.load(args.spec)
     model_config = builder.ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims)
     plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), env.world_size)
-    model = builder.build_model(spec, plan, model_config, env, args.seed)
+    # --deduplicate_exchange of main.py; in one process there is no exchange to deduplicate.
+    model = builder.build_model(spec, plan, model_config, env, args.seed,
+                                deduplicate_exchange=bool(args.deduplicate_exchange) and env.world_size > 1)
     trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(args.learning_rate)))
     trainer.broadcast_initial_state()
     embedding = model.embedding

@@ -52,7 +52,7 @@ def make_models(case, env):
                   interaction=interaction)
     features = case.get("features")
     embedding = DistributedEmbedding(plan, rank=env.rank, seed=case["seed"], data_parallel_input=case["data_parallel_input"],
-                                     features=features)
+                                     features=features, deduplicate_exchange=case.get("deduplicate_exchange", False))
     model = DLRM(embedding, **kwargs)
     model(local_inputs(make_batches(case, 1)[0], embedding, env)[:2])
     reference = DLRM(EmbeddingBank(case["cardinalities"], widths, seed=case["seed"], features=features), **kwargs)

@@ -31,5 +31,5 @@ def test_deduplicate_exchange_refuses_multi_hot_features():
 
     plan = make_plan([TableSpec("a", 100, 4), TableSpec("b", 100, 4)], 2, "table_wise", data_parallel_threshold=10)
     features = [FeatureConfig(name="a", table="a", hotness=3), FeatureConfig(name="b", table="b")]
-    with pytest.raises(ValueError, match=r"deduplicate_exchange needs one-hot features.*\['a'\]"):
+    with pytest.raises(ValueError, match=r"deduplicate_exchange \(--deduplicate_exchange\) needs one-hot features.*\[.a.\]"):
         DistributedEmbedding(plan, rank=0, features=features, deduplicate_exchange=True)

@@ -76,6 +76,23 @@ CASES += [
      "optimizer": "lamb", "dense_learning_rate": 0.01, "embedding_weight_decay": 0.01, "dense_weight_decay": 0.01,
      "adam_epsilon": 1e-4, "magnitude_floor": BASE["learning_rate"]},
 ]
+# FTRL, and the deduplicated exchange (--deduplicate_exchange) with every embedding optimizer,
+# table-wise and column-wise: five tables, so that table-wise leaves no rank empty at N = 4 (the
+# deduplicated exchange needs every rank to own a slice). Only the order of the float32 sums of
+# duplicate samples' gradients changes (summed on the receiver before the backward alltoall), so the
+# same tolerances hold.
+DEDUP = {**STATEFUL, "cardinalities": [50, 300, 500, 1000, 700], "deduplicate_exchange": True}
+CASES += [
+    {**STATEFUL, "name": f"ftrl_{strategy}", "strategy": strategy, "embedding_optimizer": "ftrl", "optimizer": "adam",
+     "dense_learning_rate": 0.01, "adam_epsilon": 1e-4, "magnitude_floor": BASE["learning_rate"]}
+    for strategy in ("table_wise", "column_wise")
+] + [
+    {**DEDUP, "name": f"dedup_{optimizer}_{strategy}", "strategy": strategy, "embedding_optimizer": optimizer,
+     "optimizer": dense, "dense_learning_rate": 0.01, "adam_epsilon": 1e-4, "magnitude_floor": BASE["learning_rate"]}
+    for optimizer, dense in (("sgd", "sgd"), ("adagrad", "lamb"), ("rowwise_adagrad", "lamb"), ("lazy_adam", "adam"),
+                             ("ftrl", "adam"))
+    for strategy in ("table_wise", "column_wise")
+]
 CASE_BY_NAME = {c["name"]: c for c in CASES}
 WORLD_SIZES = (2, 3, 4)
 _results: dict[int, list[dict]] = {}
@@ -104,7 +121,8 @@ def test_n_ranks_equal_one_process(world_size, case, tmp_path_factory):
         assert record["embedding_state"]["rel"] <= 1e-5, f"{where}: embedding optimizer state differs {record['embedding_state']}"
         assert record["dense_state"]["rel"] <= 1e-5, f"{where}: dense optimizer state differs {record['dense_state']}"
         assert record["tables_moved"] > 1e-4, f"{where}: training did not change the tables"
-        expected_slots = {"adagrad": ["accumulator"], "rowwise_adagrad": ["accumulator"], "lazy_adam": ["m", "v"]}
+        expected_slots = {"adagrad": ["accumulator"], "rowwise_adagrad": ["accumulator"], "lazy_adam": ["m", "v"],
+                          "ftrl": ["accumulator", "linear"]}
         assert record["state_slots"] == expected_slots.get(CASE_BY_NAME[case].get("embedding_optimizer"), [])
 
 

@@ -191,3 +191,22 @@ def test_in_memory_synthetic_batches_and_tensorboard(tmp_path):
     events = [json.loads(line) for line in open(log, encoding="utf-8")]
     assert [e["step"] for e in events if e["event"] == "train"] == [10, 20, 30]
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(board))
+
+
+@pytest.mark.multirank
+def test_deduplicated_exchange_trains_the_same_model(synthetic, single_process_run, tmp_path):
+    """--deduplicate_exchange changes only the bytes of the exchange (and the order of float32 sums)."""
+    log = tmp_path / "log.jsonl"
+    launch(2, ["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", "--deduplicate_exchange", *MODEL_FLAGS], timeout=600)
+    two = final_record(log)
+    assert two["world_size"] == 2 and two["steps"] == single_process_run["steps"]
+    assert abs(two["auc"] - single_process_run["auc"]) <= 1e-3, (two, single_process_run)
+    config = json.loads(open(log).readline())
+    assert config["deduplicate_exchange"] is True
+
+
+def test_deduplicated_exchange_refusals_name_the_flag(synthetic, tmp_path):
+    done = run_python(["main.py", f"--dataset_path={synthetic}", "--deduplicate_exchange", "--model=deepfm", *MODEL_FLAGS],
+                      check=False)
+    assert done.returncode != 0
+    assert "--deduplicate_exchange is implemented for --model=dlrm" in done.stderr, done.stderr[-2000:]

@@ -50,6 +50,7 @@ class ShardingConfig:
     data_parallel_threshold: int = 2048
     column_slice_threshold: int | None = None
     data_parallel_input: bool = False
+    deduplicate_exchange: bool = False
 
 
 def parse_dims(text: str | Sequence[int], flag: str) -> tuple[int, ...]:

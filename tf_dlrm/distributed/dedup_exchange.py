@@ -33,8 +33,12 @@ def deduplicated_exchange(env: DistributedEnv, local_batch, mine: Sequence[tuple
     Args:
         env: this rank's place (N > 1).
         local_batch: ``b``, samples per rank (int or scalar tensor).
-        mine: this rank's entries in packing order: ``(variable, ids [N * b] int, width)``, ``ids`` the
-            rows of ``variable`` (offsets added) for the global batch.
+        mine: this rank's entries in packing order: ``(rows [N * b, width], ids [N * b] int, width)``:
+            the entry's looked-up rows for the global batch (as the plain exchange would send them)
+            and their ids. Each destination gets the rows of its distinct ids' first occurrences, so
+            the variable's gradient keeps the plain path's layout, one entry per sample (row-wise
+            optimizer state across column slices relies on it), with duplicates' gradients summed
+            into the first occurrence.
         source_widths: for every rank s, the widths of its entries in packing order (each non-empty).
         name: a prefix for the two collectives.
     """
@@ -42,12 +46,15 @@ def deduplicated_exchange(env: DistributedEnv, local_batch, mine: Sequence[tuple
     ints, values, value_sizes = [], [], []
     for destination in range(world):
         counts, indices, rows = [], [], []
-        for variable, ids, width in mine:
+        for looked_up, ids, width in mine:
             block = ids[destination * local_batch:(destination + 1) * local_batch]
             distinct, index = tf.unique(block, out_idx=tf.int32)
-            counts.append(tf.size(distinct, out_type=tf.int32))
+            count = tf.size(distinct, out_type=tf.int32)
+            first = tf.math.unsorted_segment_min(tf.range(tf.size(block, out_type=tf.int32)), index, count)
+            counts.append(count)
             indices.append(index)
-            rows.append(tf.reshape(tf.gather(variable.value, distinct), [-1]))
+            part = looked_up[destination * local_batch:(destination + 1) * local_batch]
+            rows.append(tf.reshape(tf.gather(part, first), [-1]))
         ints.append(tf.concat([tf.stack(counts)] + indices, axis=0))
         part = tf.concat(rows, axis=0)
         values.append(part)

@@ -137,8 +137,9 @@ class DistributedEmbedding(FullTableAccess, keras.layers.Layer):
                                          for _, p in group_entries(slices, self.feature_tables)] for r in range(self.plan.world_size)]
             problems = [f.name for f in self.features if not f.one_hot]
             if problems or not all(self.source_entry_widths) or self.data_parallel_input:
-                raise ValueError("deduplicate_exchange needs one-hot features, every rank owning a slice and no "
-                                 f"data_parallel_input. Received: multi-hot features {problems}, entries per rank "
+                raise ValueError("deduplicate_exchange (--deduplicate_exchange) needs one-hot features, every rank owning "
+                                 "a slice (more model-parallel tables than ranks, or --dist_strategy=column_wise) and no "
+                                 f"--data_parallel_input. Received: multi-hot features {problems}, entries per rank "
                                  f"{[len(w) for w in self.source_entry_widths]}, data_parallel_input={self.data_parallel_input}")
         self.shard_variables, self.replicated_variables = [], []
 
@@ -348,9 +349,10 @@ class DistributedEmbedding(FullTableAccess, keras.layers.Layer):
                     variable, [(global_ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
                     tf.as_dtype(offsets.dtype), kernel=kernel, checks=self._kernel_checks(entries)))
         if self.deduplicate_exchange and self.env.distributed:
-            mine = [(variable, tf.cast(global_ids[f], tf.as_dtype(offsets.dtype)) + offsets[p], width)
-                    for (width, _), variable, offsets, entries in zip(self.groups, self.shard_variables, self.group_offsets, self.entries)
-                    for f, p in entries]
+            blocks = iter(packed)
+            mine = [(block[:, e * width:(e + 1) * width], tf.cast(global_ids[f], tf.as_dtype(offsets.dtype)) + offsets[p], width)
+                    for (width, _), offsets, entries in zip(self.groups, self.group_offsets, self.entries) if entries
+                    for block in [next(blocks)] for e, (f, p) in enumerate(entries)]
             received = deduplicated_exchange(self.env, local_batch, mine, self.source_entry_widths, f"{self.name}_dedup")
             return tf.cast(received, self.compute_dtype)
         # Cast before the exchange: under mixed precision the alltoall carries half the bytes.

@@ -64,11 +64,16 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
 
 
 def build_model(
-    spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, env: DistributedEnv, seed: int, data_parallel_input: bool = False
+    spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, env: DistributedEnv, seed: int, data_parallel_input: bool = False,
+    deduplicate_exchange: bool = False,
 ) -> DLRM:
     """A built model of ``config.family`` (DLRM by default) whose embedding executes ``plan`` on ``env.rank``
     (dynamic tables: see :mod:`tf_dlrm.dynamic.builder`; the plan then only describes their sizes)."""
     from tf_dlrm.dynamic import builder as dynamic_builder
+
+    if deduplicate_exchange and (config.family.model != "dlrm" or dynamic_builder.has_dynamic_tables(spec)):
+        what = "dynamic tables" if config.family.model == "dlrm" else f"--model={config.family.model}"
+        raise ValueError(f"--deduplicate_exchange is implemented for --model=dlrm with fixed tables only. Received: {what}")
 
     if dynamic_builder.has_dynamic_tables(spec):
         if config.family.model != "dlrm":
@@ -84,7 +89,7 @@ def build_model(
         build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, env.world_size)
         return model
     embedding = DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input,
-                                     features=make_features(spec), name="embedding")
+                                     features=make_features(spec), deduplicate_exchange=deduplicate_exchange, name="embedding")
     model = DLRM(
         embedding,
         num_numerical=len(spec.numerical_features),

@@ -91,6 +91,8 @@ def define_flags() -> None:
     f.DEFINE_integer("column_slice_threshold", None, "Tables with more elements than this are column-sliced.")
     f.DEFINE_integer("data_parallel_threshold", 2048, "Tables with fewer rows are replicated (data-parallel).")
     f.DEFINE_bool("data_parallel_input", False, "Read local batches of every feature and exchange ids with one alltoall.")
+    f.DEFINE_bool("deduplicate_exchange", False, "Send each rank one embedding row per distinct id of its samples (plus an "
+                  "index per sample) instead of one per sample: fewer alltoall bytes when ids repeat (one-hot features).")
     f.DEFINE_string("save_checkpoint_path", None, "Directory to save checkpoints to.")
     f.DEFINE_string(
         "restore_checkpoint_path", None,
@@ -174,6 +176,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
             data_parallel_threshold=values.data_parallel_threshold,
             column_slice_threshold=values.column_slice_threshold,
             data_parallel_input=values.data_parallel_input,
+            deduplicate_exchange=values.deduplicate_exchange,
         ),
         optimizer=OptimizerConfig(
             schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=family_rate(values, "dense_learning_rate"),

@@ -86,7 +86,8 @@ def open_session(config, started=None) -> Session:
     choice = builder.apply_precision(choose_precision(config.amp, bool(tf.config.list_physical_devices("GPU"))))
     report_precision(reporter, config, choice)
     plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
-    model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input)
+    model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input,
+                                deduplicate_exchange=config.sharding.deduplicate_exchange)
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla,
                       compress_dense_gradients=config.bf16_dense_allreduce)
     trainer.broadcast_initial_state()
@@ -148,6 +149,8 @@ def run_train(config, stop=None) -> dict:
         batch_size=config.batch_size, intra_op_threads=intra, inter_op_threads=inter, plan=plan.to_dict(),
         rank_embedding_bytes=rank_bytes, alltoall_bytes_per_step=exchange,
         bytes_per_step_per_rank=[t.to_dict() for t in traffic],
+        # With it, the alltoall sends at most the bytes above (one row per distinct id per destination).
+        deduplicate_exchange=config.sharding.deduplicate_exchange,
     )
     paths = interaction_paths(session.model.interaction, config.xla)
     reporter.event("interaction", **paths)  # after the config event: a log's first line stays config
