@@ -52,7 +52,8 @@ def make_models(case, env):
                   interaction=interaction)
     features = case.get("features")
     embedding = DistributedEmbedding(plan, rank=env.rank, seed=case["seed"], data_parallel_input=case["data_parallel_input"],
-                                     features=features, deduplicate_exchange=case.get("deduplicate_exchange", False))
+                                     features=features, deduplicate_exchange=case.get("deduplicate_exchange", False),
+                                     hot_rows={t: case["hot_ids"] for t in plan.model_parallel} if case.get("hot_ids") else None)
     model = DLRM(embedding, **kwargs)
     model(local_inputs(make_batches(case, 1)[0], embedding, env)[:2])
     reference = DLRM(EmbeddingBank(case["cardinalities"], widths, seed=case["seed"], features=features), **kwargs)
@@ -186,6 +187,7 @@ def run_case(case, env):
         dense_state = worst(dense_state, max_differences(mine.numpy(), theirs.numpy()))
     record["dense_state"] = dense_state
     record["state_slots"] = list(trainer.sparse.slot_names)
+    record["hot_variables"] = len(trainer.hot)
     # The weights must have moved, or a no-op update would "match" too.
     record["tables_moved"] = max(
         float(np.abs(reference.embedding.get_full_table(t) - initial[t]).max()) for t in range(len(plan.tables))

@@ -93,6 +93,18 @@ CASES += [
                              ("ftrl", "adam"))
     for strategy in ("table_wise", "column_wise")
 ]
+# Hot-row replication (--hot_rows_budget): rows 0, 2 and 4 of every model-parallel table replicated on
+# every rank, so about half the lookups are hot (ids are drawn from 0..5) and samples mix hot and
+# cold; every embedding optimizer, table-wise and column-wise. The hot rows' gradients are summed per
+# rank, then over ranks (another order of the same float32 sums): the same tolerances hold.
+HOT = {**STATEFUL, "hot_ids": [0, 2, 4]}
+CASES += [
+    {**HOT, "name": f"hot_{optimizer}_{strategy}", "strategy": strategy, "embedding_optimizer": optimizer,
+     "optimizer": dense, "dense_learning_rate": 0.01, "adam_epsilon": 1e-4, "magnitude_floor": BASE["learning_rate"]}
+    for optimizer, dense in (("sgd", "sgd"), ("adagrad", "lamb"), ("rowwise_adagrad", "lamb"), ("lazy_adam", "adam"),
+                             ("ftrl", "adam"))
+    for strategy in ("table_wise", "column_wise")
+]
 CASE_BY_NAME = {c["name"]: c for c in CASES}
 WORLD_SIZES = (2, 3, 4)
 _results: dict[int, list[dict]] = {}
@@ -121,6 +133,8 @@ def test_n_ranks_equal_one_process(world_size, case, tmp_path_factory):
         assert record["embedding_state"]["rel"] <= 1e-5, f"{where}: embedding optimizer state differs {record['embedding_state']}"
         assert record["dense_state"]["rel"] <= 1e-5, f"{where}: dense optimizer state differs {record['dense_state']}"
         assert record["tables_moved"] > 1e-4, f"{where}: training did not change the tables"
+        if CASE_BY_NAME[case].get("hot_ids"):  # the hot rows really are replicated and trained
+            assert record["hot_variables"] > 0, f"{where}: no hot-row replicas"
         expected_slots = {"adagrad": ["accumulator"], "rowwise_adagrad": ["accumulator"], "lazy_adam": ["m", "v"],
                           "ftrl": ["accumulator", "linear"]}
         assert record["state_slots"] == expected_slots.get(CASE_BY_NAME[case].get("embedding_optimizer"), [])

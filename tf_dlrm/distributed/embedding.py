@@ -48,6 +48,7 @@ from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.distributed.dedup_exchange import deduplicated_exchange
 from tf_dlrm.distributed.embedding_bag import bag_kernel, mark_distinct_rows, multi_table_bag_lookup
 from tf_dlrm.distributed.full_tables import FullTableAccess
+from tf_dlrm.distributed.hot_row_layer import HotRowReplicas
 from tf_dlrm.distributed.exchange import bfloat16_alltoall, index_dtype, permute
 from tf_dlrm.distributed.id_exchange import exchange_ids
 from tf_dlrm.distributed.packing import (
@@ -67,7 +68,7 @@ from tf_dlrm.model.variable_kind import SliceLayout, VariableKind, mark, set_lay
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
-class DistributedEmbedding(FullTableAccess, keras.layers.Layer):
+class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
     """Embedding tables sharded table-wise and column-wise over ranks, pooled per feature.
 
     Args:
@@ -83,10 +84,13 @@ class DistributedEmbedding(FullTableAccess, keras.layers.Layer):
             sample; one-hot features only, every rank owning a slice; the rows travel in float32.
         use_kernel: pool with tf_dlrm's embedding-bag kernel when it is built (see module doc);
             False keeps plain TensorFlow ops (the same values; benchmarks compare the two).
+        hot_rows: ``{table index or name: sorted ids}`` of model-parallel tables replicated on every
+            rank; only cold rows travel (:mod:`tf_dlrm.distributed.hot_row_layer`). One-hot features.
     """
 
     def __init__(self, plan, rank: int = 0, seed: int = 0, data_parallel_input: bool = False, features=None,
-                 validate_ids: bool = True, deduplicate_exchange: bool = False, use_kernel: bool = True, **kwargs):
+                 validate_ids: bool = True, deduplicate_exchange: bool = False, use_kernel: bool = True, hot_rows=None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
         table_names = [t.name for t in self.plan.tables]
@@ -142,6 +146,7 @@ class DistributedEmbedding(FullTableAccess, keras.layers.Layer):
                                  f"--data_parallel_input. Received: multi-hot features {problems}, entries per rank "
                                  f"{[len(w) for w in self.source_entry_widths]}, data_parallel_input={self.data_parallel_input}")
         self.shard_variables, self.replicated_variables = [], []
+        self._init_hot_rows(hot_rows)
 
     # ------------------------------------------------------------------ weights
 
@@ -229,6 +234,7 @@ class DistributedEmbedding(FullTableAccess, keras.layers.Layer):
             for variable in self.shard_variables + self.replicated_variables:
                 mark_distinct_rows(variable)
             self.kernel_checked_features = frozenset(range(self.num_features))
+        self._build_hot_rows()
         distributed = self.env.distributed and self.exchanges
         self.padding_variables = []
         if distributed and not any(self.entries):
@@ -348,6 +354,8 @@ class DistributedEmbedding(FullTableAccess, keras.layers.Layer):
                 packed.append(pooled_lookup(
                     variable, [(global_ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
                     tf.as_dtype(offsets.dtype), kernel=kernel, checks=self._kernel_checks(entries)))
+        if self.hot_tables and self.env.distributed:
+            return tf.cast(self._hot_row_lookup(packed, global_ids, local_batch), self.compute_dtype)
         if self.deduplicate_exchange and self.env.distributed:
             blocks = iter(packed)
             mine = [(block[:, e * width:(e + 1) * width], tf.cast(global_ids[f], tf.as_dtype(offsets.dtype)) + offsets[p], width)
@@ -396,4 +404,5 @@ class DistributedEmbedding(FullTableAccess, keras.layers.Layer):
             "validate_ids": self.validate_ids,
             "deduplicate_exchange": self.deduplicate_exchange,
             "use_kernel": self.use_kernel,
+            "hot_rows": {str(table): list(ids) for table, ids in self.hot_rows.items()},
         }

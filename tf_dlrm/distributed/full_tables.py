@@ -73,6 +73,8 @@ class FullTableAccess:
                 size = rows * (end - start)
                 full[:, start:end] = values[position:position + size].reshape(rows, end - start)
                 position += size
+        # Hot rows: the replicas hold the model's values, the owner's copies are stale.
+        self._overlay_hot_rows(table, full, state_of)
         return full
 
     def set_full_table(self, table: int, values: np.ndarray | None, state_of=None, row_wise: bool = False) -> None:
@@ -113,6 +115,7 @@ class FullTableAccess:
             variable = state_of(self.shard_variables[index])
             self._assign_rows(variable, offset, received[position:position + size].reshape(rows, piece_width))
             position += size
+        self._set_hot_rows(table, values, state_of, dim)
 
     def _replicated_place(self, table: int) -> tuple[int, int]:
         """(replicated variable index, row offset) of a replicated table."""

@@ -33,3 +33,19 @@ def initial_table_slice(
         stop = min(rows, start + ROW_BLOCK)
         out[start:stop] = _block_values(seed, table, block, stop - start, dim, bound)[:, column_start:column_end]
     return out
+
+
+def initial_table_rows(seed: int, table: int, rows: int, dim: int, ids) -> np.ndarray:
+    """Rows ``ids`` of table ``table``'s initial values, ``[len(ids), dim]``, generating only their blocks
+    (hot-row replicas of tables too large to build whole)."""
+    ids = np.asarray(ids, np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= rows):
+        raise ValueError(f"Expected row ids in [0, {rows}). Received: min {ids.min()}, max {ids.max()}")
+    bound = 1.0 / np.sqrt(rows)
+    out = np.empty((ids.size, dim), dtype=np.float32)
+    for block in np.unique(ids // ROW_BLOCK):
+        start = int(block) * ROW_BLOCK
+        values = _block_values(seed, table, int(block), min(rows, start + ROW_BLOCK) - start, dim, bound)
+        inside = (ids // ROW_BLOCK) == block
+        out[inside] = values[ids[inside] - start]
+    return out

@@ -11,6 +11,9 @@ model's attributes. Any model whose layers mark their variables trains with
   averaged over ranks, then the same sparse optimizer updates the rows touched in the global batch;
 - ``dense``: everything else (MLPs): gradient averaged over ranks, dense optimizer. An unmarked
   trainable variable is dense;
+- ``hot``: the replicated hot rows of a model-parallel table (every rank, every column); its
+  gradient is combined over ranks sparsely (touched rows only), then the sparse optimizer updates
+  those rows identically everywhere (:mod:`tf_dlrm.distributed.hot_row_exchange`);
 - ``padding``: a non-trainable variable that a rank owning no slice differentiates only to keep
   its backward collectives alive (never updated).
 """
@@ -25,6 +28,7 @@ class VariableKind(str, enum.Enum):
     REPLICATED = "replicated"
     DENSE = "dense"
     PADDING = "padding"
+    HOT = "hot"
 
 
 _ATTRIBUTE = "tf_dlrm_kind"

@@ -25,7 +25,7 @@ from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.embedding_bag import apply_sgd_to_distinct_rows, distinct_rows
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.model.variable_kind import layout_of
-from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, deduplicate, gather
+from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, deduplicate, gather, tf_variable
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD
 from tf_dlrm.train.table_optimizers import TableOptimizers
 
@@ -43,12 +43,14 @@ class SparseUpdater:
         table_optimizers: ``{table index: (optimizer, rate scale)}`` for tables trained by another
             sparse optimizer at ``rate scale`` times the embedding rate (Wide & Deep's wide part);
             the same on every rank (:mod:`tf_dlrm.train.table_optimizers`).
+        hot: its ``hot`` variables (hot-row replicas of whole rows; their gradients arrive summed
+            over ranks as ``(rows, values)``, the same on every rank).
     """
 
     def __init__(self, optimizer: SparseOptimizer, env: DistributedEnv, shards, replicated, padding=(), weight_decay: float = 0.0,
-                 table_optimizers=None):
+                 table_optimizers=None, hot=()):
         self.optimizer, self.env = optimizer, env
-        self.shards, self.replicated = list(shards), list(replicated)
+        self.shards, self.replicated, self.hot = list(shards), list(replicated), list(hot)
         self.weight_decay = float(weight_decay)
         self.groups = TableOptimizers(optimizer, table_optimizers)
         # Per variable: {group: its optimizer's state} for every group whose tables it holds.
@@ -56,6 +58,8 @@ class SparseUpdater:
         self.replicated_groups = [self.groups.slice_groups(v) for v in self.replicated]
         self.shard_slots = [self._create_slots(v, g) for v, g in zip(self.shards, self.shard_groups)]
         self.replicated_slots = [self._create_slots(v, g) for v, g in zip(self.replicated, self.replicated_groups)]
+        self.hot_groups = [self.groups.slice_groups(v) for v in self.hot]
+        self.hot_slots = [self._create_slots(v, g) for v, g in zip(self.hot, self.hot_groups)]
         # SGD without decay is linear in the gradient: repeated ids need not be summed first.
         self.plain_sgd = isinstance(optimizer, SparseSGD) and not self.weight_decay and not self.groups.overridden
         layouts = [layout_of(v) for v in self.shards + list(padding)]
@@ -90,7 +94,8 @@ class SparseUpdater:
         """The state variable ``name`` of the embedding variable ``variable`` (of the optimizer of
         ``table`` when given, else of the embedding optimizer)."""
         group = self.groups.group_of_table(table) if table is not None else 0
-        for variables, slots in ((self.shards, self.shard_slots), (self.replicated, self.replicated_slots)):
+        for variables, slots in ((self.shards, self.shard_slots), (self.replicated, self.replicated_slots),
+                                 (self.hot, self.hot_slots)):
             for candidate, state in zip(variables, slots):
                 if candidate is variable:
                     return state[group if group in state else min(state)][name]
@@ -98,7 +103,8 @@ class SparseUpdater:
 
     @property
     def variables(self) -> list:
-        return [slots[name] for state in self.shard_slots + self.replicated_slots for slots in state.values() for name in slots]
+        return [slots[name] for state in self.shard_slots + self.replicated_slots + self.hot_slots
+                for slots in state.values() for name in slots]
 
     # ------------------------------------------------------------------ replicated tables
 
@@ -115,11 +121,13 @@ class SparseUpdater:
 
     # ------------------------------------------------------------------ the update
 
-    def apply(self, shard_gradients, replicated_gradients, learning_rate, step, global_batch) -> None:
+    def apply(self, shard_gradients, replicated_gradients, learning_rate, step, global_batch, hot_gradients=()) -> None:
         """Updates every embedding variable of this rank (collective for row-wise optimizers on
         column-sliced tables: every rank calls it each step)."""
         scale = 1.0 / self.env.world_size
         if self.plain_sgd:
+            for variable, (rows, summed) in zip(self.hot, hot_gradients):
+                tf_variable(variable).scatter_sub(tf.IndexedSlices(summed * (learning_rate * scale), rows))
             for variable, gradient in zip(self.shards, shard_gradients):
                 if distinct_rows(variable):  # one row per thread, no lock held between rows
                     apply_sgd_to_distinct_rows(variable, gradient, learning_rate * scale)
@@ -139,10 +147,13 @@ class SparseUpdater:
                 rows, summed, position = deduplicate(gradient)
             summed = summed * scale if self.env.world_size > 1 else summed  # one pass fewer in one process
             updates.append((variable, slots, layout_of(variable), rows, summed, position))
-        groups = self.shard_groups + self.replicated_groups
+        groups = self.shard_groups + self.replicated_groups + self.hot_groups
         for variable, slots, packed in zip(self.replicated, self.replicated_slots, replicated_gradients):
             rows = tf.reshape(tf.where(packed[:, -1] > 0), [-1])
             updates.append((variable, slots, None, rows, tf.gather(packed[:, :-1], rows), None))
+        for variable, slots, (rows, summed) in zip(self.hot, self.hot_slots, hot_gradients):
+            # Whole rows (no layout): row-wise state needs no exchange.
+            updates.append((variable, slots, None, rows, summed * scale if self.env.world_size > 1 else summed, None))
         if self.weight_decay:
             updates = [(v, s, lay, rows, g + self.weight_decay * gather(v, rows), p) for v, s, lay, rows, g, p in updates]
         means = self.row_mean_squares(updates, global_batch) if self.row_wise else [None] * len(updates)

@@ -29,6 +29,7 @@ import tensorflow as tf
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.compressed_mean import bfloat16_mean
 from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.distributed.hot_row_exchange import combine_hot_gradient
 from tf_dlrm.model.interaction import kernel_off
 from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.optimizers.config import OPTIMIZERS, OptimizerConfig, make_dense_optimizer, make_sparse_optimizer  # noqa: F401
@@ -113,8 +114,11 @@ class Trainer:
         self.mlp = variables_of_kind(trainable, VariableKind.DENSE)
         # Differentiated but never updated: they keep every rank's backward collectives alive.
         self.padding = variables_of_kind(model.non_trainable_variables, VariableKind.PADDING)
+        # Hot-row replicas (tf_dlrm.distributed.hot_row_exchange): gradients combined sparsely over ranks.
+        self.hot = variables_of_kind(trainable, VariableKind.HOT)
         self.sparse = SparseUpdater(make_sparse_optimizer(config), env, self.shards, self.replicated, self.padding,
-                                    weight_decay=config.embedding_weight_decay, table_optimizers=_table_optimizers(model, config))
+                                    weight_decay=config.embedding_weight_decay, table_optimizers=_table_optimizers(model, config),
+                                    hot=self.hot)
         # Dynamic tables (tf_dlrm.dynamic) reset a row's optimizer state when they give it to a new key.
         for layer in model._flatten_layers(include_self=False):
             if hasattr(layer, "attach_optimizer_state"):
@@ -172,8 +176,8 @@ class Trainer:
         return loss, gradients[0], gradients[1:]
 
     def _gradients(self, numerical, categorical, label):
-        """Loss and gradients (still scaled) of shards + replicated + padding, then MLP weights."""
-        tables = [v.value for v in self.shards + self.replicated + self.padding]
+        """Loss and gradients (still scaled) of shards + replicated + padding + hot, then MLP weights."""
+        tables = [v.value for v in self.shards + self.replicated + self.padding + self.hot]
         mlp = [v.value for v in self.mlp]
         if not self.jit_compile:
             with tf.GradientTape() as tape:
@@ -212,16 +216,21 @@ class Trainer:
         count = len(self.shards)
         shard_grads = table_grads[:count]
         replicated_grads = [self.sparse.pack_replicated(g, v) for g, v in zip(table_grads[count:count + len(self.replicated)], self.replicated)]
-        padding_grads = table_grads[count + len(self.replicated):]
+        start = count + len(self.replicated)
+        padding_grads = table_grads[start:start + len(self.padding)]
+        # Summed over ranks (N times the global gradient, like a shard's), the same on every rank.
+        hot_grads = [combine_hot_gradient(self.env, g, int(v.shape[0]), name=f"hot_gradient_{i}")
+                     for i, (g, v) in enumerate(zip(table_grads[start + len(self.padding):], self.hot))]
         dense_grads = replicated_grads + list(mlp_grads)
         finite = None
         if self.loss_scale is not None:
             inverse = 1.0 / self.loss_scale.scale
             shard_grads = [_scale(g, inverse) for g in shard_grads]
             dense_grads = [g * tf.cast(inverse, g.dtype) for g in dense_grads]
+            hot_grads = [(rows, summed * tf.cast(inverse, summed.dtype)) for rows, summed in hot_grads]
             if self.loss_scale.dynamic:
                 # Every rank must skip the same steps: the finite flag is averaged with the gradients.
-                dense_grads.append(tf.cast(_all_finite(shard_grads + dense_grads), tf.float32))
+                dense_grads.append(tf.cast(_all_finite(shard_grads + dense_grads + [s for _, s in hot_grads]), tf.float32))
         if self.env.distributed:
             dense_grads.append(self.stop_request.value())
         dense_grads = self._average_over_ranks(dense_grads)
@@ -235,7 +244,7 @@ class Trainer:
         def apply():
             replicated = dense_grads[: len(self.replicated)]
             self.sparse.apply(shard_grads, replicated, rate * self.config.embedding_rate_factor, self.step + 1,
-                              tf.shape(numerical)[0] * self.env.world_size)
+                              tf.shape(numerical)[0] * self.env.world_size, hot_gradients=hot_grads)
             mlp_grads = dense_grads[len(self.replicated):]
             decay = self.config.dense_weight_decay
             if decay and self.config.optimizer != "lamb":  # LAMB decays inside its trust ratio
