@@ -210,3 +210,29 @@ def test_deduplicated_exchange_refusals_name_the_flag(synthetic, tmp_path):
                       check=False)
     assert done.returncode != 0
     assert "--deduplicate_exchange is implemented for --model=dlrm" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.multirank
+def test_hot_rows_train_the_same_model_with_fewer_bytes(synthetic, single_process_run, tmp_path):
+    """--hot_rows_budget: id counts written next to the data, the plan logged, the same model as one
+    process, and the measured forward bytes below the plain exchange's."""
+    log = tmp_path / "log.jsonl"
+    launch(2, ["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", "--hot_rows_budget=0.1", *MODEL_FLAGS],
+           timeout=600)
+    two = final_record(log)
+    assert two["world_size"] == 2 and two["steps"] == single_process_run["steps"]
+    assert abs(two["auc"] - single_process_run["auc"]) <= 1e-3, (two, single_process_run)
+    assert (synthetic / "id_counts.npz").exists() or any(synthetic.rglob("id_counts.npz"))
+    events = [json.loads(line) for line in open(log)]
+    (plan,) = [e for e in events if e["event"] == "hot_rows"]
+    assert plan["hot_bytes"] <= plan["budget_bytes"] and plan["tables"] and plan["expected_hit_rate"] > 0.3
+    (measured,) = [e for e in events if e["event"] == "hot_rows_measured"]
+    for rank in measured["ranks"]:
+        assert rank["lookups"] > 0 and 0.3 < rank["hit_rate"] <= 1
+        assert rank["sent_ratio"] < 0.8, rank
+    assert 0 < measured["exchanged_bytes_ratio"] < 0.8, measured
+
+
+def test_bad_hot_rows_budget_names_the_flag(synthetic):
+    done = run_python(["main.py", f"--dataset_path={synthetic}", "--hot_rows_budget=1.5", *MODEL_FLAGS], check=False)
+    assert done.returncode != 0 and "--hot_rows_budget" in done.stderr, done.stderr[-2000:]

@@ -51,6 +51,15 @@ class ShardingConfig:
     column_slice_threshold: int | None = None
     data_parallel_input: bool = False
     deduplicate_exchange: bool = False
+    hot_rows_budget: float = 0.0
+    hot_rows_min_per_step: float = 0.0
+
+    def __post_init__(self):
+        if not 0.0 <= self.hot_rows_budget <= 1.0:
+            raise ValueError(f"Expected 0 <= --hot_rows_budget <= 1 (a fraction of the model-parallel tables' memory). "
+                             f"Received: --hot_rows_budget={self.hot_rows_budget}")
+        if self.hot_rows_min_per_step < 0:
+            raise ValueError(f"Expected --hot_rows_min_per_step >= 0. Received: {self.hot_rows_min_per_step}")
 
 
 def parse_dims(text: str | Sequence[int], flag: str) -> tuple[int, ...]:

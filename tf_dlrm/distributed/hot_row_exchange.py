@@ -127,8 +127,9 @@ def hot_row_exchange(env: DistributedEnv, local_batch, mine: Sequence[tuple], so
     return tf.reshape(tf.concat(blocks, axis=1), [-1, width])  # a static width for the permutation
 
 
-def combine_hot_gradient(env: DistributedEnv, gradient, hot_rows: int, name: str) -> tuple[tf.Tensor, tf.Tensor]:
-    """``(slots, summed rows)`` of a hot replica's gradient summed over ranks, identical on every rank.
+def combine_hot_gradient(env: DistributedEnv, gradient, hot_rows: int, name: str) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """``(slots, summed rows, rows this rank sent)`` of a hot replica's gradient summed over ranks,
+    identical on every rank.
 
     ``gradient``: this rank's gradient of the replica (``IndexedSlices`` or dense ``[H, D]``).
     """
@@ -136,12 +137,13 @@ def combine_hot_gradient(env: DistributedEnv, gradient, hot_rows: int, name: str
         gradient = tf.IndexedSlices(gradient, tf.range(hot_rows), None)
     slots, summed, _ = deduplicate(tf.IndexedSlices(gradient.values, tf.cast(gradient.indices, tf.int32), None))
     if not env.distributed:
-        return slots, summed
+        return slots, summed, tf.constant(0, tf.int32)
     # One sentinel row per rank (slot H, zeros): no rank ever sends an empty tensor.
     slots = tf.concat([tf.cast(slots, tf.int32), tf.constant([hot_rows], tf.int32)], axis=0)
+    sent = tf.size(slots, out_type=tf.int32)
     summed = tf.concat([summed, tf.zeros([1, tf.shape(summed)[1]], summed.dtype)], axis=0)
     all_slots = collectives.allgather(env, slots, name=f"{name}_slots")
     all_rows = collectives.allgather(env, summed, name=f"{name}_rows")
     slots, summed, _ = deduplicate(tf.IndexedSlices(all_rows, all_slots, None))
     keep = tf.where(slots < hot_rows)[:, 0]
-    return tf.gather(slots, keep), tf.gather(summed, keep)
+    return tf.gather(slots, keep), tf.gather(summed, keep), sent

@@ -79,6 +79,13 @@ class HotRowReplicas:
                                        initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False)
             self.hot_index[table] = len(self.hot_variables)
             self.hot_variables.append(mark(variable, VariableKind.HOT))
+        self.hot_counters = None
+        if self.hot_tables:
+            # [hot lookups, lookups, cold values sent, values the plain exchange would send, codes
+            # sent] of this rank's owned entries, summed over every call (a lookup counted once: by
+            # the slice holding column 0).
+            self.hot_counters = self.add_weight(name="hot_row_counters", shape=(5,), dtype="int64",
+                                                initializer="zeros", trainable=False)
 
     def _hot_ids(self, table: int) -> tf.Tensor:
         return tf.constant(np.asarray(self.hot_rows[table], np.int64))
@@ -86,7 +93,7 @@ class HotRowReplicas:
     def _hot_row_lookup(self, packed, global_ids, local_batch) -> tf.Tensor:
         """The exchange with hot rows: this rank's looked-up blocks (``packed``, one per group with
         entries) and ids in, ``[b, sum_s W_s]`` out."""
-        mine, blocks = [], iter(packed)
+        mine, blocks, counts = [], iter(packed), []
         for (width, slices), entries in zip(self.groups, self.entries):
             if not entries:
                 continue
@@ -96,6 +103,7 @@ class HotRowReplicas:
                 ids = global_ids[f]
                 codes = hot_codes(ids, self._hot_ids(table)) if table in self.hot_index else -tf.ones_like(ids, tf.int32)
                 mine.append((block[:, e * width:(e + 1) * width], codes))
+                counts.append(self._traffic_counts(codes, width, slices[p].column_start == 0))
         sources = []
         for rank in range(self.plan.world_size):
             entries = []
@@ -105,8 +113,35 @@ class HotRowReplicas:
                     hot = self.hot_variables[self.hot_index[piece.table]].value if piece.table in self.hot_index else None
                     entries.append((hot, piece.column_start, piece.column_end))
             sources.append(entries)
+        if counts:
+            self.hot_counters.assign_add(tf.add_n(counts))
         padding = self.padding_variables[0] if self.padding_variables and not mine else None
         return hot_row_exchange(self.env, local_batch, mine, sources, f"{self.name}_hot", padding=padding)
+
+    def _traffic_counts(self, codes, width: int, first_slice: bool) -> tf.Tensor:
+        """``[hot lookups, lookups, cold values sent, plain values, codes sent]`` of one entry's global batch."""
+        world = self.plan.world_size
+        per_destination = tf.reshape(codes, [world, -1])
+        others = tf.constant([r != self.env.rank for r in range(world)])
+        cold = tf.reduce_sum(tf.cast(per_destination < 0, tf.int64), axis=1)
+        sent = tf.reduce_sum(tf.where(others, cold, tf.zeros_like(cold))) * width
+        lookups = tf.size(codes, out_type=tf.int64) if first_slice else tf.constant(0, tf.int64)
+        hot = tf.reduce_sum(tf.cast(codes >= 0, tf.int64)) if first_slice else tf.constant(0, tf.int64)
+        local = tf.size(per_destination[0], out_type=tf.int64)
+        return tf.stack([hot, lookups, sent, local * (world - 1) * width, local * (world - 1)])
+
+    def hot_row_traffic(self) -> list[dict] | None:
+        """Collective: every rank's hot-row counters since the start (training and evaluation calls):
+        ``[{"rank", "hot_lookups", "lookups", "hit_rate", "cold_values_sent", "plain_values",
+        "sent_ratio", "codes_sent"}]``, ``sent_ratio`` = forward bytes sent (cold rows + int32 codes)
+        over what the plain exchange sends (None without hot rows)."""
+        if not self.hot_tables:
+            return None
+        gathered = collectives.allgather(self.env, tf.reshape(self.hot_counters.value, [1, 5])).numpy()
+        return [{"rank": rank, "hot_lookups": int(h), "lookups": int(n), "hit_rate": round(h / n, 4) if n else None,
+                 "cold_values_sent": int(v), "plain_values": int(p), "codes_sent": int(c),
+                 "sent_ratio": round((v + c) / p, 4) if p else None}
+                for rank, (h, n, v, p, c) in enumerate(gathered)]
 
     # ------------------------------------------------------------------ whole tables
 

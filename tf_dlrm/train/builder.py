@@ -65,15 +65,16 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
 
 def build_model(
     spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, env: DistributedEnv, seed: int, data_parallel_input: bool = False,
-    deduplicate_exchange: bool = False,
+    deduplicate_exchange: bool = False, hot_rows: dict | None = None,
 ) -> DLRM:
     """A built model of ``config.family`` (DLRM by default) whose embedding executes ``plan`` on ``env.rank``
     (dynamic tables: see :mod:`tf_dlrm.dynamic.builder`; the plan then only describes their sizes)."""
     from tf_dlrm.dynamic import builder as dynamic_builder
 
-    if deduplicate_exchange and (config.family.model != "dlrm" or dynamic_builder.has_dynamic_tables(spec)):
-        what = "dynamic tables" if config.family.model == "dlrm" else f"--model={config.family.model}"
-        raise ValueError(f"--deduplicate_exchange is implemented for --model=dlrm with fixed tables only. Received: {what}")
+    for flag, used in (("--deduplicate_exchange", deduplicate_exchange), ("--hot_rows_budget", bool(hot_rows))):
+        if used and (config.family.model != "dlrm" or dynamic_builder.has_dynamic_tables(spec)):
+            what = "dynamic tables" if config.family.model == "dlrm" else f"--model={config.family.model}"
+            raise ValueError(f"{flag} is implemented for --model=dlrm with fixed tables only. Received: {what}")
 
     if dynamic_builder.has_dynamic_tables(spec):
         if config.family.model != "dlrm":
@@ -89,7 +90,8 @@ def build_model(
         build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, env.world_size)
         return model
     embedding = DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input,
-                                     features=make_features(spec), deduplicate_exchange=deduplicate_exchange, name="embedding")
+                                     features=make_features(spec), deduplicate_exchange=deduplicate_exchange,
+                                     hot_rows=hot_rows, name="embedding")
     model = DLRM(
         embedding,
         num_numerical=len(spec.numerical_features),

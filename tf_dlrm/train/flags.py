@@ -91,6 +91,10 @@ def define_flags() -> None:
     f.DEFINE_integer("column_slice_threshold", None, "Tables with more elements than this are column-sliced.")
     f.DEFINE_integer("data_parallel_threshold", 2048, "Tables with fewer rows are replicated (data-parallel).")
     f.DEFINE_bool("data_parallel_input", False, "Read local batches of every feature and exchange ids with one alltoall.")
+    f.DEFINE_float("hot_rows_budget", 0.0, "Replicate the most looked-up rows of the model-parallel tables on every rank, "
+                   "up to this fraction of their memory (0: off); counts from id_counts.npz next to the training data.")
+    f.DEFINE_float("hot_rows_min_per_step", 0.0, "With --hot_rows_budget: replicate only rows looked up at least this "
+                   "often per global batch on average (about the number of ranks is where replication starts to pay).")
     f.DEFINE_bool("deduplicate_exchange", False, "Send each rank one embedding row per distinct id of its samples (plus an "
                   "index per sample) instead of one per sample: fewer alltoall bytes when ids repeat (one-hot features).")
     f.DEFINE_string("save_checkpoint_path", None, "Directory to save checkpoints to.")
@@ -177,6 +181,8 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
             column_slice_threshold=values.column_slice_threshold,
             data_parallel_input=values.data_parallel_input,
             deduplicate_exchange=values.deduplicate_exchange,
+            hot_rows_budget=values.hot_rows_budget,
+            hot_rows_min_per_step=values.hot_rows_min_per_step,
         ),
         optimizer=OptimizerConfig(
             schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=family_rate(values, "dense_learning_rate"),

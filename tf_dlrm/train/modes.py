@@ -76,7 +76,7 @@ def open_session(config, started=None) -> Session:
     """
     import tensorflow as tf
 
-    from tf_dlrm.train import builder
+    from tf_dlrm.train import builder, hot_rows_setup
     from tf_dlrm.train.step import Trainer
 
     from tf_dlrm.precision import choose_precision
@@ -86,13 +86,16 @@ def open_session(config, started=None) -> Session:
     choice = builder.apply_precision(choose_precision(config.amp, bool(tf.config.list_physical_devices("GPU"))))
     report_precision(reporter, config, choice)
     plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
+    hot = hot_rows_setup.hot_row_plan(spec, plan, config.sharding, env, config.train_split, config.batch_size)
     model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input,
-                                deduplicate_exchange=config.sharding.deduplicate_exchange)
+                                deduplicate_exchange=config.sharding.deduplicate_exchange,
+                                hot_rows=hot_rows_setup.as_layer_option(hot))
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla,
                       compress_dense_gradients=config.bf16_dense_allreduce)
     trainer.broadcast_initial_state()
     checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, env, reporter)
     reporter.say(plan.describe())
+    hot_rows_setup.report_plan(reporter, hot)
     return Session(config, env, spec, choice.policy, model, trainer, reporter, checkpointer, plan, choice, threads)
 
 
@@ -131,7 +134,7 @@ def run_train(config, stop=None) -> dict:
     from tf_dlrm.distributed.traffic import describe as describe_traffic
     from tf_dlrm.model.interaction import interaction_paths
     from tf_dlrm.precision import read_cpu_info
-    from tf_dlrm.train import builder, checkpoint_choice, interrupt, preflight
+    from tf_dlrm.train import builder, checkpoint_choice, hot_rows_setup, interrupt, preflight
     from tf_dlrm.train.loop import train
 
     preflight.check_output_paths(config)  # before anything costly: no mistake in a path costs a run
@@ -211,6 +214,7 @@ def run_train(config, stop=None) -> dict:
         reporter.say("dynamic tables: " + ", ".join(
             f"{name} {c['rows']} rows, {c['evictions']} evictions, {c['rejections']} rejections" for name, c in counters.items()))
 
+    hot_rows_setup.report_measured(reporter, model.embedding, session.trainer)
     record = {
         "auc": last.auc if last else None,
         "logloss": last.logloss if last else None,

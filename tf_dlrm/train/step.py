@@ -116,6 +116,8 @@ class Trainer:
         self.padding = variables_of_kind(model.non_trainable_variables, VariableKind.PADDING)
         # Hot-row replicas (tf_dlrm.distributed.hot_row_exchange): gradients combined sparsely over ranks.
         self.hot = variables_of_kind(trainable, VariableKind.HOT)
+        # Bytes this rank sent in the hot-row gradients' allgathers since the start (rows + int32 slots).
+        self.hot_gradient_bytes_sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="hot_gradient_bytes_sent")
         self.sparse = SparseUpdater(make_sparse_optimizer(config), env, self.shards, self.replicated, self.padding,
                                     weight_decay=config.embedding_weight_decay, table_optimizers=_table_optimizers(model, config),
                                     hot=self.hot)
@@ -219,8 +221,13 @@ class Trainer:
         start = count + len(self.replicated)
         padding_grads = table_grads[start:start + len(self.padding)]
         # Summed over ranks (N times the global gradient, like a shard's), the same on every rank.
-        hot_grads = [combine_hot_gradient(self.env, g, int(v.shape[0]), name=f"hot_gradient_{i}")
-                     for i, (g, v) in enumerate(zip(table_grads[start + len(self.padding):], self.hot))]
+        hot_grads, sent = [], []
+        for i, (g, v) in enumerate(zip(table_grads[start + len(self.padding):], self.hot)):
+            rows, summed, mine = combine_hot_gradient(self.env, g, int(v.shape[0]), name=f"hot_gradient_{i}")
+            hot_grads.append((rows, summed))
+            sent.append(tf.cast(mine, tf.int64) * (int(v.shape[1]) * 4 + 4) * (self.env.world_size - 1))
+        if sent:
+            self.hot_gradient_bytes_sent.assign_add(tf.add_n(sent))
         dense_grads = replicated_grads + list(mlp_grads)
         finite = None
         if self.loss_scale is not None:
