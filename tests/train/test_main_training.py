@@ -236,3 +236,20 @@ def test_hot_rows_train_the_same_model_with_fewer_bytes(synthetic, single_proces
 def test_bad_hot_rows_budget_names_the_flag(synthetic):
     done = run_python(["main.py", f"--dataset_path={synthetic}", "--hot_rows_budget=1.5", *MODEL_FLAGS], check=False)
     assert done.returncode != 0 and "--hot_rows_budget" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.multirank
+def test_checkpoint_with_hot_rows_restores_without_them(synthetic, tmp_path):
+    """The replicas are the model's values of hot rows: a checkpoint saved with hot rows at 2 ranks and
+    evaluated by one process (no hot rows) gives the AUC the 2 ranks measured at the end."""
+    log, checkpoints = tmp_path / "log.jsonl", tmp_path / "checkpoints"
+    flags = [f for f in MODEL_FLAGS if not f.startswith("--epochs")] + ["--epochs=1"]
+    launch(2, ["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", "--hot_rows_budget=0.1",
+               f"--save_checkpoint_path={checkpoints}", *flags], timeout=600)
+    trained = final_record(log)
+    evaluated_log = tmp_path / "eval.jsonl"
+    run_python(["main.py", f"--dataset_path={synthetic}", f"--log_path={evaluated_log}", "--mode=eval",
+                f"--restore_checkpoint_path={checkpoints}", *flags])
+    evaluated = final_record(evaluated_log)
+    assert evaluated["auc"] == pytest.approx(trained["auc"], abs=1e-6), (evaluated, trained)
+    assert trained["auc"] > 0.7
