@@ -347,6 +347,15 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
             return rows
         return rows // self.plan.world_size
 
+    def _entry_blocks(self, packed):
+        """``(rows [N * b, w], feature, position, slice, offsets)`` of every owned entry, packing order,
+        cut from ``packed`` (one looked-up block per group with entries)."""
+        blocks = iter(packed)
+        for (width, slices), offsets, entries in zip(self.groups, self.group_offsets, self.entries):
+            block = next(blocks) if entries else None
+            for e, (f, p) in enumerate(entries):
+                yield block[:, e * width:(e + 1) * width], f, p, slices[p], offsets
+
     def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch) -> tf.Tensor:
         packed = []
         for variable, offsets, entries, kernel in zip(self.shard_variables, self.group_offsets, self.entries, self.group_kernel):
@@ -357,10 +366,8 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
         if self.hot_tables and self.env.distributed:
             return tf.cast(self._hot_row_lookup(packed, global_ids, local_batch), self.compute_dtype)
         if self.deduplicate_exchange and self.env.distributed:
-            blocks = iter(packed)
-            mine = [(block[:, e * width:(e + 1) * width], tf.cast(global_ids[f], tf.as_dtype(offsets.dtype)) + offsets[p], width)
-                    for (width, _), offsets, entries in zip(self.groups, self.group_offsets, self.entries) if entries
-                    for block in [next(blocks)] for e, (f, p) in enumerate(entries)]
+            mine = [(rows, tf.cast(global_ids[f], tf.as_dtype(offsets.dtype)) + offsets[p], piece.width)
+                    for rows, f, p, piece, offsets in self._entry_blocks(packed)]
             received = deduplicated_exchange(self.env, local_batch, mine, self.source_entry_widths, f"{self.name}_dedup")
             return tf.cast(received, self.compute_dtype)
         # Cast before the exchange: under mixed precision the alltoall carries half the bytes.

@@ -93,17 +93,12 @@ class HotRowReplicas:
     def _hot_row_lookup(self, packed, global_ids, local_batch) -> tf.Tensor:
         """The exchange with hot rows: this rank's looked-up blocks (``packed``, one per group with
         entries) and ids in, ``[b, sum_s W_s]`` out."""
-        mine, blocks, counts = [], iter(packed), []
-        for (width, slices), entries in zip(self.groups, self.entries):
-            if not entries:
-                continue
-            block = next(blocks)
-            for e, (f, p) in enumerate(entries):
-                table = slices[p].table
-                ids = global_ids[f]
-                codes = hot_codes(ids, self._hot_ids(table)) if table in self.hot_index else -tf.ones_like(ids, tf.int32)
-                mine.append((block[:, e * width:(e + 1) * width], codes))
-                counts.append(self._traffic_counts(codes, width, slices[p].column_start == 0))
+        mine, counts = [], []
+        for rows, f, _, piece, _ in self._entry_blocks(packed):
+            ids = global_ids[f]
+            codes = hot_codes(ids, self._hot_ids(piece.table)) if piece.table in self.hot_index else -tf.ones_like(ids, tf.int32)
+            mine.append((rows, codes))
+            counts.append(self._traffic_counts(codes, piece.width, piece.column_start == 0))
         sources = []
         for rank in range(self.plan.world_size):
             entries = []
