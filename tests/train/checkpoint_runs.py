@@ -126,13 +126,16 @@ def single(tmp_path_factory) -> dict:
         final = ckpt(reference["save"], STEPS)
         corrupt = os.path.join(out, "corrupt", "ckpt-00000010")
         shutil.copytree(final, corrupt)
-        table = os.path.join(corrupt, "tables", "table_006.npy")
+        table = os.path.join(corrupt, "tables", "table_006.cols_0-4.npy")
         with open(table, "r+b") as handle:
             handle.truncate(os.path.getsize(table) - 100)
         saved_model = os.path.join(out, "saved_model")
+        version_1 = os.path.join(out, "version_1", "ckpt-00000010")
+        rewrite_as_version_1(final, version_1)
         restore = [f"--restore_checkpoint_path={reference['save']}"]  # a directory of checkpoints: its latest
         tasks = [
             {"name": "predict", "action": "predict", "argv": flags + [f"--restore_checkpoint_path={final}"]},
+            {"name": "predict_version_1", "action": "predict", "argv": flags + [f"--restore_checkpoint_path={version_1}"]},
             {"name": "eval", "action": "mode", "argv": flags + restore + ["--mode=eval", f"--log_path={out}/eval.jsonl"]},
             {"name": "inference", "action": "mode", "argv": flags + restore + [
                 "--mode=inference", "--inference_batch_sizes=1,64,384", "--max_steps=20", f"--log_path={out}/inference.jsonl"]},
@@ -151,8 +154,30 @@ def single(tmp_path_factory) -> dict:
              "argv": flags + [f"--restore_checkpoint_path={final}", "--embedding_optimizer=lazy_adam", f"--max_steps={STEPS + 1}"]},
         ]
         results = run_worker(1, tasks, out)
-        _cache["single"] = {"out": out, "results": results, "saved_model": saved_model}
+        _cache["single"] = {"out": out, "results": results, "saved_model": saved_model, "version_1": version_1}
     return _cache["single"]
+
+
+def rewrite_as_version_1(source: str, target: str) -> None:
+    """A copy of a sharded (version 2) checkpoint in the version-1 layout: every table and every
+    embedding-state array as one full-table file, the manifest without slices."""
+    from tf_dlrm.train import checkpoint_store as store
+
+    shutil.copytree(source, target)
+    manifest = store.read_manifest(target)
+    for key in ("tables", "embedding_state"):
+        for entry in manifest[key]:
+            parts = [np.load(os.path.join(target, s["file"]), allow_pickle=False) for s in entry.pop("slices")]
+            prefix = "tables/table" if key == "tables" else f"optimizer/embedding_{entry['slot']}_table"
+            name = entry["file"] = f"{prefix}_{entry['table']:03d}.npy"
+            manifest["files"][name] = store.write_npy(target, name, np.concatenate(parts, axis=1))
+    listed = {e["file"] for key in ("tables", "embedding_state") for e in manifest[key]}
+    for name in [n for n in manifest["files"] if ".cols_" in n and n not in listed]:
+        os.remove(os.path.join(target, name))
+        del manifest["files"][name]
+    manifest["version"] = 1
+    os.remove(os.path.join(target, store.MANIFEST))
+    store.write_manifest(target, manifest)
 
 
 def _rank_process(root_pid: int, rank: int):
@@ -209,14 +234,21 @@ def killed_and_resumed(tmp_path_factory) -> dict:
 
 
 def checkpoint_arrays(directory: str) -> dict[str, np.ndarray]:
-    """Every array of a checkpoint, by file name (loaded the safe way)."""
+    """Every array of a checkpoint (loaded the safe way): a table or embedding state by its entry's
+    name, its column slices joined (the sharded layout depends on the saving plan), others by file."""
     with open(os.path.join(directory, "manifest.json")) as handle:
         manifest = json.load(handle)
-    return {
-        name: np.load(os.path.join(directory, name), allow_pickle=False)
-        for name in manifest["files"]
-        if name.endswith(".npy")
-    }
+    arrays, sliced = {}, set()
+    for key in ("tables", "embedding_state"):
+        for entry in manifest.get(key, []):
+            parts = entry.get("slices") or [{"file": entry["file"]}]
+            sliced.update(part["file"] for part in parts)
+            arrays[f"{key}/{entry['name']}"] = np.concatenate(
+                [np.load(os.path.join(directory, part["file"]), allow_pickle=False) for part in parts], axis=1)
+    for name in manifest["files"]:
+        if name.endswith(".npy") and name not in sliced:
+            arrays[name] = np.load(os.path.join(directory, name), allow_pickle=False)
+    return arrays
 
 
 def max_difference(first: str, second: str) -> tuple[float, str]:

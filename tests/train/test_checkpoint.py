@@ -47,16 +47,43 @@ def test_a_checkpoint_holds_the_whole_state(tmp_path_factory):
     assert [step for step, _ in checkpoint.list_checkpoints(run["save"])] == [EVERY, STEPS]
 
 
-def test_tables_are_saved_in_full_table_layout(tmp_path_factory):
-    """Column slices of two ranks join into whole tables: the first rows match the -np 1 initial ones."""
+def test_tables_are_saved_as_the_owners_slices(tmp_path_factory):
+    """-np 2 column-wise: each model-parallel table is two column-slice files, written by their owners,
+    that join into the whole table (the first rows match the sharding-independent initial ones);
+    replicated tables are one whole file; row-wise state is one [rows, 1] file per table."""
     from tf_dlrm.model.table_init import initial_table_slice
 
     run = straight(tmp_path_factory)
-    saved = np.load(os.path.join(ckpt(run["save"], STEPS), "tables", "table_007.npy"), allow_pickle=False)
+    directory = ckpt(run["save"], STEPS)
+    manifest = checkpoint.read_manifest(directory)
+    assert manifest["version"] == 2
+    entry = manifest["tables"][7]
+    assert [s["columns"] for s in entry["slices"]] == [[0, 4], [4, 8]] and "file" not in entry
+    assert [s["file"] for s in entry["slices"]] == ["tables/table_007.cols_0-4.npy", "tables/table_007.cols_4-8.npy"]
+    parts = [np.load(os.path.join(directory, s["file"]), allow_pickle=False) for s in entry["slices"]]
+    assert [p.shape for p in parts] == [(5000, 4), (5000, 4)]
+    saved = np.concatenate(parts, axis=1)
     initial = initial_table_slice(7, 7, 5000, 8)
-    assert saved.shape == (5000, 8)
     # Training touched few rows: most rows still equal the (sharding-independent) initial table.
     assert np.mean(np.all(saved == initial, axis=1)) > 0.5
+    # Replicated tables (0-4 here) are written whole, once.
+    assert manifest["tables"][0]["file"] == "tables/table_000.npy" and len(manifest["tables"][0]["slices"]) == 1
+    assert not [name for name in manifest["files"] if name.startswith("tables/table_000.cols")]
+
+
+def test_a_version_1_checkpoint_of_full_tables_still_restores(tmp_path_factory, tmp_path):
+    """The layout before sharded saves: one full-table file per table and per state. Rewritten from the
+    sharded checkpoint, it loads into one process with the same predictions as the sharded one."""
+    from checkpoint_runs import rewrite_as_version_1
+
+    reference = straight(tmp_path_factory)
+    run = single(tmp_path_factory)
+    assert run["results"]["predict_version_1"]["step"] == STEPS
+    np.testing.assert_array_equal(np.load(os.path.join(run["out"], "predict_version_1_predictions.npy")),
+                                  np.load(os.path.join(run["out"], "predict_predictions.npy")))
+    manifest = checkpoint.read_manifest(run["version_1"])
+    assert manifest["version"] == 1 and all("slices" not in t for t in manifest["tables"])
+    assert rewrite_as_version_1 and reference
 
 
 @pytest.mark.parametrize("other", ["single", "table_wise"])
@@ -89,10 +116,10 @@ def _copy(run, tmp_path) -> str:
 
 def test_truncated_file_is_refused_naming_it(tmp_path_factory, tmp_path):
     directory = _copy(straight(tmp_path_factory), tmp_path)
-    path = os.path.join(directory, "tables", "table_005.npy")
+    path = os.path.join(directory, "tables", "table_005.cols_4-8.npy")
     with open(path, "r+b") as handle:
         handle.truncate(os.path.getsize(path) // 2)
-    with pytest.raises(checkpoint.CheckpointError, match=r"tables/table_005\.npy.*truncated"):
+    with pytest.raises(checkpoint.CheckpointError, match=r"tables/table_005\.cols_4-8\.npy.*truncated"):
         checkpoint.verify_files(directory, checkpoint.read_manifest(directory))
 
 
@@ -110,7 +137,7 @@ def test_wrong_checksum_is_refused_naming_the_file(tmp_path_factory, tmp_path):
 
 def test_refusals_through_the_command_line(tmp_path_factory):
     results = single(tmp_path_factory)["results"]
-    assert "tables/table_006.npy" in results["truncated"]["error"] and "truncated" in results["truncated"]["error"]
+    assert "tables/table_006.cols_0-4.npy" in results["truncated"]["error"] and "truncated" in results["truncated"]["error"]
     assert "--embedding_dim: 8 in the checkpoint, 16 from the flags" in results["wrong_model"]["error"]
     assert "--bottom_mlp_dims" in results["wrong_model"]["error"]
     assert "feature cat_7.bin: cardinality 5000 in the checkpoint, 5001" in results["wrong_spec"]["error"]

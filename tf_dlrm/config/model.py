@@ -53,6 +53,7 @@ class ShardingConfig:
     deduplicate_exchange: bool = False
     hot_rows_budget: float = 0.0
     hot_rows_min_per_step: float = 0.0
+    memory_per_rank: int = 0  # bytes of tables + optimizer state + hot rows a rank may hold; 0: no limit
 
     def __post_init__(self):
         if not 0.0 <= self.hot_rows_budget <= 1.0:
@@ -60,6 +61,8 @@ class ShardingConfig:
                              f"Received: --hot_rows_budget={self.hot_rows_budget}")
         if self.hot_rows_min_per_step < 0:
             raise ValueError(f"Expected --hot_rows_min_per_step >= 0. Received: {self.hot_rows_min_per_step}")
+        if not isinstance(self.memory_per_rank, int) or self.memory_per_rank < 0:
+            raise ValueError(f"Expected --memory_per_rank >= 0 bytes. Received: {self.memory_per_rank!r}")
 
 
 def parse_dims(text: str | Sequence[int], flag: str) -> tuple[int, ...]:

@@ -63,8 +63,16 @@ from tf_dlrm.distributed.packing import (
 from tf_dlrm.distributed.plan import ShardingPlan
 from tf_dlrm.distributed.pooling import normalize_ids, pooled_lookup
 from tf_dlrm.config.embedding import as_feature_config, default_features, feature_tables
-from tf_dlrm.model.table_init import initial_table_slice
+from tf_dlrm.model.table_init import initial_table_blocks
 from tf_dlrm.model.variable_kind import SliceLayout, VariableKind, mark, set_layout
+
+
+def _in_stateless_scope() -> bool:
+    try:
+        from keras.src.backend.common.stateless_scope import in_stateless_scope
+    except ImportError:  # another Keras layout: take the path that is right in both cases
+        return True
+    return in_stateless_scope()
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
@@ -178,16 +186,37 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
 
     def _fused_variable(self, name: str, slices, kind: VariableKind, trainable: bool = True):
         offsets, total_rows = self._row_offsets([s.table for s in slices])
-        values = np.concatenate([
-            initial_table_slice(self.seed, s.table, self.cardinalities[s.table], self.plan.tables[s.table].dim,
-                                s.column_start, s.column_end) for s in slices])
+        width = slices[0].width if slices else 0
         # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round
         # away. autocast=False: Keras would otherwise cast the whole table on every read.
-        variable = self.add_weight(name=name, shape=values.shape, dtype="float32", trainable=trainable,
-                                   initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False)
+        if _in_stateless_scope():
+            # Keras builds the layer while tracing a symbolic call: variables are initialised later
+            # from their initializer, so it must hold the values (a second copy while it runs).
+            def initializer(shape, dtype):
+                values = np.empty(shape, np.float32)
+                for piece, offset in zip(slices, offsets):
+                    for start, block in self._initial_blocks(piece):
+                        values[int(offset) + start:int(offset) + start + block.shape[0]] = block
+                return tf.constant(values)
+            variable = self.add_weight(name=name, shape=(total_rows, width), dtype="float32", trainable=trainable,
+                                       initializer=initializer, autocast=False)
+        else:
+            # Filled block by block (no full copy beside the variable): a shard may take most of a
+            # process's memory.
+            variable = self.add_weight(name=name, shape=(total_rows, width), dtype="float32", trainable=trainable,
+                                       initializer="zeros", autocast=False)
+            target = variable.value if hasattr(variable, "value") else variable
+            for piece, offset in zip(slices, offsets):
+                for start, block in self._initial_blocks(piece):
+                    rows = tf.range(int(offset) + start, int(offset) + start + block.shape[0], dtype=tf.int64)
+                    target.scatter_update(tf.IndexedSlices(tf.constant(block), rows))
         # The kind and the layout travel on the variable: the trainer and the checkpoint need no
         # attribute names of this layer (tf_dlrm.model.variable_kind).
         return set_layout(mark(variable, kind), self._layout(slices, offsets)), offsets
+
+    def _initial_blocks(self, piece):
+        spec = self.plan.tables[piece.table]
+        return initial_table_blocks(self.seed, piece.table, spec.rows, spec.dim, piece.column_start, piece.column_end)
 
     def _pools_with_kernel(self, slices, entries) -> bool:
         """Whether a fused variable is read through tf_dlrm's embedding-bag kernel

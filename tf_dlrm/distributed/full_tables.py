@@ -1,10 +1,18 @@
 """Whole tables in and out of a :class:`~tf_dlrm.distributed.embedding.DistributedEmbedding`.
 
-Checkpoints, export and the equivalence tests see a table as one ``[rows, D]`` array, wherever its
-slices live: :meth:`FullTableAccess.get_full_table` gathers the slices (or their optimizer state) on
-rank 0, :meth:`FullTableAccess.set_full_table` scatters rank 0's array to the owners. Both are
-collectives: every rank calls them for the same table in the same order. A mixin because it reads
-the layer's plan, fused variables and offsets, and nothing else.
+Two ways in and out:
+
+- Whole tables, through rank 0: :meth:`FullTableAccess.get_full_table` gathers the slices (or their
+  optimizer state) of one ``[rows, D]`` table on rank 0, :meth:`FullTableAccess.set_full_table`
+  scatters rank 0's array to the owners. Both are collectives: every rank calls them for the same
+  table in the same order. The equivalence tests use them; no table may then exceed rank 0's memory.
+- Pieces, on their owners: :meth:`FullTableAccess.table_pieces` names what this rank holds of a table,
+  :meth:`read_piece_rows` and :meth:`assign_piece_rows` move row ranges of one piece between the
+  variable and numpy, and :meth:`set_hot_rows_from` fills the hot-row replicas from a reader. No
+  collective and no full table: sharded checkpoints (:mod:`tf_dlrm.train.checkpoint_slices`) write
+  and read every slice on the rank that owns it, chunk by chunk.
+
+A mixin because it reads the layer's plan, fused variables and offsets, and nothing else.
 """
 
 from __future__ import annotations
@@ -12,8 +20,30 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+import dataclasses
+
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.packing import packing_groups
+
+
+@dataclasses.dataclass(frozen=True)
+class TablePiece:
+    """Columns ``[column_start, column_end)`` of one table as this rank holds them.
+
+    ``replicated``: the table is whole on every rank (``variable`` indexes the replicated
+    variables), else ``variable`` indexes the shard variables; the table's rows start at row
+    ``offset`` of that fused variable.
+    """
+    table: int
+    column_start: int
+    column_end: int
+    variable: int
+    offset: int
+    replicated: bool = False
+
+    @property
+    def width(self) -> int:
+        return self.column_end - self.column_start
 
 
 class FullTableAccess:
@@ -116,6 +146,48 @@ class FullTableAccess:
             self._assign_rows(variable, offset, received[position:position + size].reshape(rows, piece_width))
             position += size
         self._set_hot_rows(table, values, state_of, dim)
+
+    # ------------------------------------------------------------------ pieces on their owners
+
+    def table_pieces(self, table: int) -> list[TablePiece]:
+        """What this rank holds of ``table``: its column slices, or the whole replicated table."""
+        if table in self.replicated:
+            index, offset = self._replicated_place(table)
+            return [TablePiece(table, 0, self.plan.tables[table].dim, index, offset, replicated=True)]
+        return [TablePiece(table, s.column_start, s.column_end, index, offset) for index, offset, s in self._my_pieces(table)]
+
+    def _piece_variable(self, piece: TablePiece, state_of=None):
+        variable = (self.replicated_variables if piece.replicated else self.shard_variables)[piece.variable]
+        variable = (state_of or (lambda v: v))(variable)
+        return variable if isinstance(variable, tf.Variable) else variable.value
+
+    def read_piece_rows(self, piece: TablePiece, start: int, stop: int, state_of=None, row_wise: bool = False) -> np.ndarray:
+        """Rows ``[start, stop)`` of ``piece`` (``[n, width]``, or ``[n, 1]`` row-wise state), the
+        hot-row replicas written over the owner's stale copies. Reads those rows only."""
+        rows = tf.range(piece.offset + start, piece.offset + stop, dtype=tf.int64)
+        values = tf.gather(self._piece_variable(piece, state_of), rows).numpy()
+        if not piece.replicated and piece.table in getattr(self, "hot_index", {}):
+            ids = np.asarray(self.hot_rows[piece.table], np.int64)
+            inside = (ids >= start) & (ids < stop)
+            if inside.any():
+                replica = (state_of or (lambda v: v))(self.hot_variables[self.hot_index[piece.table]])
+                replica = replica if isinstance(replica, tf.Variable) else replica.value
+                hot = tf.gather(replica, np.flatnonzero(inside)).numpy()
+                values[ids[inside] - start] = hot if row_wise else hot[:, piece.column_start:piece.column_end]
+        return values
+
+    def assign_piece_rows(self, piece: TablePiece, start: int, values, state_of=None) -> None:
+        """Writes ``values`` (``[n, width]`` or row-wise ``[n, 1]``) into rows ``[start, start + n)`` of ``piece``."""
+        self._assign_rows(self._piece_variable(piece, state_of), piece.offset + start, values)
+
+    def set_hot_rows_from(self, table: int, read_rows, state_of=None) -> None:
+        """Fills this rank's replica of ``table``'s hot rows (or their state) with ``read_rows(ids)``
+        (``[len(ids), D]``); no collective: every rank reads the rows itself."""
+        if table not in getattr(self, "hot_index", {}):
+            return
+        target = (state_of or (lambda v: v))(self.hot_variables[self.hot_index[table]])
+        (target if isinstance(target, tf.Variable) else target.value).assign(
+            np.asarray(read_rows(np.asarray(self.hot_rows[table], np.int64)), np.float32))
 
     def _replicated_place(self, table: int) -> tuple[int, int]:
         """(replicated variable index, row offset) of a replicated table."""

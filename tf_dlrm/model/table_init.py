@@ -20,18 +20,26 @@ def _block_values(seed: int, table: int, block: int, rows_in_block: int, dim: in
     return generator.uniform(-bound, bound, size=(rows_in_block, dim)).astype(np.float32)
 
 
+def initial_table_blocks(seed: int, table: int, rows: int, dim: int, column_start: int = 0, column_end: int | None = None):
+    """Yields ``(first row, [n, w] values)`` of columns ``[column_start, column_end)``, block by block:
+    a table larger than memory is initialised holding one block beside it."""
+    column_end = dim if column_end is None else column_end
+    if not 0 <= column_start < column_end <= dim:
+        raise ValueError(f"Expected 0 <= column_start < column_end <= dim={dim}. Received: [{column_start}, {column_end})")
+    bound = 1.0 / np.sqrt(rows)
+    for block, start in enumerate(range(0, rows, ROW_BLOCK)):
+        stop = min(rows, start + ROW_BLOCK)
+        yield start, _block_values(seed, table, block, stop - start, dim, bound)[:, column_start:column_end]
+
+
 def initial_table_slice(
     seed: int, table: int, rows: int, dim: int, column_start: int = 0, column_end: int | None = None
 ) -> np.ndarray:
     """Columns ``[column_start, column_end)`` of table ``table``'s initial values, shape ``[rows, w]``."""
     column_end = dim if column_end is None else column_end
-    if not 0 <= column_start < column_end <= dim:
-        raise ValueError(f"Expected 0 <= column_start < column_end <= dim={dim}. Received: [{column_start}, {column_end})")
-    bound = 1.0 / np.sqrt(rows)
     out = np.empty((rows, column_end - column_start), dtype=np.float32)
-    for block, start in enumerate(range(0, rows, ROW_BLOCK)):
-        stop = min(rows, start + ROW_BLOCK)
-        out[start:stop] = _block_values(seed, table, block, stop - start, dim, bound)[:, column_start:column_end]
+    for start, values in initial_table_blocks(seed, table, rows, dim, column_start, column_end):
+        out[start:start + values.shape[0]] = values
     return out
 
 

@@ -63,6 +63,22 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
     )
 
 
+def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: int = 0) -> list:
+    """Every rank's planned bytes (:func:`tf_dlrm.distributed.memory_plan.plan_memory`) under the
+    embedding optimizer of ``optimizer_config``; raises ValueError naming ``--memory_per_rank`` when a
+    rank needs more than ``budget`` (0: no budget). Per-table optimizers (Wide & Deep's wide part)
+    are counted as the embedding optimizer."""
+    from tf_dlrm.distributed.memory_plan import check_budget, plan_memory
+    from tf_dlrm.optimizers.config import make_sparse_optimizer
+
+    optimizer = make_sparse_optimizer(optimizer_config)
+    slots = len(optimizer.slots)
+    hot_counts = {rows.table: rows.count for rows in hot.tables} if hot is not None and plan.world_size > 1 else {}
+    memory = plan_memory(plan, 0 if optimizer.row_wise else slots, slots if optimizer.row_wise else 0, hot_counts)
+    check_budget(memory, budget)
+    return memory
+
+
 def build_model(
     spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, env: DistributedEnv, seed: int, data_parallel_input: bool = False,
     deduplicate_exchange: bool = False, hot_rows: dict | None = None,
@@ -115,6 +131,10 @@ def build_with_dummy_batch(model: DLRM, num_numerical: int, embedding, world_siz
 
     categorical = [zeros(f, global_batch) for f in embedding.global_categorical]
     categorical += [zeros(f, local_batch) for f in embedding.local_categorical]
+    if not embedding.built:
+        # Built here, eagerly: inside the model's first (symbolic) call Keras would defer the tables'
+        # initialisation, which then needs a second full copy of each shard.
+        embedding.build()
     model((np.zeros([local_batch, num_numerical], np.float32), tuple(categorical)))
 
 

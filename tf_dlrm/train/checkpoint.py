@@ -3,14 +3,17 @@
 :class:`Checkpointer` collects a run's state (the Trainer's MLP, optimizer, loss scale, step and
 learning rate, and the sharded embedding tables) and writes or restores it in the on-disk format
 of :mod:`tf_dlrm.train.checkpoint_store` (layout, manifest, checksums, safe reading, atomic
-publish, retention). Tables are stored in full-table layout, independent of the sharding plan, so
-a checkpoint restores on any number of ranks with any plan.
+publish, retention).
 
-Saving and restoring are **collective** (every rank calls them at the same point), but only rank 0
-touches the disk: it gathers one table at a time (:meth:`DistributedEmbedding.get_full_table`),
-writes it and drops it, so no process holds more than one full table beyond its own shards;
-restoring scatters one table at a time the same way, after rank 0 has verified the whole checkpoint.
-An error rank 0 meets is broadcast, so that every rank raises it.
+Saving and restoring are **collective** (every rank calls them at the same point). Tables and
+their optimizer state are **sharded** (:mod:`tf_dlrm.train.checkpoint_slices`): every rank writes
+the slices it owns into rank 0's temporary directory, in parallel and chunk by chunk, and the
+manifest lists each table's slices by column range; a restore under any world size and plan reads
+on each rank only the column ranges it now owns. No table is ever gathered whole, so a table may be
+larger than any one process's memory. Rank 0 writes the dense weights and the manifest (after
+gathering every rank's file records) and publishes the checkpoint; before a restore it verifies the
+whole checkpoint. An error any rank meets is gathered or broadcast, so that every rank raises it.
+(Several machines need one filesystem for the checkpoint directory, as for dynamic tables.)
 
 Data position and RNG: the reader's batch order is a pure function of ``(seed, epoch)`` and
 training draws no other random numbers, so the step, ``(epoch, batch)`` of the next batch and
@@ -38,6 +41,7 @@ import yaml
 from tf_dlrm.distributed import collectives
 from tf_dlrm.train import checkpoint_dynamic as dynamic_tables
 from tf_dlrm.train import checkpoint_embedding_state as embedding_state
+from tf_dlrm.train import checkpoint_slices as slices
 from tf_dlrm.train import checkpoint_store as store
 from tf_dlrm.train.checkpoint_checks import RestoreChecks
 from tf_dlrm.train.guards import non_finite_arrays
@@ -69,12 +73,30 @@ def broadcast_json(env, value, name: str):
     return json.loads(bytes(received.numpy()).decode("utf-8"))
 
 
+def allgather_json(env, value, name: str) -> list:
+    """Every rank's JSON-serialisable ``value``, in rank order, on every rank."""
+    data = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8)
+    if not env.distributed:
+        return [value]
+    lengths = collectives.allgather(env, tf.constant([data.size], tf.int64), name=f"{name}_lengths").numpy()
+    # Horovod's allgather of an empty tensor is fine, but a JSON text is never empty.
+    joined = bytes(collectives.allgather(env, tf.constant(data), name=f"{name}_bytes").numpy())
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    return [json.loads(joined[bounds[r]:bounds[r + 1]].decode("utf-8")) for r in range(env.world_size)]
+
+
 # ---------------------------------------------------------------------- save and restore a run
 
 
 def _relative(path: str) -> str:
     """A variable path without its model's name: ``dlrm/bottom_mlp/dense_0/kernel`` -> ``bottom_mlp/dense_0/kernel``."""
     return path.split("/", 1)[1] if "/" in path else path
+
+
+def _memory_line(figures: list[dict]) -> str:
+    busiest = max(figures, key=lambda f: f["peak_rss_mib"])
+    return (f"peak RSS rank 0 {figures[0]['peak_rss_mib']:.0f} MiB ({figures[0]['rss_before_mib']:.0f} MiB before), "
+            f"largest rank {busiest['rank']} {busiest['peak_rss_mib']:.0f} MiB ({busiest['rss_before_mib']:.0f} MiB before)")
 
 
 def _file_safe(name: str) -> str:
@@ -154,7 +176,7 @@ class Checkpointer(RestoreChecks):
     # ------------------------------------------------------------------ save
 
     def save(self, step: int) -> str:
-        """Gathers and writes every table, then the rest; publishes atomically and prunes; returns the path."""
+        """Every rank writes its slices, rank 0 the rest; publishes atomically and prunes; returns the path."""
         started = time.time()
         delay = float(os.environ.get(DELAY_ENV, "0") or 0)
         error, temporary, final, files = None, None, None, {}
@@ -169,28 +191,21 @@ class Checkpointer(RestoreChecks):
                     temporary, final = store.prepare(self.save_path, step)
                 except (OSError, CheckpointError) as failure:
                     error = f"cannot save a checkpoint under {self.save_path}: {failure}"
-            tables = []
-            for table, name in enumerate(t.name for t in self.fixed_tables):
-                full = self.embedding.get_full_table(table)  # collective: every rank, every table, in order
-                if self.env.is_chief and error is None and non_finite_arrays([(name, full)]):
-                    error = self._refusal(step, f"table '{name}' holds NaN or inf")
-                if self.env.is_chief and error is None:
-                    file = f"tables/table_{table:03d}.npy"
-                    try:
-                        files[file] = store.write_npy(temporary, file, full)
-                    except OSError as failure:
-                        error = f"cannot write {os.path.join(temporary, file)}: {failure}"
-                    tables.append({"name": name, "file": file, "rows": int(full.shape[0])})
-                    if delay:
-                        time.sleep(delay)
-                del full
-            # The embedding optimizer's state, gathered like the tables (collective on every rank).
-            root = temporary if self.env.is_chief and error is None else None
-            state_entries, state_error = embedding_state.save(self.trainer, len(self.fixed_tables), root, files)
-            error = error or state_error
+            root = broadcast_json(self.env, temporary if error is None else None, "checkpoint_root")
+            records, piece_error = [], None
+            if root is not None and self.fixed_tables:
+                arrays = [("table", table, None, False) for table in range(len(self.fixed_tables))]
+                arrays += embedding_state.arrays(self.trainer, len(self.fixed_tables))
+                records, piece_error = slices.save_pieces(self.embedding, self.env.rank, root, arrays, files,
+                                                          delay if self.env.is_chief else 0.0)
+            pieces = allgather_json(self.env, {"records": records, "files": files, "error": piece_error}, "checkpoint_pieces")
+            failed = next((f"rank {rank}: {p['error']}" for rank, p in enumerate(pieces) if p["error"]), None)
+            if failed and error is None:
+                error = self._refusal(step, failed.split(": ", 1)[1]) if "NaN or inf" in failed else failed
             dynamic_record = None
             if self.dynamic:  # collective; rank 0's error or the rows' own
-                shared_root = broadcast_json(self.env, root, "dynamic_checkpoint_root")
+                shared_root = broadcast_json(self.env, temporary if self.env.is_chief and error is None else None,
+                                             "dynamic_checkpoint_root")
                 dynamic_record, dynamic_error = dynamic_tables.save(self.trainer, self.env, shared_root, files,
                                                                     lambda what: self._refusal(step, what))
                 error = error or dynamic_error
@@ -198,6 +213,11 @@ class Checkpointer(RestoreChecks):
                     time.sleep(delay)
             if self.env.is_chief and error is None:
                 try:
+                    all_records = [r for p in pieces for r in p["records"]]
+                    for p in pieces:
+                        files.update(p["files"])
+                    tables = slices.manifest_entries(all_records, self.fixed_tables, "table")
+                    state_entries = embedding_state.entries(self.trainer, all_records, self.fixed_tables)
                     self._write_rest(temporary, step, files, tables, state_entries, dynamic_record)
                     store.publish(self.save_path, temporary, final, self.keep)
                 except OSError as failure:
@@ -211,10 +231,10 @@ class Checkpointer(RestoreChecks):
             raise CheckpointError(status["error"])
         self.last_saved_step = step
         seconds = time.time() - started
-        size = sum(entry["bytes"] for entry in files.values())
+        size = sum(entry["bytes"] for entry in files.values())  # rank 0 holds every rank's records
         self.reporter.say(
-            f"saved checkpoint {status['path']} (step {step}, {size / 2**20:.1f} MiB) in {seconds:.2f} s; "
-            f"peak RSS rank 0 {figures[0]['peak_rss_mib']:.0f} MiB ({figures[0]['rss_before_mib']:.0f} MiB before)"
+            f"saved checkpoint {status['path']} (step {step}, {size / 2**20:.1f} MiB, slices written by "
+            f"{self.env.world_size} rank(s)) in {seconds:.2f} s; {_memory_line(figures)}"
         )
         self.reporter.event("checkpoint_saved", path=status["path"], step=step, seconds=seconds, bytes=size, memory=figures)
         return status["path"]
@@ -301,15 +321,12 @@ class Checkpointer(RestoreChecks):
                 return None
             directory = header["path"]
             widths, cardinalities = self._table_shapes()
+            # Each rank reads the column ranges it owns now (no collective; rank 0 verified every file).
             for table, rows in enumerate(cardinalities):
-                values = None
-                if self.env.is_chief:
-                    values = load_array(directory, header["tables"][table], (rows, widths[table]), np.float32, mmap=True)
-                self.embedding.set_full_table(table, values)  # collective
-                del values
+                saved = slices.open_slices(directory, header["tables"][table], rows, widths[table])
+                slices.restore_pieces(self.embedding, table, saved)
             if for_training:
-                embedding_state.restore(self.trainer, directory, header["embedding_state"], cardinalities, widths,
-                                        self.env.is_chief)
+                embedding_state.restore(self.trainer, directory, header["embedding_state"], cardinalities, widths)
             if self.dynamic:
                 dynamic_tables.restore(self.trainer, self.env, directory, header["dynamic"], for_training)
             variables = [v for _, v in self.dense]
@@ -328,7 +345,7 @@ class Checkpointer(RestoreChecks):
             self.last_saved_step = header["step"]
         self.reporter.say(
             f"restored checkpoint {directory} (step {header['step']}) in {seconds:.2f} s on {self.env.world_size} rank(s); "
-            f"peak RSS rank 0 {figures[0]['peak_rss_mib']:.0f} MiB ({figures[0]['rss_before_mib']:.0f} MiB before)"
+            f"{_memory_line(figures)}"
         )
         self.reporter.event("checkpoint_restored", path=directory, step=header["step"], seconds=seconds, memory=figures)
         return header

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from tf_dlrm.train import checkpoint_dynamic as dynamic_tables
 from tf_dlrm.train import checkpoint_embedding_state as embedding_state
 from tf_dlrm.train.checkpoint_choice import check_same_data, newest_intact
+from tf_dlrm.train.checkpoint_slices import open_slices
 from tf_dlrm.train.checkpoint_store import (
     CheckpointError, check_compatible, latest_checkpoint, list_checkpoints, load_array, read_manifest, resolve,
     verify_files,
@@ -71,7 +70,7 @@ class RestoreChecks:
         if len(manifest["tables"]) != len(cardinalities):
             raise CheckpointError(f"checkpoint {directory}: {len(manifest['tables'])} tables, the model has {len(cardinalities)}")
         for entry, rows, width in zip(manifest["tables"], cardinalities, widths):
-            load_array(directory, entry["file"], (rows, width), np.float32, mmap=True)
+            open_slices(directory, entry, rows, width)
         pairs = list(zip(manifest["dense"], self.dense))
         if for_training:
             pairs += list(zip(manifest["optimizer_state"], self.optimizer_state))
@@ -87,7 +86,7 @@ class RestoreChecks:
             "skipped": skipped,
             "step": manifest["step"],
             "learning_rate": float(manifest.get("learning_rate", 0.0)),
-            "tables": [t["file"] for t in manifest["tables"]],
+            "tables": manifest["tables"],  # with their slices: every rank reads its own columns
             "dense": [d["file"] for d in manifest["dense"]],
             "optimizer_state": [s["file"] for s in manifest["optimizer_state"]],
             "loss_scale": [s["file"] for s in manifest["loss_scale"]] if self._loss_scale_matches(manifest) else [],

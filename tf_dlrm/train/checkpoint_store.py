@@ -6,15 +6,17 @@ One checkpoint is a directory ``ckpt-<step>`` under ``--save_checkpoint_path``::
                            file with its size and sha256
     model_config.json      the model and optimizer the weights belong to
     feature_spec.yaml      a copy of the dataset's feature spec (sources and metadata included)
-    tables/table_000.npy   one full ``[rows, dim]`` float32 table per categorical feature, spec order
+    tables/table_000.npy   one ``[rows, dim]`` float32 table per categorical feature, spec order, or
+    tables/table_000.cols_0-4.npy  its column slices as the ranks held them (manifest: ``slices``)
     dense/<name>.npy       MLP weights (identical on every rank: data-parallel)
     optimizer/<name>.npy   the dense optimizer's variables (iterations, rate, Adam moments)
-    optimizer/embedding_<slot>_table_000.npy
-                           the embedding optimizer's state of each table, full-table layout
-                           (``[rows, dim]``, or ``[rows, 1]`` for row-wise Adagrad)
+    optimizer/embedding_<slot>_table_000[.cols_0-4].npy
+                           the embedding optimizer's state of each table, sliced like it
+                           (``[rows, width]``, or ``[rows, 1]`` for row-wise Adagrad)
 
-Tables are stored in full-table layout, independent of the sharding plan, so a checkpoint restores
-on any number of ranks with any plan.
+Tables are written by their owners as column slices (:mod:`tf_dlrm.train.checkpoint_slices`); the
+manifest lists each table's slices by column range, so a checkpoint restores on any number of ranks
+with any plan, each rank reading only the columns it owns.
 
 Atomic publish: a save writes ``.ckpt-<step>.tmp`` (:func:`prepare`), fsyncs it, and publishes it
 with one ``os.rename`` (:func:`publish`); only published directories with a ``manifest.json``
@@ -43,7 +45,8 @@ import numpy as np
 import yaml
 
 FORMAT = "tf_dlrm.checkpoint"
-VERSION = 1
+VERSION = 2  # 2: tables and their optimizer state as the owners' column slices; 1 (full tables) still reads
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 MODEL_CONFIG = "model_config.json"
 SPEC_COPY = "feature_spec.yaml"
@@ -133,8 +136,8 @@ def _check_manifest(manifest, path: str) -> None:
 
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         fail(f"expected format {FORMAT!r}")
-    if manifest.get("version") != VERSION:
-        fail(f"version {manifest.get('version')!r}; this code reads version {VERSION}")
+    if manifest.get("version") not in READABLE_VERSIONS:
+        fail(f"version {manifest.get('version')!r}; this code reads versions {list(READABLE_VERSIONS)}")
     for key, kind in (("step", int), ("position", dict), ("model", dict), ("optimizer", dict), ("files", dict),
                       ("tables", list), ("dense", list), ("optimizer_state", list)):
         if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
@@ -146,8 +149,14 @@ def _check_manifest(manifest, path: str) -> None:
             fail(f"file {name!r} needs integer 'bytes' and a hex 'sha256'")
     for key in ("tables", "dense", "optimizer_state", "loss_scale", "embedding_state"):
         for item in manifest.get(key, []):
-            if not isinstance(item, dict) or item.get("file") not in manifest["files"] or not isinstance(item.get("name"), str):
-                fail(f"every {key} entry needs a 'name' and a 'file' listed under 'files'. Received: {item!r}")
+            sliced = key in ("tables", "embedding_state") and isinstance(item, dict) and "slices" in item
+            listed = [s.get("file") if isinstance(s, dict) else None for s in item["slices"]] if sliced and \
+                isinstance(item["slices"], list) and item["slices"] else [item.get("file") if isinstance(item, dict) else None]
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str) or any(f not in manifest["files"] for f in listed):
+                fail(f"every {key} entry needs a 'name' and a 'file' (or 'slices' of files) listed under 'files'. Received: {item!r}")
+            if sliced and not all(isinstance(s.get("columns"), list) and len(s["columns"]) == 2
+                                  and all(isinstance(c, int) for c in s["columns"]) for s in item["slices"]):
+                fail(f"every slice of a {key} entry needs integer 'columns' [start, end]. Received: {item!r}")
     for name in (MODEL_CONFIG, SPEC_COPY):
         if name not in manifest["files"]:
             fail(f"{name} is not listed")
@@ -300,7 +309,7 @@ def _fsync_directory(path: str) -> None:
 
 def write_manifest(root: str, manifest: dict) -> None:
     """Writes the manifest after syncing every other file's directory, then syncs ``root``."""
-    for folder in ("tables", "dense", "optimizer"):
+    for folder in ("tables", "dense", "optimizer"):  # the other ranks' files were fsynced by their writers
         if os.path.isdir(os.path.join(root, folder)):
             _fsync_directory(os.path.join(root, folder))
     # The manifest goes last: a directory without one is never taken for a checkpoint.

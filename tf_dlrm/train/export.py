@@ -29,6 +29,7 @@ from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.io.publish import check_replaceable, staged_output
 from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.train import checkpoint, checkpoint_dynamic
+from tf_dlrm.train.checkpoint_slices import open_slices, restore_pieces
 
 SERVING_INFO = "tf_dlrm_serving.json"
 WRITER = "tf_dlrm export"
@@ -77,16 +78,17 @@ def rebuild_for_serving(spec, model_config, seed: int = 0):
 
 
 def load_checkpoint_into(model, directory: str, manifest: dict) -> None:
-    """Full tables (in plan order) and dense weights (by name) of a verified checkpoint into ``model``."""
+    """Tables (in plan order) and dense weights (by name) of a verified checkpoint into ``model``.
+
+    Tables stream in chunks of rows from their saved slices (:mod:`tf_dlrm.train.checkpoint_slices`):
+    the process holds each table once, in the model, never a second full copy beside it."""
     tables = model.embedding.plan.tables
     if len(manifest["tables"]) != len(tables):
         raise checkpoint.CheckpointError(f"checkpoint {directory}: {len(manifest['tables'])} tables, the model has {len(tables)}")
     for index, (entry, table) in enumerate(zip(manifest["tables"], tables)):
         if entry.get("name") != table.name:
             raise checkpoint.CheckpointError(f"checkpoint {directory}: table {index} is {entry.get('name')!r}, the model's is {table.name!r}")
-        values = checkpoint.load_array(directory, entry["file"], (table.rows, table.dim), np.float32)
-        model.embedding.set_full_table(index, values)  # one process: no collective
-        del values
+        restore_pieces(model.embedding, index, open_slices(directory, entry, table.rows, table.dim))
     load_dense_into(model, directory, manifest)
 
 

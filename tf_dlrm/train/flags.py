@@ -7,6 +7,7 @@ from absl import flags
 # Only TF-free modules: parsing flags must not start TensorFlow (tests/config/test_config_tf_free.py).
 from tf_dlrm.config.embedding import parse_width_mapping
 from tf_dlrm.config.model import ModelConfig, ShardingConfig, parse_dims
+from tf_dlrm.distributed.memory_plan import parse_bytes
 from tf_dlrm.config.run import RunConfig  # noqa: F401 (imported from here by cli and users)
 from tf_dlrm.config.training import EMBEDDING_OPTIMIZERS, OPTIMIZERS, LearningRateSchedule, LoopConfig, OptimizerConfig
 from tf_dlrm.precision import AmpMode
@@ -95,6 +96,8 @@ def define_flags() -> None:
                    "up to this fraction of their memory (0: off); counts from id_counts.npz next to the training data.")
     f.DEFINE_float("hot_rows_min_per_step", 0.0, "With --hot_rows_budget: replicate only rows looked up at least this "
                    "often per global batch on average (about the number of ranks is where replication starts to pay).")
+    f.DEFINE_string("memory_per_rank", "0", "Refuse, before anything is allocated, a sharding plan whose embedding tables, "
+                    "their optimizer state and hot-row replicas need more than this on some rank (e.g. 8GiB, 1500MiB; 0: no limit).")
     f.DEFINE_bool("deduplicate_exchange", False, "Send each rank one embedding row per distinct id of its samples (plus an "
                   "index per sample) instead of one per sample: fewer alltoall bytes when ids repeat (one-hot features).")
     f.DEFINE_string("save_checkpoint_path", None, "Directory to save checkpoints to.")
@@ -183,6 +186,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
             deduplicate_exchange=values.deduplicate_exchange,
             hot_rows_budget=values.hot_rows_budget,
             hot_rows_min_per_step=values.hot_rows_min_per_step,
+            memory_per_rank=parse_bytes(values.memory_per_rank),
         ),
         optimizer=OptimizerConfig(
             schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=family_rate(values, "dense_learning_rate"),

@@ -87,6 +87,7 @@ def open_session(config, started=None) -> Session:
     report_precision(reporter, config, choice)
     plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
     hot = hot_rows_setup.hot_row_plan(spec, plan, config.sharding, env, config.train_split, config.batch_size)
+    memory = builder.check_memory_plan(plan, config.optimizer, hot, config.sharding.memory_per_rank)  # before any table exists
     model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input,
                                 deduplicate_exchange=config.sharding.deduplicate_exchange,
                                 hot_rows=hot_rows_setup.as_layer_option(hot))
@@ -95,6 +96,10 @@ def open_session(config, started=None) -> Session:
     trainer.broadcast_initial_state()
     checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, env, reporter)
     reporter.say(plan.describe())
+    reporter.say("memory per rank (embedding tables, their optimizer state, hot rows):\n  " + "\n  ".join(m.describe() for m in memory))
+    reporter.event("memory_plan", budget=config.sharding.memory_per_rank,
+                   ranks=[{"rank": m.rank, "tables": m.tables, "optimizer_state": m.optimizer_state, "hot_rows": m.hot_rows,
+                           "total": m.total} for m in memory])
     hot_rows_setup.report_plan(reporter, hot)
     return Session(config, env, spec, choice.policy, model, trainer, reporter, checkpointer, plan, choice, threads)
 
