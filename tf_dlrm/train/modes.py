@@ -35,6 +35,7 @@ class Session:
     plan: object = None  # the ShardingPlan the model executes
     choice: object = None  # the PrecisionChoice of --amp here
     threads: tuple[int, int] = (0, 0)  # (intra-op, inter-op) TensorFlow threads
+    memory: list = dataclasses.field(default_factory=list)  # RankMemory per rank (tf_dlrm.distributed.memory_plan)
 
 
 def run(config, stop=None) -> dict:
@@ -97,11 +98,8 @@ def open_session(config, started=None) -> Session:
     checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, env, reporter)
     reporter.say(plan.describe())
     reporter.say("memory per rank (embedding tables, their optimizer state, hot rows):\n  " + "\n  ".join(m.describe() for m in memory))
-    reporter.event("memory_plan", budget=config.sharding.memory_per_rank,
-                   ranks=[{"rank": m.rank, "tables": m.tables, "optimizer_state": m.optimizer_state, "hot_rows": m.hot_rows,
-                           "total": m.total} for m in memory])
     hot_rows_setup.report_plan(reporter, hot)
-    return Session(config, env, spec, choice.policy, model, trainer, reporter, checkpointer, plan, choice, threads)
+    return Session(config, env, spec, choice.policy, model, trainer, reporter, checkpointer, plan, choice, threads, memory)
 
 
 def restore(session: Session, required: bool = True) -> dict | None:
@@ -159,6 +157,8 @@ def run_train(config, stop=None) -> dict:
         bytes_per_step_per_rank=[t.to_dict() for t in traffic],
         # With it, the alltoall sends at most the bytes above (one row per distinct id per destination).
         deduplicate_exchange=config.sharding.deduplicate_exchange,
+        memory_per_rank={"budget": config.sharding.memory_per_rank, "ranks": [dataclasses.asdict(m) | {"total": m.total}
+                                                                             for m in session.memory]},
     )
     paths = interaction_paths(session.model.interaction, config.xla)
     reporter.event("interaction", **paths)  # after the config event: a log's first line stays config
