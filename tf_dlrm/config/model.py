@@ -53,6 +53,8 @@ class ShardingConfig:
     deduplicate_exchange: bool = False
     hot_rows_budget: float = 0.0
     hot_rows_min_per_step: float = 0.0
+    # --hot_row_sync_every: merge the hot-row replicas every this many steps (1: combined every step).
+    hot_row_sync_every: int = 1
 
     def __post_init__(self):
         if not 0.0 <= self.hot_rows_budget <= 1.0:
@@ -60,6 +62,12 @@ class ShardingConfig:
                              f"Received: --hot_rows_budget={self.hot_rows_budget}")
         if self.hot_rows_min_per_step < 0:
             raise ValueError(f"Expected --hot_rows_min_per_step >= 0. Received: {self.hot_rows_min_per_step}")
+        every = self.hot_row_sync_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"Expected --hot_row_sync_every >= 1 (an integer number of steps). Received: --hot_row_sync_every={every!r}")
+        if every > 1 and not self.hot_rows_budget:
+            raise ValueError(f"--hot_row_sync_every={every} lets hot-row replicas drift between merges: it needs "
+                             f"--hot_rows_budget > 0. Received: --hot_rows_budget={self.hot_rows_budget}")
 
 
 def parse_dims(text: str | Sequence[int], flag: str) -> tuple[int, ...]:

@@ -95,6 +95,9 @@ def define_flags() -> None:
                    "up to this fraction of their memory (0: off); counts from id_counts.npz next to the training data.")
     f.DEFINE_float("hot_rows_min_per_step", 0.0, "With --hot_rows_budget: replicate only rows looked up at least this "
                    "often per global batch on average (about the number of ranks is where replication starts to pay).")
+    f.DEFINE_integer("hot_row_sync_every", 1, "With --hot_rows_budget and several ranks: each rank updates its hot-row "
+                     "replicas with its own gradients and the ranks merge the accumulated changes every this many steps "
+                     "(and before evaluation, checkpoints and the end); 1: the gradients are combined every step (exact).")
     f.DEFINE_bool("deduplicate_exchange", False, "Send each rank one embedding row per distinct id of its samples (plus an "
                   "index per sample) instead of one per sample: fewer alltoall bytes when ids repeat (one-hot features).")
     f.DEFINE_string("save_checkpoint_path", None, "Directory to save checkpoints to.")
@@ -183,6 +186,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
             deduplicate_exchange=values.deduplicate_exchange,
             hot_rows_budget=values.hot_rows_budget,
             hot_rows_min_per_step=values.hot_rows_min_per_step,
+            hot_row_sync_every=values.hot_row_sync_every,
         ),
         optimizer=OptimizerConfig(
             schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=family_rate(values, "dense_learning_rate"),

@@ -91,11 +91,12 @@ def open_session(config, started=None) -> Session:
                                 deduplicate_exchange=config.sharding.deduplicate_exchange,
                                 hot_rows=hot_rows_setup.as_layer_option(hot))
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla,
-                      compress_dense_gradients=config.bf16_dense_allreduce)
+                      compress_dense_gradients=config.bf16_dense_allreduce,
+                      hot_row_sync_every=config.sharding.hot_row_sync_every)
     trainer.broadcast_initial_state()
     checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, env, reporter)
     reporter.say(plan.describe())
-    hot_rows_setup.report_plan(reporter, hot)
+    hot_rows_setup.report_plan(reporter, hot, config.sharding.hot_row_sync_every)
     return Session(config, env, spec, choice.policy, model, trainer, reporter, checkpointer, plan, choice, threads)
 
 
@@ -154,6 +155,7 @@ def run_train(config, stop=None) -> dict:
         bytes_per_step_per_rank=[t.to_dict() for t in traffic],
         # With it, the alltoall sends at most the bytes above (one row per distinct id per destination).
         deduplicate_exchange=config.sharding.deduplicate_exchange,
+        hot_row_sync_every=config.sharding.hot_row_sync_every,
     )
     paths = interaction_paths(session.model.interaction, config.xla)
     reporter.event("interaction", **paths)  # after the config event: a log's first line stays config
