@@ -140,8 +140,15 @@ def checkpoint(case, env):
     from tests.train.checkpoint_worker import parse
     from tf_dlrm.train import builder, modes
 
+    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.train.reporting import Reporter
+    from tf_dlrm.train.session import resolve_spec_path
+
     config = parse(case["argv"])
-    session = modes.open_session(config)
+    config.check_world_size(env.world_size)
+    # modes.start without configure_threads: this process set its threads already (case_runs).
+    started = (env, FeatureSpec.load(resolve_spec_path(config)), Reporter(env.is_chief, None, None), (1, 1))
+    session = modes.open_session(config, started)
     trainer, embedding = session.trainer, session.model.embedding
     reader = builder.make_reader(session.spec, config.train_split, config.batch_size, env, embedding, True, config.seed)
     for numerical, categorical, label in reader.dataset(epoch=0).take(case["steps"]):
