@@ -2,7 +2,7 @@ r"""Hot rows in real training: ``horovodrun -np N main.py`` with and without ``-
 
     python benchmarks/hot_rows_training.py [--zipf_exponents=1.05,1.2] [--budget=0.1] [--world_size=2]
         [--spec=feature_specs/criteo_capped.yaml] [--batch_size=16384] [--steps=20]
-        [--sync_every=1,4,16] [--num_valid_samples=M] [--seed=S]
+        [--sync_every=1,4,16] [--num_valid_samples=M] [--seed=S] [--main_flags='--embedding_optimizer=sgd ...']
 
 For each Zipf exponent: writes a synthetic dataset of the spec's shape whose ids follow Zipf's law
 with that exponent (the generator's ``zipf_exponent``; tables of the spec, dim ``--embedding_dim``),
@@ -46,7 +46,7 @@ def train(args, dataset: str, log: str, extra: list[str]) -> list[dict]:
                f"--log_path={log}", f"--batch_size={args.batch_size}", f"--max_steps={args.steps}", "--epochs=1",
                f"--embedding_dim={args.embedding_dim}", f"--bottom_mlp_dims=64,{args.embedding_dim}", "--top_mlp_dims=64,1",
                "--print_freq=1000", *(["--evals_per_epoch=0"] if args.num_valid_samples else ["--valid_split=none"]),
-               f"--seed={args.seed}", *extra]
+               f"--seed={args.seed}", *args.main_flags.split(), *extra]
     done = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=args.timeout,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if done.returncode != 0:
@@ -69,6 +69,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--sync_every", default="1", help="--hot_row_sync_every values, one hot-row run each")
     parser.add_argument("--num_valid_samples", type=int, default=0, help="> 0: a validation split, final AUCs")
     parser.add_argument("--seed", type=int, default=12345, help="main.py's --seed (weights and data order)")
+    parser.add_argument("--main_flags", default="", help="more main.py flags for every run, space-separated "
+                        "(e.g. '--embedding_optimizer=sgd --embedding_learning_rate=1')")
     args = parser.parse_args(argv)
     sync_values = [int(v) for v in args.sync_every.split(",") if v]
     from tf_dlrm.data.synthetic import GeneratorConfig, generate
@@ -104,7 +106,7 @@ def summarize(args, exponent: float, every: int, hot: list[dict], final_plain: d
     return {
         "benchmark": "hot_rows_training", "spec": args.spec, "zipf_exponent": exponent, "world_size": args.world_size,
         "global_batch_size": args.batch_size, "steps": steps, "embedding_dim": args.embedding_dim,
-        "budget": args.budget, "hot_row_sync_every": every, "merges": measured.get("merges"),
+        "budget": args.budget, "hot_row_sync_every": every, "merges": measured.get("merges"), "main_flags": args.main_flags,
         "hot_bytes": plan["hot_bytes"], "budget_bytes": plan["budget_bytes"],
         "expected_hit_rate": plan["expected_hit_rate"], "measured": measured["ranks"],
         "forward_bytes_ratio_max_rank": max(r["sent_ratio"] for r in measured["ranks"]),
