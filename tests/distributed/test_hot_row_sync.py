@@ -121,3 +121,32 @@ def test_checkpoint_saves_the_merged_replicas(world_size, tmp_path_factory, data
         assert record["drift_before_save"] > 0.0, f"{where}: replicas did not drift before the save"
         assert record["saved_vs_replica"] == 0.0, f"{where}: the saved hot rows are not this rank's replicas"
         assert record["ranks_spread"] == 0.0 and record["steps_since_merge"] == 0, where
+
+
+@pytest.mark.multirank
+def test_main_logs_the_flag_and_merges(dataset, tmp_path):
+    """main.py at -np 2: the flag in the config and hot_rows events, one merge per S steps, an AUC."""
+    import json
+
+    from conftest import launch
+
+    log = tmp_path / "log.jsonl"
+    launch(2, ["main.py", f"--dataset_path={dataset}", f"--log_path={log}", "--hot_rows_budget=0.1", "--hot_row_sync_every=4",
+               "--batch_size=1200", "--epochs=1", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1",
+               "--seed=7", "--print_freq=10"], timeout=600)
+    events = [json.loads(line) for line in open(log)]
+    (config,) = [e for e in events if e["event"] == "config"]
+    (plan,) = [e for e in events if e["event"] == "hot_rows"]
+    (measured,) = [e for e in events if e["event"] == "hot_rows_measured"]
+    final = events[-1]
+    assert config["hot_row_sync_every"] == 4 and plan["sync_every"] == 4
+    assert final["steps"] == 20 and measured["merges"] == 5 and measured["hot_row_sync_every"] == 4, measured
+    assert all(r["hot_gradient_bytes_sent"] > 0 for r in measured["ranks"])
+    assert 0.5 < final["auc"] <= 1.0, final
+
+
+def test_main_refuses_the_flag_with_one_rank():
+    from conftest import run_python
+
+    done = run_python(["main.py", "--dataset_path=/nowhere", "--hot_rows_budget=0.1", "--hot_row_sync_every=4"], check=False)
+    assert done.returncode != 0 and "--hot_row_sync_every=4 needs several ranks" in done.stderr, done.stderr[-2000:]
