@@ -26,7 +26,8 @@ With ``S > 1`` (HET's idea, VLDB 2022, with one clock for the whole cache instea
   state; additive state (accumulators) keeps every rank's contribution; for the moving averages of
   lazy Adam the decay of a row touched by ``k`` ranks is counted ``k`` times (``m`` merges to
   ``(1 - k (1 - beta1)) m + (1 - beta1) sum_r g_r``), so Adam's state is not the synchronous one even
-  at ``S = 1``, only SGD's rows are.
+  at ``S = 1``, only SGD's rows are; from ``k (1 - beta1) >= 1`` (10 ranks at beta1 = 0.9) the old
+  momentum of a row every rank touched is cancelled or flipped.
 
 Memory: a copy (``base``) of every replica and its state, and one int32 flag per hot row.
 Bytes: per merge, each rank sends its touched rows' deltas (row width + state widths) and an int32
