@@ -29,6 +29,9 @@ def test_tables_state_and_hot_rows_per_rank_by_hand():
     hot = plan_memory(PLAN, element_slots=2, hot_rows={1: 10, 2: 4})
     assert [m.hot_rows for m in hot] == [(10 * 8 + 4 * 16) * 3 * 4] * 2
     assert hot[0].total == hot[0].tables + hot[0].optimizer_state + hot[0].hot_rows
+    # Bounded staleness keeps the merged values beside the replicas: twice the hot-row bytes.
+    assert [m.hot_rows for m in plan_memory(PLAN, element_slots=2, hot_rows={1: 10, 2: 4}, hot_copies=2)] == \
+        [2 * (10 * 8 + 4 * 16) * 3 * 4] * 2
 
 
 def test_a_plan_over_budget_is_refused_with_the_numbers():

@@ -54,6 +54,8 @@ class ShardingConfig:
     hot_rows_budget: float = 0.0
     hot_rows_min_per_step: float = 0.0
     memory_per_rank: int = 0  # bytes of tables + optimizer state + hot rows a rank may hold; 0: no limit
+    # --hot_row_sync_every: merge the hot-row replicas every this many steps (1: combined every step).
+    hot_row_sync_every: int = 1
 
     def __post_init__(self):
         if not 0.0 <= self.hot_rows_budget <= 1.0:
@@ -63,6 +65,12 @@ class ShardingConfig:
             raise ValueError(f"Expected --hot_rows_min_per_step >= 0. Received: {self.hot_rows_min_per_step}")
         if not isinstance(self.memory_per_rank, int) or self.memory_per_rank < 0:
             raise ValueError(f"Expected --memory_per_rank >= 0 bytes. Received: {self.memory_per_rank!r}")
+        every = self.hot_row_sync_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"Expected --hot_row_sync_every >= 1 (an integer number of steps). Received: --hot_row_sync_every={every!r}")
+        if every > 1 and not self.hot_rows_budget:
+            raise ValueError(f"--hot_row_sync_every={every} lets hot-row replicas drift between merges: it needs "
+                             f"--hot_rows_budget > 0. Received: --hot_rows_budget={self.hot_rows_budget}")
 
 
 def parse_dims(text: str | Sequence[int], flag: str) -> tuple[int, ...]:

@@ -71,6 +71,9 @@ class RunConfig:
             raise ValueError(f"Expected --inference_batch_sizes to be positive sizes. Received: {list(self.inference_batch_sizes)}")
 
     def check_world_size(self, world_size: int) -> None:
+        if self.sharding.hot_row_sync_every > 1 and world_size < 2:
+            raise ValueError(f"--hot_row_sync_every={self.sharding.hot_row_sync_every} needs several ranks (hot-row replicas "
+                             f"exist only with N > 1). Received: {world_size} rank; leave the flag at 1")
         sizes = [("batch_size", self.batch_size), ("valid_batch_size", self.valid_batch_size)]
         if self.mode == "inference":
             sizes = [("inference_batch_sizes", size) for size in self.inference_batch_sizes]

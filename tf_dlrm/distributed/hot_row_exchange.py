@@ -22,7 +22,9 @@ sums its gradient per touched hot slot, the ranks allgather those (slots, rows),
 the gathered rows per slot in the same order. The sum over ranks is ``N`` times the gradient of the
 global mean loss, like a shard's; the sparse updater scales it by ``1/N`` and applies the embedding
 optimizer to the touched slots with the replica's own (replicated) optimizer state, so every rank
-updates identical rows identically and the model equals the one without replication.
+updates identical rows identically and the model equals the one without replication. With
+``--hot_row_sync_every=S > 1`` the trainer skips this combine: each rank updates its replica with its
+own gradient and the ranks merge every ``S`` steps (:mod:`tf_dlrm.train.hot_row_sync`).
 """
 
 from __future__ import annotations

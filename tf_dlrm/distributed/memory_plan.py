@@ -9,7 +9,8 @@ What a rank holds, in float32 values (4 bytes):
 - tables: its column slices (``rows * width``) and every replicated table whole;
 - optimizer state: per-element slots (Adagrad 1, lazy Adam 2, FTRL 2) shaped like each of those,
   row-wise slots (row-wise Adagrad) one value per row of each slice it holds;
-- hot-row replicas: whole rows (``D`` values) of every hot row of every table, plus their state.
+- hot-row replicas: whole rows (``D`` values) of every hot row of every table, plus their state
+  (twice with ``--hot_row_sync_every`` > 1: the values agreed at the last merge are kept beside them).
 
 Not counted: the dense model (identical on every rank, small next to the tables), TensorFlow's own
 memory, and transient buffers of a step (looked-up rows, gradients, the exchange).
@@ -58,7 +59,8 @@ class RankMemory:
                 f"{_format_bytes(self.optimizer_state)}, hot rows {_format_bytes(self.hot_rows)})")
 
 
-def plan_memory(plan: ShardingPlan, element_slots: int = 0, row_slots: int = 0, hot_rows=None) -> list[RankMemory]:
+def plan_memory(plan: ShardingPlan, element_slots: int = 0, row_slots: int = 0, hot_rows=None,
+                hot_copies: int = 1) -> list[RankMemory]:
     """Every rank's :class:`RankMemory`.
 
     Args:
@@ -66,6 +68,7 @@ def plan_memory(plan: ShardingPlan, element_slots: int = 0, row_slots: int = 0, 
         element_slots: optimizer state values per table value (0 for SGD).
         row_slots: row-wise state values per row of every slice (1 for row-wise Adagrad).
         hot_rows: ``{table: count}`` of hot rows replicated on every rank.
+        hot_copies: copies of the replicas and their state each rank keeps (2 under bounded staleness).
     """
     hot_rows = dict(hot_rows or {})
     replicated_values = sum(plan.tables[t].elements for t in plan.replicated)
@@ -79,7 +82,7 @@ def plan_memory(plan: ShardingPlan, element_slots: int = 0, row_slots: int = 0, 
         found.append(RankMemory(
             rank=rank, tables=values * BYTES,
             optimizer_state=(values * element_slots + rows * row_slots) * BYTES,
-            hot_rows=(hot_values * (1 + element_slots) + hot_row_count * row_slots) * BYTES))
+            hot_rows=(hot_values * (1 + element_slots) + hot_row_count * row_slots) * BYTES * hot_copies))
     return found
 
 

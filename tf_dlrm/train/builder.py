@@ -63,7 +63,7 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
     )
 
 
-def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: int = 0) -> list:
+def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: int = 0, hot_row_sync_every: int = 1) -> list:
     """Every rank's planned bytes (:func:`tf_dlrm.distributed.memory_plan.plan_memory`) under the
     embedding optimizer of ``optimizer_config``; raises ValueError naming ``--memory_per_rank`` when a
     rank needs more than ``budget`` (0: no budget). Per-table optimizers (Wide & Deep's wide part)
@@ -74,7 +74,8 @@ def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: in
     optimizer = make_sparse_optimizer(optimizer_config)
     slots = len(optimizer.slots)
     hot_counts = {rows.table: rows.count for rows in hot.tables} if hot is not None and plan.world_size > 1 else {}
-    memory = plan_memory(plan, 0 if optimizer.row_wise else slots, slots if optimizer.row_wise else 0, hot_counts)
+    memory = plan_memory(plan, 0 if optimizer.row_wise else slots, slots if optimizer.row_wise else 0, hot_counts,
+                         hot_copies=2 if hot_row_sync_every > 1 else 1)
     check_budget(memory, budget)
     return memory
 

@@ -178,6 +178,10 @@ class Checkpointer(RestoreChecks):
     def save(self, step: int) -> str:
         """Every rank writes its slices, rank 0 the rest; publishes atomically and prunes; returns the path."""
         started = time.time()
+        # --hot_row_sync_every > 1: the saved hot rows are the merged ones, the same on every rank.
+        synchronize = getattr(self.trainer, "synchronize_hot_rows", None)
+        if synchronize is not None:
+            synchronize()  # collective: every rank saves
         delay = float(os.environ.get(DELAY_ENV, "0") or 0)
         error, temporary, final, files = None, None, None, {}
         with MemoryWatch() as memory:
@@ -339,6 +343,8 @@ class Checkpointer(RestoreChecks):
             collectives.broadcast_variables(self.env, variables)
             self.trainer.step.assign(header["step"])
             self.trainer.learning_rate.assign(header["learning_rate"])
+            if hasattr(self.trainer, "hot_rows_written"):
+                self.trainer.hot_rows_written()  # the restored replicas are the merged state
         figures = memory.gathered(self.env)
         seconds = time.time() - started
         if self._is_own(directory):

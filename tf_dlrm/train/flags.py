@@ -98,6 +98,9 @@ def define_flags() -> None:
                    "often per global batch on average (about the number of ranks is where replication starts to pay).")
     f.DEFINE_string("memory_per_rank", "0", "Refuse, before anything is allocated, a sharding plan whose embedding tables, "
                     "their optimizer state and hot-row replicas need more than this on some rank (e.g. 8GiB, 1500MiB; 0: no limit).")
+    f.DEFINE_integer("hot_row_sync_every", 1, "With --hot_rows_budget and several ranks: each rank updates its hot-row "
+                     "replicas with its own gradients and the ranks merge the accumulated changes every this many steps "
+                     "(and before evaluation, checkpoints and the end); 1: the gradients are combined every step (exact).")
     f.DEFINE_bool("deduplicate_exchange", False, "Send each rank one embedding row per distinct id of its samples (plus an "
                   "index per sample) instead of one per sample: fewer alltoall bytes when ids repeat (one-hot features).")
     f.DEFINE_string("save_checkpoint_path", None, "Directory to save checkpoints to.")
@@ -187,6 +190,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
             hot_rows_budget=values.hot_rows_budget,
             hot_rows_min_per_step=values.hot_rows_min_per_step,
             memory_per_rank=parse_bytes(values.memory_per_rank),
+            hot_row_sync_every=values.hot_row_sync_every,
         ),
         optimizer=OptimizerConfig(
             schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=family_rate(values, "dense_learning_rate"),

@@ -49,11 +49,14 @@ def as_layer_option(hot: HotRowPlan | None) -> dict | None:
     return {rows.table: list(rows.ids) for rows in hot.tables}
 
 
-def report_plan(reporter, hot: HotRowPlan | None) -> None:
+def report_plan(reporter, hot: HotRowPlan | None, sync_every: int = 1) -> None:
+    """Says and logs the plan (``hot_rows`` event), with ``--hot_row_sync_every`` (``sync_every``)."""
     if hot is None:
         return
     reporter.say(hot.describe())
-    reporter.event("hot_rows", budget=hot.budget, budget_bytes=hot.budget_bytes, hot_bytes=hot.hot_bytes,
+    reporter.say("hot rows: gradients combined every step (exact)" if sync_every == 1 else
+                 f"hot rows: local updates merged every {sync_every} steps (--hot_row_sync_every)")
+    reporter.event("hot_rows", budget=hot.budget, budget_bytes=hot.budget_bytes, hot_bytes=hot.hot_bytes, sync_every=sync_every,
                    expected_hit_rate=round(hot.overall_hit_rate, 4),
                    tables=[{"table": t.table, "name": t.name, "hot_rows": t.count, "expected_hit_rate": round(t.hit_rate, 4)}
                            for t in hot.tables])
@@ -63,9 +66,11 @@ def report_measured(reporter, embedding, trainer) -> None:
     """Collective: the hot-row hit rates and bytes the run measured, per rank and in all.
 
     ``exchanged_bytes_ratio``: over all ranks and calls, (cold rows forward and their gradients
-    backward + int32 codes + the hot gradients' allgathers) / (the plain exchange's rows forward and
-    backward). Training steps and evaluation calls are both counted by the forward counters; the
-    allgathers happen in training only, so with evaluation the ratio is a little low.
+    backward + int32 codes + the hot gradients' allgathers, or with ``--hot_row_sync_every > 1`` the
+    merges' allgathers) / (the plain exchange's rows forward and backward). Training steps and
+    evaluation calls are both counted by the forward counters; the allgathers happen in training
+    only, so with evaluation the ratio is a little low. ``merges``: how many merges ran (None with
+    the exact combine).
     """
     traffic = embedding.hot_row_traffic() if hasattr(embedding, "hot_row_traffic") else None
     if traffic is None:
@@ -76,7 +81,10 @@ def report_measured(reporter, embedding, trainer) -> None:
     plain = sum(8 * t["plain_values"] for t in traffic)
     exchanged = sum(8 * t["cold_values_sent"] + 4 * t["codes_sent"] + t["hot_gradient_bytes_sent"] for t in traffic)
     ratio = round(exchanged / plain, 4) if plain else None
-    reporter.event("hot_rows_measured", ranks=traffic, exchanged_bytes_ratio=ratio)
+    sync = getattr(trainer, "hot_sync", None)
+    merges = int(sync.merges.numpy()) if sync is not None else None
+    reporter.event("hot_rows_measured", ranks=traffic, exchanged_bytes_ratio=ratio, exchanged_bytes=exchanged,
+                   hot_row_sync_every=sync.every if sync is not None else 1, merges=merges)
     reporter.say("hot rows measured: " + "; ".join(
         f"rank {t['rank']} hit rate {t['hit_rate']}, forward bytes {t['sent_ratio']} of the plain exchange's" for t in traffic)
         + f"; all bytes exchanged (both directions, hot gradients included): {ratio} of the plain exchange's")

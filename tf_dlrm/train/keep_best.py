@@ -37,3 +37,6 @@ class BestKeeper:
         """Puts the kept state back (no collective: each rank restores its own variables)."""
         for variable, value in zip(self.variables, self._values):
             variable.assign(value)
+        if hasattr(self.trainer, "hot_rows_written"):
+            # Kept right after an evaluation, when every rank's hot-row replicas were merged.
+            self.trainer.hot_rows_written()

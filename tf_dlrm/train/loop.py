@@ -31,6 +31,8 @@ def evaluate(trainer: Trainer, reader: SplitBinaryReader, where: str = "evaluati
         NonFiniteError: when a score is NaN or inf (no AUC is computed from such scores).
     """
     started = time.time()
+    # --hot_row_sync_every > 1: every rank's hot-row replicas merged first (collective; nothing without).
+    _synchronize_hot_rows(trainer)
     predictions, labels = [], []
     for numerical, categorical, label in reader.dataset(epoch=0):
         probability, truth = trainer.predict_step(numerical, categorical, label)
@@ -131,10 +133,17 @@ def train(
                     stopped_early = True
                     break
         epoch += 1
+    _synchronize_hot_rows(trainer)  # training ends with identical replicas on every rank
     if valid_reader is not None and last_eval_step != step:
         run_eval()
     throughput = timed_samples / timed_seconds if timed_seconds > 0 else float("nan")
     return TrainResult(step, throughput, evals[-1] if evals else None, evals, stopped_early)
+
+
+def _synchronize_hot_rows(trainer) -> None:
+    synchronize = getattr(trainer, "synchronize_hot_rows", None)
+    if synchronize is not None:
+        synchronize()
 
 
 def _rates(trainer: Trainer, rate: float) -> str:

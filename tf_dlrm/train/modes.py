@@ -88,17 +88,19 @@ def open_session(config, started=None) -> Session:
     report_precision(reporter, config, choice)
     plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
     hot = hot_rows_setup.hot_row_plan(spec, plan, config.sharding, env, config.train_split, config.batch_size)
-    memory = builder.check_memory_plan(plan, config.optimizer, hot, config.sharding.memory_per_rank)  # before any table exists
+    memory = builder.check_memory_plan(plan, config.optimizer, hot, config.sharding.memory_per_rank,
+                                       config.sharding.hot_row_sync_every)  # before any table exists
     model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input,
                                 deduplicate_exchange=config.sharding.deduplicate_exchange,
                                 hot_rows=hot_rows_setup.as_layer_option(hot))
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla,
-                      compress_dense_gradients=config.bf16_dense_allreduce)
+                      compress_dense_gradients=config.bf16_dense_allreduce,
+                      hot_row_sync_every=config.sharding.hot_row_sync_every)
     trainer.broadcast_initial_state()
     checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, env, reporter)
     reporter.say(plan.describe())
     reporter.say("memory per rank (embedding tables, their optimizer state, hot rows):\n  " + "\n  ".join(m.describe() for m in memory))
-    hot_rows_setup.report_plan(reporter, hot)
+    hot_rows_setup.report_plan(reporter, hot, config.sharding.hot_row_sync_every)
     return Session(config, env, spec, choice.policy, model, trainer, reporter, checkpointer, plan, choice, threads, memory)
 
 
@@ -159,6 +161,7 @@ def run_train(config, stop=None) -> dict:
         deduplicate_exchange=config.sharding.deduplicate_exchange,
         memory_per_rank={"budget": config.sharding.memory_per_rank, "ranks": [dataclasses.asdict(m) | {"total": m.total}
                                                                              for m in session.memory]},
+        hot_row_sync_every=config.sharding.hot_row_sync_every,
     )
     paths = interaction_paths(session.model.interaction, config.xla)
     reporter.event("interaction", **paths)  # after the config event: a log's first line stays config

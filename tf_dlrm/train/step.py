@@ -33,6 +33,7 @@ from tf_dlrm.distributed.hot_row_exchange import combine_hot_gradient
 from tf_dlrm.model.interaction import kernel_off
 from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.optimizers.config import OPTIMIZERS, OptimizerConfig, make_dense_optimizer, make_sparse_optimizer  # noqa: F401
+from tf_dlrm.train.hot_row_sync import HotRowSync
 from tf_dlrm.train.sparse_update import SparseUpdater
 
 class LossScale:
@@ -99,10 +100,13 @@ class Trainer:
             function.
         compress_dense_gradients: under mixed_bfloat16 with several ranks, average the MLP gradients
             as bfloat16 (``--bf16_dense_allreduce``); ignored otherwise.
+        hot_row_sync_every: ``S`` of ``--hot_row_sync_every``: with hot-row replicas and ``S > 1``,
+            each rank updates its replicas with its own gradients and the ranks merge them every
+            ``S`` steps (:mod:`tf_dlrm.train.hot_row_sync`); 1: combined every step (exact).
     """
 
     def __init__(self, model, env: DistributedEnv, config: OptimizerConfig, jit_compile: bool = False,
-                 compress_dense_gradients: bool = False):
+                 compress_dense_gradients: bool = False, hot_row_sync_every: int = 1):
         self.model = model
         self.env = env
         self.config = config
@@ -121,6 +125,8 @@ class Trainer:
         self.sparse = SparseUpdater(make_sparse_optimizer(config), env, self.shards, self.replicated, self.padding,
                                     weight_decay=config.embedding_weight_decay, table_optimizers=_table_optimizers(model, config),
                                     hot=self.hot)
+        # --hot_row_sync_every > 1: local hot-row updates merged every S steps (None: combined every step).
+        self.hot_sync = self.make_hot_row_sync(hot_row_sync_every) if hot_row_sync_every != 1 else None
         # Dynamic tables (tf_dlrm.dynamic) reset a row's optimizer state when they give it to a new key.
         for layer in model._flatten_layers(include_self=False):
             if hasattr(layer, "attach_optimizer_state"):
@@ -143,6 +149,16 @@ class Trainer:
         if self.jit_compile:
             prefer_legacy_xla_cpu_runtime()
             self._dense_gradients = tf.function(self._dense_loss_and_gradients, jit_compile=True, reduce_retracing=True)
+
+    def make_hot_row_sync(self, every: int) -> HotRowSync | None:
+        """The merges of this trainer's hot-row replicas every ``every`` steps (None: no replicas).
+        ``every == 1`` is the exact combine in training; tests make a ``HotRowSync(every=1)`` with this
+        (before the first step) to check that merging after every step equals it for SGD."""
+        if not (self.hot and self.env.distributed):
+            return None
+        # Every state variable of each replica (all optimizer groups), in the same order on every rank.
+        states = [[slots[group][name] for group in sorted(slots) for name in sorted(slots[group])] for slots in self.sparse.hot_slots]
+        return HotRowSync(self.env, every, self.hot, states, self.hot_gradient_bytes_sent)
 
     def allreduce_payload_bytes(self) -> int:
         """Bytes of what :meth:`_average_over_ranks` averages each step: the replicated tables'
@@ -220,9 +236,13 @@ class Trainer:
         replicated_grads = [self.sparse.pack_replicated(g, v) for g, v in zip(table_grads[count:count + len(self.replicated)], self.replicated)]
         start = count + len(self.replicated)
         padding_grads = table_grads[start:start + len(self.padding)]
-        # Summed over ranks (N times the global gradient, like a shard's), the same on every rank.
+        # Summed over ranks (N times the global gradient, like a shard's), the same on every rank;
+        # with --hot_row_sync_every > 1, this rank's own (merged later, tf_dlrm.train.hot_row_sync).
         hot_grads, sent = [], []
         for i, (g, v) in enumerate(zip(table_grads[start + len(self.padding):], self.hot)):
+            if self.hot_sync is not None:
+                hot_grads.append(self.hot_sync.local_gradient(i, g))
+                continue
             rows, summed, mine = combine_hot_gradient(self.env, g, int(v.shape[0]), name=f"hot_gradient_{i}")
             hot_grads.append((rows, summed))
             sent.append(tf.cast(mine, tf.int64) * (int(v.shape[1]) * 4 + 4) * (self.env.world_size - 1))
@@ -278,7 +298,21 @@ class Trainer:
         for variable, gradient in zip(self.padding, padding_grads):
             variable.assign(tf.cast(gradient, variable.dtype))
         self.step.assign_add(1)
+        if self.hot_sync is not None:
+            self.hot_sync.after_step()  # merges every S-th step (collective, the same step on every rank)
         return loss
+
+    def synchronize_hot_rows(self) -> None:
+        """Collective: merges the hot-row replicas' pending local updates (``--hot_row_sync_every > 1``),
+        so every rank holds the same replicas; called before anything reads the tables."""
+        if self.hot_sync is not None:
+            self.hot_sync.synchronize()
+
+    def hot_rows_written(self) -> None:
+        """The replicas (or their state) were written from outside, identically on every rank
+        (a checkpoint restored, a kept state put back): they are the merged state now."""
+        if self.hot_sync is not None:
+            self.hot_sync.rebase()
 
     # ------------------------------------------------------------------ evaluation
 
