@@ -53,6 +53,8 @@ class ShardingConfig:
     deduplicate_exchange: bool = False
     hot_rows_budget: float = 0.0
     hot_rows_min_per_step: float = 0.0
+    # Model-parallel tables stored as split bfloat16 halves (tf_dlrm.distributed.split_tables).
+    split_embedding_tables: bool = False
 
     def __post_init__(self):
         if not 0.0 <= self.hot_rows_budget <= 1.0:

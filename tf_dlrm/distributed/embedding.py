@@ -62,6 +62,7 @@ from tf_dlrm.distributed.packing import (
 )
 from tf_dlrm.distributed.plan import ShardingPlan
 from tf_dlrm.distributed.pooling import normalize_ids, pooled_lookup
+from tf_dlrm.distributed.split_tables import add_split_weight, check_split_options
 from tf_dlrm.config.embedding import as_feature_config, default_features, feature_tables
 from tf_dlrm.model.table_init import initial_table_slice
 from tf_dlrm.model.variable_kind import SliceLayout, VariableKind, mark, set_layout
@@ -86,11 +87,15 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
             False keeps plain TensorFlow ops (the same values; benchmarks compare the two).
         hot_rows: ``{table index or name: sorted ids}`` of model-parallel tables replicated on every
             rank; only cold rows travel (:mod:`tf_dlrm.distributed.hot_row_layer`). One-hot features.
+        split_embedding_tables: store the model-parallel shards as split bfloat16 tables (bf16 upper
+            halves read by the lookup and the exchange, uint16 lower halves; :mod:`tf_dlrm.distributed.split_tables`).
+            Needs the ``mixed_bfloat16`` policy; not with ``hot_rows`` or ``deduplicate_exchange``; every
+            lookup then uses TensorFlow ops (the embedding-bag kernel reads float32 tables only).
     """
 
     def __init__(self, plan, rank: int = 0, seed: int = 0, data_parallel_input: bool = False, features=None,
                  validate_ids: bool = True, deduplicate_exchange: bool = False, use_kernel: bool = True, hot_rows=None,
-                 **kwargs):
+                 split_embedding_tables: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
         table_names = [t.name for t in self.plan.tables]
@@ -147,6 +152,9 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
                                  f"{[len(w) for w in self.source_entry_widths]}, data_parallel_input={self.data_parallel_input}")
         self.shard_variables, self.replicated_variables = [], []
         self._init_hot_rows(hot_rows)
+        self.split_embedding_tables = bool(split_embedding_tables)
+        if self.split_embedding_tables:
+            check_split_options(self.compute_dtype, bool(self.hot_rows), self.deduplicate_exchange)
 
     # ------------------------------------------------------------------ weights
 
@@ -181,6 +189,8 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
         values = np.concatenate([
             initial_table_slice(self.seed, s.table, self.cardinalities[s.table], self.plan.tables[s.table].dim,
                                 s.column_start, s.column_end) for s in slices])
+        if self.split_embedding_tables and kind is VariableKind.SHARDED:
+            return set_layout(mark(add_split_weight(self, name, values), kind), self._layout(slices, offsets)), offsets
         # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round
         # away. autocast=False: Keras would otherwise cast the whole table on every read.
         variable = self.add_weight(name=name, shape=values.shape, dtype="float32", trainable=trainable,
@@ -199,7 +209,7 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
             return False
         if any(len(self.plan.table_slices(s.table)) > 1 for s in slices):
             return False
-        return self.use_kernel and bag_kernel() is not None
+        return self.use_kernel and bag_kernel() is not None and not self.split_embedding_tables
 
     def build(self, input_shape=None):
         self.group_offsets, self.replicated_offsets = [], []
@@ -224,7 +234,7 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
         self.kernel_checked_features = frozenset(
             f for f, feature in enumerate(self.features)
             if not feature.one_hot and len(self.plan.table_slices(self.feature_tables[f])) == 1 and self.use_kernel
-            and bag_kernel() is not None)
+            and bag_kernel() is not None and not self.split_embedding_tables)
         # One process with a multi-hot feature and no column-sliced table: every variable, the
         # one-hot features' included, is pooled by one kernel op writing feature order directly (no
         # per-width blocks, concat or permutation, forward or backward).
@@ -371,7 +381,7 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
             received = deduplicated_exchange(self.env, local_batch, mine, self.source_entry_widths, f"{self.name}_dedup")
             return tf.cast(received, self.compute_dtype)
         # Cast before the exchange: under mixed precision the alltoall carries half the bytes.
-        local_block = tf.cast(tf.concat(packed, axis=1), self.compute_dtype) if packed else None
+        local_block = tf.concat([tf.cast(p, self.compute_dtype) for p in packed], axis=1) if packed else None
         if not self.env.distributed:
             return local_block
         if local_block is None:
@@ -412,4 +422,5 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
             "deduplicate_exchange": self.deduplicate_exchange,
             "use_kernel": self.use_kernel,
             "hot_rows": {str(table): list(ids) for table, ids in self.hot_rows.items()},
+            "split_embedding_tables": self.split_embedding_tables,
         }

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.packing import packing_groups
+from tf_dlrm.distributed.split_tables import read_float32, write_float32
 
 
 class FullTableAccess:
@@ -48,8 +49,9 @@ class FullTableAccess:
         state_of = state_of or (lambda variable: variable)
         if table in self.replicated:
             index, offset = self._replicated_place(table)
-            return state_of(self.replicated_variables[index])[offset:offset + rows].numpy() if self.env.is_chief else None
-        mine = [tf.reshape(state_of(self.shard_variables[i])[o:o + rows], [-1]) for i, o, _ in self._my_pieces(table)]
+            return read_float32(state_of(self.replicated_variables[index]), offset, offset + rows).numpy() if self.env.is_chief else None
+        # Split bf16 tables are read as their float32 values (both halves joined): checkpoints hold float32.
+        mine = [tf.reshape(read_float32(state_of(self.shard_variables[i]), o, o + rows), [-1]) for i, o, _ in self._my_pieces(table)]
         if self.env.distributed:
             # Everything goes to rank 0: an alltoall whose splits send all to rank 0 gathers to
             # the root. A rank holding none of this table sends one padding value (Horovod's
@@ -127,7 +129,4 @@ class FullTableAccess:
 
     @staticmethod
     def _assign_rows(variable, offset: int, values) -> None:
-        values = tf.convert_to_tensor(values, tf.float32)
-        indices = tf.range(offset, offset + values.shape[0], dtype=tf.int64)
-        target = variable if isinstance(variable, tf.Variable) else variable.value
-        target.scatter_update(tf.IndexedSlices(values, indices))
+        write_float32(variable, offset, values)  # split again for a split bf16 table

@@ -89,7 +89,8 @@ def open_session(config, started=None) -> Session:
     hot = hot_rows_setup.hot_row_plan(spec, plan, config.sharding, env, config.train_split, config.batch_size)
     model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input,
                                 deduplicate_exchange=config.sharding.deduplicate_exchange,
-                                hot_rows=hot_rows_setup.as_layer_option(hot))
+                                hot_rows=hot_rows_setup.as_layer_option(hot),
+                                split_embedding_tables=config.sharding.split_embedding_tables)
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla,
                       compress_dense_gradients=config.bf16_dense_allreduce)
     trainer.broadcast_initial_state()
@@ -154,6 +155,7 @@ def run_train(config, stop=None) -> dict:
         bytes_per_step_per_rank=[t.to_dict() for t in traffic],
         # With it, the alltoall sends at most the bytes above (one row per distinct id per destination).
         deduplicate_exchange=config.sharding.deduplicate_exchange,
+        split_embedding_tables=config.sharding.split_embedding_tables,
     )
     paths = interaction_paths(session.model.interaction, config.xla)
     reporter.event("interaction", **paths)  # after the config event: a log's first line stays config
