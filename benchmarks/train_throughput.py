@@ -18,7 +18,10 @@ Prints one JSON object per case and line:
 The diagnostic case ``mlp_only_fp32`` (``"impl": "mlp_only"``, only when asked for) trains the two
 MLPs alone: no DLRM of the config can train faster. The cases ``tf_dlrm_adagrad``,
 ``tf_dlrm_rowwise_adagrad`` and ``tf_dlrm_lazy_adam`` change only the embedding optimizer; their
-``vs_tf_dlrm_sgd`` is the ratio to ``tf_dlrm_fp32`` (sparse SGD) in the same run.
+``vs_tf_dlrm_sgd`` is the ratio to ``tf_dlrm_fp32`` (sparse SGD) in the same run. The cases
+``tf_dlrm_amp_split`` (SGD) and ``tf_dlrm_amp_split_lazy_adam`` train under ``--amp`` with split bf16
+tables (``--split_embedding_tables``; ``"split_embedding_tables": true`` in their line): compare them
+with ``tf_dlrm_amp`` and ``tf_dlrm_amp_lazy_adam`` of the same run.
 """
 
 from __future__ import annotations

@@ -87,10 +87,8 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
             False keeps plain TensorFlow ops (the same values; benchmarks compare the two).
         hot_rows: ``{table index or name: sorted ids}`` of model-parallel tables replicated on every
             rank; only cold rows travel (:mod:`tf_dlrm.distributed.hot_row_layer`). One-hot features.
-        split_embedding_tables: store the model-parallel shards as split bfloat16 tables (bf16 upper
-            halves read by the lookup and the exchange, uint16 lower halves; :mod:`tf_dlrm.distributed.split_tables`).
-            Needs the ``mixed_bfloat16`` policy; not with ``hot_rows`` or ``deduplicate_exchange``; every
-            lookup then uses TensorFlow ops (the embedding-bag kernel reads float32 tables only).
+        split_embedding_tables: model-parallel shards as split bf16 tables (:mod:`tf_dlrm.distributed.split_tables`:
+            its limits); looked up with TensorFlow ops (the embedding-bag kernel reads float32 only).
     """
 
     def __init__(self, plan, rank: int = 0, seed: int = 0, data_parallel_input: bool = False, features=None,

@@ -18,6 +18,12 @@ The layer marks the ``high`` variable (trainable, ``sharded``) with its ``low`` 
 (:func:`mark_split`); everything that reads or writes whole rows in float32 (optimizers, checkpoints,
 export, the equivalence tests) goes through :func:`read_float32` and :func:`write_float32`, which do
 the plain thing for float32 variables.
+
+Limits (:func:`check_split_options`, and ``train.builder`` for the model and dynamic tables): only
+model-parallel shards are split (replicated tables are small, never exchanged, and their gradients join
+the float32 allreduce); the compute dtype must be bfloat16 (``--amp``: a float32 model would round the
+tables' gradients to bf16 through the cast); not with hot-row replicas or the deduplicated exchange
+(their rows travel in float32); multi-hot rows are pooled in float32.
 """
 
 from __future__ import annotations
