@@ -218,3 +218,14 @@ def test_resident_memory_of_a_large_table_equals_float32():
     growth_split, growth_float32 = records["split"]["rss_growth"], records["float32"]["rss_growth"]
     assert abs(growth_split - growth_float32) <= 0.1 * growth_float32, (growth_split, growth_float32)
     assert growth_split >= 0.9 * 512_000_000  # the table is really resident, not lazily allocated
+
+
+def test_throughput_benchmark_has_a_split_tables_case():
+    completed = subprocess.run(
+        [sys.executable, "benchmarks/train_throughput.py", "--config=tiny", "--cases=tf_dlrm_amp,tf_dlrm_amp_split",
+         "--windows=1", "--window_steps=2", "--warmup_steps=1", "--num_batches=2"],
+        cwd=REPO, env=worker_env(), check=True, capture_output=True, text=True, timeout=600)
+    records = {r["case"]: r for r in map(json.loads, (line for line in completed.stdout.splitlines() if line.startswith("{")))}
+    assert records["tf_dlrm_amp_split"]["split_embedding_tables"] is True
+    assert records["tf_dlrm_amp"]["split_embedding_tables"] is False
+    assert records["tf_dlrm_amp_split"]["precision"] == "bf16" and records["tf_dlrm_amp_split"]["samples_per_s"]["median"] > 0
