@@ -9,7 +9,8 @@ model (ARCHITECTURE "Benchmark output"; ``impl`` names the model):
 - ``tf_dlrm_best``: ``main.py`` with the best optimizer flags of ``benchmarks/sweep_defaults.py`` (now the
   defaults) and ``--keep_best`` (:data:`BEST_FLAGS`);
 - ``tf_dlrm_dcnv2``, ``tf_dlrm_deepfm``, ``tf_dlrm_wide_deep``: ``main.py --model=...`` with default
-  flags otherwise (:data:`MODEL_FLAGS`); Wide & Deep reads a copy of the spec that crosses the first
+  flags otherwise (:data:`MODEL_FLAGS`; also ``tf_dlrm_amp`` = ``--amp`` and ``tf_dlrm_amp_split`` = ``--amp
+  --split_embedding_tables``); Wide & Deep reads a copy of the spec that crosses the first
   four categorical features in two pairs (:func:`crossed_spec`);
 - ``keras_adam``: the plain Keras DLRM of ``benchmarks/naive_dlrm.py`` (the same architecture:
   26-style per-feature ``keras.layers.Embedding``, dense stacks, dot interaction) with Adam on
@@ -46,7 +47,7 @@ BEST_FLAGS = ["--optimizer=adam", "--dense_learning_rate=0.001", "--embedding_op
 ARCHITECTURE = {"embedding_dim": 128, "bottom_mlp_dims": (512, 256, 128), "top_mlp_dims": (1024, 1024, 512, 256, 1)}
 MODEL_FLAGS = {"tf_dlrm_dcnv2": ["--model=dcnv2"], "tf_dlrm_deepfm": ["--model=deepfm"],
                "tf_dlrm_wide_deep": ["--model=wide_deep", "--feature_spec=feature_spec_crossed.yaml"],
-               "tf_dlrm_amp": ["--amp"]}
+               "tf_dlrm_amp": ["--amp"], "tf_dlrm_amp_split": ["--amp", "--split_embedding_tables"]}
 BASELINE_RATE = {"keras_adam": 0.001, "logistic_regression": 0.01}  # Adam's usual rate; LR has ~1 weight per id: 10x
 
 

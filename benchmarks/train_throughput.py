@@ -18,7 +18,10 @@ Prints one JSON object per case and line:
 The diagnostic case ``mlp_only_fp32`` (``"impl": "mlp_only"``, only when asked for) trains the two
 MLPs alone: no DLRM of the config can train faster. The cases ``tf_dlrm_adagrad``,
 ``tf_dlrm_rowwise_adagrad`` and ``tf_dlrm_lazy_adam`` change only the embedding optimizer; their
-``vs_tf_dlrm_sgd`` is the ratio to ``tf_dlrm_fp32`` (sparse SGD) in the same run.
+``vs_tf_dlrm_sgd`` is the ratio to ``tf_dlrm_fp32`` (sparse SGD) in the same run. The cases
+``tf_dlrm_amp_split`` (SGD) and ``tf_dlrm_amp_split_lazy_adam`` train under ``--amp`` with split bf16
+tables (``--split_embedding_tables``; ``"split_embedding_tables": true`` in their line): compare them
+with ``tf_dlrm_amp`` and ``tf_dlrm_amp_lazy_adam`` of the same run.
 """
 
 from __future__ import annotations
@@ -73,6 +76,11 @@ EXTRA_CASES = {"mlp_only_fp32": ("mlp_only", False, False)}
 # (MLPs still SGD), compared with ``tf_dlrm_fp32`` (sparse SGD) in the same run: ``vs_tf_dlrm_sgd``.
 EMBEDDING_OPTIMIZER_CASES = {"tf_dlrm_adagrad": "adagrad", "tf_dlrm_rowwise_adagrad": "rowwise_adagrad", "tf_dlrm_lazy_adam": "lazy_adam"}
 EXTRA_CASES.update({name: ("tf_dlrm", False, False) for name in EMBEDDING_OPTIMIZER_CASES})
+# Split bf16 tables (--split_embedding_tables, issue 14): --amp with the model-parallel tables stored as
+# bf16 upper + uint16 lower halves; compare with tf_dlrm_amp (and tf_dlrm_amp_lazy_adam) in the same run.
+SPLIT_CASES = {"tf_dlrm_amp_split", "tf_dlrm_amp_split_lazy_adam"}
+EMBEDDING_OPTIMIZER_CASES.update({"tf_dlrm_amp_lazy_adam": "lazy_adam", "tf_dlrm_amp_split_lazy_adam": "lazy_adam"})
+EXTRA_CASES.update({name: ("tf_dlrm", True, False) for name in ("tf_dlrm_amp_split", "tf_dlrm_amp_lazy_adam", "tf_dlrm_amp_split_lazy_adam")})
 ALL_CASES = {**CASES, **EXTRA_CASES}
 
 
@@ -139,7 +147,8 @@ class Case:
             elif self.impl == "mlp_only":
                 self.step, self.batches = self._mlp_only(config, spec, batches, learning_rate)
             else:
-                self.step, self.batches = self._tf_dlrm(config, spec, batches, learning_rate, seed, self.xla, self.embedding_optimizer)
+                self.step, self.batches = self._tf_dlrm(config, spec, batches, learning_rate, seed, self.xla, self.embedding_optimizer,
+                                                        split_tables=name in SPLIT_CASES)
         finally:
             keras.mixed_precision.set_global_policy("float32")
         self.batch_size = config.batch_size
@@ -189,7 +198,7 @@ class Case:
         return step, [(tf.constant(n), tf.constant(l)) for n, _, l in batches]
 
     @staticmethod
-    def _tf_dlrm(config, spec, batches, learning_rate, seed, xla, embedding_optimizer="sgd"):
+    def _tf_dlrm(config, spec, batches, learning_rate, seed, xla, embedding_optimizer="sgd", split_tables=False):
         import tensorflow as tf
 
         from tf_dlrm.distributed.env import DistributedEnv
@@ -200,7 +209,7 @@ class Case:
         env = DistributedEnv()
         model_config = builder.ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims)
         plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), env.world_size)
-        model = builder.build_model(spec, plan, model_config, env, seed)
+        model = builder.build_model(spec, plan, model_config, env, seed, split_embedding_tables=split_tables)
         optimizer = OptimizerConfig(LearningRateSchedule(learning_rate), embedding_optimizer=embedding_optimizer)
         trainer = Trainer(model, env, optimizer, jit_compile=xla)
         embedding = model.embedding
@@ -245,6 +254,7 @@ def records(cases: list[Case], config_name: str, extra: dict) -> list[dict]:
             "vs_naive_fp32": round(median / reference, 3) if reference else None,
             "case": case.name,
             "embedding_optimizer": getattr(case, "embedding_optimizer", "sgd") if case.impl == "tf_dlrm" else None,
+            "split_embedding_tables": case.name in SPLIT_CASES,
             "vs_tf_dlrm_sgd": round(median / sgd_median, 3) if sgd_median and case.impl == "tf_dlrm" else None,
             **extra,
         })

@@ -35,15 +35,16 @@ def launch(num_ranks: int, args: list[str], timeout: float = 600, check: bool = 
     return completed
 
 
-def launch_cases(world_size: int, worker: str, cases: list[dict], directory, timeout: float = 900) -> list[dict]:
+def launch_cases(world_size: int, worker: str, cases: list[dict], directory, timeout: float = 900,
+                 env: dict | None = None) -> list[dict]:
     """Runs ``worker`` (a script ending in :func:`tests.case_runs.run_cases_on_this_rank`) on
-    ``world_size`` ranks over ``cases``; returns every rank's records, rank by rank."""
+    ``world_size`` ranks over ``cases`` (``env``: extra environment); returns every rank's records, rank by rank."""
     import json
 
     cases_path = os.path.join(str(directory), "cases.json")
     with open(cases_path, "w") as handle:
         json.dump(cases, handle)
-    launch(world_size, [worker, cases_path, str(directory)], timeout=timeout)
+    launch(world_size, [worker, cases_path, str(directory)], timeout=timeout, env=env)
     records = []
     for rank in range(world_size):
         with open(os.path.join(str(directory), f"rank{rank}.json")) as handle:

@@ -56,6 +56,8 @@ class ShardingConfig:
     memory_per_rank: int = 0  # bytes of tables + optimizer state + hot rows a rank may hold; 0: no limit
     # --hot_row_sync_every: merge the hot-row replicas every this many steps (1: combined every step).
     hot_row_sync_every: int = 1
+    # Model-parallel tables stored as split bfloat16 halves (tf_dlrm.distributed.split_tables).
+    split_embedding_tables: bool = False
 
     def __post_init__(self):
         if not 0.0 <= self.hot_rows_budget <= 1.0:

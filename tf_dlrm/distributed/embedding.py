@@ -62,6 +62,7 @@ from tf_dlrm.distributed.packing import (
 )
 from tf_dlrm.distributed.plan import ShardingPlan
 from tf_dlrm.distributed.pooling import normalize_ids, pooled_lookup
+from tf_dlrm.distributed.split_tables import add_split_weight, check_split_options
 from tf_dlrm.config.embedding import as_feature_config, default_features, feature_tables
 from tf_dlrm.model.table_init import initial_table_blocks
 from tf_dlrm.model.variable_kind import SliceLayout, VariableKind, mark, set_layout
@@ -94,11 +95,13 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
             False keeps plain TensorFlow ops (the same values; benchmarks compare the two).
         hot_rows: ``{table index or name: sorted ids}`` of model-parallel tables replicated on every
             rank; only cold rows travel (:mod:`tf_dlrm.distributed.hot_row_layer`). One-hot features.
+        split_embedding_tables: model-parallel shards as split bf16 tables (:mod:`tf_dlrm.distributed.split_tables`:
+            its limits); looked up with TensorFlow ops (the embedding-bag kernel reads float32 only).
     """
 
     def __init__(self, plan, rank: int = 0, seed: int = 0, data_parallel_input: bool = False, features=None,
                  validate_ids: bool = True, deduplicate_exchange: bool = False, use_kernel: bool = True, hot_rows=None,
-                 **kwargs):
+                 split_embedding_tables: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
         table_names = [t.name for t in self.plan.tables]
@@ -155,6 +158,9 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
                                  f"{[len(w) for w in self.source_entry_widths]}, data_parallel_input={self.data_parallel_input}")
         self.shard_variables, self.replicated_variables = [], []
         self._init_hot_rows(hot_rows)
+        self.split_embedding_tables = bool(split_embedding_tables)
+        if self.split_embedding_tables:
+            check_split_options(self.compute_dtype, bool(self.hot_rows), self.deduplicate_exchange)
 
     # ------------------------------------------------------------------ weights
 
@@ -187,17 +193,17 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
     def _fused_variable(self, name: str, slices, kind: VariableKind, trainable: bool = True):
         offsets, total_rows = self._row_offsets([s.table for s in slices])
         width = slices[0].width if slices else 0
+        if self.split_embedding_tables and kind is VariableKind.SHARDED:
+            # Split bf16 halves are cut from the float32 values at once (tf_dlrm.distributed.split_tables).
+            values = self._initial_values((total_rows, width), slices, offsets)
+            return set_layout(mark(add_split_weight(self, name, values), kind), self._layout(slices, offsets)), offsets
         # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round
         # away. autocast=False: Keras would otherwise cast the whole table on every read.
         if _in_stateless_scope():
             # Keras builds the layer while tracing a symbolic call: variables are initialised later
             # from their initializer, so it must hold the values (a second copy while it runs).
             def initializer(shape, dtype):
-                values = np.empty(shape, np.float32)
-                for piece, offset in zip(slices, offsets):
-                    for start, block in self._initial_blocks(piece):
-                        values[int(offset) + start:int(offset) + start + block.shape[0]] = block
-                return tf.constant(values)
+                return tf.constant(self._initial_values(shape, slices, offsets))
             variable = self.add_weight(name=name, shape=(total_rows, width), dtype="float32", trainable=trainable,
                                        initializer=initializer, autocast=False)
         else:
@@ -218,6 +224,13 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
         spec = self.plan.tables[piece.table]
         return initial_table_blocks(self.seed, piece.table, spec.rows, spec.dim, piece.column_start, piece.column_end)
 
+    def _initial_values(self, shape, slices, offsets) -> np.ndarray:
+        values = np.empty(shape, np.float32)
+        for piece, offset in zip(slices, offsets):
+            for start, block in self._initial_blocks(piece):
+                values[int(offset) + start:int(offset) + start + block.shape[0]] = block
+        return values
+
     def _pools_with_kernel(self, slices, entries) -> bool:
         """Whether a fused variable is read through tf_dlrm's embedding-bag kernel
         (:mod:`tf_dlrm.distributed.embedding_bag`): when the library is loaded, the variable has a
@@ -228,7 +241,7 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
             return False
         if any(len(self.plan.table_slices(s.table)) > 1 for s in slices):
             return False
-        return self.use_kernel and bag_kernel() is not None
+        return self.use_kernel and bag_kernel() is not None and not self.split_embedding_tables
 
     def build(self, input_shape=None):
         self.group_offsets, self.replicated_offsets = [], []
@@ -253,7 +266,7 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
         self.kernel_checked_features = frozenset(
             f for f, feature in enumerate(self.features)
             if not feature.one_hot and len(self.plan.table_slices(self.feature_tables[f])) == 1 and self.use_kernel
-            and bag_kernel() is not None)
+            and bag_kernel() is not None and not self.split_embedding_tables)
         # One process with a multi-hot feature and no column-sliced table: every variable, the
         # one-hot features' included, is pooled by one kernel op writing feature order directly (no
         # per-width blocks, concat or permutation, forward or backward).
@@ -389,9 +402,9 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
         packed = []
         for variable, offsets, entries, kernel in zip(self.shard_variables, self.group_offsets, self.entries, self.group_kernel):
             if entries:
-                packed.append(pooled_lookup(
+                packed.append(self._shard_lookup(
                     variable, [(global_ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
-                    tf.as_dtype(offsets.dtype), kernel=kernel, checks=self._kernel_checks(entries)))
+                    tf.as_dtype(offsets.dtype), kernel, self._kernel_checks(entries)))
         if self.hot_tables and self.env.distributed:
             return tf.cast(self._hot_row_lookup(packed, global_ids, local_batch), self.compute_dtype)
         if self.deduplicate_exchange and self.env.distributed:
@@ -400,7 +413,7 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
             received = deduplicated_exchange(self.env, local_batch, mine, self.source_entry_widths, f"{self.name}_dedup")
             return tf.cast(received, self.compute_dtype)
         # Cast before the exchange: under mixed precision the alltoall carries half the bytes.
-        local_block = tf.cast(tf.concat(packed, axis=1), self.compute_dtype) if packed else None
+        local_block = tf.concat([tf.cast(p, self.compute_dtype) for p in packed], axis=1) if packed else None
         if not self.env.distributed:
             return local_block
         if local_block is None:
@@ -410,6 +423,10 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
         # Every source s sends this rank b rows of its width; b is the same for all sources.
         chunks = tf.split(received, [local_batch * w for w in self.send_widths], num=len(self.send_widths))
         return tf.concat([tf.reshape(c, [local_batch, w]) for c, w in zip(chunks, self.send_widths)], axis=1)
+
+    def _shard_lookup(self, variable, entries, index_dtype, kernel, checks) -> tf.Tensor:
+        # One owned variable's pooled lookup; the split-table tests' float32 reference truncates here.
+        return pooled_lookup(variable, entries, index_dtype, kernel=kernel, checks=checks)
 
     def _exchange(self, local_block: tf.Tensor, local_batch) -> tf.Tensor:
         """The embedding alltoall of ``local_block [B, W_r]`` (row block k to rank k), flattened."""
@@ -441,4 +458,5 @@ class DistributedEmbedding(FullTableAccess, HotRowReplicas, keras.layers.Layer):
             "deduplicate_exchange": self.deduplicate_exchange,
             "use_kernel": self.use_kernel,
             "hot_rows": {str(table): list(ids) for table, ids in self.hot_rows.items()},
+            "split_embedding_tables": self.split_embedding_tables,
         }

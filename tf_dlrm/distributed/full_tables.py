@@ -17,13 +17,14 @@ A mixin because it reads the layer's plan, fused variables and offsets, and noth
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import tensorflow as tf
 
-import dataclasses
-
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.packing import packing_groups
+from tf_dlrm.distributed.split_tables import gather_float32, read_float32, write_float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +79,9 @@ class FullTableAccess:
         state_of = state_of or (lambda variable: variable)
         if table in self.replicated:
             index, offset = self._replicated_place(table)
-            return state_of(self.replicated_variables[index])[offset:offset + rows].numpy() if self.env.is_chief else None
-        mine = [tf.reshape(state_of(self.shard_variables[i])[o:o + rows], [-1]) for i, o, _ in self._my_pieces(table)]
+            return read_float32(state_of(self.replicated_variables[index]), offset, offset + rows).numpy() if self.env.is_chief else None
+        # Split bf16 tables are read as their float32 values (both halves joined): checkpoints hold float32.
+        mine = [tf.reshape(read_float32(state_of(self.shard_variables[i]), o, o + rows), [-1]) for i, o, _ in self._my_pieces(table)]
         if self.env.distributed:
             # Everything goes to rank 0: an alltoall whose splits send all to rank 0 gathers to
             # the root. A rank holding none of this table sends one padding value (Horovod's
@@ -158,14 +160,13 @@ class FullTableAccess:
 
     def _piece_variable(self, piece: TablePiece, state_of=None):
         variable = (self.replicated_variables if piece.replicated else self.shard_variables)[piece.variable]
-        variable = (state_of or (lambda v: v))(variable)
-        return variable if isinstance(variable, tf.Variable) else variable.value
+        return (state_of or (lambda v: v))(variable)  # the marked variable: a split table reads float32
 
     def read_piece_rows(self, piece: TablePiece, start: int, stop: int, state_of=None, row_wise: bool = False) -> np.ndarray:
         """Rows ``[start, stop)`` of ``piece`` (``[n, width]``, or ``[n, 1]`` row-wise state), the
         hot-row replicas written over the owner's stale copies. Reads those rows only."""
         rows = tf.range(piece.offset + start, piece.offset + stop, dtype=tf.int64)
-        values = tf.gather(self._piece_variable(piece, state_of), rows).numpy()
+        values = gather_float32(self._piece_variable(piece, state_of), rows).numpy()
         if not piece.replicated and piece.table in getattr(self, "hot_index", {}):
             ids = np.asarray(self.hot_rows[piece.table], np.int64)
             inside = (ids >= start) & (ids < stop)
@@ -199,7 +200,4 @@ class FullTableAccess:
 
     @staticmethod
     def _assign_rows(variable, offset: int, values) -> None:
-        values = tf.convert_to_tensor(values, tf.float32)
-        indices = tf.range(offset, offset + values.shape[0], dtype=tf.int64)
-        target = variable if isinstance(variable, tf.Variable) else variable.value
-        target.scatter_update(tf.IndexedSlices(values, indices))
+        write_float32(variable, offset, values)  # split again for a split bf16 table

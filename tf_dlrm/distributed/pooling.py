@@ -116,16 +116,18 @@ def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType, ker
         vectors = gather_rows(variable, fused)  # [n, E, w]
         return tf.reshape(vectors, [-1, count * width])
     pooled = []
+    # A split bf16 table's rows are pooled in float32 (bf16 sums of many rows would lose bits).
+    pool_dtype = tf.float32
     for ids, offset, combiner in entries:
         if not isinstance(ids, tf.RaggedTensor):  # one-hot
-            pooled.append(gather_rows(variable, tf.cast(ids, index_dtype) + offset))
+            pooled.append(tf.cast(gather_rows(variable, tf.cast(ids, index_dtype) + offset), pool_dtype))
             continue
         # Per entry, not over the whole fused variable: one entry's distinct ids span one table,
         # so unique's hash map, the gathered rows and the gradient's scattered sums stay small
         # enough for the caches (fused over all tables of a width, each was 2-5x slower,
         # benchmarks/multi_hot_throughput.py), and the entries' ops run in parallel.
         unique, positions = tf.unique(tf.cast(ids.values, index_dtype) + offset, out_idx=tf.int32)
-        summed = tf.sparse.segment_sum(gather_rows(variable, unique), positions, tf.cast(ids.value_rowids(), tf.int32),
+        summed = tf.sparse.segment_sum(tf.cast(gather_rows(variable, unique), pool_dtype), positions, tf.cast(ids.value_rowids(), tf.int32),
                                        num_segments=batch_size(ids))
         scale = combiner_scale(ids, combiner)
         pooled.append(summed if scale is None else summed * scale[:, None])

@@ -15,7 +15,10 @@ model's attributes. Any model whose layers mark their variables trains with
   gradient is combined over ranks sparsely (touched rows only), then the sparse optimizer updates
   those rows identically everywhere (:mod:`tf_dlrm.distributed.hot_row_exchange`);
 - ``padding``: a non-trainable variable that a rank owning no slice differentiates only to keep
-  its backward collectives alive (never updated).
+  its backward collectives alive (never updated);
+- ``split_low``: the lower 16 bits of a split bfloat16 table (``--split_embedding_tables``), the
+  partner of a ``sharded`` bf16 variable that carries it (:mod:`tf_dlrm.distributed.split_tables`);
+  non-trainable, written only by the sparse update of its partner.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class VariableKind(str, enum.Enum):
     DENSE = "dense"
     PADDING = "padding"
     HOT = "hot"
+    SPLIT_LOW = "split_low"
 
 
 _ATTRIBUTE = "tf_dlrm_kind"

@@ -82,13 +82,14 @@ def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: in
 
 def build_model(
     spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, env: DistributedEnv, seed: int, data_parallel_input: bool = False,
-    deduplicate_exchange: bool = False, hot_rows: dict | None = None,
+    deduplicate_exchange: bool = False, hot_rows: dict | None = None, split_embedding_tables: bool = False,
 ) -> DLRM:
     """A built model of ``config.family`` (DLRM by default) whose embedding executes ``plan`` on ``env.rank``
     (dynamic tables: see :mod:`tf_dlrm.dynamic.builder`; the plan then only describes their sizes)."""
     from tf_dlrm.dynamic import builder as dynamic_builder
 
-    for flag, used in (("--deduplicate_exchange", deduplicate_exchange), ("--hot_rows_budget", bool(hot_rows))):
+    for flag, used in (("--deduplicate_exchange", deduplicate_exchange), ("--hot_rows_budget", bool(hot_rows)),
+                       ("--split_embedding_tables", split_embedding_tables)):
         if used and (config.family.model != "dlrm" or dynamic_builder.has_dynamic_tables(spec)):
             what = "dynamic tables" if config.family.model == "dlrm" else f"--model={config.family.model}"
             raise ValueError(f"{flag} is implemented for --model=dlrm with fixed tables only. Received: {what}")
@@ -108,7 +109,7 @@ def build_model(
         return model
     embedding = DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input,
                                      features=make_features(spec), deduplicate_exchange=deduplicate_exchange,
-                                     hot_rows=hot_rows, name="embedding")
+                                     hot_rows=hot_rows, split_embedding_tables=split_embedding_tables, name="embedding")
     model = DLRM(
         embedding,
         num_numerical=len(spec.numerical_features),

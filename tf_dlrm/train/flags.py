@@ -103,6 +103,9 @@ def define_flags() -> None:
                      "(and before evaluation, checkpoints and the end); 1: the gradients are combined every step (exact).")
     f.DEFINE_bool("deduplicate_exchange", False, "Send each rank one embedding row per distinct id of its samples (plus an "
                   "index per sample) instead of one per sample: fewer alltoall bytes when ids repeat (one-hot features).")
+    f.DEFINE_bool("split_embedding_tables", False, "Under --amp (bfloat16): store each model-parallel table's float32 "
+                  "weights as two 16-bit halves; lookups and the exchange read the bf16 upper half, the update joins "
+                  "both into float32 (the same memory as float32 tables, the same update).")
     f.DEFINE_string("save_checkpoint_path", None, "Directory to save checkpoints to.")
     f.DEFINE_string(
         "restore_checkpoint_path", None,
@@ -191,6 +194,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
             hot_rows_min_per_step=values.hot_rows_min_per_step,
             memory_per_rank=parse_bytes(values.memory_per_rank),
             hot_row_sync_every=values.hot_row_sync_every,
+            split_embedding_tables=values.split_embedding_tables,
         ),
         optimizer=OptimizerConfig(
             schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=family_rate(values, "dense_learning_rate"),

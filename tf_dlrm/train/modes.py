@@ -92,7 +92,8 @@ def open_session(config, started=None) -> Session:
                                        config.sharding.hot_row_sync_every)  # before any table exists
     model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input,
                                 deduplicate_exchange=config.sharding.deduplicate_exchange,
-                                hot_rows=hot_rows_setup.as_layer_option(hot))
+                                hot_rows=hot_rows_setup.as_layer_option(hot),
+                                split_embedding_tables=config.sharding.split_embedding_tables)
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla,
                       compress_dense_gradients=config.bf16_dense_allreduce,
                       hot_row_sync_every=config.sharding.hot_row_sync_every)
@@ -162,6 +163,7 @@ def run_train(config, stop=None) -> dict:
         memory_per_rank={"budget": config.sharding.memory_per_rank, "ranks": [dataclasses.asdict(m) | {"total": m.total}
                                                                              for m in session.memory]},
         hot_row_sync_every=config.sharding.hot_row_sync_every,
+        split_embedding_tables=config.sharding.split_embedding_tables,
     )
     paths = interaction_paths(session.model.interaction, config.xla)
     reporter.event("interaction", **paths)  # after the config event: a log's first line stays config

@@ -11,6 +11,9 @@
   allreduce every rank knows the rows touched anywhere in the global batch, which are exactly the
   rows one process would update (lazy Adam must not touch the others, even with a zero gradient).
 - Row-wise optimizers on column-sliced tables: see :meth:`SparseUpdater.row_mean_squares`.
+- Split bfloat16 shards (``--split_embedding_tables``): their bf16 gradient is taken to float32
+  before anything else, and each optimizer runs on the touched rows joined back into float32
+  (:mod:`tf_dlrm.optimizers.split_update`): the same update as a float32 table's.
 
 State variables are made here, one set per embedding variable and shaped like it
 (:meth:`SparseOptimizer.create_slots`), so whatever moves a shard can move its state.
@@ -24,9 +27,11 @@ import tensorflow as tf
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.embedding_bag import apply_sgd_to_distinct_rows, distinct_rows
 from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.distributed.split_tables import gather_float32, is_split
 from tf_dlrm.model.variable_kind import layout_of
-from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, deduplicate, gather, tf_variable
+from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, deduplicate, tf_variable
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD
+from tf_dlrm.optimizers.split_update import SplitTableUpdate, float32_gradient
 from tf_dlrm.train.table_optimizers import TableOptimizers
 
 
@@ -60,6 +65,12 @@ class SparseUpdater:
         self.replicated_slots = [self._create_slots(v, g) for v, g in zip(self.replicated, self.replicated_groups)]
         self.hot_groups = [self.groups.slice_groups(v) for v in self.hot]
         self.hot_slots = [self._create_slots(v, g) for v, g in zip(self.hot, self.hot_groups)]
+        # Split bf16 shards: scratch rows and state for their float32 update, by variable.
+        self.split_updates = {
+            id(v): SplitTableUpdate(v, [slot for state in slots.values() for slot in state.values()])
+            for v, slots in zip(self.shards, self.shard_slots) if is_split(v)}
+        if any(is_split(v) for v in self.replicated + self.hot):
+            raise ValueError("Only model-parallel (sharded) embedding variables may be split bfloat16 tables")
         # SGD without decay is linear in the gradient: repeated ids need not be summed first.
         self.plain_sgd = isinstance(optimizer, SparseSGD) and not self.weight_decay and not self.groups.overridden
         layouts = [layout_of(v) for v in self.shards + list(padding)]
@@ -129,7 +140,9 @@ class SparseUpdater:
             for variable, (rows, summed) in zip(self.hot, hot_gradients):
                 tf_variable(variable).scatter_sub(tf.IndexedSlices(summed * (learning_rate * scale), rows))
             for variable, gradient in zip(self.shards, shard_gradients):
-                if distinct_rows(variable):  # one row per thread, no lock held between rows
+                if id(variable) in self.split_updates:
+                    self.split_updates[id(variable)].apply_sgd_repeated(float32_gradient(gradient), learning_rate * scale)
+                elif distinct_rows(variable):  # one row per thread, no lock held between rows
                     apply_sgd_to_distinct_rows(variable, gradient, learning_rate * scale)
                 else:
                     SparseSGD.apply_repeated(variable, gradient, learning_rate * scale)
@@ -138,6 +151,7 @@ class SparseUpdater:
             return
         updates = []  # (variable, slots, layout, rows, summed gradient, position of each entry)
         for variable, slots, gradient in zip(self.shards, self.shard_slots, shard_gradients):
+            gradient = float32_gradient(gradient) if id(variable) in self.split_updates else gradient
             if distinct_rows(variable):
                 # Summed per distinct row by the embedding-bag kernel's gradient already. No
                 # position: such a variable holds no slice of a column-sliced table (the layer checks),
@@ -155,14 +169,14 @@ class SparseUpdater:
             # Whole rows (no layout): row-wise state needs no exchange.
             updates.append((variable, slots, None, rows, summed * scale if self.env.world_size > 1 else summed, None))
         if self.weight_decay:
-            updates = [(v, s, lay, rows, g + self.weight_decay * gather(v, rows), p) for v, s, lay, rows, g, p in updates]
+            updates = [(v, s, lay, rows, g + self.weight_decay * gather_float32(v, rows), p) for v, s, lay, rows, g, p in updates]
         means = self.row_mean_squares(updates, global_batch) if self.row_wise else [None] * len(updates)
         for (variable, slots, layout, rows, gradient, _), mean, slice_groups in zip(updates, means, groups):
             if len(slots) == 1:  # every table of the variable has one optimizer
                 group = next(iter(slots))
                 optimizer, rate_scale = self.groups.choices[group]
                 rate = learning_rate if rate_scale == 1.0 else learning_rate * rate_scale
-                optimizer.apply(variable, slots[group], rows, gradient, rate, step, row_mean_squares=mean)
+                self._apply(optimizer, variable, slots[group], rows, gradient, rate, step, mean)
                 continue
             # Rows of tables trained by different optimizers: each optimizer updates its own rows.
             row_groups = tf.gather(tf.constant(slice_groups), self._slice_of_rows(layout_of(variable), rows))
@@ -170,8 +184,15 @@ class SparseUpdater:
                 optimizer, rate_scale = self.groups.choices[group]
                 mine = tf.equal(row_groups, group)
                 part_mean = tf.boolean_mask(mean, mine) if mean is not None else None
-                optimizer.apply(variable, state, tf.boolean_mask(rows, mine), tf.boolean_mask(gradient, mine),
-                                learning_rate * rate_scale, step, row_mean_squares=part_mean)
+                self._apply(optimizer, variable, state, tf.boolean_mask(rows, mine), tf.boolean_mask(gradient, mine),
+                            learning_rate * rate_scale, step, part_mean)
+
+    def _apply(self, optimizer, variable, slots, rows, gradient, rate, step, mean) -> None:
+        split = self.split_updates.get(id(variable))
+        if split is None:
+            optimizer.apply(variable, slots, rows, gradient, rate, step, row_mean_squares=mean)
+        else:
+            split.apply(optimizer, slots, rows, gradient, rate, step, row_mean_squares=mean)
 
     def row_mean_squares(self, updates, global_batch) -> list[tf.Tensor]:
         """Each touched row's mean squared gradient over its whole width, for row-wise state.

@@ -1,0 +1,77 @@
+"""Resident memory of one large embedding table, float32 vs split bf16 (``--split_embedding_tables``).
+
+Each form is built in its own process (``--form=float32|split``), under ``mixed_bfloat16``, as one
+model-parallel table of ``--rows`` x ``--dim`` in a one-process :class:`DistributedEmbedding`; the
+process looks up one batch (so the tables are really materialised), drops what Python holds of the
+initial values, and prints one JSON line: the bytes of the table variables (both halves of a split
+table) and the process's resident set size (``VmRSS``) before building and after the lookup.
+
+    python benchmarks/split_table_memory.py --rows=2000000 --dim=64
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def measure(form: str, rows: int, dim: int) -> dict:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_dlrm.distributed.embedding import DistributedEmbedding
+    from tf_dlrm.distributed.plan import TableSpec
+    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.distributed.split_tables import table_bytes
+
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    plan = make_plan([TableSpec("big", rows, dim)], 1, "table_wise", data_parallel_threshold=0)
+    ids = tf.constant(np.random.default_rng(0).integers(0, rows, 4096), tf.int32)
+    tf.reduce_sum(tf.gather(tf.zeros([8, dim]), [0]))  # TensorFlow's own start-up allocations first
+    gc.collect()
+    before = rss_bytes()
+    layer = DistributedEmbedding(plan, seed=1, split_embedding_tables=form == "split")
+    pooled = layer((ids,))
+    float(tf.reduce_sum(tf.cast(pooled, tf.float32)))
+    gc.collect()
+    after = rss_bytes()
+    variables = [v for v in layer.weights if v.trainable]
+    return {"benchmark": "split_table_memory", "form": form, "rows": rows, "dim": dim,
+            "variables": {v.path: str(v.dtype) for v in layer.weights},
+            "table_bytes": table_bytes(variables), "float32_bytes": rows * dim * 4,
+            "rss_before": before, "rss_after": after, "rss_growth": after - before}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--form", choices=["float32", "split"], default=None, help="measure one form in this process")
+    args = parser.parse_args()
+    if args.form:
+        print(json.dumps(measure(args.form, args.rows, args.dim)), flush=True)
+        return
+    for form in ("float32", "split"):
+        completed = subprocess.run([sys.executable, __file__, f"--form={form}", f"--rows={args.rows}", f"--dim={args.dim}"],
+                                   capture_output=True, text=True, check=True)
+        print(completed.stdout.strip().splitlines()[-1], flush=True)
+
+
+if __name__ == "__main__":
+    main()
