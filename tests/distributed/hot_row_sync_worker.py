@@ -19,7 +19,6 @@ rank writes one record per case to ``OUT_DIR/rank<r>.json``. Cases (``kind``):
 
 from __future__ import annotations
 
-import glob
 import os
 
 import numpy as np
@@ -139,6 +138,8 @@ def state_merge(case, env):
 def checkpoint(case, env):
     from tests.train.checkpoint_worker import parse
     from tf_dlrm.train import builder, modes
+    from tf_dlrm.train.checkpoint_slices import read_table
+    from tf_dlrm.train.checkpoint_store import read_manifest
 
     from tf_dlrm.feature_spec import FeatureSpec
     from tf_dlrm.train.reporting import Reporter
@@ -157,9 +158,9 @@ def checkpoint(case, env):
     pending = int(trainer.hot_sync.steps_since_merge.numpy())
     path = session.checkpointer.save(case["steps"])
     saved_vs_replica = 0.0
+    manifest = read_manifest(path)
     for table, index in embedding.hot_index.items():
-        (file,) = glob.glob(os.path.join(path, "tables", f"table_{table:03d}.npy"))
-        saved = np.load(file)[np.asarray(embedding.hot_rows[table])]
+        saved = read_table(path, manifest["tables"][table])[np.asarray(embedding.hot_rows[table])]
         saved_vs_replica = max(saved_vs_replica, float(np.abs(saved - trainer.hot[index].numpy()).max()))
     return {"drift_before_save": drift, "pending_steps_before_save": pending, "saved_vs_replica": saved_vs_replica,
             "hot_tables": len(embedding.hot_index), "steps_since_merge": int(trainer.hot_sync.steps_since_merge.numpy()),

@@ -7,7 +7,7 @@ Usage: ``[horovodrun -np N] python tests/train/split_checkpoint_worker.py DATA O
 3. restores each checkpoint into both forms and gathers the full float32 tables (joined halves).
 
 Rank 0 writes ``OUT_DIR/results.json``: for each (checkpoint, form) whether the restored tables equal
-the checkpoint's ``tables/table_XXX.npy`` bit for bit, and the dtypes of the shard variables.
+the checkpoint's tables (their saved slices joined) bit for bit, and the dtypes of the shard variables.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ def restored_tables(data: str, split: bool, checkpoint: str) -> dict:
     tables = [embedding.get_full_table(t) for t in range(len(embedding.plan.tables))]  # collective
     record = {"shard_dtypes": sorted({str(v.dtype) for v in embedding.shard_variables})}
     if session.env.is_chief:
-        saved = [np.load(path) for path in sorted(glob.glob(os.path.join(checkpoint, "tables", "table_*.npy")))]
+        from tf_dlrm.train.checkpoint_slices import read_table
+        from tf_dlrm.train.checkpoint_store import read_manifest
+
+        saved = [read_table(checkpoint, entry) for entry in read_manifest(checkpoint)["tables"]]
         record["tables"] = len(saved)
         record["equal_bits"] = len(saved) == len(tables) and all(
             a.dtype == b.dtype == np.float32 and np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(tables, saved))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from checkpoint_runs import EVERY, STEPS, ckpt, single, straight, table_wise
-from tf_dlrm.train import checkpoint, checkpoint_store
+from tf_dlrm.train import checkpoint, checkpoint_slices, checkpoint_store
 
 pytestmark = pytest.mark.multirank
 
@@ -63,6 +63,7 @@ def test_tables_are_saved_as_the_owners_slices(tmp_path_factory):
     parts = [np.load(os.path.join(directory, s["file"]), allow_pickle=False) for s in entry["slices"]]
     assert [p.shape for p in parts] == [(5000, 4), (5000, 4)]
     saved = np.concatenate(parts, axis=1)
+    np.testing.assert_array_equal(checkpoint_slices.read_table(directory, entry), saved)
     initial = initial_table_slice(7, 7, 5000, 8)
     # Training touched few rows: most rows still equal the (sharding-independent) initial table.
     assert np.mean(np.all(saved == initial, axis=1)) > 0.5

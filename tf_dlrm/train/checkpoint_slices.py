@@ -189,6 +189,14 @@ def read_columns(slices, start: int, stop: int, column_start: int, column_end: i
     return out
 
 
+def read_table(directory: str, entry: dict, row_wise: bool = False) -> np.ndarray:
+    """One whole table (or optimizer state) of a checkpoint's manifest entry, its slices joined: for
+    inspecting a checkpoint in one process (it must fit in memory)."""
+    rows, dim = int(entry["rows"]), int(entry["dim"])
+    slices = open_slices(directory, entry, rows, dim, row_wise)
+    return read_columns(slices, 0, rows, 0, slices[-1][1])
+
+
 def read_rows_by_id(slices, ids: np.ndarray) -> np.ndarray:
     """Whole rows ``ids`` of a table saved as ``slices`` (the hot-row replicas)."""
     return np.concatenate([saved.read_ids(ids) for _, _, saved in slices], axis=1) if ids.size else \
