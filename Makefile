@@ -27,7 +27,7 @@ demo: install
 
 # The whole suite, Spark engine tests included (installs PySpark into the venv).
 test: install-spark
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q --durations=25 tests
 
 test-fast: install
 	$(PYTHON) -m pytest -q tests -m "not multirank"
