@@ -73,7 +73,7 @@ class HotRowSync:
                         for i, v in enumerate(self.replicas)]
         self.steps_since_merge = tf.Variable(0, dtype=tf.int64, trainable=False, name="hot_sync_steps_since_merge")
         self.merges = tf.Variable(0, dtype=tf.int64, trainable=False, name="hot_sync_merges")
-        self._merge_function = tf.function(self._merge_all)
+        self._merge_function = tf.function(self._merge_all, autograph=False)
 
     def _parts(self, index: int) -> list:
         """The replica ``index`` and its state variables: what a merge combines."""

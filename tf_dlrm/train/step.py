@@ -144,11 +144,11 @@ class Trainer:
         # collectives instead of one fused round, which measured slower over Gloo's loopback (README).
         # float32 gradients are never rounded to bfloat16 on the wire: only mixed_bfloat16's are.
         self.compress_dense_gradients = bool(compress_dense_gradients) and env.distributed and model.compute_dtype == "bfloat16"
-        self.train_step = tf.function(self._train_step, reduce_retracing=True)
-        self.predict_step = tf.function(self._predict_step, reduce_retracing=True)
+        self.train_step = tf.function(self._train_step, reduce_retracing=True, autograph=False)
+        self.predict_step = tf.function(self._predict_step, reduce_retracing=True, autograph=False)
         if self.jit_compile:
             prefer_legacy_xla_cpu_runtime()
-            self._dense_gradients = tf.function(self._dense_loss_and_gradients, jit_compile=True, reduce_retracing=True)
+            self._dense_gradients = tf.function(self._dense_loss_and_gradients, jit_compile=True, reduce_retracing=True, autograph=False)
 
     def make_hot_row_sync(self, every: int) -> HotRowSync | None:
         """The merges of this trainer's hot-row replicas every ``every`` steps (None: no replicas).
