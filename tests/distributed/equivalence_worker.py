@@ -15,7 +15,10 @@ For each case every rank writes the largest differences it saw into ``OUT_DIR/ra
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import sys
 
 import numpy as np
 
@@ -40,25 +43,39 @@ def table_widths(case):
     return case.get("widths") or [case["dim"]] * len(case["cardinalities"])
 
 
-def make_models(case, env):
+def model_kwargs(case):
+    widths = table_widths(case)
+    return dict(num_numerical=NUM_NUMERICAL, bottom_mlp_dims=[8, widths[0]], top_mlp_dims=[8, 4, 1], seed=case["seed"],
+                interaction=case.get("interaction", "dot"))
+
+
+def make_model(case, env):
     widths = table_widths(case)
     tables = [TableSpec(f"t{i}", rows, width) for i, (rows, width) in enumerate(zip(case["cardinalities"], widths))]
     plan = make_plan(
         tables, env.world_size, case["strategy"], data_parallel_threshold=case["data_parallel_threshold"],
         column_slice_threshold=case.get("column_slice_threshold"),
     )
-    interaction = case.get("interaction", "dot")
-    kwargs = dict(num_numerical=NUM_NUMERICAL, bottom_mlp_dims=[8, widths[0]], top_mlp_dims=[8, 4, 1], seed=case["seed"],
-                  interaction=interaction)
-    features = case.get("features")
     embedding = DistributedEmbedding(plan, rank=env.rank, seed=case["seed"], data_parallel_input=case["data_parallel_input"],
-                                     features=features, deduplicate_exchange=case.get("deduplicate_exchange", False),
+                                     features=case.get("features"), deduplicate_exchange=case.get("deduplicate_exchange", False),
                                      hot_rows={t: case["hot_ids"] for t in plan.model_parallel} if case.get("hot_ids") else None)
-    model = DLRM(embedding, **kwargs)
+    model = DLRM(embedding, **model_kwargs(case))
     model(local_inputs(make_batches(case, 1)[0], embedding, env)[:2])
-    reference = DLRM(EmbeddingBank(case["cardinalities"], widths, seed=case["seed"], features=features), **kwargs)
+    return plan, model
+
+
+def make_models(case, env):
+    """The distributed model of ``case`` on this rank and its one-process reference, side by side."""
+    plan, model = make_model(case, env)
+    return plan, model, make_reference(case)
+
+
+def make_reference(case):
+    widths = table_widths(case)
+    reference = DLRM(EmbeddingBank(case["cardinalities"], widths, seed=case["seed"], features=case.get("features")),
+                     **model_kwargs(case))
     reference(reference_inputs(make_batches(case, 1)[0])[:2])
-    return plan, model, reference
+    return reference
 
 
 def feature_list(case):
@@ -127,75 +144,122 @@ def worst(first, second):
     return {k: max(first[k], second[k]) for k in first}
 
 
-def gathered_tables_diff(model, reference, plan):
-    result = {"abs": 0.0, "rel": 0.0}
-    for table in range(len(plan.tables)):
-        full = model.embedding.get_full_table(table)
-        if full is not None:
-            result = worst(result, max_differences(full, reference.embedding.get_full_table(table)))
-    return result
-
-
-def embedding_state_diff(model, trainer, reference, reference_trainer, plan):
-    """Every slot of every table, gathered in full-table layout (collective), vs the reference's."""
-    result = {"abs": 0.0, "rel": 0.0}
-    for name in trainer.sparse.slot_names:
-        for table in range(len(plan.tables)):
-            full = model.embedding.get_full_table(table, lambda v: trainer.sparse.slot(v, name), trainer.sparse.row_wise)
-            expected = reference.embedding.get_full_table(table, lambda v: reference_trainer.sparse.slot(v, name))
-            if full is not None:
-                result = worst(result, max_differences(full, expected))
-    return result
-
-
-def run_case(case, env):
-    FLOOR["value"] = case.get("magnitude_floor", 1e-3)
-    plan, model, reference = make_models(case, env)
-    config = OptimizerConfig(
+def optimizer_config(case):
+    return OptimizerConfig(
         LearningRateSchedule(case["learning_rate"], warmup_steps=case.get("warmup_steps", 0)),
         optimizer=case.get("optimizer", "sgd"), embedding_optimizer=case.get("embedding_optimizer", "sgd"),
         dense_learning_rate=case.get("dense_learning_rate", 0.0), embedding_weight_decay=case.get("embedding_weight_decay", 0.0),
         dense_weight_decay=case.get("dense_weight_decay", 0.0), adam_epsilon=case.get("adam_epsilon", 1e-8),
     )
-    trainer = Trainer(model, env, config)
-    trainer.broadcast_initial_state()
-    reference_trainer = Trainer(reference, DistributedEnv(), config)
+
+
+def compute_reference(case) -> dict[str, np.ndarray]:
+    """The one-process run of ``case``: what every world size is compared with, as named arrays."""
+    reference = make_reference(case)
+    trainer = Trainer(reference, DistributedEnv(), optimizer_config(case))
     batches = make_batches(case, case["steps"] + 1)
-    initial = [reference.embedding.get_full_table(t) for t in range(len(plan.tables))]
+    tables = range(len(case["cardinalities"]))
+    arrays = {f"initial_{t}": reference.embedding.get_full_table(t) for t in tables}
+    numerical, categorical, _ = reference_inputs(batches[0])
+    arrays["logits"] = reference((numerical, categorical)).numpy()
+    arrays["pooled"] = reference.embedding(categorical).numpy()
+    for batch in batches[1:]:
+        trainer.train_step(*reference_inputs(batch))
+    arrays.update({f"table_{t}": reference.embedding.get_full_table(t) for t in tables})
+    arrays.update({f"mlp_{i}": v.numpy() for i, v in enumerate(trainer.mlp)})
+    for name in trainer.sparse.slot_names:
+        arrays.update({f"state_{name}_{t}": reference.embedding.get_full_table(t, lambda v: trainer.sparse.slot(v, name))
+                       for t in tables})
+    arrays.update({f"dense_{i}": v.numpy() for i, v in enumerate(trainer.dense_optimizer.variables)})
+    return arrays
+
+
+def reference_path(case, directory) -> str:
+    key = hashlib.sha256(json.dumps(case, sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(directory, f"{case['name']}-{key}.npz")
+
+
+def write_references(cases_path, directory) -> None:
+    """``python equivalence_worker.py --reference CASES_JSON DIR``: the one-process run of every case
+    not yet in ``DIR``. It does not depend on N, so one process computes it for every world size
+    (each of N oversubscribed ranks computing it again was most of a launch's time)."""
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    os.makedirs(directory, exist_ok=True)
+    with open(cases_path) as handle:
+        for case in json.load(handle):
+            path = reference_path(case, directory)
+            if not os.path.exists(path):
+                partial = f"{path}.{os.getpid()}.npz"
+                np.savez(partial, **compute_reference(case))
+                os.replace(partial, path)
+
+
+def reference_of(case, directory) -> dict[str, np.ndarray]:
+    with np.load(reference_path(case, directory)) as data:
+        return {name: data[name] for name in data.files}
+
+
+def gathered_tables_diff(model, expected, prefix):
+    result = {"abs": 0.0, "rel": 0.0}
+    for table in range(len(model.embedding.plan.tables)):
+        full = model.embedding.get_full_table(table)
+        if full is not None:
+            result = worst(result, max_differences(full, expected[f"{prefix}_{table}"]))
+    return result
+
+
+def embedding_state_diff(model, trainer, expected):
+    """Every slot of every table, gathered in full-table layout (collective), vs the reference's."""
+    result = {"abs": 0.0, "rel": 0.0}
+    for name in trainer.sparse.slot_names:
+        for table in range(len(model.embedding.plan.tables)):
+            full = model.embedding.get_full_table(table, lambda v: trainer.sparse.slot(v, name), trainer.sparse.row_wise)
+            if full is not None:
+                result = worst(result, max_differences(full, expected[f"state_{name}_{table}"]))
+    return result
+
+
+def list_diff(mine, expected, prefix):
+    result = {"abs": 0.0, "rel": 0.0}
+    for i, variable in enumerate(mine):
+        result = worst(result, max_differences(variable.numpy(), expected[f"{prefix}_{i}"]))
+    return result
+
+
+def run_case(case, env):
+    FLOOR["value"] = case.get("magnitude_floor", 1e-3)
+    expected = reference_of(case, os.environ["EQUIVALENCE_REFERENCE_DIR"])
+    plan, model = make_model(case, env)
+    trainer = Trainer(model, env, optimizer_config(case))
+    trainer.broadcast_initial_state()
+    batches = make_batches(case, case["steps"] + 1)
     record = {"case": case["name"], "rank": env.rank, "rank_slices": [str(s) for s in plan.rank_slices[env.rank]]}
-    record["initial_tables"] = gathered_tables_diff(model, reference, plan)
+    record["initial_tables"] = gathered_tables_diff(model, expected, "initial")
 
     numerical, categorical, _ = local_inputs(batches[0], model.embedding, env)
     logits = collectives.allgather(env, model((numerical, categorical)))
-    reference_numerical, reference_categorical, _ = reference_inputs(batches[0])
-    expected = reference((reference_numerical, reference_categorical))
-    record["forward"] = max_differences(logits.numpy(), expected.numpy())
+    record["forward"] = max_differences(logits.numpy(), expected["logits"])
     pooled = collectives.allgather(env, model.embedding(categorical, local_batch=numerical.shape[0]))
-    record["pooled"] = max_differences(pooled.numpy(), reference.embedding(reference_categorical).numpy())
+    record["pooled"] = max_differences(pooled.numpy(), expected["pooled"])
 
     for batch in batches[1:]:
         trainer.train_step(*local_inputs(batch, model.embedding, env))
-        reference_trainer.train_step(*reference_inputs(batch))
-    record["tables"] = gathered_tables_diff(model, reference, plan)
-    mlp = {"abs": 0.0, "rel": 0.0}
-    for mine, theirs in zip(trainer.mlp, reference_trainer.mlp):
-        mlp = worst(mlp, max_differences(mine.numpy(), theirs.numpy()))
-    record["mlp"] = mlp
-    record["embedding_state"] = embedding_state_diff(model, trainer, reference, reference_trainer, plan)
-    dense_state = {"abs": 0.0, "rel": 0.0}
-    for mine, theirs in zip(trainer.dense_optimizer.variables, reference_trainer.dense_optimizer.variables):
-        dense_state = worst(dense_state, max_differences(mine.numpy(), theirs.numpy()))
-    record["dense_state"] = dense_state
+    record["tables"] = gathered_tables_diff(model, expected, "table")
+    record["mlp"] = list_diff(trainer.mlp, expected, "mlp")
+    record["embedding_state"] = embedding_state_diff(model, trainer, expected)
+    record["dense_state"] = list_diff(trainer.dense_optimizer.variables, expected, "dense")
     record["state_slots"] = list(trainer.sparse.slot_names)
     record["hot_variables"] = len(trainer.hot)
     # The weights must have moved, or a no-op update would "match" too.
-    record["tables_moved"] = max(
-        float(np.abs(reference.embedding.get_full_table(t) - initial[t]).max()) for t in range(len(plan.tables))
-    )
+    tables = range(len(plan.tables))
+    record["tables_moved"] = max(float(np.abs(expected[f"table_{t}"] - expected[f"initial_{t}"]).max()) for t in tables)
     return record
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1] == "--reference":
+    write_references(sys.argv[2], sys.argv[3])
+elif __name__ == "__main__":
     from tests.case_runs import run_cases_on_this_rank
 
     run_cases_on_this_rank(run_case, inter_op_threads=int(os.environ.get("EQ_INTER", "1")))

@@ -15,10 +15,11 @@ of order 1, hence 1e-6 absolute).
 
 from __future__ import annotations
 
+import json
 
 import pytest
 
-from conftest import launch_cases
+from conftest import launch_cases, run_python
 
 BASE = {"seed": 3, "global_batch": 24, "steps": 3, "learning_rate": 0.1, "data_parallel_threshold": 100}
 CASES = [
@@ -107,14 +108,29 @@ CASES += [
 ]
 CASE_BY_NAME = {c["name"]: c for c in CASES}
 WORLD_SIZES = (2, 3, 4)
+WORKER = "tests/distributed/equivalence_worker.py"
 _results: dict[int, list[dict]] = {}
+_references: dict[str, str] = {}
 
 
 def results_for(world_size: int, tmp_path_factory) -> list[dict]:
+    """Every rank's records at ``world_size``; the one-process references are computed once (one
+    process, ``equivalence_worker.py --reference``) and read by every rank of every world size."""
     if world_size not in _results:
+        references = references_dir(tmp_path_factory)
         directory = tmp_path_factory.mktemp(f"equivalence_np{world_size}")
-        _results[world_size] = launch_cases(world_size, "tests/distributed/equivalence_worker.py", CASES, directory)
+        _results[world_size] = launch_cases(world_size, WORKER, CASES, directory, env={"EQUIVALENCE_REFERENCE_DIR": references})
     return _results[world_size]
+
+
+def references_dir(tmp_path_factory) -> str:
+    if "references" not in _references:
+        directory = tmp_path_factory.mktemp("equivalence_reference")
+        cases_path = directory / "cases.json"
+        cases_path.write_text(json.dumps(CASES))
+        run_python([WORKER, "--reference", str(cases_path), str(directory)], timeout=900)
+        _references["references"] = str(directory)
+    return _references["references"]
 
 
 @pytest.mark.multirank

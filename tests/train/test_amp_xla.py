@@ -304,7 +304,8 @@ def worker(cases_path: str, out_dir: str) -> None:
             moved = _reference_weights(reference, len(plan.tables))
             paths = [p + float(np.abs(after - before).max(initial=0.0)) for p, after, before in zip(paths, moved, reference_weights)]
             reference_weights = moved
-        record["tables"] = equivalence.gathered_tables_diff(model, reference, plan)
+        record["tables"] = equivalence.gathered_tables_diff(
+            model, {f"table_{t}": reference.embedding.get_full_table(t) for t in range(len(plan.tables))}, "table")
         tables = [model.embedding.get_full_table(t) for t in range(len(plan.tables))]
         if env.is_chief:
             record["tables_vs_path"] = max(relative_to_path(mine, theirs, path) for mine, theirs, path
