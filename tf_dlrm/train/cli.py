@@ -66,8 +66,8 @@ def _exit_now(code: int) -> None:
 
     Freeing that iterator (when the exception's traceback is freed, during ``sys.exit``) joins the
     parallel-map threads while holding the GIL, and a reader thread inside its ``numpy_function``
-    waits for the GIL: the process hung after printing its error, about one run in fifty on two
-    busy cores (gdb: the main thread in ``ParallelMapDatasetOp::Dataset::Iterator::~Iterator``).
+    waits for the GIL: the process hung after printing its error (here once in 12 runs alone, and in
+    the 17th round of three runs at once) (gdb: the main thread in ``ParallelMapDatasetOp::Dataset::Iterator::~Iterator``).
     Everything this process reports is already flushed line by line (``Reporter``), so nothing
     is lost by skipping the interpreter's teardown.
     """
