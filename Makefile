@@ -4,6 +4,8 @@ VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 DEMO_DIR ?= data/demo
 DEMO_RANKS ?= 2
+# `make test` runs the suite in this many pytest-xdist workers (each test file is one unit; see tests/conftest.py).
+TEST_WORKERS ?= 2
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: install install-spark demo test test-fast bench clean
@@ -27,7 +29,7 @@ demo: install
 
 # The whole suite, Spark engine tests included (installs PySpark into the venv).
 test: install-spark
-	$(PYTHON) -m pytest -q --durations=25 tests
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 test-fast: install
 	$(PYTHON) -m pytest -q tests -m "not multirank"

@@ -75,3 +75,49 @@ def make_synthetic_small(directory, seed: int, num_train: int = 200_000, num_val
 @pytest.fixture
 def horovodrun():
     return launch
+
+
+
+# Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) a test file is one unit of work, so
+# module- and session-level caches (a launch whose records many tests read) run once, not once per
+# worker; the files below share `tests/train/checkpoint_runs.py`'s cached launches and form one unit.
+SHARED_RUN_FILES = {"tests/train/" + name for name in (
+    "test_checkpoint.py", "test_export.py", "test_modes.py", "test_resume.py", "test_model_family_runs.py")}
+# Slowest first (from `pytest --durations=0` on the 2-core CI machine's kind), so that the last unit
+# a worker picks up is a short one and the two workers end together.
+SLOWEST_UNITS = (
+    "tests/distributed/test_equivalence.py", "tests/train/test_main_training.py",
+    "tests/distributed/test_split_tables.py", "checkpoint_runs", "tests/dynamic/test_dynamic_main_checkpoint.py",
+    "tests/dynamic/test_dynamic_equivalence.py", "tests/train/test_amp_xla.py", "tests/distributed/test_hot_row_sync.py",
+    "tests/distributed/test_model_family_equivalence.py", "tests/test_dockerfile.py", "tests/bad_inputs/test_bad_inputs.py",
+    "tests/embedding/test_two_layers.py", "tests/train/test_table_larger_than_a_process.py",
+    "tests/dynamic/test_dynamic_main.py", "tests/train/test_multi_hot_training.py", "tests/bad_inputs/test_resilient.py",
+    "tests/benchmarks/test_benchmarks_smoke.py", "tests/dynamic/test_dynamic_checkpoint.py",
+    "tests/benchmarks/test_step_breakdown.py", "tests/bad_inputs/test_signals.py",
+    "tests/distributed/test_dedup_exchange.py", "tests/bad_inputs/test_checkpoint_safety.py",
+)
+
+
+def work_unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "checkpoint_runs" if path in SHARED_RUN_FILES else path
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {unit: position for position, unit in enumerate(SLOWEST_UNITS)}
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable: file order kept in a unit
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with :func:`work_unit` as the unit, in collection order (slowest first)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the slowest-first order of the collection
+    return WorkUnitScheduling(config, log)
