@@ -18,8 +18,10 @@ byte per sample; ``numerical.bin`` all numerical features of a sample side by si
 one ``cat_<i>.bin`` per categorical feature, in the smallest integer type that holds its ids, with
 ``hotness`` ids per sample side by side (a fixed count; there is no pad id).
 
-Loading never executes code (``yaml.safe_load``); every validation error is a
-:class:`FeatureSpecError` whose message names the spec file, the key, the feature and the data file.
+Loading never executes code (``yaml.safe_load``); every validation error
+(:mod:`tf_dlrm.feature_spec_validation`) is a :class:`FeatureSpecError` whose message names the spec
+file, the key, the feature and the data file. The format's names (channels, chunk types, splits,
+dtypes) live in :mod:`tf_dlrm.feature_spec_format` and are importable from here too.
 """
 
 from __future__ import annotations
@@ -33,43 +35,31 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import yaml
 
-from tf_dlrm.dynamic import spec as dynamic_spec
-
-LABEL_CHANNEL = "label"
-NUMERICAL_CHANNEL = "numerical"
-CATEGORICAL_CHANNEL = "categorical"
-CHANNELS = (LABEL_CHANNEL, NUMERICAL_CHANNEL, CATEGORICAL_CHANNEL)
-
-SPLIT_BINARY = "split_binary"
-CSV = "csv"
-CHUNK_TYPES = (SPLIT_BINARY, CSV)
-# Optional chunk keys; `header`, `delimiter` and `encode` (raw categorical values -> keys, see
-# tf_dlrm.data.transcode) only mean something for csv chunks.
-CHUNK_KEYS = ("type", "features", "files", "header", "delimiter", "encode", "transform")
-
-COMBINERS = ("sum", "mean", "sqrtn")
-SUPPORTED_DTYPES = ("bool", "float16", "float32", "int8", "int16", "int32", "int64")
-INTEGER_DTYPES = ("int8", "int16", "int32", "int64")
-FLOAT_DTYPES = ("float16", "float32")
-
-TRAIN_SPLIT = "train"
-TEST_SPLIT = "test"
-
-
-class FeatureSpecError(ValueError):
-    """A feature spec, or the data files it names, is not valid."""
-
-
-def categorical_dtype_for(cardinality: int) -> np.dtype:
-    """The smallest signed integer type NVIDIA's DLRM uses for ids of this cardinality.
-
-    Their rule is ``cardinality < iinfo(t).max`` over int8, int16, int32; we extend it with int64 so
-    that tables beyond 2**31 rows are representable.
-    """
-    for candidate in (np.int8, np.int16, np.int32):
-        if cardinality < np.iinfo(candidate).max:
-            return np.dtype(candidate)
-    return np.dtype(np.int64)
+# The format's names, kept importable from here: callers import them with FeatureSpec.
+from tf_dlrm.feature_spec_format import (  # noqa: F401
+    CATEGORICAL_CHANNEL,
+    CHANNELS,
+    CHUNK_KEYS,
+    CHUNK_TYPES,
+    COMBINERS,
+    CSV,
+    FLOAT_DTYPES,
+    INTEGER_DTYPES,
+    LABEL_CHANNEL,
+    NUMERICAL_CHANNEL,
+    SPLIT_BINARY,
+    SUPPORTED_DTYPES,
+    TEST_SPLIT,
+    TRAIN_SPLIT,
+    FeatureSpecError,
+    categorical_dtype_for,
+)
+from tf_dlrm.feature_spec_validation import (
+    check_files_exist,
+    check_split_binary_files,
+    split_binary_problems,
+    validate_structure,
+)
 
 
 def read_spec_yaml(path: str):
@@ -255,7 +245,7 @@ class FeatureSpec:
         for chunk in self.chunks(split):
             for feature in chunk["features"]:
                 by_feature[feature] = self.resolve(chunk["files"][0])
-        counts = self._check_split_binary_files(split)
+        counts = check_split_binary_files(self, split)
         numerical = by_feature[self.numerical_features[0]] if self.numerical_features else None
         return SplitFiles(
             split=split,
@@ -268,14 +258,13 @@ class FeatureSpec:
     # ------------------------------------------------------------------ validation
 
     def validate(self, check_files: bool = True) -> None:
-        """Checks structure, dtypes and cardinalities; with ``check_files`` also data file sizes.
+        """Checks structure, dtypes and cardinalities; with ``check_files`` also data file sizes
+        (:mod:`tf_dlrm.feature_spec_validation`).
 
         Raises:
             FeatureSpecError: naming the spec file, key, feature and data file at fault.
         """
-        self._validate_channels()
-        self._validate_features()
-        self._validate_sources()
+        validate_structure(self)
         try:
             self.crossed_features
         except ValueError as error:
@@ -283,166 +272,15 @@ class FeatureSpec:
         if check_files:
             for split in self.source_spec:
                 if self.chunk_type(split) == SPLIT_BINARY:
-                    self._check_split_binary_files(split)
+                    check_split_binary_files(self, split)
                 else:
-                    self._check_files_exist(split)
-
-    def _fail(self, message: str) -> None:
-        raise FeatureSpecError(f"{self.source}: {message}")
-
-    def _validate_channels(self) -> None:
-        for channel, names in self.channel_spec.items():
-            if channel not in CHANNELS:
-                self._fail(f"channel_spec: unknown channel '{channel}'. Allowed channels: {list(CHANNELS)}")
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                self._fail(f"channel_spec.{channel}: expected a list of feature names. Received: {names!r}")
-            duplicates = sorted({n for n in names if names.count(n) > 1})
-            if duplicates:
-                self._fail(f"channel_spec.{channel}: feature(s) {duplicates} listed more than once")
-        labels = self.channel_spec.get(LABEL_CHANNEL)
-        if not labels or len(labels) != 1:
-            self._fail(f"channel_spec.{LABEL_CHANNEL}: expected exactly one label feature. Received: {labels!r}")
-        seen: dict[str, str] = {}
-        for channel, names in self.channel_spec.items():
-            for name in names:
-                if name not in self.feature_spec:
-                    self._fail(
-                        f"channel_spec.{channel}: feature '{name}' is not defined in feature_spec "
-                        f"(defined: {sorted(self.feature_spec)[:10]}{'...' if len(self.feature_spec) > 10 else ''})"
-                    )
-                if name in seen:
-                    self._fail(f"feature '{name}' is in both channel '{seen[name]}' and channel '{channel}'")
-                seen[name] = channel
-        if not self.categorical_features and not self.numerical_features:
-            self._fail("channel_spec: needs at least one numerical or categorical feature")
-
-    def _validate_features(self) -> None:
-        categorical = set(self.categorical_features)
-        for name, properties in self.feature_spec.items():
-            where = f"feature_spec.{name}"
-            if not isinstance(properties, Mapping):
-                self._fail(f"{where}: expected a mapping with 'dtype'. Received: {properties!r}")
-            dtype = properties.get("dtype")
-            if dtype not in SUPPORTED_DTYPES:
-                self._fail(f"{where}.dtype: unsupported dtype {dtype!r}. Supported: {list(SUPPORTED_DTYPES)}")
-            if name in categorical:
-                dynamic_problem = dynamic_spec.problem(name, properties)
-                if dynamic_problem:
-                    self._fail(f"{where}{dynamic_problem}")
-                if dynamic_spec.is_dynamic(properties) and "cardinality" not in properties:
-                    continue  # raw keys of any value: no cardinality to check (tf_dlrm.dynamic.spec)
-                cardinality = properties.get("cardinality")
-                if isinstance(cardinality, bool) or not isinstance(cardinality, int) or cardinality <= 0:
-                    self._fail(
-                        f"{where}.cardinality: categorical feature '{name}' needs a positive integer "
-                        f"cardinality. Received: {cardinality!r}"
-                    )
-                if dtype not in INTEGER_DTYPES:
-                    self._fail(f"{where}.dtype: categorical feature '{name}' needs an integer dtype. Received: {dtype}")
-                for key in ("hotness", "embedding_dim"):
-                    value = properties.get(key, 1)
-                    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                        self._fail(f"{where}.{key}: expected a positive integer. Received: {value!r}")
-                if properties.get("combiner", "sum") not in COMBINERS:
-                    self._fail(f"{where}.combiner: expected one of {list(COMBINERS)}. Received: {properties.get('combiner')!r}")
-                if cardinality - 1 > np.iinfo(np.dtype(dtype)).max:
-                    self._fail(
-                        f"{where}: cardinality {cardinality} does not fit dtype {dtype} "
-                        f"(largest id {np.iinfo(np.dtype(dtype)).max})"
-                    )
-        numerical_dtypes = {self.feature_spec[n]["dtype"] for n in self.numerical_features}
-        if numerical_dtypes - set(FLOAT_DTYPES):
-            self._fail(f"numerical features need dtype float16 or float32. Received: {sorted(numerical_dtypes)}")
-        if len(numerical_dtypes) > 1:
-            self._fail(f"numerical features must share one dtype (they share one file). Received: {sorted(numerical_dtypes)}")
-
-    def _validate_sources(self) -> None:
-        if not isinstance(self.source_spec, Mapping):
-            self._fail("source_spec: expected a mapping {split: [chunks]}")
-        used = set(self.channel_spec.get(LABEL_CHANNEL, [])) | set(self.numerical_features) | set(self.categorical_features)
-        for split, chunks in self.source_spec.items():
-            if not isinstance(chunks, list) or not chunks:
-                self._fail(f"source_spec.{split}: expected a non-empty list of chunks")
-            types = set()
-            covered: list[str] = []
-            for index, chunk in enumerate(chunks):
-                where = f"source_spec.{split}[{index}]"
-                if not isinstance(chunk, Mapping):
-                    self._fail(f"{where}: expected a mapping with type, features, files")
-                unknown = sorted(set(chunk) - set(CHUNK_KEYS))
-                if unknown:
-                    self._fail(f"{where}: unknown key(s) {unknown}. Allowed: {list(CHUNK_KEYS)}")
-                if chunk.get("type") not in CHUNK_TYPES:
-                    self._fail(f"{where}.type: unknown chunk type {chunk.get('type')!r}. Allowed: {list(CHUNK_TYPES)}")
-                types.add(chunk["type"])
-                features, files = chunk.get("features"), chunk.get("files")
-                if not isinstance(features, list) or not features:
-                    self._fail(f"{where}.features: expected a non-empty list of feature names")
-                if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
-                    self._fail(f"{where}.files: expected a non-empty list of relative file paths")
-                for feature in features:
-                    if feature not in self.feature_spec:
-                        self._fail(f"{where}.features: feature '{feature}' is not defined in feature_spec")
-                covered.extend(features)
-                if chunk["type"] == SPLIT_BINARY:
-                    self._validate_split_binary_chunk(where, chunk)
-            if len(types) > 1:
-                self._fail(f"source_spec.{split}: mixes chunk types {sorted(types)}; use one type per split")
-            missing = sorted(used - set(covered))
-            if missing:
-                self._fail(f"source_spec.{split}: feature(s) {missing} used in channel_spec have no chunk")
-            repeated = sorted({f for f in covered if covered.count(f) > 1})
-            if repeated:
-                self._fail(f"source_spec.{split}: feature(s) {repeated} appear in more than one chunk")
-
-    def _validate_split_binary_chunk(self, where: str, chunk: Mapping[str, Any]) -> None:
-        features = chunk["features"]
-        if len(chunk["files"]) != 1:
-            self._fail(f"{where}.files: a split_binary chunk has exactly one file. Received: {chunk['files']}")
-        if set(features) & set(self.numerical_features):
-            if features != self.numerical_features:
-                self._fail(
-                    f"{where}.features: the numerical chunk must list all numerical features in channel "
-                    f"order {self.numerical_features}. Received: {features}"
-                )
-        elif len(features) != 1:
-            self._fail(f"{where}.features: label and categorical split_binary chunks hold one feature each. Received: {features}")
+                    check_files_exist(self, split)
 
     def record_bytes(self, chunk: Mapping[str, Any]) -> int:
         """Bytes one sample occupies in a split_binary chunk's file (``hotness`` ids of a categorical)."""
         return sum(self.dtype(feature).itemsize * self.hotness(feature) for feature in chunk["features"])
 
-    def _check_files_exist(self, split: str) -> None:
-        for index, chunk in enumerate(self.chunks(split)):
-            for relative in chunk["files"]:
-                path = self.resolve(relative)
-                if not os.path.isfile(path):
-                    self._fail(f"source_spec.{split}[{index}]: data file not found: {path} (features {chunk['features']})")
-
     def split_binary_problems(self, split: str, prefix=None) -> tuple[list[str], int | None]:
         """Every missing or wrongly sized file of a split_binary split, and its sample count when all
-        files hold the same whole number of records (else None). ``prefix(index)`` names chunk
-        ``index`` (None: the whole split) in the messages; default ``source_spec.<split>[<index>]``."""
-        prefix = prefix or (lambda index: f"source_spec.{split}" + ("" if index is None else f"[{index}]"))
-        problems, counts = [], {}
-        for index, chunk in enumerate(self.chunks(split)):
-            path = self.resolve(chunk["files"][0])
-            if not os.path.isfile(path):
-                problems.append(f"{prefix(index)}: data file not found: {path} (features {chunk['features']})")
-                continue
-            size, record = os.path.getsize(path), self.record_bytes(chunk)
-            if size % record:
-                problems.append(f"{prefix(index)}: file {path} has {size} bytes, not a whole number of {record}-byte "
-                                f"records (features {chunk['features']}); it may be truncated")
-            counts[path] = size // record
-        if len(set(counts.values())) > 1:
-            detail = ", ".join(f"{os.path.basename(p)}={n}" for p, n in counts.items())
-            problems.append(f"{prefix(None)}: files hold different sample counts: {detail}")
-        return problems, (next(iter(counts.values()), 0) if not problems else None)
-
-    def _check_split_binary_files(self, split: str) -> int:
-        self._check_files_exist(split)
-        problems, count = self.split_binary_problems(split)
-        if problems:
-            self._fail(problems[0])
-        return count
+        files agree (else None): :func:`tf_dlrm.feature_spec_validation.split_binary_problems`."""
+        return split_binary_problems(self, split, prefix)
