@@ -23,16 +23,17 @@ from tf_dlrm.train.checkpoint_store import (
 class RestoreChecks:
     """Chooses and verifies the checkpoint to restore (see the module docstring)."""
 
-    def _choose(self, restore_path: str | None, resume: bool, for_training: bool) -> tuple[str | None, list[str]]:
-        """The checkpoint to load and the lines saying which newer ones were skipped and why."""
+    def _choose(self, restore_path: str | None, resume: bool, for_training: bool) -> tuple[str | None, list[str], bool]:
+        """The checkpoint to load, the lines saying which newer ones were skipped and why, and whether
+        its files' checksums were verified already (the search for the newest intact one did)."""
         skipped = []
         if resume and self.save_path:
             latest, skipped = newest_intact(self.save_path, move_aside=for_training)
             if latest:
-                return latest, skipped
+                return latest, skipped, True
         if restore_path:
-            return resolve(restore_path), skipped
-        return None, skipped
+            return resolve(restore_path), skipped, False
+        return None, skipped, False
 
     def _is_own(self, directory: str) -> bool:
         """Whether ``directory`` is one of this run's checkpoints (under ``--save_checkpoint_path``)."""
@@ -46,14 +47,15 @@ class RestoreChecks:
                 f"{os.path.basename(latest_checkpoint(self.save_path))}): pass --resume to continue from it, "
                 "or choose another directory"
             )
-        directory, skipped = self._choose(restore_path, resume, for_training)
+        directory, skipped, verified = self._choose(restore_path, resume, for_training)
         if directory is None:
             if required:
                 raise CheckpointError("no checkpoint to restore: give --restore_checkpoint_path (or --resume with --save_checkpoint_path)")
             note = f"no {'intact ' if skipped else ''}checkpoint under {self.save_path} yet: starting from step 0" if resume else ""
             return {"path": None, "note": note, "skipped": skipped}
         manifest = read_manifest(directory)
-        verify_files(directory, manifest)
+        if not verified:  # hashing a large checkpoint twice would double the restore's slowest part
+            verify_files(directory, manifest)
         dynamic_tables.check_kind(directory, manifest, self.dynamic)  # before the spec comparison: the clearer error
         check_compatible(directory, manifest, self.spec, self.model_config)
         dynamic_tables.check(directory, manifest, self.embedding, self.trainer.sparse.slot_names if for_training else None)
