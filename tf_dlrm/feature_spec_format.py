@@ -2,8 +2,8 @@
 
 Channel, chunk-type and split names, the dtypes and combiners a feature may have, the error every
 check raises, and the rule that picks a categorical feature's id dtype. A module of its own because
-the spec class, its structural checks (:mod:`tf_dlrm.feature_spec_validation`) and its data-file
-checks (:mod:`tf_dlrm.feature_spec_files`) all use them; :mod:`tf_dlrm.feature_spec` re-exports
+the spec class and its structural and data-file checks (:mod:`tf_dlrm.feature_spec_validation`)
+all use them; :mod:`tf_dlrm.feature_spec` re-exports
 every name, so callers import them from there.
 """
 
