@@ -60,7 +60,7 @@ def make_model(case, env):
                                      features=case.get("features"), deduplicate_exchange=case.get("deduplicate_exchange", False),
                                      hot_rows={t: case["hot_ids"] for t in plan.model_parallel} if case.get("hot_ids") else None)
     model = DLRM(embedding, **model_kwargs(case))
-    model(local_inputs(make_batches(case, 1)[0], embedding, env)[:2])
+    model.build(None)  # from the widths (DLRM.build): no eager forward with its collectives
     return plan, model
 
 
@@ -74,7 +74,7 @@ def make_reference(case):
     widths = table_widths(case)
     reference = DLRM(EmbeddingBank(case["cardinalities"], widths, seed=case["seed"], features=case.get("features")),
                      **model_kwargs(case))
-    reference(reference_inputs(make_batches(case, 1)[0])[:2])
+    reference.build(None)
     return reference
 
 

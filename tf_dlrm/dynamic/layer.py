@@ -137,6 +137,9 @@ class DynamicEmbedding(keras.layers.Layer):
             vectors = self._exchanged_lookup(tables, keys, bool(training))
         return tf.cast(tf.reshape(vectors, [-1, count, self.embedding_dim]), self.compute_dtype)
 
+    def compute_output_shape(self, input_shape):
+        return (None, len(self.table_configs), self.embedding_dim)
+
     def _exchanged_lookup(self, tables, keys, training):
         world = self.env.world_size
         destination = hashing.owner_shard(keys, self.num_shards) % world

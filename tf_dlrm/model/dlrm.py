@@ -65,6 +65,19 @@ class DLRM(keras.Model):
         self.interaction = make_interaction(self.interaction_kind, self.include_diagonal)
         self.top_mlp = MLP(self.top_mlp_dims, final_activation=None, seed=seed * 2 + 2, name="top_mlp")
 
+    def build(self, input_shape=None):
+        """Builds every part from the widths the model already knows. Without it Keras builds a
+        subclassed model by tracing ``call`` once symbolically, which cost as much as tracing the
+        train step (measured: a fifth of an equivalence rank's time)."""
+        if not self.embedding.built:
+            self.embedding.build(None)
+        embedding_shape = tuple(self.embedding.compute_output_shape(None))
+        bottom_shape = (None, self.bottom_mlp_dims[-1] if self.bottom_mlp is not None else 0)
+        if self.bottom_mlp is not None:
+            self.bottom_mlp.build((None, self.num_numerical))
+        self.interaction.build((bottom_shape, embedding_shape))
+        self.top_mlp.build(tuple(self.interaction.compute_output_shape((bottom_shape, embedding_shape))))
+
     def call(self, inputs, training=False):
         numerical, categorical = inputs
         embeddings = self.embedding(categorical, local_batch=tf.shape(numerical)[0])

@@ -124,7 +124,7 @@ def build_model(
 
 
 def build_with_dummy_batch(model: DLRM, num_numerical: int, embedding, world_size: int, local_batch: int = 1) -> None:
-    """Creates all weights by calling the model once on zeros shaped like a real batch."""
+    """Creates all weights: a DLRM from its widths, another model by one call on zeros shaped like a real batch."""
     global_batch = local_batch * world_size
 
     def zeros(feature: int, rows: int):
@@ -137,6 +137,9 @@ def build_with_dummy_batch(model: DLRM, num_numerical: int, embedding, world_siz
         # Built here, eagerly: inside the model's first (symbolic) call Keras would defer the tables'
         # initialisation, which then needs a second full copy of each shard.
         embedding.build()
+    if isinstance(model, DLRM):
+        model.build(None)  # from its widths: no eager forward (op by op, with the exchange's collectives)
+        return
     model((np.zeros([local_batch, num_numerical], np.float32), tuple(categorical)))
 
 
