@@ -83,9 +83,13 @@ def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: in
 def build_model(
     spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, env: DistributedEnv, seed: int, data_parallel_input: bool = False,
     deduplicate_exchange: bool = False, hot_rows: dict | None = None, split_embedding_tables: bool = False,
+    serving: bool = False,
 ) -> DLRM:
     """A built model of ``config.family`` (DLRM by default) whose embedding executes ``plan`` on ``env.rank``
-    (dynamic tables: see :mod:`tf_dlrm.dynamic.builder`; the plan then only describes their sizes)."""
+    (dynamic tables: see :mod:`tf_dlrm.dynamic.builder`; the plan then only describes their sizes).
+
+    A DLRM is built from its widths; ``serving`` builds it by one call instead, which also records the
+    input signature a SavedModel export serves."""
     from tf_dlrm.dynamic import builder as dynamic_builder
 
     for flag, used in (("--deduplicate_exchange", deduplicate_exchange), ("--hot_rows_budget", bool(hot_rows)),
@@ -98,7 +102,7 @@ def build_model(
         if config.family.model != "dlrm":
             raise ValueError(f"Dynamic tables are built for --model=dlrm only for now. Received: --model={config.family.model}")
         model = dynamic_builder.make_dynamic_model(spec, config, env, seed, table_widths(spec, config))
-        build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, env.world_size)
+        model.build(None)
         return model
     if config.family.model != "dlrm":
         from tf_dlrm.models import build_family_model
@@ -119,12 +123,17 @@ def build_model(
         include_diagonal=config.include_diagonal,
         seed=seed,
     )
-    build_with_dummy_batch(model, len(spec.numerical_features), embedding, env.world_size)
+    if serving:
+        build_with_dummy_batch(model, len(spec.numerical_features), embedding, env.world_size)
+    else:  # no eager forward (op by op, with the exchange's collectives) only to create the weights
+        embedding.build()
+        model.build(None)
     return model
 
 
 def build_with_dummy_batch(model: DLRM, num_numerical: int, embedding, world_size: int, local_batch: int = 1) -> None:
-    """Creates all weights: a DLRM from its widths, another model by one call on zeros shaped like a real batch."""
+    """Creates all weights by calling the model once on zeros shaped like a real batch (Keras then also
+    records the input signature that a SavedModel export serves)."""
     global_batch = local_batch * world_size
 
     def zeros(feature: int, rows: int):
@@ -137,9 +146,6 @@ def build_with_dummy_batch(model: DLRM, num_numerical: int, embedding, world_siz
         # Built here, eagerly: inside the model's first (symbolic) call Keras would defer the tables'
         # initialisation, which then needs a second full copy of each shard.
         embedding.build()
-    if isinstance(model, DLRM):
-        model.build(None)  # from its widths: no eager forward (op by op, with the exchange's collectives)
-        return
     model((np.zeros([local_batch, num_numerical], np.float32), tuple(categorical)))
 
 

@@ -74,7 +74,7 @@ def rebuild_for_serving(spec, model_config, seed: int = 0):
         raise ValueError(f"export serves one id per categorical feature; these features are multi-hot: {multi_hot}")
     keras.mixed_precision.set_global_policy("float32")  # served in float32 whatever the training precision
     plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(strategy="table_wise"), 1)
-    return builder.build_model(spec, plan, model_config, DistributedEnv(rank=0, world_size=1), seed)
+    return builder.build_model(spec, plan, model_config, DistributedEnv(rank=0, world_size=1), seed, serving=True)
 
 
 def load_checkpoint_into(model, directory: str, manifest: dict) -> None:
