@@ -123,3 +123,12 @@ def test_interaction_kernel_benchmark_records():
         check_cpu(record)
         for key in ("kernel_ms", "generic_ms", "kernel_forward_ms"):
             check_samples_per_s({"samples_per_s": record[key]})
+
+
+def test_checkpoint_verify_records():
+    done = run_python(["benchmarks/checkpoint_verify.py", "--tables=3", "--table_mib=8", "--rounds=1"], timeout=300)
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["impl"] for r in records] == ["one_thread", "thread_pool", "speedup"], done.stdout
+    assert all(r["benchmark"] == "checkpoint_verify" and "cpu" in r for r in records)
+    assert records[0]["threads"] == 1 and records[1]["threads"] >= 1 and records[0]["gib"] > 0.02
+    assert records[2]["thread_pool_over_one_thread"] > 0
