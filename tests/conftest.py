@@ -77,7 +77,6 @@ def horovodrun():
     return launch
 
 
-
 # Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) a test file is one unit of work, so
 # module- and session-level caches (a launch whose records many tests read) run once, not once per
 # worker; the files below share `tests/train/checkpoint_runs.py`'s cached launches and form one unit.

@@ -26,14 +26,14 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
-from tests.distributed.equivalence_worker import local_inputs, make_batches, make_models  # noqa: E402
+from tests.distributed.equivalence_worker import local_inputs, make_batches, make_model  # noqa: E402
 from tf_dlrm.distributed import collectives  # noqa: E402
 from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
 from tf_dlrm.train.step import OptimizerConfig, Trainer, binary_cross_entropy  # noqa: E402
 
 
 def make_trainer(case, env, every):
-    _, model, _ = make_models(case, env)
+    _, model = make_model(case, env)  # no one-process reference: this worker never reads it
     config = OptimizerConfig(LearningRateSchedule(case["learning_rate"]), optimizer="sgd",
                              embedding_optimizer=case.get("embedding_optimizer", "sgd"), adam_epsilon=1e-4)
     trainer = Trainer(model, env, config, hot_row_sync_every=every)

@@ -126,7 +126,6 @@ def build_model(
     if serving:
         build_with_dummy_batch(model, len(spec.numerical_features), embedding, env.world_size)
     else:  # no eager forward (op by op, with the exchange's collectives) only to create the weights
-        embedding.build()
         model.build(None)
     return model
 
