@@ -136,6 +136,8 @@ def main():
                         "keras_adam,logistic_regression")
     parser.add_argument("--data_dir", default=os.path.join(tempfile.gettempdir(), "tf_dlrm_quality"))
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--main_flags", default="", help="more main.py flags for every tf_dlrm run, space separated "
+                        "(e.g. --embedding_init=sqrt_rows)")
     args = parser.parse_args()
     import keras
 
@@ -149,7 +151,7 @@ def main():
         common = [f"--batch_size={batch_size}", f"--epochs={epochs}", f"--seed={args.seed}", "--print_freq=1000"]
         for impl in args.impls.split(","):
             started = time.time()
-            flags = common + (BEST_FLAGS if impl == "tf_dlrm_best" else []) + MODEL_FLAGS.get(impl, [])
+            flags = common + (BEST_FLAGS if impl == "tf_dlrm_best" else []) + MODEL_FLAGS.get(impl, []) + args.main_flags.split()
             if impl.startswith("tf_dlrm"):
                 final = run_main(path, flags, os.path.join(args.data_dir, f"quality_{config}_{impl}.jsonl"))
                 auc, loss = final.get("auc"), final.get("logloss")

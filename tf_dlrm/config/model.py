@@ -4,6 +4,7 @@ parsing flags (``tf_dlrm.train.flags``) imports none."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 from tf_dlrm.config.models import ModelFamilyConfig
@@ -12,6 +13,24 @@ from tf_dlrm.distributed.plan import Strategy
 # The values of tf_dlrm.model.interaction.InteractionKind, copied here because that module imports
 # TensorFlow; tests/config/test_config_tf_free.py checks that the two agree.
 INTERACTIONS = ("dot", "cat")
+# Keras's Embedding draws from [-0.05, 0.05]; see the README's "Model quality" for the measurement
+# that made it the default over the DLRM reference's 1/sqrt(rows).
+DEFAULT_EMBEDDING_INIT_BOUND = 0.05
+
+
+def parse_embedding_init(text: str) -> float | None:
+    """``--embedding_init``: ``sqrt_rows`` (None) or a positive bound; raises naming the flag."""
+    text = str(text).strip()
+    if text == "sqrt_rows":
+        return None
+    try:
+        bound = float(text)
+    except ValueError:
+        bound = math.nan
+    if not 0 < bound < math.inf:
+        raise ValueError(f"Expected --embedding_init to be sqrt_rows or a positive number (the bound b of uniform "
+                         f"[-b, b]). Received: --embedding_init={text!r}")
+    return bound
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +44,8 @@ class ModelConfig:
     embedding_dims: tuple[tuple[str, int], ...] = ()
     # --model and the hyper-parameters of DCNv2, DeepFM and Wide & Deep (tf_dlrm.config.models).
     family: ModelFamilyConfig = ModelFamilyConfig()
+    # --embedding_init: initial table values uniform in [-b, b]; None: b = 1/sqrt(rows) (the DLRM reference).
+    embedding_init_bound: float | None = DEFAULT_EMBEDDING_INIT_BOUND
 
     def __post_init__(self):
         if self.embedding_dim <= 0:
@@ -35,6 +56,9 @@ class ModelConfig:
                 raise ValueError(f"Expected --{name} to be positive widths. Received: {name}={list(dims)}")
         if self.top_mlp_dims[-1] != 1:
             raise ValueError(f"Expected --top_mlp_dims to end with 1 (the logit). Received: {list(self.top_mlp_dims)}")
+        bound = self.embedding_init_bound
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 < bound < math.inf):
+            raise ValueError(f"Expected --embedding_init to be sqrt_rows or a positive number. Received: {bound!r}")
         if self.interaction not in INTERACTIONS:
             raise ValueError(f"Expected --interaction in {list(INTERACTIONS)}. Received: {self.interaction!r}")
         if self.family.model == "dlrm" and self.interaction == "dot" and self.bottom_mlp_dims[-1] != self.embedding_dim:

@@ -64,6 +64,7 @@ from tf_dlrm.distributed.plan import ShardingPlan
 from tf_dlrm.distributed.pooling import normalize_ids, pooled_lookup
 from tf_dlrm.distributed.split_tables import check_split_options
 from tf_dlrm.config.embedding import as_feature_config, default_features, feature_tables
+from tf_dlrm.model.table_init import check_init_bound
 from tf_dlrm.model.variable_kind import VariableKind, mark, set_layout
 
 
@@ -88,11 +89,13 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             rank; only cold rows travel (:mod:`tf_dlrm.distributed.hot_row_layer`). One-hot features.
         split_embedding_tables: model-parallel shards as split bf16 tables (:mod:`tf_dlrm.distributed.split_tables`:
             its limits); looked up with TensorFlow ops (the embedding-bag kernel reads float32 only).
+        init_bound: initial values uniform in ``[-init_bound, init_bound]``; None: ``1/sqrt(rows)`` per table
+            (:mod:`tf_dlrm.model.table_init`).
     """
 
     def __init__(self, plan, rank: int = 0, seed: int = 0, data_parallel_input: bool = False, features=None,
                  validate_ids: bool = True, deduplicate_exchange: bool = False, use_kernel: bool = True, hot_rows=None,
-                 split_embedding_tables: bool = False, **kwargs):
+                 split_embedding_tables: bool = False, init_bound: float | None = None, **kwargs):
         super().__init__(**kwargs)
         self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
         table_names = [t.name for t in self.plan.tables]
@@ -110,6 +113,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if not 0 <= rank < self.plan.world_size:
             raise ValueError(f"Expected 0 <= rank < world_size={self.plan.world_size}. Received: rank={rank}")
         self.seed = int(seed)
+        self.init_bound = check_init_bound(init_bound)
         self.data_parallel_input = bool(data_parallel_input)
         self.validate_ids = bool(validate_ids)
         self.use_kernel = bool(use_kernel)
@@ -376,6 +380,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             "plan": self.plan.to_dict(),
             "rank": self.env.rank,
             "seed": self.seed,
+            "init_bound": self.init_bound,
             "data_parallel_input": self.data_parallel_input,
             "features": [feature.to_dict() for feature in self.features],
             "validate_ids": self.validate_ids,

@@ -92,7 +92,8 @@ class FusedVariables:
 
     def _initial_blocks(self, piece):
         spec = self.plan.tables[piece.table]
-        return initial_table_blocks(self.seed, piece.table, spec.rows, spec.dim, piece.column_start, piece.column_end)
+        return initial_table_blocks(self.seed, piece.table, spec.rows, spec.dim, piece.column_start, piece.column_end,
+                                    self.init_bound)
 
     def _initial_values(self, shape, slices, offsets) -> np.ndarray:
         values = np.empty(shape, np.float32)

@@ -74,7 +74,7 @@ class HotRowReplicas:
         self.hot_index = {}
         for table in self.hot_tables:
             spec = self.plan.tables[table]
-            values = initial_table_rows(self.seed, table, spec.rows, spec.dim, self.hot_rows[table])
+            values = initial_table_rows(self.seed, table, spec.rows, spec.dim, self.hot_rows[table], self.init_bound)
             variable = self.add_weight(name=f"hot_rows_t{table}", shape=values.shape, dtype="float32",
                                        initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False)
             self.hot_index[table] = len(self.hot_variables)

@@ -26,7 +26,7 @@ def make_dynamic_model(spec, config, env: DistributedEnv, seed: int, widths, num
     multi_hot = [n for n in names if spec.hotness(n) != 1]
     if multi_hot:
         raise ValueError(f"Expected one-hot dynamic features. Received: hotness > 1 for {multi_hot}")
-    tables = [dynamic_spec.table_config(n, spec.feature_spec[n], w) for n, w in zip(names, widths)]
+    tables = [dynamic_spec.table_config(n, spec.feature_spec[n], w, config.embedding_init_bound) for n, w in zip(names, widths)]
     embedding = DynamicEmbedding(tables, rank=env.rank, world_size=env.world_size, num_shards=num_shards,
                                  seed=seed, name="embedding")
     return DLRM(embedding, num_numerical=len(spec.numerical_features), bottom_mlp_dims=config.bottom_mlp_dims,

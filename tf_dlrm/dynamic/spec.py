@@ -54,11 +54,12 @@ def problem(name: str, properties: Mapping[str, Any]) -> str | None:
     return None
 
 
-def table_config(name: str, properties: Mapping[str, Any], width: int) -> DynamicTableConfig:
+def table_config(name: str, properties: Mapping[str, Any], width: int, initial_bound: float | None = None) -> DynamicTableConfig:
+    """``initial_bound``: new rows uniform in ``[-b, b]`` (``--embedding_init``); None: ``1/sqrt(capacity)``."""
     return DynamicTableConfig(
         name=name, capacity=int(properties["capacity"]), width=int(width),
         eviction=properties.get("eviction", "none"), min_count=int(properties.get("min_count", 1)),
-        capacity_scope=properties.get("capacity_scope", "per_rank"),
+        capacity_scope=properties.get("capacity_scope", "per_rank"), initial_bound=initial_bound,
     )
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.config.embedding import as_feature_config, default_features, feature_tables
-from tf_dlrm.model.table_init import initial_table_slice
+from tf_dlrm.model.table_init import check_init_bound, initial_table_slice
 from tf_dlrm.model.variable_kind import SliceLayout, VariableKind, mark, set_layout
 
 
@@ -51,10 +51,11 @@ class EmbeddingBank(keras.layers.Layer):
         features: :class:`tf_dlrm.config.embedding.FeatureConfig` (or dicts) naming tables
             ``t0, t1, ...`` or the names in ``table_names``; default one one-hot feature per table.
         table_names: the tables' names (default ``t<i>``).
+        init_bound: initial values uniform in ``[-init_bound, init_bound]``; None: ``1/sqrt(rows)``.
     """
 
     def __init__(self, cardinalities: Sequence[int], embedding_dim, seed: int = 0, features=None,
-                 table_names: Sequence[str] | None = None, **kwargs):
+                 table_names: Sequence[str] | None = None, init_bound: float | None = None, **kwargs):
         super().__init__(**kwargs)
         self.cardinalities = validate_tables(cardinalities, embedding_dim)
         count = len(self.cardinalities)
@@ -67,13 +68,14 @@ class EmbeddingBank(keras.layers.Layer):
         widths = set(self.feature_widths)
         self.embedding_dim = widths.pop() if len(widths) == 1 else None
         self.seed = int(seed)
+        self.init_bound = check_init_bound(init_bound)
         self.global_categorical: tuple[int, ...] = ()
         self.local_categorical = tuple(range(len(self.features)))
         self.tables = []
 
     def build(self, input_shape=None):
         for index, (rows, width) in enumerate(zip(self.cardinalities, self.table_widths)):
-            values = initial_table_slice(self.seed, index, rows, width)
+            values = initial_table_slice(self.seed, index, rows, width, init_bound=self.init_bound)
             # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round away.
             table = self.add_weight(
                 name=f"table_{index}", shape=values.shape, dtype="float32",
@@ -130,6 +132,7 @@ class EmbeddingBank(keras.layers.Layer):
             "cardinalities": list(self.cardinalities),
             "embedding_dim": list(self.table_widths),
             "seed": self.seed,
+            "init_bound": self.init_bound,
             "features": [f.to_dict() for f in self.features],
             "table_names": list(self.table_names),
         }

@@ -24,7 +24,7 @@ __all__ = ["DCNv2", "DLRM", "DeepFM", "ExpandedEmbedding", "WideDeep", "build_fa
 
 
 def build_family_model(family: ModelFamilyConfig, base_features, crossed, plan, num_numerical: int, rank: int, seed: int,
-                       data_parallel_input: bool = False):
+                       data_parallel_input: bool = False, init_bound: float | None = None):
     """An unbuilt DCNv2 / DeepFM / Wide & Deep whose embedding executes ``plan`` on ``rank``.
 
     Args:
@@ -36,13 +36,15 @@ def build_family_model(family: ModelFamilyConfig, base_features, crossed, plan, 
         rank: this process's rank.
         seed: initial tables depend on ``(seed, table)``; dense weights on ``seed``.
         data_parallel_input: DCNv2 only (the others always read local batches and exchange ids).
+        init_bound: the embedding's initial bound (:class:`DistributedEmbedding`; None: ``1/sqrt(rows)``).
     """
     features, sources = family_features(base_features, family, crossed)
     if family.uses_expanded_features:
-        embedding = ExpandedEmbedding(plan, rank=rank, seed=seed, features=features, sources=sources, name="embedding")
+        embedding = ExpandedEmbedding(plan, rank=rank, seed=seed, features=features, sources=sources,
+                                      init_bound=init_bound, name="embedding")
     else:
         embedding = DistributedEmbedding(plan, rank=rank, seed=seed, data_parallel_input=data_parallel_input,
-                                         features=features, name="embedding")
+                                         features=features, init_bound=init_bound, name="embedding")
     common = dict(num_numerical=num_numerical, num_deep_features=len(base_features), seed=seed, name=family.model)
     if family.model == ModelName.DCNV2.value:
         return DCNv2(embedding, num_cross_layers=family.num_cross_layers, cross_low_rank=family.cross_low_rank,

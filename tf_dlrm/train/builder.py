@@ -108,12 +108,14 @@ def build_model(
         from tf_dlrm.models import build_family_model
 
         model = build_family_model(config.family, make_features(spec), spec.crossed_features, plan,
-                                   len(spec.numerical_features), env.rank, seed, data_parallel_input)
+                                   len(spec.numerical_features), env.rank, seed, data_parallel_input,
+                                   init_bound=config.embedding_init_bound)
         build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, env.world_size)
         return model
     embedding = DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input,
                                      features=make_features(spec), deduplicate_exchange=deduplicate_exchange,
-                                     hot_rows=hot_rows, split_embedding_tables=split_embedding_tables, name="embedding")
+                                     hot_rows=hot_rows, split_embedding_tables=split_embedding_tables,
+                                     init_bound=config.embedding_init_bound, name="embedding")
     model = DLRM(
         embedding,
         num_numerical=len(spec.numerical_features),

@@ -6,7 +6,7 @@ from absl import flags
 
 # Only TF-free modules: parsing flags must not start TensorFlow (tests/config/test_config_tf_free.py).
 from tf_dlrm.config.embedding import parse_width_mapping
-from tf_dlrm.config.model import ModelConfig, ShardingConfig, parse_dims
+from tf_dlrm.config.model import DEFAULT_EMBEDDING_INIT_BOUND, ModelConfig, ShardingConfig, parse_dims, parse_embedding_init
 from tf_dlrm.distributed.memory_plan import parse_bytes
 from tf_dlrm.config.run import RunConfig  # noqa: F401 (imported from here by cli and users)
 from tf_dlrm.config.training import EMBEDDING_OPTIMIZERS, OPTIMIZERS, LearningRateSchedule, LoopConfig, OptimizerConfig
@@ -78,6 +78,8 @@ def define_flags() -> None:
     f.DEFINE_integer("embedding_dim", 128, "Embedding dimension of every table (unless the spec or --embedding_dims says).")
     f.DEFINE_string("embedding_dims", "", "Per-table widths, e.g. cat_0.bin:16,cat_3.bin:64 (overrides the spec's "
                     "embedding_dim and --embedding_dim; mixed widths need --interaction=cat).")
+    f.DEFINE_string("embedding_init", str(DEFAULT_EMBEDDING_INIT_BOUND), "Initial embedding values: uniform in [-b, b] "
+                    "for this b, or sqrt_rows for b = 1/sqrt(rows) of each table (the DLRM reference's init).")
     f.DEFINE_string("bottom_mlp_dims", "512,256,128", "Bottom MLP widths; the last equals --embedding_dim for dot.")
     f.DEFINE_string("top_mlp_dims", "1024,1024,512,256,1", "Top MLP widths; the last is 1.")
     f.DEFINE_enum("interaction", "dot", ["dot", "cat"], "Feature interaction.")
@@ -162,6 +164,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         include_diagonal=values.dot_include_diagonal,
         embedding_dims=tuple(parse_width_mapping(values.embedding_dims).items()),
         family=model_family_from_flags(values),
+        embedding_init_bound=parse_embedding_init(values.embedding_init),
     )
     schedule = LearningRateSchedule(values.learning_rate, values.warmup_steps, values.decay_start_step, values.decay_steps)
     return RunConfig(

@@ -1,0 +1,104 @@
+"""``--embedding_init`` / ``init_bound``: the bound of the tables' uniform initial values.
+
+The default of main.py is Keras's [-0.05, 0.05]; ``sqrt_rows`` (and the layers' ``init_bound=None``)
+keeps the DLRM reference's 1/sqrt(rows). Every layer that creates table values (the one-process
+bank, the sharded layer's fused shards and hot-row replicas, dynamic tables) must use the bound it
+was given, and a sharded table must still equal the one-process table.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, worker_env
+from tf_dlrm.config.model import DEFAULT_EMBEDDING_INIT_BOUND, ModelConfig, parse_embedding_init
+from tf_dlrm.model.table_init import initial_table_rows, initial_table_slice
+
+CARDINALITIES = [3, 50, 40000]
+
+
+def parse(argv):
+    from tf_dlrm.train import cli  # defines main.py's flags on absl's FLAGS
+    from tf_dlrm.train.flags import config_from_flags
+
+    cli.FLAGS.unparse_flags()
+    cli.FLAGS(["main.py", "--dataset_path=/nowhere", *argv])
+    return config_from_flags(cli.FLAGS)
+
+
+def test_flag_default_is_keras_bound_and_sqrt_rows_is_the_dlrm_init():
+    assert DEFAULT_EMBEDDING_INIT_BOUND == 0.05
+    assert parse([]).model.embedding_init_bound == 0.05
+    assert parse(["--embedding_init=sqrt_rows"]).model.embedding_init_bound is None
+    assert parse(["--embedding_init=0.01"]).model.embedding_init_bound == 0.01
+
+
+@pytest.mark.parametrize("text", ["abc", "0", "-0.1", "inf", "nan", ""])
+def test_bad_values_are_refused_naming_the_flag(text):
+    with pytest.raises(ValueError, match=f"--embedding_init={text!r}".replace("[", r"\[")):
+        parse_embedding_init(text)
+    with pytest.raises(ValueError, match="--embedding_init"):
+        ModelConfig(embedding_init_bound=-1.0, bottom_mlp_dims=(8, 128))
+
+
+def test_main_refuses_a_bad_value_with_exit_2():
+    result = subprocess.run([sys.executable, "main.py", "--dataset_path=/nowhere", "--embedding_init=wide"], cwd=REPO,
+                            env=worker_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "--embedding_init='wide'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("bound", [None, 0.05, 0.3])
+def test_values_lie_within_the_bound_and_fill_it(bound):
+    for table, rows in enumerate(CARDINALITIES):
+        values = initial_table_slice(seed=2, table=table, rows=rows, dim=8, init_bound=bound)
+        expected = 1.0 / np.sqrt(rows) if bound is None else bound
+        assert np.abs(values).max() <= expected
+        assert np.abs(values).max() > 0.9 * expected  # a bound ignored or squared would fail one side
+        picked = initial_table_rows(2, table, rows, 8, [0, rows - 1], init_bound=bound)
+        np.testing.assert_array_equal(picked, values[[0, rows - 1]])
+
+
+def test_layers_use_their_bound_and_sharded_equals_one_process():
+    from tf_dlrm.distributed.embedding import DistributedEmbedding
+    from tf_dlrm.distributed.planner import TableSpec, make_plan
+    from tf_dlrm.model.embedding import EmbeddingBank
+
+    bank = EmbeddingBank(CARDINALITIES, 8, seed=4, init_bound=0.05)
+    bank.build()
+    default_bank = EmbeddingBank(CARDINALITIES, 8, seed=4)
+    default_bank.build()
+    assert np.abs(default_bank.tables[0].numpy()).max() > 0.3  # 1/sqrt(3) = 0.577 without a bound
+    plan = make_plan([TableSpec(f"t{i}", rows, 8) for i, rows in enumerate(CARDINALITIES)], 2, strategy="column_wise",
+                     data_parallel_threshold=10)
+    for table, rows in enumerate(CARDINALITIES):
+        np.testing.assert_array_equal(bank.tables[table].numpy(), initial_table_slice(4, table, rows, 8, init_bound=0.05))
+    gathered = {}
+    for rank in range(2):
+        layer = DistributedEmbedding(plan, rank=rank, seed=4, init_bound=0.05, hot_rows={2: [0, 7, 39999]})
+        layer.build()
+        assert DistributedEmbedding.from_config(layer.get_config()).init_bound == 0.05
+        for table, rows in enumerate(CARDINALITIES):
+            for piece in layer.table_pieces(table):
+                gathered.setdefault(table, {})[piece.column_start] = layer.read_piece_rows(piece, 0, rows)
+        (replica,) = layer.hot_variables
+        np.testing.assert_array_equal(replica.numpy(), bank.tables[2].numpy()[[0, 7, 39999]])
+    for table, columns in gathered.items():
+        full = np.concatenate([columns[start] for start in sorted(columns)], axis=1)
+        np.testing.assert_array_equal(full, bank.tables[table].numpy())
+    assert sorted(gathered) == [0, 1, 2] and len(gathered[2]) == 2  # the big table is cut in two
+    with pytest.raises(ValueError, match="Received: init_bound=-2"):
+        DistributedEmbedding(plan, init_bound=-2)
+    with pytest.raises(ValueError, match="Received: init_bound='x'"):
+        EmbeddingBank(CARDINALITIES, 8, init_bound="x")
+
+
+def test_dynamic_tables_take_the_flag_unless_the_spec_names_none():
+    from tf_dlrm.dynamic.spec import table_config
+
+    assert table_config("c", {"capacity": 100}, 4, 0.05).bound == 0.05
+    assert table_config("c", {"capacity": 100}, 4).bound == pytest.approx(0.1)
