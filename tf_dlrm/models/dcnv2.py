@@ -42,6 +42,12 @@ class DCNv2(FamilyModel):
             self.deep_mlp = MLP(self.deep_mlp_dims, final_activation="relu", seed=seed * 2 + 2, name="deep_mlp")
             self.logit = MLP((1,), final_activation=None, seed=seed * 2 + 3, name="logit")
 
+    def build_dense(self, x0_shape):
+        self.interaction.build(x0_shape)
+        self.deep_mlp.build(x0_shape)  # stacked: the cross network keeps x0's width
+        if self.logit is not None:
+            self.logit.build((None, x0_shape[-1] + self.deep_mlp_dims[-1]))
+
     def dense_call(self, numerical, embeddings):
         deep, _ = self.split_embeddings(embeddings)
         x0 = self.deep_input(numerical, deep)

@@ -45,6 +45,11 @@ class DeepFM(FamilyModel):
         self.first_order = LinearTerm(name="first_order")
         self.deep_mlp = MLP(self.deep_mlp_dims + (1,), final_activation=None, seed=seed * 2 + 2, name="deep_mlp")
 
+    def build_dense(self, x0_shape):
+        self.interaction.build((None, self.num_deep_features, self.vector_width))
+        self.first_order.build((None, self.extra_width))
+        self.deep_mlp.build(x0_shape)
+
     def dense_call(self, numerical, embeddings):
         deep, first_order = self.split_embeddings(embeddings)
         vectors = tf.reshape(deep, [-1, self.num_deep_features, self.vector_width])

@@ -34,6 +34,17 @@ class FamilyModel(keras.Model):
         self.deep_width = sum(widths[:self.num_deep_features])
         self.extra_width = sum(widths[self.num_deep_features:])
 
+    def build(self, input_shape=None):
+        """Builds the embedding and the dense layers from their widths, as :meth:`DLRM.build`: Keras's
+        default build traces ``call`` symbolically, where the embedding's exchange cannot run."""
+        if not self.embedding.built:
+            self.embedding.build(None)
+        self.build_dense((None, self.num_numerical + self.deep_width))
+
+    def build_dense(self, x0_shape):  # pragma: no cover - every model defines it
+        """Builds the layers after the embedding; ``x0_shape``: the deep input's, ``[b, numerical + deep widths]``."""
+        raise NotImplementedError
+
     def call(self, inputs, training=False):
         numerical, categorical = inputs
         embeddings = self.embedding(categorical, local_batch=tf.shape(numerical)[0])

@@ -37,6 +37,10 @@ class WideDeep(FamilyModel):
         self.interaction = LinearTerm(name="wide")
         self.deep_mlp = MLP(self.deep_mlp_dims + (1,), final_activation=None, seed=seed * 2 + 2, name="deep_mlp")
 
+    def build_dense(self, x0_shape):
+        self.interaction.build((None, self.extra_width))
+        self.deep_mlp.build(x0_shape)
+
     def dense_call(self, numerical, embeddings):
         deep, wide = self.split_embeddings(embeddings)
         logits = self.interaction(wide) + self.deep_mlp(self.deep_input(numerical, deep))

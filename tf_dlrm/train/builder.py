@@ -110,7 +110,10 @@ def build_model(
         model = build_family_model(config.family, make_features(spec), spec.crossed_features, plan,
                                    len(spec.numerical_features), env.rank, seed, data_parallel_input,
                                    init_bound=config.embedding_init_bound)
-        build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, env.world_size)
+        if serving:
+            build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, env.world_size)
+        else:
+            model.build(None)
         return model
     embedding = DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input,
                                      features=make_features(spec), deduplicate_exchange=deduplicate_exchange,
