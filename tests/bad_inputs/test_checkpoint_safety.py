@@ -34,7 +34,7 @@ def test_a_diverging_run_saves_no_nan_checkpoint_and_keeps_the_good_ones(tmp_pat
     data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
     train(data, save, "--max_steps=4", "--checkpoint_every_steps=2", "--keep_checkpoints=2")
     # Losses are read only every 1000 steps: the checkpoint itself must notice the NaN weights.
-    diverged = train(data, save, "--resume", "--learning_rate=1e6", "--checkpoint_every_steps=1", "--keep_checkpoints=2",
+    diverged = train(data, save, "--resume", "--learning_rate=1e6", "--checkpoint_every_steps=1", "--keep_checkpoints=3",
                      "--print_freq=1000", "--epochs=3", check=False)
     assert diverged.returncode == 2, diverged.stderr[-3000:]
     assert "refusing to save a checkpoint at step" in diverged.stderr, diverged.stderr[-3000:]
@@ -42,16 +42,26 @@ def test_a_diverging_run_saves_no_nan_checkpoint_and_keeps_the_good_ones(tmp_pat
                      r"the last good checkpoint is kept: \S*ckpt-\d+", diverged.stderr), diverged.stderr[-3000:]
     assert "Traceback" not in diverged.stderr
     kept = checkpoint.list_checkpoints(str(save))
-    assert len(kept) == 2, kept
+    assert len(kept) == 3 and kept[0][1] == ckpt(save, 4), kept  # the last one before the rate jumped is among them
     for _, directory in kept:
         checkpoint.verify_files(directory, checkpoint.read_manifest(directory))
         assert all_finite(directory), directory
-    # The newest kept checkpoint still evaluates to a real AUC.
+    # The checkpoint from before the divergence evaluates to a real AUC.
     log = tmp_path / "eval.jsonl"
-    run_python(["main.py", f"--dataset_path={data}", *TINY_MODEL, f"--save_checkpoint_path={save}", "--resume",
+    run_python(["main.py", f"--dataset_path={data}", *TINY_MODEL, f"--restore_checkpoint_path={ckpt(save, 4)}",
                 "--mode=eval", f"--log_path={log}"], timeout=300)
     final = json.loads(open(log).read().splitlines()[-1])
-    assert 0 < final["auc"] < 1 and final["checkpoint"] == kept[-1][1]
+    assert 0 < final["auc"] < 1 and final["checkpoint"] == ckpt(save, 4), final
+    # The newest kept one holds finite but exploded weights (training loss ~1e17 at its step): evaluating it
+    # gives a real AUC or refuses in one line; it never reports an AUC of NaN scores.
+    newest = run_python(["main.py", f"--dataset_path={data}", *TINY_MODEL, f"--save_checkpoint_path={save}", "--resume",
+                         "--mode=eval", f"--log_path={tmp_path / 'newest.jsonl'}"], timeout=300, check=False)
+    if newest.returncode == 0:
+        final = json.loads(open(tmp_path / "newest.jsonl").read().splitlines()[-1])
+        assert 0 < final["auc"] < 1 and final["checkpoint"] == kept[-1][1], final
+    else:
+        assert newest.returncode == 2 and "predicted scores are NaN or inf" in newest.stderr, newest.stderr[-3000:]
+        assert "Traceback" not in newest.stderr
 
 
 @pytest.mark.slow

@@ -55,10 +55,13 @@ def rank_pid(rank: int) -> int:
 @pytest.mark.multirank
 def test_a_rank_that_raises_ends_the_job(tmp_path):
     process = start(["raise", "1"])
-    wait_for_line(process, "rank 1 step 3", timeout=300)
+    seen = wait_for_line(process, "rank 1 step 3", timeout=300)
     failed_at = time.time()
     try:
         output, _ = process.communicate(timeout=LIMIT_SECONDS)
+        # horovodrun forwards a rank's stdout and stderr in two threads: the traceback may come out
+        # before the step line it follows, i.e. among the lines wait_for_line already read.
+        output = "".join(seen) + output
     except subprocess.TimeoutExpired:
         process.kill()
         pytest.fail(f"horovodrun still running {LIMIT_SECONDS} s after rank 1 raised")

@@ -74,7 +74,7 @@ def check_scores(scores: np.ndarray, where: str) -> None:
     if bad:
         raise NonFiniteError(
             f"{where}: {bad} of {scores.size} predicted scores are NaN or inf: the model's weights are not "
-            "finite; no AUC is reported"
+            "finite, or so large that its forward pass overflows (a diverged run); no AUC is reported"
         )
 
 
