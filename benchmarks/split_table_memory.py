@@ -4,7 +4,9 @@ Each form is built in its own process (``--form=float32|split``), under ``mixed_
 model-parallel table of ``--rows`` x ``--dim`` in a one-process :class:`DistributedEmbedding`; the
 process looks up one batch (so the tables are really materialised), drops what Python holds of the
 initial values, and prints one JSON line: the bytes of the table variables (both halves of a split
-table) and the process's resident set size (``VmRSS``) before building and after the lookup.
+table), the process's resident set size (``VmRSS``) before building and after the lookup, and its
+peak (``VmHWM``, reset just before building through ``/proc/self/clear_refs``): what building the
+table needs on top of holding it.
 
     python benchmarks/split_table_memory.py --rows=2000000 --dim=64
 """
@@ -21,12 +23,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def rss_bytes() -> int:
+def rss_bytes(field: str = "VmRSS") -> int:
     with open("/proc/self/status") as handle:
         for line in handle:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def reset_peak_rss() -> None:
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")  # resets VmHWM to the current VmRSS (Linux >= 4.0)
 
 
 def measure(form: str, rows: int, dim: int) -> dict:
@@ -46,16 +53,19 @@ def measure(form: str, rows: int, dim: int) -> dict:
     tf.reduce_sum(tf.gather(tf.zeros([8, dim]), [0]))  # TensorFlow's own start-up allocations first
     gc.collect()
     before = rss_bytes()
+    reset_peak_rss()
     layer = DistributedEmbedding(plan, seed=1, split_embedding_tables=form == "split")
     pooled = layer((ids,))
     float(tf.reduce_sum(tf.cast(pooled, tf.float32)))
+    peak = rss_bytes("VmHWM")
     gc.collect()
     after = rss_bytes()
     variables = [v for v in layer.weights if v.trainable]
     return {"benchmark": "split_table_memory", "form": form, "rows": rows, "dim": dim,
             "variables": {v.path: str(v.dtype) for v in layer.weights},
             "table_bytes": table_bytes(variables), "float32_bytes": rows * dim * 4,
-            "rss_before": before, "rss_after": after, "rss_growth": after - before}
+            "rss_before": before, "rss_after": after, "rss_growth": after - before,
+            "rss_peak": peak, "peak_growth": peak - before}
 
 
 def main() -> None:

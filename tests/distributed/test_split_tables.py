@@ -119,6 +119,15 @@ def test_split_variables_round_trip_and_hold_float32_bytes():
     assert split.get_config()["split_embedding_tables"] is True
 
 
+def test_split_tables_are_filled_block_by_block_with_the_float32_values():
+    """Three row blocks of the initialiser (16384 rows each) and two tables in one fused shard: the
+    halves, filled block by block, join to the float32 shard's values bit for bit."""
+    split, plain = _layer(True, rows=(40_000, 7)), _layer(False, rows=(40_000, 7))
+    for t in range(2):
+        assert np.array_equal(split.get_full_table(t).view(np.uint32), plain.get_full_table(t).view(np.uint32))
+    assert np.abs(plain.get_full_table(0)).min() > 0  # every row written, none left at the zeros it started from
+
+
 def test_unsupported_combinations_are_refused_naming_the_flag():
     import keras
 

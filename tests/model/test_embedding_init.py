@@ -102,3 +102,16 @@ def test_dynamic_tables_take_the_flag_unless_the_spec_names_none():
 
     assert table_config("c", {"capacity": 100}, 4, 0.05).bound == 0.05
     assert table_config("c", {"capacity": 100}, 4).bound == pytest.approx(0.1)
+
+
+def test_the_library_layer_takes_a_bound_and_keeps_it_in_its_config():
+    from tf_dlrm.embedding import FeatureConfig, ShardedEmbedding, TableConfig
+
+    tables, features = [TableConfig("items", 30, 4)], [FeatureConfig("item", "items")]
+    layer = ShardedEmbedding(tables, features, init_bound=0.02)
+    layer.build()
+    assert 0.018 < np.abs(layer.get_full_table("items")).max() <= 0.02
+    assert ShardedEmbedding.from_config(layer.get_config()).init_bound == 0.02
+    default = ShardedEmbedding(tables, features)
+    default.build()
+    assert np.abs(default.get_full_table("items")).max() > 0.15  # 1/sqrt(30) = 0.183

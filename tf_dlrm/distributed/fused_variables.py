@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.distributed.exchange import index_dtype
-from tf_dlrm.distributed.split_tables import add_split_weight
+from tf_dlrm.distributed.split_tables import add_split_weight, scatter_float32
 from tf_dlrm.model.table_init import initial_table_blocks
 from tf_dlrm.model.variable_kind import SliceLayout, VariableKind, mark, set_layout
 
@@ -63,10 +63,16 @@ class FusedVariables:
     def _fused_variable(self, name: str, slices, kind: VariableKind, trainable: bool = True):
         offsets, total_rows = self._row_offsets([s.table for s in slices])
         width = slices[0].width if slices else 0
-        if self.split_embedding_tables and kind is VariableKind.SHARDED:
-            # Split bf16 halves are cut from the float32 values at once (tf_dlrm.distributed.split_tables).
+        split = self.split_embedding_tables and kind is VariableKind.SHARDED
+        if split and _in_stateless_scope():
+            # Split bf16 halves cut from the float32 values at once (tf_dlrm.distributed.split_tables).
             values = self._initial_values((total_rows, width), slices, offsets)
             return set_layout(mark(add_split_weight(self, name, values), kind), self._layout(slices, offsets)), offsets
+        if split:
+            # Both halves filled block by block, like a float32 shard: no float32 copy of the shard.
+            variable = add_split_weight(self, name, shape=(total_rows, width))
+            self._fill_blocks(variable, slices, offsets)
+            return set_layout(mark(variable, kind), self._layout(slices, offsets)), offsets
         # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round
         # away. autocast=False: Keras would otherwise cast the whole table on every read.
         if _in_stateless_scope():
@@ -81,14 +87,16 @@ class FusedVariables:
             # process's memory.
             variable = self.add_weight(name=name, shape=(total_rows, width), dtype="float32", trainable=trainable,
                                        initializer="zeros", autocast=False)
-            target = variable.value if hasattr(variable, "value") else variable
-            for piece, offset in zip(slices, offsets):
-                for start, block in self._initial_blocks(piece):
-                    rows = tf.range(int(offset) + start, int(offset) + start + block.shape[0], dtype=tf.int64)
-                    target.scatter_update(tf.IndexedSlices(tf.constant(block), rows))
+            self._fill_blocks(variable, slices, offsets)
         # The kind and the layout travel on the variable: the trainer and the checkpoint need no
         # attribute names of this layer (tf_dlrm.model.variable_kind).
         return set_layout(mark(variable, kind), self._layout(slices, offsets)), offsets
+
+    def _fill_blocks(self, variable, slices, offsets) -> None:
+        for piece, offset in zip(slices, offsets):
+            for start, block in self._initial_blocks(piece):
+                rows = tf.range(int(offset) + start, int(offset) + start + block.shape[0], dtype=tf.int64)
+                scatter_float32(variable, rows, tf.constant(block))
 
     def _initial_blocks(self, piece):
         spec = self.plan.tables[piece.table]

@@ -148,16 +148,23 @@ def table_bytes(variables) -> int:
     return total
 
 
-def add_split_weight(layer, name: str, values: np.ndarray):
+def add_split_weight(layer, name: str, values: np.ndarray | None = None, shape=None):
     """A split table on ``layer``: ``name`` (bf16 upper halves, trainable) and ``name + "_low"``
-    (uint16 lower halves), initialised from float32 ``values``; returns the marked ``high`` half."""
-    high_bits, low_bits = split_array(values)
-    del values
+    (uint16 lower halves), initialised from float32 ``values``, or zeros of ``shape`` (to be filled
+    block by block with :func:`scatter_float32`); returns the marked ``high`` half."""
+    if values is None:
+        high_init = low_init = "zeros"
+    else:
+        high_bits, low_bits = split_array(values)
+        shape = high_bits.shape
+        del values
+        high_init = lambda shape, dtype, v=high_bits: tf.bitcast(tf.constant(v), tf.bfloat16)  # noqa: E731
+        low_init = lambda shape, dtype, v=low_bits: tf.constant(v)  # noqa: E731
     # autocast=False: the bf16 table is read as it is (Keras would otherwise cast it on every read).
-    high = layer.add_weight(name=name, shape=high_bits.shape, dtype="bfloat16", trainable=True, autocast=False,
-                            initializer=lambda shape, dtype, v=high_bits: tf.bitcast(tf.constant(v), tf.bfloat16))
-    low = layer.add_weight(name=f"{name}_low", shape=low_bits.shape, dtype=LOW_DTYPE, trainable=False, autocast=False,
-                           initializer=lambda shape, dtype, v=low_bits: tf.constant(v))
+    high = layer.add_weight(name=name, shape=tuple(shape), dtype="bfloat16", trainable=True, autocast=False,
+                            initializer=high_init)
+    low = layer.add_weight(name=f"{name}_low", shape=tuple(shape), dtype=LOW_DTYPE, trainable=False, autocast=False,
+                           initializer=low_init)
     return mark_split(high, low)
 
 

@@ -30,11 +30,13 @@ class ShardedEmbedding(keras.layers.Layer):
         data_parallel_threshold: tables with fewer rows are replicated on every rank.
         column_slice_threshold: tables with more elements are cut into column slices.
         seed: initial table values depend only on ``(seed, table index)``.
+        init_bound: initial values uniform in ``[-init_bound, init_bound]``; None: ``1/sqrt(rows)`` per
+            table (the tables' ``uniform_sqrt_rows``; ``main.py``'s ``--embedding_init`` sets 0.05).
     """
 
     def __init__(self, tables: Sequence, features: Sequence, rank: int = 0, world_size: int = 1,
                  strategy: str = "auto", data_parallel_threshold: int = 0, column_slice_threshold: int | None = None,
-                 seed: int = 0, **kwargs):
+                 seed: int = 0, init_bound: float | None = None, **kwargs):
         super().__init__(**kwargs)
         self.tables = tuple(t if isinstance(t, TableConfig) else TableConfig(**dict(t)) for t in tables)
         self.features = tuple(as_feature_config(f) for f in features)
@@ -46,8 +48,9 @@ class ShardedEmbedding(keras.layers.Layer):
         self.plan = plan_tables(self.tables, world_size, strategy=strategy, data_parallel_threshold=data_parallel_threshold,
                                 column_slice_threshold=column_slice_threshold, features=self.features)
         # Collective names derive from this layer's name, so several layers in one model never mix.
-        self.sharded = DistributedEmbedding(self.plan, rank=rank, seed=seed, data_parallel_input=True,
+        self.sharded = DistributedEmbedding(self.plan, rank=rank, seed=seed, data_parallel_input=True, init_bound=init_bound,
                                             features=self.features, name=f"{self.name}_shards")
+        self.init_bound = self.sharded.init_bound
 
     def build(self, input_shape=None):
         self.sharded.build()
@@ -88,4 +91,5 @@ class ShardedEmbedding(keras.layers.Layer):
             "data_parallel_threshold": self.data_parallel_threshold,
             "column_slice_threshold": self.column_slice_threshold,
             "seed": self.seed,
+            "init_bound": self.init_bound,
         }
