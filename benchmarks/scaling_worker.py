@@ -42,6 +42,8 @@ def main(argv=None) -> None:
     parser.add_argument("--inter_op", type=int, default=0, help="inter-op threads per rank (0: the trainer's default)")
     parser.add_argument("--deduplicate_exchange", type=int, default=0,
                         help="1: build the embedding as main.py --deduplicate_exchange does")
+    parser.add_argument("--hot_rows_budget", type=float, default=0.0,
+                        help="> 0: replicate hot rows as main.py --hot_rows_budget does (id counts of the split's files)")
     parser.add_argument("--independent", type=str, default="",
                         help="RANK/N: one of N plain processes (no Horovod, no exchange) started together, "
                              "each training batch / N samples per step on cores / N threads")
@@ -66,7 +68,7 @@ def main(argv=None) -> None:
 
     from tf_dlrm.data.reader import SplitBinaryReader
     from tf_dlrm.feature_spec import FeatureSpec
-    from tf_dlrm.train import builder
+    from tf_dlrm.train import builder, hot_rows_setup
     from tf_dlrm.train.schedule import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
@@ -75,9 +77,13 @@ def main(argv=None) -> None:
     spec = FeatureSpec.load(args.spec)
     model_config = builder.ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims)
     plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), env.world_size)
+    # --hot_rows_budget of main.py (None in one process or at budget 0).
+    hot = hot_rows_setup.hot_row_plan(spec, plan, builder.ShardingConfig(hot_rows_budget=args.hot_rows_budget), env,
+                                      "train", batch_size * independent_count)
     # --deduplicate_exchange of main.py; in one process there is no exchange to deduplicate.
     model = builder.build_model(spec, plan, model_config, env, args.seed,
-                                deduplicate_exchange=bool(args.deduplicate_exchange) and env.world_size > 1)
+                                deduplicate_exchange=bool(args.deduplicate_exchange) and env.world_size > 1,
+                                hot_rows=hot_rows_setup.as_layer_option(hot))
     trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(args.learning_rate)))
     trainer.broadcast_initial_state()
     embedding = model.embedding
@@ -123,6 +129,7 @@ def main(argv=None) -> None:
         "embedding_bytes": held,
         "plan_rank_bytes": plan.rank_bytes(env.rank),
         "plan_total_bytes": plan.total_bytes(),
+        "hot_rows_expected_hit_rate": round(hot.overall_hit_rate, 4) if hot else None,
     }
     with open(os.path.join(args.out_dir, f"rank{record['rank']}.json"), "w") as handle:
         json.dump(record, handle)
