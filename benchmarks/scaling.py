@@ -112,7 +112,7 @@ def parse_args(argv=None):
     parser.add_argument("--batch_size", type=int, default=0, help="global batch (0: the config's)")
     parser.add_argument("--variant", action="append", default=[],
                         help="NAME=SETTING[;SETTING...]: one more launch of every N > 1 per round, where a SETTING is "
-                             "intra_op=K or inter_op=K (threads per rank), deduplicate_exchange=1, or ENV_NAME=VALUE (an environment variable "
+                             "intra_op=K or inter_op=K (threads per rank), deduplicate_exchange=1, hot_rows_budget=F, or ENV_NAME=VALUE (an environment variable "
                              "of the ranks), e.g. --variant='inter1=inter_op=1' --variant='cycle5=HOROVOD_CYCLE_TIME=5'")
     parser.add_argument("--ceiling", action=argparse.BooleanOptionalAction, default=True,
                         help="also run, for each world size N > 1, N independent processes without any exchange")
@@ -139,6 +139,8 @@ def parse_variant(text: str) -> tuple[str, tuple[list[str], dict]]:
             raise SystemExit(f"--variant={text}: expected KEY=VALUE, got {setting!r}")
         if key in ("intra_op", "inter_op", "deduplicate_exchange"):
             thread_args.append(f"--{key}={int(value)}")
+        elif key == "hot_rows_budget":
+            thread_args.append(f"--{key}={float(value)}")
         else:
             environment[key] = value
     return name, (thread_args, environment)

@@ -51,15 +51,20 @@ def main(argv=None) -> None:
 
     from train_throughput import CONFIGS, configure_threads
 
-    from tf_dlrm.distributed import collectives
+    from tf_dlrm.distributed import collectives, cycle_time
     from tf_dlrm.distributed import env as env_module
 
     if args.independent:
         independent_rank, independent_count = (int(part) for part in args.independent.split("/"))
+        cycle_line = None
         env = env_module.DistributedEnv()
         intra, inter = configure_threads(args.intra_op, args.inter_op, independent_count)
     else:
         independent_rank, independent_count = 0, 1
+        # main.py's choice of Horovod's cycle time (a variant's HOROVOD_CYCLE_TIME wins, as it does there).
+        config = CONFIGS[args.config]
+        cycle_line = cycle_time.apply(None, config.bottom_mlp_dims, config.top_mlp_dims,
+                                      args.batch_size or config.batch_size, int(os.environ.get("HOROVOD_SIZE", "1")))
         env = env_module.initialize(force_horovod=True)
         intra, inter = configure_threads(args.intra_op, args.inter_op, env.local_size)
 
@@ -130,6 +135,7 @@ def main(argv=None) -> None:
         "plan_rank_bytes": plan.rank_bytes(env.rank),
         "plan_total_bytes": plan.total_bytes(),
         "hot_rows_expected_hit_rate": round(hot.overall_hit_rate, 4) if hot else None,
+        "horovod_cycle_time": cycle_line,
     }
     with open(os.path.join(args.out_dir, f"rank{record['rank']}.json"), "w") as handle:
         json.dump(record, handle)

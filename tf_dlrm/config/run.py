@@ -41,6 +41,8 @@ class RunConfig:
     bf16_dense_allreduce: bool = False
     inference_batch_sizes: tuple[int, ...] = (1, 64, 1024, 4096)
     keep_best: bool = False
+    # --horovod_cycle_time_ms: None is auto (tf_dlrm.distributed.cycle_time).
+    horovod_cycle_time_ms: float | None = None
 
     def __post_init__(self):
         if self.batch_size <= 0:

@@ -8,6 +8,7 @@ from absl import flags
 from tf_dlrm.config.embedding import parse_width_mapping
 from tf_dlrm.config.model import DEFAULT_EMBEDDING_INIT_BOUND, ModelConfig, ShardingConfig, parse_dims, parse_embedding_init
 from tf_dlrm.distributed.memory_plan import parse_bytes
+from tf_dlrm.distributed.cycle_time import parse_cycle_time
 from tf_dlrm.config.run import RunConfig  # noqa: F401 (imported from here by cli and users)
 from tf_dlrm.config.training import EMBEDDING_OPTIMIZERS, OPTIMIZERS, LearningRateSchedule, LoopConfig, OptimizerConfig
 from tf_dlrm.precision import AmpMode
@@ -133,6 +134,9 @@ def define_flags() -> None:
     f.DEFINE_string("tensorboard_dir", None, "Directory for TensorBoard scalars (rank 0).")
     f.DEFINE_integer("seed", 12345, "Seed of weights and data order.")
     f.DEFINE_integer("inter_op_parallelism", 0, "TensorFlow inter-op threads (0: a default per world size).")
+    f.DEFINE_string("horovod_cycle_time_ms", "auto", "Horovod's coordination cycle under horovodrun (HOROVOD_CYCLE_TIME): "
+                    "milliseconds, or auto: 10 when a rank's MLPs do >= 10M multiply-adds forward per step, else "
+                    "Horovod's 1 (an environment's HOROVOD_CYCLE_TIME wins).")
     f.DEFINE_integer("intra_op_parallelism", 0, "TensorFlow intra-op threads (0: cores / ranks on this machine).")
     f.DEFINE_string("train_split", "train", "source_spec split to train on.")
     f.DEFINE_string("valid_split", "test", "source_spec split to evaluate on ('' or none: no evaluation); a split the "
@@ -220,4 +224,5 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         saved_model_path=values.saved_model_path,
         inference_batch_sizes=parse_dims(values.inference_batch_sizes, "inference_batch_sizes"),
         keep_best=values.keep_best,
+        horovod_cycle_time_ms=parse_cycle_time(values.horovod_cycle_time_ms),
     )

@@ -61,13 +61,33 @@ def start(config, check_spec=None):
     from tf_dlrm.train.session import configure_threads, resolve_spec_path
     from tf_dlrm.train.reporting import Reporter
 
+    cycle_line = None
+    if env_module.launched_by_horovodrun():
+        cycle_line = set_cycle_time(config)  # read by hvd.init
     env = env_module.initialize()
     config.check_world_size(env.world_size)
     threads = configure_threads(config, env.local_size)
     spec = FeatureSpec.load(resolve_spec_path(config), check_files=config.dataset_type == "tf_raw")
     if check_spec is not None:
         check_spec(spec)
-    return env, spec, Reporter(env.is_chief, config.log_path, config.tensorboard_dir), threads
+    reporter = Reporter(env.is_chief, config.log_path, config.tensorboard_dir)
+    if cycle_line and env.world_size > 1:
+        reporter.say(cycle_line)
+    return env, spec, reporter, threads
+
+
+def set_cycle_time(config) -> str:
+    """Sets Horovod's cycle time for this run's model and batch (:mod:`tf_dlrm.distributed.cycle_time`)."""
+    import os
+
+    from tf_dlrm.distributed import cycle_time
+
+    model = config.model
+    bottom, top = model.bottom_mlp_dims, model.top_mlp_dims
+    if model.family.model != "dlrm":
+        bottom, top = (), tuple(model.family.deep_mlp_dims) + (1,)
+    world_size = int(os.environ.get("HOROVOD_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+    return cycle_time.apply(config.horovod_cycle_time_ms, bottom, top, config.batch_size, world_size)
 
 
 def open_session(config, started=None) -> Session:
