@@ -64,7 +64,7 @@ def main(argv=None) -> None:
         # main.py's choice of Horovod's cycle time (a variant's HOROVOD_CYCLE_TIME wins, as it does there).
         config = CONFIGS[args.config]
         cycle_line = cycle_time.apply(None, config.bottom_mlp_dims, config.top_mlp_dims,
-                                      args.batch_size or config.batch_size, int(os.environ.get("HOROVOD_SIZE", "1")))
+                                      args.batch_size or config.batch_size, env_module.launched_world_size())
         env = env_module.initialize(force_horovod=True)
         intra, inter = configure_threads(args.intra_op, args.inter_op, env.local_size)
 

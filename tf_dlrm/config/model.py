@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Sequence
 
 from tf_dlrm.config.models import ModelFamilyConfig
@@ -18,19 +19,32 @@ INTERACTIONS = ("dot", "cat")
 DEFAULT_EMBEDDING_INIT_BOUND = 0.05
 
 
-def parse_embedding_init(text: str) -> float | None:
-    """``--embedding_init``: ``sqrt_rows`` (None) or a positive bound; raises naming the flag."""
+def parse_positive_or(text: str, keyword: str, flag: str, meaning: str) -> float | None:
+    """A flag that is ``keyword`` (None) or a positive finite number; raises naming the flag."""
     text = str(text).strip()
-    if text == "sqrt_rows":
+    if text == keyword:
         return None
     try:
-        bound = float(text)
+        value = float(text)
     except ValueError:
-        bound = math.nan
-    if not 0 < bound < math.inf:
-        raise ValueError(f"Expected --embedding_init to be sqrt_rows or a positive number (the bound b of uniform "
-                         f"[-b, b]). Received: --embedding_init={text!r}")
-    return bound
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise ValueError(f"Expected {flag} to be {keyword} or a positive number ({meaning}). Received: {flag}={text!r}")
+    return value
+
+
+def check_init_bound(init_bound, name: str = "init_bound") -> float | None:
+    """``None`` (1/sqrt(rows)) or a positive finite number, as float; raises naming ``name``."""
+    if init_bound is None:
+        return None
+    if isinstance(init_bound, bool) or not isinstance(init_bound, numbers.Real) or not 0 < init_bound < math.inf:
+        raise ValueError(f"Expected {name} to be None (1/sqrt(rows)) or a positive number. Received: {name}={init_bound!r}")
+    return float(init_bound)
+
+
+def parse_embedding_init(text: str) -> float | None:
+    """``--embedding_init``: ``sqrt_rows`` (None) or a positive bound."""
+    return parse_positive_or(text, "sqrt_rows", "--embedding_init", "the bound b of uniform [-b, b]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +70,7 @@ class ModelConfig:
                 raise ValueError(f"Expected --{name} to be positive widths. Received: {name}={list(dims)}")
         if self.top_mlp_dims[-1] != 1:
             raise ValueError(f"Expected --top_mlp_dims to end with 1 (the logit). Received: {list(self.top_mlp_dims)}")
-        bound = self.embedding_init_bound
-        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float)) or not 0 < bound < math.inf):
-            raise ValueError(f"Expected --embedding_init to be sqrt_rows or a positive number. Received: {bound!r}")
+        check_init_bound(self.embedding_init_bound, "--embedding_init")
         if self.interaction not in INTERACTIONS:
             raise ValueError(f"Expected --interaction in {list(INTERACTIONS)}. Received: {self.interaction!r}")
         if self.family.model == "dlrm" and self.interaction == "dot" and self.bottom_mlp_dims[-1] != self.embedding_dim:

@@ -17,9 +17,10 @@ Pure Python: no TensorFlow or Horovod import.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import MutableMapping, Sequence
+
+from tf_dlrm.config.model import parse_positive_or
 
 ENV = "HOROVOD_CYCLE_TIME"
 LONG_STEP_MACS = 10_000_000
@@ -28,17 +29,7 @@ LONG_STEP_CYCLE_MS = 10.0
 
 def parse_cycle_time(text: str) -> float | None:
     """``--horovod_cycle_time_ms``: ``auto`` (None) or milliseconds > 0; raises naming the flag."""
-    text = str(text).strip()
-    if text == "auto":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise ValueError(f"Expected --horovod_cycle_time_ms to be auto or a positive number of milliseconds. "
-                         f"Received: --horovod_cycle_time_ms={text!r}")
-    return value
+    return parse_positive_or(text, "auto", "--horovod_cycle_time_ms", "milliseconds")
 
 
 def dense_macs_per_rank(bottom_mlp_dims: Sequence[int], top_mlp_dims: Sequence[int], global_batch_size: int,

@@ -35,6 +35,11 @@ def launched_by_horovodrun() -> bool:
     return "HOROVOD_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
 
 
+def launched_world_size() -> int:
+    """The world size the launcher gave this process, readable before ``hvd.init`` (1 without one)."""
+    return int(os.environ.get("HOROVOD_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+
+
 def initialize(force_horovod: bool = False) -> DistributedEnv:
     """Initialises Horovod when this process was started by ``horovodrun`` (or when forced)."""
     if not (force_horovod or launched_by_horovodrun()):

@@ -14,22 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from tf_dlrm.config.model import check_init_bound  # noqa: F401 (the layers import it from here)
+
 ROW_BLOCK = 16384
 
 
 def table_bound(rows: int, init_bound: float | None = None) -> float:
     """The half-width of a table's uniform initial values."""
     return 1.0 / np.sqrt(rows) if init_bound is None else float(init_bound)
-
-
-def check_init_bound(init_bound) -> float | None:
-    """``None`` or a positive finite float; raises saying what was given."""
-    if init_bound is None:
-        return None
-    if isinstance(init_bound, bool) or not isinstance(init_bound, (int, float, np.floating)) \
-            or not np.isfinite(init_bound) or init_bound <= 0:
-        raise ValueError(f"Expected init_bound to be None (1/sqrt(rows)) or a positive number. Received: init_bound={init_bound!r}")
-    return float(init_bound)
 
 
 def _block_values(seed: int, table: int, block: int, rows_in_block: int, dim: int, bound: float) -> np.ndarray:

@@ -78,16 +78,14 @@ def start(config, check_spec=None):
 
 def set_cycle_time(config) -> str:
     """Sets Horovod's cycle time for this run's model and batch (:mod:`tf_dlrm.distributed.cycle_time`)."""
-    import os
-
     from tf_dlrm.distributed import cycle_time
+    from tf_dlrm.distributed.env import launched_world_size
 
     model = config.model
     bottom, top = model.bottom_mlp_dims, model.top_mlp_dims
     if model.family.model != "dlrm":
         bottom, top = (), tuple(model.family.deep_mlp_dims) + (1,)
-    world_size = int(os.environ.get("HOROVOD_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
-    return cycle_time.apply(config.horovod_cycle_time_ms, bottom, top, config.batch_size, world_size)
+    return cycle_time.apply(config.horovod_cycle_time_ms, bottom, top, config.batch_size, launched_world_size())
 
 
 def open_session(config, started=None) -> Session:
