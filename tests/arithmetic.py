@@ -30,6 +30,25 @@ EMULATED_AVX2_ENV = {"TF_ENABLE_ONEDNN_OPTS": "0", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 ARITHMETIC_PATHS = {"native": {}, "avx2": EMULATED_AVX2_ENV}
 
 
+def cpu_has_native_bfloat16() -> bool:
+    """Whether this CPU's own run ("native") takes a bf16 path other than the emulated one."""
+    from tf_dlrm.precision import native_bfloat16, read_cpu_info
+
+    return native_bfloat16(read_cpu_info())[0]
+
+
+def emulated_path_is_native_here(path: str) -> bool:
+    """True for the "avx2" path on a CPU without native bf16 (an AVX2-only EPYC, say): there the
+    "native" run already trains in the emulated bf16 arithmetic (TensorFlow routes bf16 to Eigen when
+    the CPU lacks BF16 instructions), so a second run would repeat it; only its float32 matmuls would
+    move from oneDNN to Eigen, which the float32 tolerances cover on every CPU anyway."""
+    return path == "avx2" and not cpu_has_native_bfloat16()
+
+
+EMULATED_IS_NATIVE_REASON = ("this CPU has no native bfloat16: its own run ('native') already takes the emulated bf16 "
+                             "path of CPUs without AVX-512 BF16")
+
+
 def bfloat16_rounding_points(dense_layers: int, interactions: int = 1) -> int:
     """Rounding points along the longest path of one forward + backward pass of a mixed_bfloat16 DLRM.
 
