@@ -91,7 +91,7 @@ def summarize(record: dict, mode: str, args, extra_env: dict) -> dict:
         "mode": mode, "rank": record["rank"], "world_size": args.world_size,
         "global_batch_size": record["global_batch_size"], "intra_op_threads": record["intra_op_threads"],
         "inter_op_threads": record["inter_op_threads"], "env": extra_env if horovod else {},
-        "ms": ms, "waiting_ms": waiting,
+        "horovod_cycle_time": record.get("horovod_cycle_time"), "ms": ms, "waiting_ms": waiting,
         "phase_sum_ms": round(sum(ms[name] for name in SUMMED), 2), "step_ms": ms["step"],
         "bytes_per_step": traffic[record["rank"]].to_dict(),
     }

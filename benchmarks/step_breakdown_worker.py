@@ -50,14 +50,19 @@ def main(argv=None) -> None:
     from scaling_worker import wait_for_all
     from train_throughput import CONFIGS, configure_threads
 
-    from tf_dlrm.distributed import collectives
+    from tf_dlrm.distributed import collectives, cycle_time
     from tf_dlrm.distributed import env as env_module
 
+    cycle_line = None
     if args.independent:
         rank, count = (int(part) for part in args.independent.split("/"))
         env = env_module.DistributedEnv()
         intra, inter = configure_threads(args.intra_op, args.inter_op, count)
     else:
+        # main.py's choice of Horovod's cycle time (HOROVOD_CYCLE_TIME in the environment wins, as it does there).
+        config = CONFIGS[args.config]
+        cycle_line = cycle_time.apply(None, config.bottom_mlp_dims, config.top_mlp_dims,
+                                      args.batch_size or config.batch_size, env_module.launched_world_size())
         env = env_module.initialize(force_horovod=True)
         rank, count = env.rank, 1
         intra, inter = configure_threads(args.intra_op, args.inter_op, env.local_size)
@@ -190,7 +195,7 @@ def main(argv=None) -> None:
     record = {"rank": rank, "world_size": env.world_size, "independent_processes": count if args.independent else 0,
               "intra_op_threads": intra, "inter_op_threads": inter, "global_batch_size": global_batch * count,
               "seconds": seconds, "waiting": waiting, "allreduce_payload_bytes": trainer.allreduce_payload_bytes(),
-              "send_widths": list(embedding.send_widths)}
+              "send_widths": list(embedding.send_widths), "horovod_cycle_time": cycle_line}
     with open(os.path.join(args.out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(record, handle)
 
