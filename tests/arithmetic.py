@@ -45,8 +45,13 @@ def emulated_path_is_native_here(path: str) -> bool:
     return path == "avx2" and not cpu_has_native_bfloat16()
 
 
-EMULATED_IS_NATIVE_REASON = ("this CPU has no native bfloat16: its own run ('native') already takes the emulated bf16 "
-                             "path of CPUs without AVX-512 BF16")
+def skip_if_emulated_path_is_native_here(path: str) -> None:
+    """Skips a test of the "avx2" path where :func:`emulated_path_is_native_here` says it repeats "native"."""
+    import pytest
+
+    if emulated_path_is_native_here(path):
+        pytest.skip("this CPU has no native bfloat16: its own run ('native') already takes the emulated bf16 "
+                    "path of CPUs without AVX-512 BF16")
 
 
 def bfloat16_rounding_points(dense_layers: int, interactions: int = 1) -> int:

@@ -171,10 +171,9 @@ def results_for(world_size: int, path: str, tmp_path_factory) -> list[dict]:
 @pytest.mark.parametrize("world_size,path", RUNS)
 @pytest.mark.parametrize("case", [c["name"] for c in CASES])
 def test_split_tables_equal_a_float32_master_weight_reference(world_size, path, case, tmp_path_factory):
-    from arithmetic import BFLOAT16_UNIT_ROUNDOFF, EMULATED_IS_NATIVE_REASON, bfloat16_update_bound, emulated_path_is_native_here
+    from arithmetic import BFLOAT16_UNIT_ROUNDOFF, bfloat16_update_bound, skip_if_emulated_path_is_native_here
 
-    if emulated_path_is_native_here(path):
-        pytest.skip(EMULATED_IS_NATIVE_REASON)
+    skip_if_emulated_path_is_native_here(path)
     bound = bfloat16_update_bound(DENSE_LAYERS) + 2 * 2 * 2 * BFLOAT16_UNIT_ROUNDOFF
     records = [r for r in results_for(world_size, path, tmp_path_factory) if r["case"] == case]
     assert len(records) == world_size

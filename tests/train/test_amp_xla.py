@@ -217,11 +217,10 @@ def rank_records(request, tmp_path_factory):
     """Every case at 2 ranks, once per arithmetic path: this CPU's own (oneDNN, native bf16 where the
     CPU has it) and the one of CPUs without AVX-512 (see tests/arithmetic.py), so that a tolerance
     which holds on one kind of CPU only fails here, not first on another machine."""
-    from arithmetic import EMULATED_IS_NATIVE_REASON, emulated_path_is_native_here
+    from arithmetic import skip_if_emulated_path_is_native_here
     from conftest import launch
 
-    if emulated_path_is_native_here(request.param):
-        pytest.skip(EMULATED_IS_NATIVE_REASON)
+    skip_if_emulated_path_is_native_here(request.param)
     directory = tmp_path_factory.mktemp(f"amp_xla_np2_{request.param}")
     (directory / "cases.json").write_text(json.dumps([{**BASE, **case} for case in CASES]))
     launch(2, ["tests/train/test_amp_xla.py", str(directory / "cases.json"), str(directory)], timeout=600,

@@ -9,7 +9,7 @@ writes its own slice), and three ranks (22/21/21 columns) restore it, evaluate i
 AUC as the two ranks' final evaluation and save it again, sharded three ways. Each rank's peak resident memory
 during a save or restore stays within 10% of what it held before (its training footprint), because
 no table is ever gathered whole: slices move in chunks of 4 MiB
-(16 MiB chunks measured up to 1.1067 on an AMD EPYC: glibc keeps several freed chunks per arena).
+(16 MiB chunks measured up to 1.1067 on an AMD EPYC: the overhead grows with the chunk).
 """
 
 from __future__ import annotations
