@@ -4,8 +4,10 @@ Each form is built in its own process (``--form=float32|split``), under ``mixed_
 model-parallel table of ``--rows`` x ``--dim`` in a one-process :class:`DistributedEmbedding`; the
 process looks up one batch (so the tables are really materialised), drops what Python holds of the
 initial values, and prints one JSON line: the bytes of the table variables (both halves of a split
-table), the process's resident set size (``VmRSS``) before building and after the lookup, and its
-peak (``VmHWM``, reset just before building through ``/proc/self/clear_refs``): what building the
+table), the process's resident set size (``VmRSS``) before building and after the lookup, the same
+after ``malloc_trim(0)`` (``rss_trimmed``: glibc keeps some of the freed per-block temporaries of the
+build in its arenas, 0 to 70 MB from run to run; trimmed, what stays is what the process holds), and
+its peak (``VmHWM``, reset just before building through ``/proc/self/clear_refs``): what building the
 table needs on top of holding it.
 
     python benchmarks/split_table_memory.py --rows=2000000 --dim=64
@@ -14,6 +16,8 @@ table needs on top of holding it.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import gc
 import json
 import os
@@ -34,6 +38,13 @@ def rss_bytes(field: str = "VmRSS") -> int:
 def reset_peak_rss() -> None:
     with open("/proc/self/clear_refs", "w") as handle:
         handle.write("5")  # resets VmHWM to the current VmRSS (Linux >= 4.0)
+
+
+def trim_malloc_arenas() -> None:
+    """Returns glibc's free arena memory to the system (a no-op where libc has no ``malloc_trim``)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    if hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def measure(form: str, rows: int, dim: int) -> dict:
@@ -60,11 +71,14 @@ def measure(form: str, rows: int, dim: int) -> dict:
     peak = rss_bytes("VmHWM")
     gc.collect()
     after = rss_bytes()
+    trim_malloc_arenas()
+    trimmed = rss_bytes()
     variables = [v for v in layer.weights if v.trainable]
     return {"benchmark": "split_table_memory", "form": form, "rows": rows, "dim": dim,
             "variables": {v.path: str(v.dtype) for v in layer.weights},
             "table_bytes": table_bytes(variables), "float32_bytes": rows * dim * 4,
             "rss_before": before, "rss_after": after, "rss_growth": after - before,
+            "rss_trimmed": trimmed, "rss_growth_trimmed": trimmed - before,
             "rss_peak": peak, "peak_growth": peak - before}
 
 
