@@ -48,15 +48,20 @@ def test_main_under_horovodrun_sets_and_reports_it():
     command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-c",
                "import os, runpy, sys\nsys.argv = ['main.py'] + sys.argv[1:]\n"
                "try:\n    runpy.run_path('main.py', run_name='__main__')\nfinally:\n"
-               "    print('rank', os.environ['HOROVOD_RANK'], 'HOROVOD_CYCLE_TIME', os.environ.get('HOROVOD_CYCLE_TIME'), flush=True)",
+               "    print('rank', os.environ['HOROVOD_RANK'], 'HOROVOD_CYCLE_TIME', os.environ.get('HOROVOD_CYCLE_TIME'),\n"
+               "          'TF_CPU_ALLOCATOR_USE_BFC', os.environ.get('TF_CPU_ALLOCATOR_USE_BFC'), flush=True)",
                "--dataset_type=synthetic", "--feature_spec=feature_specs/synthetic_small.yaml", *TINY_MODEL,
                "--max_steps=2", "--evals_per_epoch=0", "--horovod_cycle_time_ms=7"]
-    result = subprocess.run(command, cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=300)
+    env = worker_env()
+    env.pop("TF_CPU_ALLOCATOR_USE_BFC", None)  # main.py's own choice (tf_dlrm.train.cpu_allocator) is checked too
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert output.count("horovod cycle time: 7 ms (--horovod_cycle_time_ms)") == 1, output[-3000:]  # rank 0 says it
+    assert output.count("CPU allocator: TensorFlow's BFC pool (TF_CPU_ALLOCATOR_USE_BFC=true") == 1, output[-3000:]
     # Set in each rank's environment before hvd.init, where Horovod reads it.
-    assert "rank 0 HOROVOD_CYCLE_TIME 7" in output and "rank 1 HOROVOD_CYCLE_TIME 7" in output, output[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} HOROVOD_CYCLE_TIME 7 TF_CPU_ALLOCATOR_USE_BFC true" in output, output[-3000:]
 
 
 def test_main_refuses_a_bad_value_with_exit_2():

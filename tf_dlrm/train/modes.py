@@ -58,6 +58,7 @@ def start(config, check_spec=None):
     """
     from tf_dlrm.distributed import env as env_module
     from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.train import cpu_allocator
     from tf_dlrm.train.session import configure_threads, resolve_spec_path
     from tf_dlrm.train.reporting import Reporter
 
@@ -71,6 +72,7 @@ def start(config, check_spec=None):
     if check_spec is not None:
         check_spec(spec)
     reporter = Reporter(env.is_chief, config.log_path, config.tensorboard_dir)
+    reporter.say(cpu_allocator.describe())
     if cycle_line and env.world_size > 1:
         reporter.say(cycle_line)
     return env, spec, reporter, threads

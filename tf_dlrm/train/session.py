@@ -13,8 +13,15 @@ def configure_threads(config, local_size: int) -> tuple[int, int]:
     """Ranks on one machine share its cores: by default each gets cores / local ranks intra-op
     threads (the matmuls), and two inter-op threads, so that independent ops (the bottom MLP and
     the embedding exchange, the backward pass and the gradient allreduces) overlap: at ``-np 2`` on
-    2 cores two inter-op threads per rank measured about 5% faster than one."""
+    2 cores two inter-op threads per rank measured about 5% faster than one.
+
+    Also chooses the CPU allocator (:mod:`tf_dlrm.train.cpu_allocator`): both must precede the
+    process's first tensor."""
     import tensorflow as tf
+
+    from tf_dlrm.train import cpu_allocator
+
+    cpu_allocator.choose()
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     intra = config.intra_op_parallelism or max(1, cores // max(1, local_size))
