@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import ctypes
 import dataclasses
+import gc
 import multiprocessing
 import os
 from typing import Callable, Sequence
@@ -173,10 +175,24 @@ class LocalEngine:
     def close(self) -> None:
         """Nothing to release: worker pools live only during a pass."""
 
-    def _executor(self, initializer=_tune_malloc, initargs=()) -> concurrent.futures.ProcessPoolExecutor:
-        return concurrent.futures.ProcessPoolExecutor(
-            self.num_workers, mp_context=self._context, initializer=initializer, initargs=initargs
-        )
+    @contextlib.contextmanager
+    def _executor(self, initializer=_tune_malloc, initargs=()):
+        """A pool of forked workers for one pass.
+
+        A forked worker has one thread; a TensorFlow object of the caller's (a tf.data iterator of
+        an earlier evaluation, say) that the worker's garbage collector destroyed would wait forever
+        for threads the fork did not copy (seen: a test process hung in ``~IteratorResource``). The
+        caller's garbage is collected here, where its threads run, and what is left is frozen, out
+        of the workers' collections, until the pass ends."""
+        gc.collect()
+        gc.freeze()
+        try:
+            with concurrent.futures.ProcessPoolExecutor(
+                self.num_workers, mp_context=self._context, initializer=initializer, initargs=initargs
+            ) as executor:
+                yield executor
+        finally:
+            gc.unfreeze()
 
     def _run_ordered(self, executor, function: Callable, tasks, on_result: Callable) -> None:
         """Runs tasks with a bounded window, handing results over in submission order."""
