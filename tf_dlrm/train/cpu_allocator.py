@@ -5,8 +5,9 @@ TensorFlow's default CPU allocator passes every tensor to malloc, and glibc serv
 the tensor dies: every step then page-faults its big activations and exchange buffers in again.
 A ``horovodrun -np 2`` rank of ``criteo_capped`` at global batch 16384 took 1,345,302 page faults
 in 15 s (a plain process of the same step 607,151) and spent 27% of its CPU time in the kernel.
-TensorFlow's BFC allocator keeps freed blocks for reuse; with it the same ``-np 2`` run went from
-0.729 to 0.987 of the no-collectives ceiling (README, *Where a -np 2 step's time goes*).
+TensorFlow's BFC allocator keeps freed blocks for reuse; with it in every process, ``-np 2`` went
+from 0.729-0.753 to 0.891-0.896 of the no-collectives ceiling on a 2-core EPYC (README, *The CPU
+allocator*).
 
 TensorFlow reads ``TF_CPU_ALLOCATOR_USE_BFC`` when it creates the allocator, at the process's first
 tensor: :func:`choose` must run before that (``configure_threads`` calls it). A value the user set
