@@ -227,6 +227,13 @@ def list_diff(mine, expected, prefix):
     return result
 
 
+def assembly_ops(step, inputs) -> list[str]:
+    """The assembly kernel's op types in the traced training step (its gradient lives in the library)."""
+    graph_def = step.get_concrete_function(*inputs).graph.as_graph_def()
+    nodes = list(graph_def.node) + [node for f in graph_def.library.function for node in f.node_def]
+    return sorted({node.op for node in nodes if node.op.startswith("TfDlrmAssembleColumns")})
+
+
 def run_case(case, env):
     FLOOR["value"] = case.get("magnitude_floor", 1e-3)
     expected = reference_of(case, os.environ["EQUIVALENCE_REFERENCE_DIR"])
@@ -245,6 +252,8 @@ def run_case(case, env):
 
     for batch in batches[1:]:
         trainer.train_step(*local_inputs(batch, model.embedding, env))
+    record["exchanges"] = model.embedding.exchanges
+    record["assembly_ops"] = assembly_ops(trainer.train_step, local_inputs(batches[-1], model.embedding, env))
     record["tables"] = gathered_tables_diff(model, expected, "table")
     record["mlp"] = list_diff(trainer.mlp, expected, "mlp")
     record["embedding_state"] = embedding_state_diff(model, trainer, expected)

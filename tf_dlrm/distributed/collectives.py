@@ -5,6 +5,7 @@ Every function is a no-op (identity) with one rank. All ranks must call them in 
 
 from __future__ import annotations
 
+import zlib
 from typing import Sequence
 
 import tensorflow as tf
@@ -41,12 +42,25 @@ def alltoall_with_splits(env: DistributedEnv, tensor: tf.Tensor, splits: tf.Tens
     return received, received_splits
 
 
+def _tag(name: str | None, dtype: tf.DType) -> tf.Tensor:
+    """A constant that differs between collectives of different names, the same on every rank.
+
+    Horovod's ops are not marked stateful, so Grappler merges two allreduces of the same tensor
+    (e.g. the gradients of two biases that both add to the logit) into one, keeping one of the two
+    names; which one depends on the node order of each rank's graph, so ranks could disagree and
+    wait for each other forever (a Wide & Deep step at 3 ranks did). A tag riding in each group
+    makes the inputs of differently named collectives differ, so none is merged. A group takes one
+    dtype: the tag is the name's CRC-32 as six hex digits, exact in every dtype."""
+    crc = zlib.crc32((name or "").encode())
+    return tf.constant([(crc >> (4 * digit)) & 15 for digit in range(6)], dtype)
+
+
 def grouped_mean(env: DistributedEnv, tensors: Sequence[tf.Tensor], name: str | None = None) -> list[tf.Tensor]:
-    """Averages each tensor over ranks in one grouped allreduce."""
+    """Averages each tensor over ranks in one grouped allreduce (never merged with another, see :func:`_tag`)."""
     if not env.distributed or not tensors:
         return list(tensors)
     hvd = _hvd()
-    return list(hvd.grouped_allreduce(list(tensors), op=hvd.Average, name=name))
+    return list(hvd.grouped_allreduce(list(tensors) + [_tag(name, tensors[0].dtype)], op=hvd.Average, name=name))[:-1]
 
 
 def allgather(env: DistributedEnv, tensor: tf.Tensor, name: str | None = None) -> tf.Tensor:
@@ -82,4 +96,4 @@ def sum_over_ranks(env: DistributedEnv, tensor: tf.Tensor, name: str | None = No
     if not env.distributed:
         return tensor
     hvd = _hvd()
-    return hvd.allreduce(tensor, op=hvd.Sum, name=name)
+    return hvd.grouped_allreduce([tensor, _tag(name, tensor.dtype)], op=hvd.Sum, name=name)[0]

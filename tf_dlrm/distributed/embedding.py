@@ -43,6 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.distributed import collectives
+from tf_dlrm.distributed.assemble import assemble_columns, assemble_kernel, assembly_layout
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.distributed.dedup_exchange import deduplicated_exchange
 from tf_dlrm.distributed.embedding_bag import bag_kernel, mark_distinct_rows, multi_table_bag_lookup
@@ -262,16 +263,26 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
                 self.id_sink.assign(tf.add_n([tf.reduce_sum(tf.cast(u, tf.int64)) for u in unread]))
         else:
             global_ids = ids
-        parts = []
+        assemble = self.use_kernel and assemble_kernel() is not None
+        parts, part_chunks = [], []
         if self.exchanges:
-            parts.append(self._model_parallel_lookup(global_ids, local_batch))
+            block, chunk_widths = self._model_parallel_lookup(global_ids, local_batch, flat_received=assemble)
+            parts.append(block)
+            part_chunks.append(chunk_widths)
         for variable, offsets, entries, kernel in zip(self.replicated_variables, self.replicated_offsets,
                                                       self.replicated_entries, self.replicated_kernel):
             looked_up = pooled_lookup(variable, [(ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
                                       tf.as_dtype(offsets.dtype), kernel=kernel, checks=self._kernel_checks(entries))
             parts.append(tf.cast(looked_up, self.compute_dtype))
-        joined = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
-        pooled = permute(joined, self.permutation, axis=1)
+            part_chunks.append([int(variable.shape[1]) * len(entries)])
+        trivial = len(parts) == 1 and parts[0].shape.rank == 2 and np.array_equal(self.permutation, np.arange(part_chunks[0][0]))
+        # A replicated group that no feature reads contributes no column (the kernel wants columns).
+        if assemble and not trivial and all(sum(chunks) > 0 for chunks in part_chunks):
+            # One copy of the rows (and one for the gradient) instead of concat + permutation.
+            pooled = assemble_columns(parts, assembly_layout(part_chunks, self.permutation))
+        else:
+            joined = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
+            pooled = permute(joined, self.permutation, axis=1)
         if self.embedding_dim is None:
             return pooled
         return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
@@ -326,7 +337,16 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             for e, (f, p) in enumerate(entries):
                 yield block[:, e * width:(e + 1) * width], f, p, slices[p], offsets
 
-    def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch) -> tf.Tensor:
+    def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch, flat_received: bool = False):
+        """``(block, chunk widths)``: the owned tables' pooled lookups for this rank's samples as
+        ``[b, W]`` (one chunk), or with ``flat_received`` after the plain exchange what arrived, flat,
+        one ``[b, W_s]`` chunk per source (for :func:`assemble_columns`)."""
+        block = self._exchanged_lookup(global_ids, local_batch, flat_received)
+        if isinstance(block, tuple):
+            return block
+        return block, [int(block.shape[1]) if block.shape[1] is not None else sum(self.send_widths)]
+
+    def _exchanged_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch, flat_received: bool):
         packed = []
         for variable, offsets, entries, kernel in zip(self.shard_variables, self.group_offsets, self.entries, self.group_kernel):
             if entries:
@@ -348,6 +368,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             padding = tf.cast(self.padding_variables[0], self.compute_dtype)
             local_block = tf.tile(padding, [local_batch * self.plan.world_size, 1])
         received = self._exchange(local_block, local_batch)
+        if flat_received:
+            return received, list(self.send_widths)
         # Every source s sends this rank b rows of its width; b is the same for all sources.
         chunks = tf.split(received, [local_batch * w for w in self.send_widths], num=len(self.send_widths))
         return tf.concat([tf.reshape(c, [local_batch, w]) for c, w in zip(chunks, self.send_widths)], axis=1)

@@ -1,5 +1,6 @@
 """tf_dlrm's own CPU kernels (``dot_interaction.cc``: DLRM's dot interaction; ``embedding_bag.cc``:
-pooled multi-hot lookups, their gradient over distinct rows, SGD on distinct rows), compiled by
+pooled multi-hot lookups, their gradient over distinct rows, SGD on distinct rows;
+``assemble_columns.cc``: the embedding layer's output put in feature order in one copy), compiled by
 ``python -m tf_dlrm.ops.build`` (``scripts/install.sh`` runs it) into ``_tf_dlrm_ops.so`` beside
 the sources.
 
@@ -28,7 +29,8 @@ def kernels():
         if os.environ.get("TF_DLRM_DISABLE_KERNELS") != "1":
             from absl import logging
 
-            logging.warning("tf_dlrm: %s; the dot interaction and multi-hot pooling use plain TensorFlow ops (slower).", reason)
+            logging.warning("tf_dlrm: %s; the dot interaction, multi-hot pooling and the embedding output's assembly use plain "
+                            "TensorFlow ops (slower).", reason)
         return None
     return _load()
 
