@@ -50,7 +50,7 @@ from tf_dlrm.distributed.embedding_bag import bag_kernel, mark_distinct_rows, mu
 from tf_dlrm.distributed.full_tables import FullTableAccess
 from tf_dlrm.distributed.fused_variables import FusedVariables
 from tf_dlrm.distributed.hot_row_layer import HotRowReplicas
-from tf_dlrm.distributed.exchange import bfloat16_alltoall, permute
+from tf_dlrm.distributed.exchange import exchange_block, permute
 from tf_dlrm.distributed.id_exchange import exchange_ids
 from tf_dlrm.distributed.packing import (
     group_entries,
@@ -266,9 +266,10 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         assemble = self.use_kernel and assemble_kernel() is not None
         parts, part_chunks = [], []
         if self.exchanges:
-            block, chunk_widths = self._model_parallel_lookup(global_ids, local_batch, flat_received=assemble)
+            block = self._model_parallel_lookup(global_ids, local_batch, flat_received=assemble)
             parts.append(block)
-            part_chunks.append(chunk_widths)
+            # Flat: one [b, W_s] chunk per source; else [b, sum_s W_s] (one process: W_0).
+            part_chunks.append(list(self.send_widths) if block.shape.rank == 1 else [sum(self.send_widths)])
         for variable, offsets, entries, kernel in zip(self.replicated_variables, self.replicated_offsets,
                                                       self.replicated_entries, self.replicated_kernel):
             looked_up = pooled_lookup(variable, [(ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
@@ -338,15 +339,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
                 yield block[:, e * width:(e + 1) * width], f, p, slices[p], offsets
 
     def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch, flat_received: bool = False):
-        """``(block, chunk widths)``: the owned tables' pooled lookups for this rank's samples as
-        ``[b, W]`` (one chunk), or with ``flat_received`` after the plain exchange what arrived, flat,
-        one ``[b, W_s]`` chunk per source (for :func:`assemble_columns`)."""
-        block = self._exchanged_lookup(global_ids, local_batch, flat_received)
-        if isinstance(block, tuple):
-            return block
-        return block, [int(block.shape[1]) if block.shape[1] is not None else sum(self.send_widths)]
-
-    def _exchanged_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch, flat_received: bool):
+        """The owned tables' pooled lookups of this rank's samples, ``[b, sum_s W_s]``; with
+        ``flat_received``, after the plain exchange, what arrived as it is: flat, source by source."""
         packed = []
         for variable, offsets, entries, kernel in zip(self.shard_variables, self.group_offsets, self.entries, self.group_kernel):
             if entries:
@@ -367,9 +361,9 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if local_block is None:
             padding = tf.cast(self.padding_variables[0], self.compute_dtype)
             local_block = tf.tile(padding, [local_batch * self.plan.world_size, 1])
-        received = self._exchange(local_block, local_batch)
+        received = exchange_block(self.env, local_block, local_batch, self.send_widths, f"{self.name}_exchange")
         if flat_received:
-            return received, list(self.send_widths)
+            return received
         # Every source s sends this rank b rows of its width; b is the same for all sources.
         chunks = tf.split(received, [local_batch * w for w in self.send_widths], num=len(self.send_widths))
         return tf.concat([tf.reshape(c, [local_batch, w]) for c, w in zip(chunks, self.send_widths)], axis=1)
@@ -377,19 +371,6 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
     def _shard_lookup(self, variable, entries, index_dtype, kernel, checks) -> tf.Tensor:
         # One owned variable's pooled lookup; the split-table tests' float32 reference truncates here.
         return pooled_lookup(variable, entries, index_dtype, kernel=kernel, checks=checks)
-
-    def _exchange(self, local_block: tf.Tensor, local_batch) -> tf.Tensor:
-        """The embedding alltoall of ``local_block [B, W_r]`` (row block k to rank k), flattened."""
-        flat = tf.reshape(local_block, [-1])
-        if flat.dtype != tf.bfloat16:
-            return collectives.alltoall(self.env, flat, name=f"{self.name}_exchange")
-        world = self.plan.world_size
-        static_batch = local_block.shape[0] // world if local_block.shape[0] is not None else tf.get_static_value(local_batch)
-        if static_batch is None:
-            # The gradient's routing needs the local batch size; unknown at trace time, exchange float32.
-            received = collectives.alltoall(self.env, tf.cast(flat, tf.float32), name=f"{self.name}_exchange")
-            return tf.cast(received, tf.bfloat16)
-        return bfloat16_alltoall(self.env, flat, [int(static_batch) * w for w in self.send_widths], f"{self.name}_exchange")
 
     def compute_output_shape(self, input_shape):
         if self.embedding_dim is None:

@@ -2,7 +2,8 @@
 Python, is :mod:`tf_dlrm.distributed.packing`).
 
 - Tensor helpers: row gathers that read only the rows asked for, a permutation whose gradient is a
-  gather too, and the bfloat16 wire format (Horovod 0.28 has no bfloat16 alltoall).
+  gather too, the embedding alltoall (:func:`exchange_block`) and its bfloat16 wire format (Horovod
+  0.28 has no bfloat16 alltoall).
 """
 
 from __future__ import annotations
@@ -100,3 +101,18 @@ def bfloat16_alltoall(env: DistributedEnv, flat: tf.Tensor, received_splits, nam
         return tf.bitcast(received, tf.bfloat16), backward
 
     return exchange(flat)
+
+
+def exchange_block(env: DistributedEnv, local_block: tf.Tensor, local_batch, send_widths, name: str) -> tf.Tensor:
+    """The embedding alltoall of ``local_block [B, W_r]`` (row block k to rank k): what every source
+    sent here, flat, source s's ``[b, send_widths[s]]`` block after source s-1's."""
+    flat = tf.reshape(local_block, [-1])
+    if flat.dtype != tf.bfloat16:
+        return collectives.alltoall(env, flat, name=name)
+    world = env.world_size
+    static_batch = local_block.shape[0] // world if local_block.shape[0] is not None else tf.get_static_value(local_batch)
+    if static_batch is None:
+        # The gradient's routing needs the local batch size; unknown at trace time, exchange float32.
+        received = collectives.alltoall(env, tf.cast(flat, tf.float32), name=name)
+        return tf.cast(received, tf.bfloat16)
+    return bfloat16_alltoall(env, flat, [int(static_batch) * w for w in send_widths], name)
