@@ -13,7 +13,6 @@
 // runs side by side, in order. A chunk column read by no run (padding) gets a zero gradient; a
 // column read twice is refused when the op is built (its gradient would be a sum).
 
-#include <algorithm>
 #include <cstring>
 #include <vector>
 
