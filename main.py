@@ -3,7 +3,7 @@
 All flags are described by ``python main.py --helpfull``; see README.md.
 """
 
-from tf_dlrm.train.cli import run
+from tf_dlrm.cli.main import run
 
 if __name__ == "__main__":
     run()

@@ -89,9 +89,9 @@ def check_milliseconds(pair, batches: int, repeats: int = 5) -> float:
 
 
 def build_trainer(config, spec, seed):
-    from tf_dlrm.distributed.env import DistributedEnv
-    from tf_dlrm.train import builder
-    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.parallel.env import DistributedEnv
+    from tf_dlrm.cli import builder
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
     env = DistributedEnv()

@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from emit import emit  # noqa: E402
-from tf_dlrm.train import checkpoint_store as store  # noqa: E402
+from tf_dlrm.checkpoint import store  # noqa: E402
 
 
 def write_checkpoint(root: str, tables: int, table_mib: int) -> str:

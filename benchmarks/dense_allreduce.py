@@ -1,6 +1,6 @@
 r"""The dense-gradient allreduce alone, over Gloo: one grouped call, one call per gradient (what the
 trainer issues, each as soon as the backward pass produces it), and the bfloat16 mean of
-``--amp`` (tf_dlrm.distributed.compressed_mean), under Horovod settings given per launch.
+``--amp`` (tf_dlrm.parallel.compressed_mean), under Horovod settings given per launch.
 
     python benchmarks/dense_allreduce.py [--config=criteo_capped] [--world_size=2] [--repeats=15]
         [--settings=default,HOROVOD_FUSION_THRESHOLD=0,HOROVOD_CYCLE_TIME=5]
@@ -43,13 +43,13 @@ def gradient_shapes(config) -> list[tuple[int, ...]]:
 def worker(args) -> None:
     from train_throughput import CONFIGS
 
-    from tf_dlrm.distributed import collectives
-    from tf_dlrm.distributed import env as env_module
+    from tf_dlrm.parallel import collectives
+    from tf_dlrm.parallel import env as env_module
 
     env = env_module.initialize(force_horovod=True)
     import tensorflow as tf
 
-    from tf_dlrm.distributed.compressed_mean import bfloat16_mean
+    from tf_dlrm.parallel.compressed_mean import bfloat16_mean
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     shapes = gradient_shapes(CONFIGS[args.config])
@@ -87,8 +87,8 @@ def main(argv=None) -> list[dict]:
     from emit import emit
     from train_throughput import REPOSITORY
 
-    from tf_dlrm.distributed.compressed_mean import sent_bytes
-    from tf_dlrm.distributed.traffic import ring_allreduce_sent
+    from tf_dlrm.parallel.compressed_mean import sent_bytes
+    from tf_dlrm.sharding.traffic import ring_allreduce_sent
 
     out = []
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")

@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tf_dlrm.precision import native_bfloat16, read_cpu_info  # noqa: E402
+from tf_dlrm.train.precision import native_bfloat16, read_cpu_info  # noqa: E402
 
 # Environment variables that change which kernels TensorFlow runs, hence the figures.
 KERNEL_ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "TF_ENABLE_ONEDNN_OPTS", "TF_DLRM_DISABLE_KERNELS")

@@ -74,7 +74,7 @@ def main(argv=None) -> list[dict]:
     args = parser.parse_args(argv)
     sync_values = [int(v) for v in args.sync_every.split(",") if v]
     from tf_dlrm.data.synthetic import GeneratorConfig, generate
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.spec.feature_spec import FeatureSpec
 
     spec = FeatureSpec.load(os.path.join(REPOSITORY, args.spec), check_files=False)
     work = args.work_dir or tempfile.mkdtemp(prefix="hot_rows_training_")

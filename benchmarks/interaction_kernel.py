@@ -2,7 +2,7 @@ r"""The dot interaction alone: tf_dlrm's CPU kernel against the generic TensorFl
 
     python benchmarks/interaction_kernel.py [--batch_size=2048] [--tables=26] [--dims=16,128] [--windows=7]
 
-For each dim, times forward + gradient of :class:`tf_dlrm.model.interaction.DotInteraction` (a
+For each dim, times forward + gradient of :class:`tf_dlrm.models.layers.interaction.DotInteraction` (a
 ``tf.function`` with a GradientTape, on random inputs) with the kernel and with the generic path
 (one batched matmul + one gather of the triangle, hand-written gradient), taking turns window by
 window. Also times the kernel's forward alone. Prints one JSON object per dim and line:
@@ -45,9 +45,9 @@ def main(argv=None) -> list[dict]:
     import numpy as np
     import tensorflow as tf
 
-    from tf_dlrm.model.interaction import DotInteraction
+    from tf_dlrm.models.layers.interaction import DotInteraction
     from tf_dlrm.ops import kernels
-    from tf_dlrm.train.cli import configure_threads
+    from tf_dlrm.cli.main import configure_threads
 
     if kernels() is None:
         raise SystemExit("the kernel is not built: python -m tf_dlrm.ops.build")

@@ -116,7 +116,7 @@ def naive_preprocess(path: str, output_dir: str, frequency_threshold: int, test_
     """A straightforward per-line Python transform producing the same files as the engines."""
     from tf_dlrm.data.split_binary import SplitBinaryWriter
     from tf_dlrm.data.layout import nvidia_spec
-    from tf_dlrm.feature_spec import FeatureSpec, categorical_dtype_for
+    from tf_dlrm.spec.feature_spec import FeatureSpec, categorical_dtype_for
 
     with open(path, "rb") as stream:
         total = sum(1 for _ in stream)
@@ -165,11 +165,11 @@ def naive_preprocess(path: str, output_dir: str, frequency_threshold: int, test_
 
 def _run_case(args) -> None:
     """Child process: runs one engine ``--repeats`` times, prints the seconds of each run as JSON."""
-    from preprocessing.criteo import PreprocessConfig, preprocess
+    from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess
 
     spark = None
     if args.case == "spark":
-        from preprocessing.spark_engine import make_session
+        from tf_dlrm.preprocessing.spark_engine import make_session
 
         spark = make_session(args.spark_master, conf={"spark.ui.showConsoleProgress": "false"})
     seconds, cpu_seconds = [], []

@@ -141,7 +141,7 @@ def main():
     args = parser.parse_args()
     import keras
 
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.spec.feature_spec import FeatureSpec
 
     for config in args.datasets.split(","):
         dataset, num_train, num_valid, batch_size, epochs = CONFIGS[config]

@@ -1,5 +1,5 @@
 """Datasets of the quality benchmarks, made the way a user would: synthetic specs with their oracle
-AUC, and the real Criteo sample rows of ``../shared/data`` through ``python -m preprocessing.criteo``."""
+AUC, and the real Criteo sample rows of ``../shared/data`` through ``python -m tf_dlrm.preprocessing.criteo``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def make_dataset(name: str, directory: str, num_train: int, num_valid: int, seed
         return path
     if name == "synthetic_small":
         from tf_dlrm.data.synthetic import generate
-        from tf_dlrm.feature_spec import FeatureSpec
+        from tf_dlrm.spec.feature_spec import FeatureSpec
 
         spec = FeatureSpec.load(os.path.join(REPO, "feature_specs", "synthetic_small.yaml"), check_files=False)
         generate(spec, path, num_train_samples=num_train, num_valid_samples=num_valid, seed=seed)
@@ -31,7 +31,7 @@ def make_dataset(name: str, directory: str, num_train: int, num_valid: int, seed
         # the last 20% by row order as validation: a smoke-sized quality check, not a benchmark of record.
         inputs = [os.path.join(SHARED_DATA, "criteo_1tb_day0_sample_1k.tsv")]
         subprocess.run(
-            [sys.executable, "-m", "preprocessing.criteo", f"--input={','.join(inputs)}", f"--output_dir={path}",
+            [sys.executable, "-m", "tf_dlrm.preprocessing.criteo", f"--input={','.join(inputs)}", f"--output_dir={path}",
              "--split=fraction", "--test_fraction=0.2", "--frequency_threshold=2"],
             cwd=REPO, check=True, capture_output=True,
         )

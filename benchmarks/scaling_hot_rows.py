@@ -2,7 +2,7 @@
 
 Ids of table ``t`` (``n`` rows) follow Zipf's law with exponent ``s``: id ``i`` (1-based, by
 frequency) has probability ``p_i = i^-s / H(n, s)``, ``H(n, s) = sum_{i<=n} i^-s``. Every sample
-looks up each table once, so the planner's choice (:func:`tf_dlrm.distributed.hot_rows.plan_hot_rows`:
+looks up each table once, so the planner's choice (:func:`tf_dlrm.sharding.hot_rows.plan_hot_rows`:
 most lookups saved per byte first) is, for tables of one width, a common probability threshold
 ``lambda``: table ``t`` replicates its ``k_t`` rows with ``p_i >= lambda``, the largest ``lambda`` whose
 rows fit the budget. Its hit rate is ``H(k_t, s) / H(n, s)``.

@@ -11,7 +11,7 @@ and for each world size N and global batch B, prints:
 
 - the plan's table memory per rank (tf_dlrm's own planner, ``auto`` strategy, small tables replicated);
 - the embedding alltoall bytes each rank sends per step (forward + backward) and the ring allreduce
-  bytes of the dense gradients (:mod:`tf_dlrm.distributed.traffic`);
+  bytes of the dense gradients (:mod:`tf_dlrm.sharding.traffic`);
 - the step time these predict: ``max over ranks of (dense FLOPs / FLOP rate + gathered values x
   cost per value + alltoall bytes / alltoall rate + allreduce bytes / allreduce rate)``, no overlap
   assumed, each rank as fast as one rank measured here and the network as fast as Gloo's loopback.
@@ -44,10 +44,10 @@ from typing import Sequence
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from tf_dlrm.distributed.packing import send_width  # noqa: E402
-from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
-from tf_dlrm.distributed.planner import make_plan  # noqa: E402
-from tf_dlrm.distributed.traffic import step_traffic  # noqa: E402
+from tf_dlrm.sharding.packing import send_width  # noqa: E402
+from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
+from tf_dlrm.sharding.planner import make_plan  # noqa: E402
+from tf_dlrm.sharding.traffic import step_traffic  # noqa: E402
 
 from scaling_hot_rows import fit_exponent, hot_row_figures  # noqa: E402
 

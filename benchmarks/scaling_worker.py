@@ -51,8 +51,9 @@ def main(argv=None) -> None:
 
     from train_throughput import CONFIGS, configure_threads
 
-    from tf_dlrm.distributed import collectives, cycle_time
-    from tf_dlrm.distributed import env as env_module
+    from tf_dlrm.parallel import collectives
+    from tf_dlrm.cli import cycle_time
+    from tf_dlrm.parallel import env as env_module
 
     if args.independent:
         independent_rank, independent_count = (int(part) for part in args.independent.split("/"))
@@ -72,9 +73,9 @@ def main(argv=None) -> None:
     import tensorflow as tf
 
     from tf_dlrm.data.reader import SplitBinaryReader
-    from tf_dlrm.feature_spec import FeatureSpec
-    from tf_dlrm.train import builder, hot_rows_setup
-    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.spec.feature_spec import FeatureSpec
+    from tf_dlrm.cli import builder, hot_rows_setup
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
     config = CONFIGS[args.config]

@@ -78,7 +78,7 @@ def run_workers(args, spec_path: str, out_dir: str, independent: bool, extra_env
 
 
 def summarize(record: dict, mode: str, args, extra_env: dict) -> dict:
-    from tf_dlrm.distributed.traffic import step_traffic
+    from tf_dlrm.sharding.traffic import step_traffic
 
     ms = {name: round(statistics.median(values) * 1e3, 2) for name, values in record["seconds"].items()}
     ms["dense_backward"] = round(ms["dense_forward_backward"] - ms["dense_forward"], 2)

@@ -50,8 +50,9 @@ def main(argv=None) -> None:
     from scaling_worker import wait_for_all
     from train_throughput import CONFIGS, configure_threads
 
-    from tf_dlrm.distributed import collectives, cycle_time
-    from tf_dlrm.distributed import env as env_module
+    from tf_dlrm.parallel import collectives
+    from tf_dlrm.cli import cycle_time
+    from tf_dlrm.parallel import env as env_module
 
     cycle_line = None
     if args.independent:
@@ -70,10 +71,10 @@ def main(argv=None) -> None:
     import tensorflow as tf
 
     from tf_dlrm.data.reader import SplitBinaryReader
-    from tf_dlrm.distributed.pooling import pooled_lookup
-    from tf_dlrm.feature_spec import FeatureSpec
-    from tf_dlrm.train import builder
-    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.embedding.pooling import pooled_lookup
+    from tf_dlrm.spec.feature_spec import FeatureSpec
+    from tf_dlrm.cli import builder
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
     config = CONFIGS[args.config]

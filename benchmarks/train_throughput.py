@@ -93,8 +93,8 @@ def load_average() -> float | None:
 
 
 def configure_threads(intra: int, inter: int, local_size: int = 1) -> tuple[int, int]:
-    """The trainer's own rule (``tf_dlrm.train.cli.configure_threads``); 0 picks its default."""
-    from tf_dlrm.train.cli import configure_threads as configure
+    """The trainer's own rule (``tf_dlrm.cli.main.configure_threads``); 0 picks its default."""
+    from tf_dlrm.cli.main import configure_threads as configure
 
     return configure(types.SimpleNamespace(intra_op_parallelism=intra, inter_op_parallelism=inter), local_size)
 
@@ -102,7 +102,7 @@ def configure_threads(intra: int, inter: int, local_size: int = 1) -> tuple[int,
 def make_dataset(config: BenchConfig, directory: str, num_samples: int, seed: int = 1):
     """A synthetic split_binary dataset of the config's shape (reused when already there)."""
     from tf_dlrm.data.synthetic import generate
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.spec.feature_spec import FeatureSpec
 
     path = os.path.join(directory, "feature_spec.yaml")
     if os.path.exists(path):
@@ -133,7 +133,7 @@ class Case:
         import keras
         import tensorflow as tf
 
-        from tf_dlrm.train import builder
+        from tf_dlrm.cli import builder
 
         self.name = name
         self.impl, self.amp, self.xla = ALL_CASES[name]
@@ -174,7 +174,7 @@ class Case:
         import numpy as np
         import tensorflow as tf
 
-        from tf_dlrm.model.mlp import MLP
+        from tf_dlrm.models.layers.mlp import MLP
 
         vectors = len(spec.categorical_features) + 1
         width = config.bottom_mlp_dims[-1] + vectors * (vectors - 1) // 2  # the top MLP's input
@@ -201,9 +201,9 @@ class Case:
     def _tf_dlrm(config, spec, batches, learning_rate, seed, xla, embedding_optimizer="sgd", split_tables=False):
         import tensorflow as tf
 
-        from tf_dlrm.distributed.env import DistributedEnv
-        from tf_dlrm.train import builder
-        from tf_dlrm.train.schedule import LearningRateSchedule
+        from tf_dlrm.parallel.env import DistributedEnv
+        from tf_dlrm.cli import builder
+        from tf_dlrm.optimizers.settings import LearningRateSchedule
         from tf_dlrm.train.step import OptimizerConfig, Trainer
 
         env = DistributedEnv()

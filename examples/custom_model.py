@@ -29,8 +29,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tf_dlrm.distributed.env import initialize  # noqa: E402
-from tf_dlrm.model.table_init import initial_table_slice  # noqa: E402
+from tf_dlrm.parallel.env import initialize  # noqa: E402
+from tf_dlrm.embedding.table_init import initial_table_slice  # noqa: E402
 from tf_dlrm.embedding import (  # noqa: E402
     BroadcastInitialState, FeatureConfig, ShardedEmbedding, ShardedModel, TableConfig,
 )

@@ -32,7 +32,7 @@ ARITHMETIC_PATHS = {"native": {}, "avx2": EMULATED_AVX2_ENV}
 
 def cpu_has_native_bfloat16() -> bool:
     """Whether this CPU's own run ("native") takes a bf16 path other than the emulated one."""
-    from tf_dlrm.precision import native_bfloat16, read_cpu_info
+    from tf_dlrm.train.precision import native_bfloat16, read_cpu_info
 
     return native_bfloat16(read_cpu_info())[0]
 
@@ -111,7 +111,7 @@ def split_label_counts(dataset_directory) -> tuple[int, int]:
     """(positives, negatives) of the ``test`` split of a split_binary dataset."""
     import os
 
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.spec.feature_spec import FeatureSpec
 
     spec = FeatureSpec.load(os.path.join(str(dataset_directory), "feature_spec.yaml"))
     labels = np.fromfile(spec.split_files("test").label, dtype=np.uint8)

@@ -13,7 +13,7 @@ def run_cases_on_this_rank(run_case, inter_op_threads: int = 1) -> None:
     """``run_case(case, env) -> dict`` for every case, on one intra-op thread (oversubscribed ranks)."""
     import tensorflow as tf
 
-    from tf_dlrm.distributed import env as env_module
+    from tf_dlrm.parallel import env as env_module
 
     cases_path, out_dir = sys.argv[1], sys.argv[2]
     tf.config.threading.set_intra_op_parallelism_threads(1)

@@ -65,7 +65,7 @@ def run_python(args: list[str], timeout: float = 600, check: bool = True, env: d
 def make_synthetic_small(directory, seed: int, num_train: int = 200_000, num_valid: int = 50_000):
     """A learnable dataset of feature_specs/synthetic_small.yaml's shape in ``directory``."""
     from tf_dlrm.data.synthetic import generate
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.spec.feature_spec import FeatureSpec
 
     spec = FeatureSpec.load(os.path.join(REPO, "feature_specs", "synthetic_small.yaml"), check_files=False)
     generate(spec, str(directory), num_train_samples=num_train, num_valid_samples=num_valid, seed=seed)

@@ -67,7 +67,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_walk_sees_real_edges():
     graph = import_graph()
-    assert "tf_dlrm.feature_spec" in graph["tf_dlrm.data.reader"]
+    assert "tf_dlrm.spec.feature_spec" in graph["tf_dlrm.data.reader"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 

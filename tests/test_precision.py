@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tf_dlrm.precision import AmpMode, CpuInfo, choose_precision, native_bfloat16, read_cpu_info
+from tf_dlrm.train.precision import AmpMode, CpuInfo, choose_precision, native_bfloat16, read_cpu_info
 
 EPYC = CpuInfo("AMD EPYC 7B13 64-Core Processor", frozenset({"sse4_2", "avx", "avx2", "fma"}))
 COOPER_LAKE = CpuInfo("Intel(R) Xeon(R) Platinum 8380H", frozenset({"avx2", "avx512f", "avx512_bf16"}))

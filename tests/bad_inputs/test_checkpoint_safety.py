@@ -13,7 +13,7 @@ import pytest
 
 from conftest import run_python
 from tiny_dataset import TINY_MODEL, write_tiny
-from tf_dlrm.train import checkpoint
+from tf_dlrm.checkpoint import checkpointer as checkpoint
 
 
 def train(data, save, *flags, check=True):

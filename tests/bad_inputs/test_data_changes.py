@@ -8,7 +8,7 @@ import pytest
 
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.data.validation import BadDataError, message_of
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.spec.feature_spec import FeatureSpec
 from tiny_dataset import write_tiny
 
 

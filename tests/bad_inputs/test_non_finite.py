@@ -41,11 +41,11 @@ def test_evaluate_of_a_model_with_nan_weights_refuses(tmp_path):
     """The real evaluation path: a DLRM whose top layer holds a NaN gives no AUC."""
     from tiny_dataset import write_tiny
 
-    from tf_dlrm.distributed.env import DistributedEnv
-    from tf_dlrm.feature_spec import FeatureSpec
-    from tf_dlrm.train import builder
+    from tf_dlrm.parallel.env import DistributedEnv
+    from tf_dlrm.spec.feature_spec import FeatureSpec
+    from tf_dlrm.cli import builder
     from tf_dlrm.train.loop import evaluate
-    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
     data = write_tiny(tmp_path / "data")

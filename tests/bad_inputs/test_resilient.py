@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO, launch, run_python, worker_env
 from tiny_dataset import TINY_MODEL, write_tiny
-from tf_dlrm.train import checkpoint
+from tf_dlrm.checkpoint import checkpointer as checkpoint
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 STEPS, EVERY = 200, 20

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import HOROVODRUN, REPO, worker_env
 from tiny_dataset import TINY_MODEL, write_tiny
-from tf_dlrm.train import checkpoint
+from tf_dlrm.checkpoint import checkpointer as checkpoint
 
 pytestmark = pytest.mark.slow
 LONG_RUN = ["--epochs=100000", "--evals_per_epoch=0", "--print_freq=5"]

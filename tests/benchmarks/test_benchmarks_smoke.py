@@ -100,7 +100,7 @@ def test_targets_record_names_every_check(results):
 
 def check_cpu(record):
     """Figures from different CPUs must never be compared by mistake: each line names its CPU."""
-    from tf_dlrm.precision import read_cpu_info
+    from tf_dlrm.train.precision import read_cpu_info
 
     cpu = record["cpu"]
     assert {k: cpu[k] for k in ("model", "avx2", "avx512f", "avx512_bf16", "amx_bf16")} == read_cpu_info().summary(), record

@@ -17,9 +17,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import scaling_hot_rows as model  # noqa: E402
 import scaling_model  # noqa: E402
-from tf_dlrm.distributed.hot_rows import plan_hot_rows  # noqa: E402
-from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
-from tf_dlrm.distributed.planner import make_plan  # noqa: E402
+from tf_dlrm.sharding.hot_rows import plan_hot_rows  # noqa: E402
+from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
+from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 
 
 def _probabilities(rows, exponent):

@@ -25,7 +25,7 @@ def test_step_breakdown_records(tmp_path):
     assert horovod[0]["alltoall_forward_sent"] == horovod[1]["alltoall_forward_received"] > 0
     assert horovod[0]["allreduce_payload"] == horovod[1]["allreduce_payload"] > 0
     assert all(r["bytes_per_step"]["total_sent"] == 0 for r in records if r["mode"] == "independent")
-    # main.py's choice of Horovod's cycle (tf_dlrm.distributed.cycle_time): the tiny model keeps Horovod's 1 ms.
+    # main.py's choice of Horovod's cycle (tf_dlrm.cli.cycle_time): the tiny model keeps Horovod's 1 ms.
     assert all(r["horovod_cycle_time"].startswith("horovod cycle time: 1 ms (Horovod default) (auto:")
                for r in records if r["mode"] == "horovod"), records
 

@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PARSE_FLAGS = """
 import json, sys
 from absl import flags
-import tf_dlrm.train.flags as run_flags
+import tf_dlrm.cli.flags as run_flags
 run_flags.define_flags()
 flags.FLAGS(["main.py", "--dataset_path=/nowhere", "--embedding_dims=cat_0.bin:16", "--interaction=cat",
              "--optimizer=sgd", "--embedding_optimizer=adagrad", "--warmup_steps=3", "--decay_start_step=5",
@@ -51,8 +51,8 @@ def test_parsing_flags_imports_no_tensorflow():
     assert result["amp"] == "auto"
 
 
-@pytest.mark.parametrize("module", ["tf_dlrm.config.model", "tf_dlrm.config.training", "tf_dlrm.config.run",
-                                    "tf_dlrm.config.embedding"])
+@pytest.mark.parametrize("module", ["tf_dlrm.cli.model_config", "tf_dlrm.optimizers.settings", "tf_dlrm.cli.run_config",
+                                    "tf_dlrm.embedding.config"])
 def test_each_config_module_imports_no_tensorflow(module):
     result = run_fresh(f"import json, sys, {module}\n"
                        "print(json.dumps({'imported': sorted(m for m in ('tensorflow', 'keras') if m in sys.modules)}))")
@@ -60,10 +60,13 @@ def test_each_config_module_imports_no_tensorflow(module):
 
 
 def test_old_import_paths_give_the_same_classes():
-    from tf_dlrm.config import model, run, training
+    from tf_dlrm.cli import model_config as model, run_config as run
+    from tf_dlrm.optimizers import settings as training
     from tf_dlrm.optimizers import config as optimizers_config
     from tf_dlrm.optimizers import lazy_adam
-    from tf_dlrm.train import builder, flags, loop, schedule
+    from tf_dlrm.cli import builder, flags
+    from tf_dlrm.train import loop
+    from tf_dlrm.optimizers import settings as schedule
 
     assert builder.ModelConfig is model.ModelConfig and builder.ShardingConfig is model.ShardingConfig
     assert builder.parse_dims is model.parse_dims
@@ -77,14 +80,14 @@ def test_old_import_paths_give_the_same_classes():
 
 
 def test_tf_free_interaction_names_match_the_layer_enum():
-    from tf_dlrm.config.model import INTERACTIONS
-    from tf_dlrm.model.interaction import InteractionKind
+    from tf_dlrm.cli.model_config import INTERACTIONS
+    from tf_dlrm.models.layers.interaction import InteractionKind
 
     assert tuple(kind.value for kind in InteractionKind) == INTERACTIONS
 
 
 def test_model_config_still_checks_the_interaction():
-    from tf_dlrm.config.model import ModelConfig
+    from tf_dlrm.cli.model_config import ModelConfig
 
     with pytest.raises(ValueError, match=r"--interaction in \['dot', 'cat'\]. Received: 'cross'"):
         ModelConfig(interaction="cross")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from tf_dlrm.config.model import ShardingConfig
+from tf_dlrm.cli.model_config import ShardingConfig
 
 
 def parse(argv):
-    from tf_dlrm.train import cli  # defines main.py's flags on absl's FLAGS
-    from tf_dlrm.train.flags import config_from_flags
+    from tf_dlrm.cli import main as cli  # defines main.py's flags on absl's FLAGS
+    from tf_dlrm.cli.flags import config_from_flags
 
     cli.FLAGS.unparse_flags()
     cli.FLAGS(["main.py", "--dataset_path=/nowhere", *argv])

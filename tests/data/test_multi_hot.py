@@ -12,7 +12,7 @@ import yaml
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.data.synthetic import generate
 from tf_dlrm.data.transcode import TranscodeError, transcode
-from tf_dlrm.feature_spec import FeatureSpec, FeatureSpecError
+from tf_dlrm.spec.feature_spec import FeatureSpec, FeatureSpecError
 
 COLUMNS = ["click", "dense", "site", "items"]
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import launch
 from raw_csv import CITIES, write_dataset
 from tf_dlrm.data.transcode import transcode
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.spec.feature_spec import FeatureSpec
 
 
 @pytest.mark.multirank

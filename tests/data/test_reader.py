@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tf_dlrm.data.reader import SplitBinaryReader
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.spec.feature_spec import FeatureSpec
 
 NUM_SAMPLES = 103
 NUM_NUMERICAL = 3

@@ -9,7 +9,7 @@ import pytest
 
 from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.data.layout import nvidia_spec
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.spec.feature_spec import FeatureSpec
 
 CARDINALITIES = [5, 200, 40000]
 

@@ -14,7 +14,7 @@ import yaml
 
 from conftest import launch
 from tf_dlrm.data.split_tfrecords import SplitTFRecordsReader
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.spec.feature_spec import FeatureSpec
 
 PREBATCH = 32
 CARDINALITIES = [7, 300, 2500]

@@ -11,7 +11,7 @@ import pytest
 
 from tf_dlrm.data import synthetic
 from tf_dlrm.data.layout import nvidia_spec
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.spec.feature_spec import FeatureSpec
 from tf_dlrm.metrics import exact_auc, logloss
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

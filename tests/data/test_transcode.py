@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tf_dlrm.data.transcode import TranscodeError, transcode
-from tf_dlrm.feature_spec import FeatureSpec, FeatureSpecError
+from tf_dlrm.spec.feature_spec import FeatureSpec, FeatureSpecError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Column order of the csv files; "extra" is defined but used by no channel, so it is skipped.

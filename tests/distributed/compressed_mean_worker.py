@@ -11,8 +11,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tf_dlrm.distributed import env as env_module  # noqa: E402
-from tf_dlrm.distributed.compressed_mean import bfloat16_mean  # noqa: E402
+from tf_dlrm.parallel import env as env_module  # noqa: E402
+from tf_dlrm.parallel.compressed_mean import bfloat16_mean  # noqa: E402
 
 env = env_module.initialize(force_horovod=True)
 shapes = [(7, 5), (5,), (3, 4, 2), (1,)]

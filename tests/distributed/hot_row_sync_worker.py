@@ -27,8 +27,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 from tests.distributed.equivalence_worker import local_inputs, make_batches, make_model  # noqa: E402
-from tf_dlrm.distributed import collectives  # noqa: E402
-from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
+from tf_dlrm.parallel import collectives  # noqa: E402
+from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
 from tf_dlrm.train.step import OptimizerConfig, Trainer, binary_cross_entropy  # noqa: E402
 
 
@@ -137,13 +137,13 @@ def state_merge(case, env):
 
 def checkpoint(case, env):
     from tests.train.checkpoint_worker import parse
-    from tf_dlrm.train import builder, modes
-    from tf_dlrm.train.checkpoint_slices import read_table
-    from tf_dlrm.train.checkpoint_store import read_manifest
+    from tf_dlrm.cli import builder, modes
+    from tf_dlrm.checkpoint.slices import read_table
+    from tf_dlrm.checkpoint.store import read_manifest
 
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.spec.feature_spec import FeatureSpec
     from tf_dlrm.train.reporting import Reporter
-    from tf_dlrm.train.session import resolve_spec_path
+    from tf_dlrm.cli.session import resolve_spec_path
 
     config = parse(case["argv"])
     config.check_world_size(env.world_size)

@@ -7,7 +7,7 @@ Three DLRMs under ``mixed_bfloat16``, same seed, same batches, each case's optim
 - ``split``: N ranks, model-parallel shards stored as split bf16 tables (the code under test);
 - ``reference_n``: N ranks, the same plan, float32 shards whose lookups read the weights *truncated*
   to bfloat16 (:class:`TruncatingEmbedding`, written here independently of
-  :mod:`tf_dlrm.distributed.split_tables`), updated in float32 by the usual in-place update: the
+  :mod:`tf_dlrm.embedding.split_tables`), updated in float32 by the usual in-place update: the
   master-weight scheme split tables claim to equal without the master copy;
 - ``reference_1``: the same float32 reference in one process on the global batch.
 
@@ -32,15 +32,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import equivalence_worker as equivalence  # noqa: E402
 from arithmetic import relative_to_path  # noqa: E402
-from tf_dlrm.distributed import collectives  # noqa: E402
-from tf_dlrm.distributed import env as env_module  # noqa: E402
-from tf_dlrm.distributed.embedding import DistributedEmbedding  # noqa: E402
-from tf_dlrm.distributed.env import DistributedEnv  # noqa: E402
-from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
-from tf_dlrm.distributed.split_tables import read_float32  # noqa: E402
-from tf_dlrm.distributed.planner import make_plan  # noqa: E402
-from tf_dlrm.model.dlrm import DLRM  # noqa: E402
-from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
+from tf_dlrm.parallel import collectives  # noqa: E402
+from tf_dlrm.parallel import env as env_module  # noqa: E402
+from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding  # noqa: E402
+from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
+from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
+from tf_dlrm.embedding.split_tables import read_float32  # noqa: E402
+from tf_dlrm.sharding.planner import make_plan  # noqa: E402
+from tf_dlrm.models.dlrm import DLRM  # noqa: E402
+from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
 from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Grappler never merges two of tf_dlrm's allreduces (tf_dlrm.distributed.collectives._tag).
+"""Grappler never merges two of tf_dlrm's allreduces (tf_dlrm.parallel.collectives._tag).
 
 Horovod's ops are not marked stateful, so Grappler treats two allreduces of the same tensor as one
 computation and keeps one of the two; which one depends on each rank's node order, and a rank
@@ -14,8 +14,8 @@ from tensorflow.python.framework import ops as ops_lib
 from tensorflow.python.grappler import tf_optimizer
 from tensorflow.python.training import saver
 
-from tf_dlrm.distributed import collectives
-from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.parallel import collectives
+from tf_dlrm.parallel.env import DistributedEnv
 
 TWO_RANKS = DistributedEnv(rank=0, world_size=2)
 

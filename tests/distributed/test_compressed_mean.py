@@ -1,4 +1,4 @@
-"""bfloat16_mean (tf_dlrm.distributed.compressed_mean) at 2, 3 and 4 ranks: every rank gets the same
+"""bfloat16_mean (tf_dlrm.parallel.compressed_mean) at 2, 3 and 4 ranks: every rank gets the same
 mean, within 2 u (u = 2**-8, bf16's unit roundoff) of the exact mean relative to mean_r |g_r|: one
 rounding of each rank's input, one of the float32 sum's mean (float32's own error is 2**16 smaller,
 covered by the 2.05 instead of 2)."""

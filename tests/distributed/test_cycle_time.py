@@ -1,4 +1,4 @@
-"""Horovod's cycle time (``--horovod_cycle_time_ms``, ``tf_dlrm.distributed.cycle_time``): chosen from the
+"""Horovod's cycle time (``--horovod_cycle_time_ms``, ``tf_dlrm.cli.cycle_time``): chosen from the
 model and batch before ``hvd.init``, never over an environment's choice, and said in the run's output."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import HOROVODRUN, REPO, worker_env
-from tf_dlrm.distributed import cycle_time
+from tf_dlrm.cli import cycle_time
 
 CRITEO_CAPPED = ((512, 256, 128), (1024, 1024, 512, 256, 1))
 TINY_MODEL = ["--embedding_dim=4", "--bottom_mlp_dims=8,4", "--top_mlp_dims=8,1", "--batch_size=256"]
@@ -53,7 +53,7 @@ def test_main_under_horovodrun_sets_and_reports_it():
                "--dataset_type=synthetic", "--feature_spec=feature_specs/synthetic_small.yaml", *TINY_MODEL,
                "--max_steps=2", "--evals_per_epoch=0", "--horovod_cycle_time_ms=7"]
     env = worker_env()
-    env.pop("TF_CPU_ALLOCATOR_USE_BFC", None)  # main.py's own choice (tf_dlrm.train.cpu_allocator) is checked too
+    env.pop("TF_CPU_ALLOCATOR_USE_BFC", None)  # main.py's own choice (tf_dlrm.cli.cpu_allocator) is checked too
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]

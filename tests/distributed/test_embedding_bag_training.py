@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_dlrm.config.embedding import FeatureConfig
-from tf_dlrm.distributed import embedding as embedding_module
-from tf_dlrm.distributed.embedding import DistributedEmbedding
-from tf_dlrm.distributed.embedding_bag import bag_kernel, distinct_rows
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.distributed.plan import TableSpec
-from tf_dlrm.distributed.planner import make_plan
-from tf_dlrm.model.dlrm import DLRM
-from tf_dlrm.train.schedule import LearningRateSchedule
+from tf_dlrm.embedding.config import FeatureConfig
+from tf_dlrm.embedding import distributed_embedding as embedding_module
+from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
+from tf_dlrm.ops.embedding_bag import bag_kernel, distinct_rows
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.sharding.planner import make_plan
+from tf_dlrm.models.dlrm import DLRM
+from tf_dlrm.optimizers.settings import LearningRateSchedule
 from tf_dlrm.train.step import OptimizerConfig, Trainer
 
 TABLES = [TableSpec("items", 30, 8), TableSpec("tags", 12, 8), TableSpec("users", 50, 8), TableSpec("small", 4, 8)]
@@ -88,11 +88,11 @@ def test_without_the_library_the_layer_pools_with_tensorflow_ops():
     """``TF_DLRM_DISABLE_KERNELS=1`` (or no library): the plain path, nothing marked, same values."""
     code = (
         "import numpy as np, tensorflow as tf\n"
-        "from tf_dlrm.config.embedding import FeatureConfig\n"
-        "from tf_dlrm.distributed.embedding import DistributedEmbedding\n"
-        "from tf_dlrm.distributed.embedding_bag import distinct_rows\n"
-        "from tf_dlrm.distributed.plan import TableSpec\n"
-        "from tf_dlrm.distributed.planner import make_plan\n"
+        "from tf_dlrm.embedding.config import FeatureConfig\n"
+        "from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding\n"
+        "from tf_dlrm.ops.embedding_bag import distinct_rows\n"
+        "from tf_dlrm.sharding.plan import TableSpec\n"
+        "from tf_dlrm.sharding.planner import make_plan\n"
         "plan = make_plan([TableSpec('items', 30, 4)], 1, data_parallel_threshold=0)\n"
         "layer = DistributedEmbedding(plan, features=[FeatureConfig('f', 'items', hotness=3, combiner='mean')], seed=2)\n"
         "out = layer([np.array([[1, 1, 2], [29, 0, 0]], np.int32)])\n"

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from tf_dlrm.distributed.hot_rows import plan_hot_rows
-from tf_dlrm.distributed.plan import TableSpec
-from tf_dlrm.distributed.planner import make_plan
+from tf_dlrm.sharding.hot_rows import plan_hot_rows
+from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.sharding.planner import make_plan
 
 
 def _plan(world_size=2, strategy="table_wise"):
@@ -78,7 +78,7 @@ def test_hot_rows_module_imports_no_framework():
     import subprocess
     import sys
     root = pathlib.Path(__file__).resolve().parents[2]
-    code = ("import sys, tf_dlrm.distributed.hot_rows; "
+    code = ("import sys, tf_dlrm.sharding.hot_rows; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'horovod', 'keras'}))")
     result = subprocess.run([sys.executable, "-c", code], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
                             capture_output=True, text=True, check=True)
@@ -95,7 +95,7 @@ def test_min_count_keeps_rarely_seen_rows_cold():
 
 def test_min_count_for_is_world_size_lookups_per_batch():
     # 1,000,000 samples in batches of 16384: a row seen 2 times per batch occurs 122.07 times -> 123.
-    from tf_dlrm.distributed.hot_rows import min_count_for
+    from tf_dlrm.sharding.hot_rows import min_count_for
 
     assert min_count_for(2, 1_000_000, 16384) == 123
     assert min_count_for(1, 100, 100) == 1

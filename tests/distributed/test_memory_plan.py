@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tf_dlrm.distributed.memory_plan import check_budget, parse_bytes, plan_memory
-from tf_dlrm.distributed.plan import ColumnSlice, ShardingPlan, TableSpec
+from tf_dlrm.sharding.memory_plan import check_budget, parse_bytes, plan_memory
+from tf_dlrm.sharding.plan import ColumnSlice, ShardingPlan, TableSpec
 
 # t0: 100 x 8 replicated; t1: 1000 x 8 on rank 0; t2: 500 x 16 split 8/8 over ranks 0 and 1.
 PLAN = ShardingPlan(

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from tf_dlrm.distributed.plan import ColumnSlice, ShardingPlan, Strategy, TableSpec
-from tf_dlrm.distributed.planner import make_plan, split_columns
+from tf_dlrm.sharding.plan import ColumnSlice, ShardingPlan, Strategy, TableSpec
+from tf_dlrm.sharding.planner import make_plan, split_columns
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 STRATEGIES = [s.value for s in Strategy]
@@ -53,7 +53,7 @@ def all_plans():
 
 
 def test_plan_module_imports_no_framework():
-    code = ("import sys, tf_dlrm.distributed.planner; "
+    code = ("import sys, tf_dlrm.sharding.planner; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & "
             "{'tensorflow', 'horovod', 'numpy', 'keras'}))")
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
@@ -334,8 +334,8 @@ def test_a_table_read_by_two_features_counts_two_exchange_vectors():
     1.03); rank 0 then sends 2 * 16 + 4 = 36 columns per sample, rank 1 16. Counting t0's two
     pooled vectors, the planner moves t1 to rank 1 (same imbalance, 1.03): 32 and 20 columns.
     """
-    from tf_dlrm.distributed.packing import alltoall_bytes_per_step, send_width
-    from tf_dlrm.distributed.planner import table_readers
+    from tf_dlrm.sharding.packing import alltoall_bytes_per_step, send_width
+    from tf_dlrm.sharding.planner import table_readers
 
     tables = tables_of((4000, 16), (1000, 4), (4000, 16))
     feature_tables = [0, 0, 1, 2]  # two features read t0
@@ -346,7 +346,7 @@ def test_a_table_read_by_two_features_counts_two_exchange_vectors():
     assert blind.rank_slices == ((ColumnSlice(0, 0, 16), ColumnSlice(1, 0, 4)), (ColumnSlice(2, 0, 16),))
     assert counted.rank_slices == ((ColumnSlice(0, 0, 16),), (ColumnSlice(1, 0, 4), ColumnSlice(2, 0, 16)))
     assert counted.imbalance() == pytest.approx(blind.imbalance()) == pytest.approx(68 / 66)
-    # What the layer really sends (tf_dlrm.distributed.packing, which DistributedEmbedding uses).
+    # What the layer really sends (tf_dlrm.sharding.packing, which DistributedEmbedding uses).
     assert [send_width(blind, r, feature_tables) for r in range(2)] == [36, 16]
     assert [send_width(counted, r, feature_tables) for r in range(2)] == [32, 20]
     assert alltoall_bytes_per_step(counted, feature_tables, 8) == 1 * 4 * 32 * 4
@@ -355,7 +355,7 @@ def test_a_table_read_by_two_features_counts_two_exchange_vectors():
 
 
 def test_plan_tables_counts_the_features_of_each_table():
-    from tf_dlrm.config.embedding import FeatureConfig, TableConfig
+    from tf_dlrm.embedding.config import FeatureConfig, TableConfig
     from tf_dlrm.embedding.planning import plan_tables
 
     tables = [TableConfig("user", 4000, 16), TableConfig("device", 1000, 4), TableConfig("item", 4000, 16)]

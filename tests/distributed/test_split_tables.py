@@ -1,4 +1,4 @@
-"""Split bf16 embedding tables (``--split_embedding_tables``, :mod:`tf_dlrm.distributed.split_tables`).
+"""Split bf16 embedding tables (``--split_embedding_tables``, :mod:`tf_dlrm.embedding.split_tables`).
 
 (a) N = 1, 2, 3, 4 ranks with split tables equal a float32 master-weight reference (float32 tables read
     truncated to bf16, updated in float32), for sgd, lazy_adam and adagrad, table-wise and column-wise
@@ -59,7 +59,7 @@ def _bits(count: int, seed: int) -> np.ndarray:
 def test_split_and_join_are_bit_exact():
     import tensorflow as tf
 
-    from tf_dlrm.distributed.split_tables import join_arrays, join_tensors, split_array, split_tensor
+    from tf_dlrm.embedding.split_tables import join_arrays, join_tensors, split_array, split_tensor
 
     values = _bits(100_000, 1)
     high, low = split_array(values)
@@ -78,9 +78,9 @@ def test_split_and_join_are_bit_exact():
 def _layer(split: bool, rows=(300, 500), dim=6, seed=5):
     import keras
 
-    from tf_dlrm.distributed.embedding import DistributedEmbedding
-    from tf_dlrm.distributed.plan import TableSpec
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
+    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.sharding.planner import make_plan
 
     policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
@@ -96,8 +96,8 @@ def _layer(split: bool, rows=(300, 500), dim=6, seed=5):
 def test_split_variables_round_trip_and_hold_float32_bytes():
     import tensorflow as tf
 
-    from tf_dlrm.distributed.split_tables import is_split, low_half_of, read_float32, table_bytes, write_float32
-    from tf_dlrm.model.variable_kind import VariableKind, kind_of
+    from tf_dlrm.embedding.split_tables import is_split, low_half_of, read_float32, table_bytes, write_float32
+    from tf_dlrm.embedding.variable_kind import VariableKind, kind_of
 
     split, plain = _layer(True), _layer(False)
     (high,), (table,) = split.shard_variables, plain.shard_variables
@@ -131,9 +131,9 @@ def test_split_tables_are_filled_block_by_block_with_the_float32_values():
 def test_unsupported_combinations_are_refused_naming_the_flag():
     import keras
 
-    from tf_dlrm.distributed.embedding import DistributedEmbedding
-    from tf_dlrm.distributed.plan import TableSpec
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
+    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.sharding.planner import make_plan
 
     plan = make_plan([TableSpec("t0", 300, 4), TableSpec("t1", 300, 4)], 2, "table_wise", data_parallel_threshold=0)
     with pytest.raises(ValueError, match=r"--split_embedding_tables needs bfloat16 compute .*--amp"):
@@ -196,7 +196,7 @@ def test_split_tables_equal_a_float32_master_weight_reference(world_size, path, 
 @pytest.mark.parametrize("world_size", (1, 2))
 def test_checkpoints_move_between_split_and_float32_tables(world_size, tmp_path_factory):
     from tf_dlrm.data.synthetic import generate
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.spec.feature_spec import FeatureSpec
 
     data = str(tmp_path_factory.mktemp("split_checkpoint_data"))
     spec = FeatureSpec.load(os.path.join(REPO, "feature_specs", "synthetic_small.yaml"), check_files=False)

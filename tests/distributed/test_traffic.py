@@ -1,8 +1,8 @@
-"""Bytes per step per rank (tf_dlrm.distributed.traffic): hand-computed cases."""
+"""Bytes per step per rank (tf_dlrm.sharding.traffic): hand-computed cases."""
 
 import pytest
 
-from tf_dlrm.distributed.traffic import describe, ring_allreduce_sent, step_traffic
+from tf_dlrm.sharding.traffic import describe, ring_allreduce_sent, step_traffic
 
 
 def test_two_ranks_hand_computed():

@@ -25,10 +25,10 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dynamic_equivalence_worker import local, make_batches, make_model  # noqa: E402
 
-from tf_dlrm.distributed import collectives  # noqa: E402
-from tf_dlrm.distributed import env as env_module  # noqa: E402
-from tf_dlrm.dynamic import checkpoint  # noqa: E402
-from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
+from tf_dlrm.parallel import collectives  # noqa: E402
+from tf_dlrm.parallel import env as env_module  # noqa: E402
+from tf_dlrm.checkpoint import dynamic_state as checkpoint  # noqa: E402
+from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
 from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
 
 

@@ -11,7 +11,7 @@ import yaml
 
 from conftest import launch
 from tf_dlrm.data.transcode import TranscodeError, hash_key, transcode
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.spec.feature_spec import FeatureSpec
 
 CITIES = [f"City {name}" for name in ("Lyon", "Oslo", "Kyoto", "Lima", "Perth", "Quito", "Turin", "Accra", "Bergen", "Cork")]
 

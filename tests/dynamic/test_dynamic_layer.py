@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.dynamic import checkpoint, hashing, routing
-from tf_dlrm.dynamic.layer import DynamicEmbedding
-from tf_dlrm.dynamic.routing import DynamicTableConfig
-from tf_dlrm.dynamic.shard_state import ShardState
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.checkpoint import dynamic_state as checkpoint
+from tf_dlrm.embedding.dynamic import hashing
+from tf_dlrm.sharding import dynamic_routing as routing
+from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
+from tf_dlrm.sharding.dynamic_routing import DynamicTableConfig
+from tf_dlrm.embedding.dynamic.shard_state import ShardState
 
 
 def test_numpy_and_tensorflow_owners_agree_over_the_whole_key_range():
@@ -156,9 +158,9 @@ def test_restore_into_smaller_capacity_is_a_clear_error(tmp_path):
 
 
 def test_saved_model_serves_raw_keys_like_the_trained_model(tmp_path):
-    from tf_dlrm.dynamic import export
-    from tf_dlrm.model.dlrm import DLRM
-    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.embedding.dynamic import export
+    from tf_dlrm.models.dlrm import DLRM
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
     tables = [{"name": "user", "capacity": 16, "width": 4, "eviction": "lru"}, {"name": "item", "capacity": 16, "width": 4}]

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from conftest import launch, run_python
-from tf_dlrm.train import checkpoint
+from tf_dlrm.checkpoint import checkpointer as checkpoint
 
 FLAGS = ["--embedding_dim=4", "--bottom_mlp_dims=8,4", "--top_mlp_dims=8,1", "--batch_size=384", "--valid_batch_size=384",
          "--epochs=2", "--print_freq=1", "--seed=3", "--optimizer=adam", "--embedding_optimizer=adagrad"]
@@ -33,7 +33,7 @@ TRAIN, VALID = 4096, 1024  # 10 batches of 384 per epoch: step 12 is in the seco
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory):
     from tf_dlrm.data.synthetic import GeneratorConfig, generate
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.spec.feature_spec import FeatureSpec
 
     root = tmp_path_factory.mktemp("dynamic_main_checkpoint")
     spec = FeatureSpec.load(os.path.join(os.path.dirname(__file__), "..", "..", "feature_specs", "synthetic_small.yaml"),
@@ -74,7 +74,7 @@ def dense_arrays(directory):
 
 
 def read_valid(data):
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.spec.feature_spec import FeatureSpec
 
     spec = FeatureSpec.load(str(data / "feature_spec.yaml"))
     split = data / "test"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tf_dlrm.dynamic import spec as dynamic_spec
-from tf_dlrm.feature_spec import FeatureSpec, FeatureSpecError
+from tf_dlrm.spec import dynamic as dynamic_spec
+from tf_dlrm.spec.feature_spec import FeatureSpec, FeatureSpecError
 
 
 def raw_spec(**user):

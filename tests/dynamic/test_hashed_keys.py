@@ -1,4 +1,4 @@
-"""``preprocessing.criteo --keys=hashed``: raw int64 keys from the real Criteo sample, no vocabulary;
+"""``tf_dlrm.preprocessing.criteo --keys=hashed``: raw int64 keys from the real Criteo sample, no vocabulary;
 the keys follow the documented formula (checked with an independent pure-Python SplitMix64); the
 Spark engine writes the same bytes (when PySpark is installed); a bad flag mix is refused."""
 
@@ -14,8 +14,8 @@ import yaml
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "preprocessing"))
 from criteo_reference import TSV_SAMPLE, files_of  # noqa: E402
 
-from preprocessing.criteo import PreprocessConfig, preprocess  # noqa: E402
-from tf_dlrm.feature_spec import FeatureSpec  # noqa: E402
+from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess  # noqa: E402
+from tf_dlrm.spec.feature_spec import FeatureSpec  # noqa: E402
 
 MASK = (1 << 64) - 1
 
@@ -61,7 +61,7 @@ def test_hashed_keys_refuse_vocabulary_flags(tmp_path):
 
 def test_spark_writes_the_same_hashed_bytes(tmp_path):
     pytest.importorskip("pyspark", reason="the Spark engine needs PySpark")
-    from preprocessing.spark_engine import make_session
+    from tf_dlrm.preprocessing.spark_engine import make_session
 
     session = make_session("local[2]", conf={"spark.sql.shuffle.partitions": "2", "spark.ui.showConsoleProgress": "false"})
     try:

@@ -8,8 +8,8 @@ import os
 import numpy as np
 
 from tf_dlrm.data.synthetic import GeneratorConfig, generate
-from tf_dlrm.dynamic.routing import mix64
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.sharding.dynamic_routing import mix64
+from tf_dlrm.spec.feature_spec import FeatureSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_dlrm.distributed.embedding import DistributedEmbedding
-from tf_dlrm.distributed.plan import TableSpec
-from tf_dlrm.distributed.planner import make_plan
-from tf_dlrm.config.embedding import FeatureConfig
+from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
+from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.sharding.planner import make_plan
+from tf_dlrm.embedding.config import FeatureConfig
 
 FEATURES = [
     FeatureConfig("clicks", "items", hotness=3, combiner="sum"),

@@ -23,8 +23,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tf_dlrm.distributed import collectives  # noqa: E402
-from tf_dlrm.distributed.env import initialize  # noqa: E402
+from tf_dlrm.parallel import collectives  # noqa: E402
+from tf_dlrm.parallel.env import initialize  # noqa: E402
 from tf_dlrm.embedding import BroadcastInitialState, FeatureConfig, ShardedEmbedding, ShardedModel, TableConfig  # noqa: E402
 
 USER_TABLES = [TableConfig("users", 600, 8), TableConfig("devices", 5, 8)]

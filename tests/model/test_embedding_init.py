@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 
 from conftest import REPO, worker_env
-from tf_dlrm.config.model import DEFAULT_EMBEDDING_INIT_BOUND, ModelConfig, parse_embedding_init
-from tf_dlrm.model.table_init import initial_table_rows, initial_table_slice
+from tf_dlrm.cli.model_config import DEFAULT_EMBEDDING_INIT_BOUND, ModelConfig, parse_embedding_init
+from tf_dlrm.embedding.table_init import initial_table_rows, initial_table_slice
 
 CARDINALITIES = [3, 50, 40000]
 
 
 def parse(argv):
-    from tf_dlrm.train import cli  # defines main.py's flags on absl's FLAGS
-    from tf_dlrm.train.flags import config_from_flags
+    from tf_dlrm.cli import main as cli  # defines main.py's flags on absl's FLAGS
+    from tf_dlrm.cli.flags import config_from_flags
 
     cli.FLAGS.unparse_flags()
     cli.FLAGS(["main.py", "--dataset_path=/nowhere", *argv])
@@ -64,9 +64,9 @@ def test_values_lie_within_the_bound_and_fill_it(bound):
 
 
 def test_layers_use_their_bound_and_sharded_equals_one_process():
-    from tf_dlrm.distributed.embedding import DistributedEmbedding
-    from tf_dlrm.distributed.planner import TableSpec, make_plan
-    from tf_dlrm.model.embedding import EmbeddingBank
+    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
+    from tf_dlrm.sharding.planner import TableSpec, make_plan
+    from tf_dlrm.embedding.embedding_bank import EmbeddingBank
 
     bank = EmbeddingBank(CARDINALITIES, 8, seed=4, init_bound=0.05)
     bank.build()
@@ -98,7 +98,7 @@ def test_layers_use_their_bound_and_sharded_equals_one_process():
 
 
 def test_dynamic_tables_take_the_flag_unless_the_spec_names_none():
-    from tf_dlrm.dynamic.spec import table_config
+    from tf_dlrm.spec.dynamic import table_config
 
     assert table_config("c", {"capacity": 100}, 4, 0.05).bound == 0.05
     assert table_config("c", {"capacity": 100}, 4).bound == pytest.approx(0.1)

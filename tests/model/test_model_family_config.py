@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tf_dlrm.config.crossed_features import CrossedFeature
-from tf_dlrm.config.embedding import FeatureConfig
-from tf_dlrm.config.model_tables import family_features, family_tables
-from tf_dlrm.config.models import ModelFamilyConfig
-from tf_dlrm.distributed.plan import TableSpec
+from tf_dlrm.spec.crossed_features import CrossedFeature
+from tf_dlrm.embedding.config import FeatureConfig
+from tf_dlrm.models.tables import family_features, family_tables
+from tf_dlrm.models.config import ModelFamilyConfig
+from tf_dlrm.sharding.plan import TableSpec
 
 
 def test_model_family_config_checks_every_flag():
@@ -30,7 +30,7 @@ def test_config_module_imports_no_tensorflow():
     import subprocess
     import sys
 
-    code = ("import sys, tf_dlrm.config.models, tf_dlrm.config.model_tables, tf_dlrm.config.crossed_features; "
+    code = ("import sys, tf_dlrm.models.config, tf_dlrm.models.tables, tf_dlrm.spec.crossed_features; "
             "sys.exit('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -67,8 +67,8 @@ def test_crossed_features_too_large_are_refused():
 
 
 def test_flags_select_the_model():
-    from tf_dlrm.train import cli  # noqa: F401  (defines main.py's flags)
-    from tf_dlrm.train.flags import config_from_flags
+    from tf_dlrm.cli import main as cli  # noqa: F401  (defines main.py's flags)
+    from tf_dlrm.cli.flags import config_from_flags
 
     cli.FLAGS.unparse_flags()
     cli.FLAGS(["main.py", "--dataset_type=synthetic", "--model=dcnv2", "--num_cross_layers=2", "--cross_low_rank=8",
@@ -83,7 +83,7 @@ def test_flags_select_the_model():
 
 
 def test_spec_crossed_features_round_trip_and_errors(tmp_path):
-    from tf_dlrm.feature_spec import FeatureSpec, FeatureSpecError
+    from tf_dlrm.spec.feature_spec import FeatureSpec, FeatureSpecError
 
     raw = {"feature_spec": {"label": {"dtype": "bool"}, "x": {"dtype": "int32", "cardinality": 5},
                             "y": {"dtype": "int32", "cardinality": 6}},
@@ -101,7 +101,7 @@ def test_spec_crossed_features_round_trip_and_errors(tmp_path):
 def test_models_serialise_and_predict_alike(model):
     import keras
 
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.sharding.planner import make_plan
     from tf_dlrm.models import build_family_model
 
     family = ModelFamilyConfig(model=model, deep_mlp_dims=(8,), num_cross_layers=2)

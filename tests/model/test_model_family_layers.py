@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tf_dlrm.config.crossed_features import CrossedFeature, crossed_bucket, parse_crossed_features
-from tf_dlrm.model.cross_layer import CrossLayer
-from tf_dlrm.model.cross_network import CrossNetwork
-from tf_dlrm.model.crossed_ids import crossed_ids
-from tf_dlrm.model.factorization_machine import FactorizationMachine, LinearTerm
+from tf_dlrm.spec.crossed_features import CrossedFeature, crossed_bucket, parse_crossed_features
+from tf_dlrm.models.layers.cross_layer import CrossLayer
+from tf_dlrm.models.layers.cross_network import CrossNetwork
+from tf_dlrm.models.layers.crossed_ids import crossed_ids
+from tf_dlrm.models.layers.factorization_machine import FactorizationMachine, LinearTerm
 
 TOLERANCE = 1e-6
 

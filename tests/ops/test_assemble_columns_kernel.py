@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 from tf_dlrm import ops
-from tf_dlrm.distributed.assemble import assemble_columns, assemble_kernel, assembly_layout
-from tf_dlrm.distributed.exchange import permute
+from tf_dlrm.ops.assemble import assemble_columns, assemble_kernel, assembly_layout
+from tf_dlrm.embedding.exchange import permute
 
 BATCH = 7
 # Part 0 is flat, as the alltoall delivers it: three sources' [b, 3], [b, 1] (padding) and [b, 4]

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from arithmetic import BFLOAT16_UNIT_ROUNDOFF, float32_sum_bound
 from tf_dlrm import ops
-from tf_dlrm.model.interaction import DotInteraction, lower_triangle_indices
+from tf_dlrm.models.layers.interaction import DotInteraction, lower_triangle_indices
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -12,8 +12,8 @@ import tensorflow as tf
 
 from arithmetic import float32_sum_bound
 from tf_dlrm import ops
-from tf_dlrm.distributed.embedding_bag import apply_sgd_to_distinct_rows, bag_kernel, bag_lookup, multi_table_bag_lookup
-from tf_dlrm.distributed.pooling import pooled_lookup
+from tf_dlrm.ops.embedding_bag import apply_sgd_to_distinct_rows, bag_kernel, bag_lookup, multi_table_bag_lookup
+from tf_dlrm.embedding.pooling import pooled_lookup
 
 
 def library():
@@ -239,7 +239,7 @@ def test_several_variables_in_one_op_write_any_column_order():
 
 def test_lazy_adam_kernel_matches_the_tensorflow_ops(monkeypatch):
     """Three steps of LazyAdam.apply on distinct rows: the kernel against the gather/scatter ops."""
-    from tf_dlrm.distributed import embedding_bag
+    from tf_dlrm.ops import embedding_bag
     from tf_dlrm.optimizers.lazy_adam import LazyAdam
 
     rng = np.random.default_rng(9)

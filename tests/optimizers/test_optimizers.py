@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.model.variable_kind import SliceLayout, set_layout
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.embedding.variable_kind import SliceLayout, set_layout
 from tf_dlrm.optimizers.lamb import Lamb
 from tf_dlrm.optimizers.lazy_adam import LazyAdam
 from tf_dlrm.optimizers.rowwise_adagrad import RowwiseAdagrad
@@ -140,8 +140,8 @@ def test_bad_arguments_name_the_value():
     ],
 )
 def test_learning_rate_flags_give_each_family_its_rate(flags, dense, embedding):
-    from tf_dlrm.train import cli
-    from tf_dlrm.train.flags import config_from_flags
+    from tf_dlrm.cli import main as cli
+    from tf_dlrm.cli.flags import config_from_flags
 
     cli.FLAGS.unparse_flags()
     cli.FLAGS(["main.py", "--dataset_path=/nonexistent", *flags])
@@ -162,10 +162,10 @@ def test_learning_rate_flags_give_each_family_its_rate(flags, dense, embedding):
 def test_rowwise_adagrad_refuses_what_it_cannot_keep_exact(features, refused):
     """Row-wise state of a column-sliced table sums each sample's partial squares over the slices:
     exact for one one-hot reader only, so anything else is refused by name before training."""
-    from tf_dlrm.config.embedding import FeatureConfig
-    from tf_dlrm.distributed.embedding import DistributedEmbedding
-    from tf_dlrm.distributed.plan import TableSpec
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.embedding.config import FeatureConfig
+    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
+    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.sharding.planner import make_plan
 
     plan = make_plan([TableSpec("t0", 40, 8), TableSpec("t1", 30, 8)], 2, "column_wise", data_parallel_threshold=1)
     layer = DistributedEmbedding(plan, rank=0, features=[FeatureConfig(n, t, h) for n, t, h in features])

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from criteo_reference import CSV_SAMPLE
-from preprocessing.criteo import PreprocessConfig, preprocess
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess
+from tf_dlrm.spec.feature_spec import FeatureSpec
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPOSITORY, "feature_specs", "byo_example")

@@ -23,10 +23,10 @@ from criteo_reference import (
     read_rows,
     read_split,
 )
-from preprocessing.criteo import PreprocessConfig, preprocess
-from preprocessing.criteo_format import CriteoFormatError
-from preprocessing.vocabulary import Vocabulary
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess
+from tf_dlrm.preprocessing.criteo_format import CriteoFormatError
+from tf_dlrm.preprocessing.vocabulary import Vocabulary
+from tf_dlrm.spec.feature_spec import FeatureSpec
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -196,7 +196,7 @@ def test_days_split_needs_day_names(tmp_path):
 
 def test_command_line(tmp_path):
     command = [
-        sys.executable, "-m", "preprocessing.criteo", f"--input={CSV_SAMPLE}", f"--output_dir={tmp_path / 'out'}",
+        sys.executable, "-m", "tf_dlrm.preprocessing.criteo", f"--input={CSV_SAMPLE}", f"--output_dir={tmp_path / 'out'}",
         "--frequency_threshold=2", "--test_fraction=0.2", "--num_workers=2",
     ]
     result = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=120)
@@ -205,7 +205,7 @@ def test_command_line(tmp_path):
     assert summary["rows"] == {"train": 160, "test": 40}
     FeatureSpec.load(str(tmp_path / "out" / "feature_spec.yaml"), check_files=True)
     missing = subprocess.run(
-        [sys.executable, "-m", "preprocessing.criteo", f"--input={tmp_path / 'nope.tsv'}", f"--output_dir={tmp_path / 'x'}"],
+        [sys.executable, "-m", "tf_dlrm.preprocessing.criteo", f"--input={tmp_path / 'nope.tsv'}", f"--output_dir={tmp_path / 'x'}"],
         cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
     )
     assert missing.returncode != 0 and "file not found" in missing.stderr

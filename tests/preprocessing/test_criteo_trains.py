@@ -1,4 +1,4 @@
-"""Real Criteo rows -> preprocessing.criteo -> main.py learns them.
+"""Real Criteo rows -> tf_dlrm.preprocessing.criteo -> main.py learns them.
 
 The 200 rows live in the workplace's shared sample folder (their licence keeps them out of the
 repository); without it the test is skipped, naming the missing file. 200 rows are too few for a
@@ -23,7 +23,7 @@ SAMPLE = os.path.join(os.path.dirname(REPO), "shared", "data", "criteo_kaggle_sa
 def test_model_learns_preprocessed_criteo_rows(tmp_path):
     data, log = tmp_path / "criteo", tmp_path / "log.jsonl"
     run_python([
-        "-m", "preprocessing.criteo", f"--input={SAMPLE}", f"--output_dir={data}", "--frequency_threshold=1",
+        "-m", "tf_dlrm.preprocessing.criteo", f"--input={SAMPLE}", f"--output_dir={data}", "--frequency_threshold=1",
         "--split=fraction", "--test_fraction=0.25",
     ])
     run_python([

@@ -54,7 +54,7 @@ def ckpt(directory, step: int) -> str:
 def dataset(tmp_path_factory) -> str:
     if "data" not in _cache:
         from tf_dlrm.data.synthetic import generate
-        from tf_dlrm.feature_spec import FeatureSpec
+        from tf_dlrm.spec.feature_spec import FeatureSpec
 
         directory = str(tmp_path_factory.mktemp("checkpoint_data"))
         spec = FeatureSpec.load(os.path.join(REPO, "feature_specs", "synthetic_small.yaml"), check_files=False)
@@ -161,7 +161,7 @@ def single(tmp_path_factory) -> dict:
 def rewrite_as_version_1(source: str, target: str) -> None:
     """A copy of a sharded (version 2) checkpoint in the version-1 layout: every table and every
     embedding-state array as one full-table file, the manifest without slices."""
-    from tf_dlrm.train import checkpoint_store as store
+    from tf_dlrm.checkpoint import store
 
     shutil.copytree(source, target)
     manifest = store.read_manifest(target)

@@ -22,8 +22,8 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tf_dlrm.train import cli  # noqa: E402  (defines main.py's flags)
-from tf_dlrm.train.flags import config_from_flags  # noqa: E402
+from tf_dlrm.cli import main as cli  # noqa: E402  (defines main.py's flags)
+from tf_dlrm.cli.flags import config_from_flags  # noqa: E402
 
 
 def parse(argv):
@@ -33,7 +33,7 @@ def parse(argv):
 
 
 def predict(config, name, out_dir):
-    from tf_dlrm.train import builder, modes
+    from tf_dlrm.cli import builder, modes
     from tf_dlrm.train.loop import evaluate
 
     session = modes.open_session(config)
@@ -53,7 +53,7 @@ def predict(config, name, out_dir):
 
 
 def run_task(task, out_dir):
-    from tf_dlrm.train import modes
+    from tf_dlrm.cli import modes
 
     config = parse(task["argv"])
     try:

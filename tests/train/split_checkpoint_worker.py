@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from checkpoint_worker import parse  # noqa: E402
-from tf_dlrm.train import cli  # noqa: E402
+from tf_dlrm.cli import main as cli  # noqa: E402
 
 
 def flags(data: str, split: bool) -> list[str]:
@@ -33,7 +33,7 @@ def flags(data: str, split: bool) -> list[str]:
 
 
 def restored_tables(data: str, split: bool, checkpoint: str) -> dict:
-    from tf_dlrm.train import modes
+    from tf_dlrm.cli import modes
 
     session = modes.open_session(parse(flags(data, split) + [f"--restore_checkpoint_path={checkpoint}"]))
     modes.restore(session)
@@ -41,8 +41,8 @@ def restored_tables(data: str, split: bool, checkpoint: str) -> dict:
     tables = [embedding.get_full_table(t) for t in range(len(embedding.plan.tables))]  # collective
     record = {"shard_dtypes": sorted({str(v.dtype) for v in embedding.shard_variables})}
     if session.env.is_chief:
-        from tf_dlrm.train.checkpoint_slices import read_table
-        from tf_dlrm.train.checkpoint_store import read_manifest
+        from tf_dlrm.checkpoint.slices import read_table
+        from tf_dlrm.checkpoint.store import read_manifest
 
         saved = [read_table(checkpoint, entry) for entry in read_manifest(checkpoint)["tables"]]
         record["tables"] = len(saved)

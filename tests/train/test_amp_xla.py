@@ -36,11 +36,11 @@ def _policy(name):
 
 def small_model(seed=5, cardinalities=(40, 3000, 500, 7000), dim=8, interaction="dot", policy="float32"):
     """A single-process DLRM with replicated and model-parallel tables, built under ``policy``."""
-    from tf_dlrm.distributed.embedding import DistributedEmbedding
-    from tf_dlrm.distributed.plan import TableSpec
-    from tf_dlrm.distributed.planner import make_plan
-    from tf_dlrm.model.dlrm import DLRM
-    from tf_dlrm.train.builder import build_with_dummy_batch
+    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
+    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.sharding.planner import make_plan
+    from tf_dlrm.models.dlrm import DLRM
+    from tf_dlrm.cli.builder import build_with_dummy_batch
 
     restore = _policy(policy)
     try:
@@ -75,8 +75,8 @@ def batches_for(model, count, size=64, seed=0):
     [("dot", "sgd", "sgd"), ("cat", "sgd", "sgd"), ("dot", "rowwise_adagrad", "lamb"), ("dot", "lazy_adam", "lamb")],
 )
 def test_xla_step_equals_the_plain_step(interaction, embedding_optimizer, optimizer):
-    from tf_dlrm.distributed.env import DistributedEnv
-    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.parallel.env import DistributedEnv
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
     rates = {} if optimizer == "sgd" else {"dense_learning_rate": 0.01, "embedding_learning_rate": 0.05}
@@ -105,7 +105,7 @@ def test_xla_step_equals_the_plain_step(interaction, embedding_optimizer, optimi
 def test_dot_interaction_gradient_matches_autodiff(include_diagonal):
     import tensorflow as tf
 
-    from tf_dlrm.model.interaction import DotInteraction, lower_triangle_indices
+    from tf_dlrm.models.layers.interaction import DotInteraction, lower_triangle_indices
 
     rng = np.random.default_rng(1)
     bottom = tf.constant(rng.normal(size=(3, 4)), tf.float32)
@@ -126,8 +126,8 @@ def test_dot_interaction_gradient_matches_autodiff(include_diagonal):
 
 
 def test_float16_dynamic_loss_scale_skips_overflowing_steps():
-    from tf_dlrm.distributed.env import DistributedEnv
-    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.parallel.env import DistributedEnv
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.train.step import LossScale, OptimizerConfig, Trainer
 
     model = small_model(policy="mixed_float16")
@@ -146,8 +146,8 @@ def test_float16_dynamic_loss_scale_skips_overflowing_steps():
 
 
 def test_bfloat16_and_float32_take_no_loss_scale():
-    from tf_dlrm.distributed.env import DistributedEnv
-    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.parallel.env import DistributedEnv
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
     for policy in ("float32", "mixed_bfloat16"):
@@ -242,7 +242,7 @@ def test_two_ranks_equal_one_process_under_amp_and_xla(case, rank_records):
         # roundoff and the model's rounding points (tests/arithmetic.py), relative to the logits'
         # size and to the path each weight travelled, per tensor.
         forward_bound, update_bound = bfloat16_forward_bound(DENSE_LAYERS), bfloat16_update_bound(DENSE_LAYERS)
-        # N ranks average the MLP gradients in bfloat16 (tf_dlrm.distributed.compressed_mean): two
+        # N ranks average the MLP gradients in bfloat16 (tf_dlrm.parallel.compressed_mean): two
         # more rounding points on their path (each rank's gradient, then the mean), 2 u more per step.
         update_bound += 2 * 2 * BFLOAT16_UNIT_ROUNDOFF
     else:
@@ -273,10 +273,10 @@ def worker(cases_path: str, out_dir: str) -> None:
 
     import equivalence_worker as equivalence
     from arithmetic import relative_to_path
-    from tf_dlrm.distributed import collectives
-    from tf_dlrm.distributed import env as env_module
-    from tf_dlrm.distributed.env import DistributedEnv
-    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.parallel import collectives
+    from tf_dlrm.parallel import env as env_module
+    from tf_dlrm.parallel.env import DistributedEnv
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
     tf.config.threading.set_intra_op_parallelism_threads(1)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from checkpoint_runs import EVERY, STEPS, ckpt, single, straight, table_wise
-from tf_dlrm.train import checkpoint, checkpoint_slices, checkpoint_store
+from tf_dlrm.checkpoint import checkpointer as checkpoint, slices as checkpoint_slices, store as checkpoint_store
 
 pytestmark = pytest.mark.multirank
 
@@ -51,8 +51,8 @@ def test_tables_are_saved_as_the_owners_slices(tmp_path_factory):
     """-np 2 column-wise: each model-parallel table is two column-slice files, written by their owners,
     that join into the whole table (the first rows match the sharding-independent initial ones);
     replicated tables are one whole file; row-wise state is one [rows, 1] file per table."""
-    from tf_dlrm.config.model import DEFAULT_EMBEDDING_INIT_BOUND
-    from tf_dlrm.model.table_init import initial_table_slice
+    from tf_dlrm.cli.model_config import DEFAULT_EMBEDDING_INIT_BOUND
+    from tf_dlrm.embedding.table_init import initial_table_slice
 
     run = straight(tmp_path_factory)
     directory = ckpt(run["save"], STEPS)

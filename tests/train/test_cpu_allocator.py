@@ -1,4 +1,4 @@
-"""The CPU allocator of training runs (``tf_dlrm.train.cpu_allocator``): TensorFlow's BFC pool by
+"""The CPU allocator of training runs (``tf_dlrm.cli.cpu_allocator``): TensorFlow's BFC pool by
 default, chosen before the first tensor, so that a step's large tensors stop page-faulting in fresh
 memory every step; an explicit ``TF_CPU_ALLOCATOR_USE_BFC`` wins."""
 
@@ -9,13 +9,13 @@ import subprocess
 import sys
 
 from conftest import REPO, worker_env
-from tf_dlrm.train import cpu_allocator
+from tf_dlrm.cli import cpu_allocator
 
 # Threads configured the trainer's way, then 40 steps that each make and drop 64 MiB tensors;
 # prints the minor page faults of the steps (after a warm-up step).
 STEPS = """
 import resource, types
-from tf_dlrm.train.session import configure_threads
+from tf_dlrm.cli.session import configure_threads
 configure_threads(types.SimpleNamespace(intra_op_parallelism=1, inter_op_parallelism=1), 1)
 import tensorflow as tf
 x = tf.random.uniform([4096, 4096])

@@ -14,9 +14,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_amp_xla import batches_for, small_model  # noqa: E402
 
 from tf_dlrm import ops  # noqa: E402
-from tf_dlrm.distributed.env import DistributedEnv  # noqa: E402
-from tf_dlrm.model.interaction import interaction_paths  # noqa: E402
-from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
+from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
+from tf_dlrm.models.layers.interaction import interaction_paths  # noqa: E402
+from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
 from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
 
 KERNEL, GRADIENT = "TfDlrmDotInteraction", "TfDlrmDotInteractionGrad"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tf_dlrm.config.crossed_features import CrossedFeature
-from tf_dlrm.config.embedding import FeatureConfig
-from tf_dlrm.config.model_tables import family_tables
-from tf_dlrm.config.models import ModelFamilyConfig
-from tf_dlrm.distributed.plan import TableSpec
+from tf_dlrm.spec.crossed_features import CrossedFeature
+from tf_dlrm.embedding.config import FeatureConfig
+from tf_dlrm.models.tables import family_tables
+from tf_dlrm.models.config import ModelFamilyConfig
+from tf_dlrm.sharding.plan import TableSpec
 
 CARDINALITIES = (40, 3000, 500, 7000)
 CROSSED = [CrossedFeature("t1", "t2", 300)]
@@ -24,9 +24,9 @@ FAMILIES = {
 def family_model(name, policy="float32", seed=5):
     import keras
 
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.sharding.planner import make_plan
     from tf_dlrm.models import build_family_model
-    from tf_dlrm.train.builder import build_with_dummy_batch
+    from tf_dlrm.cli.builder import build_with_dummy_batch
 
     previous = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy(policy)
@@ -49,7 +49,7 @@ def batches(count, size=64, seed=0):
 
 
 def optimizer_config():
-    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig
 
     return OptimizerConfig(LearningRateSchedule(0.5), optimizer="adam", embedding_optimizer="lazy_adam",
@@ -58,7 +58,7 @@ def optimizer_config():
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_xla_step_equals_the_plain_step(name):
-    from tf_dlrm.distributed.env import DistributedEnv
+    from tf_dlrm.parallel.env import DistributedEnv
     from tf_dlrm.train.step import Trainer
 
     plain, compiled = family_model(name), family_model(name)
@@ -76,7 +76,7 @@ def test_xla_step_equals_the_plain_step(name):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_bfloat16_trains_with_float32_logits(name):
-    from tf_dlrm.distributed.env import DistributedEnv
+    from tf_dlrm.parallel.env import DistributedEnv
     from tf_dlrm.train.step import Trainer
 
     model = family_model(name, policy="mixed_bfloat16")

@@ -52,8 +52,8 @@ def test_inference_mode_logs_latency_percentiles_and_throughput(tmp_path_factory
     ],
 )
 def test_checkpoint_flags_are_checked(flags, message):
-    from tf_dlrm.train import cli
-    from tf_dlrm.train.flags import config_from_flags
+    from tf_dlrm.cli import main as cli
+    from tf_dlrm.cli.flags import config_from_flags
 
     cli.FLAGS.unparse_flags()
     cli.FLAGS(["main.py", "--dataset_path=/nonexistent", *flags])

@@ -19,7 +19,7 @@ FLAGS = ["--interaction=cat", "--bottom_mlp_dims=64,16", "--top_mlp_dims=64,32,1
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     from tf_dlrm.data.synthetic import generate
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.spec.feature_spec import FeatureSpec
 
     directory = tmp_path_factory.mktemp("multi_hot")
     spec = FeatureSpec.load(os.path.join(REPO, "feature_specs", "synthetic_multi_hot.yaml"), check_files=False)

@@ -15,7 +15,7 @@ import os
 import pytest
 
 from checkpoint_runs import EVERY, STEPS, ckpt, killed_and_resumed, max_difference, straight, table_wise
-from tf_dlrm.train import checkpoint
+from tf_dlrm.checkpoint import checkpointer as checkpoint
 
 pytestmark = pytest.mark.multirank
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tf_dlrm.train.schedule import LearningRateSchedule
+from tf_dlrm.optimizers.settings import LearningRateSchedule
 
 
 def test_warmup_constant_decay_by_hand():

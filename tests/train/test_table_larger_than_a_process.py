@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from conftest import HOROVODRUN, REPO, worker_env
-from tf_dlrm.train import checkpoint
+from tf_dlrm.checkpoint import checkpointer as checkpoint
 
 pytestmark = pytest.mark.multirank
 

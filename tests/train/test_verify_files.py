@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from tf_dlrm.train import checkpoint_store as store
-from tf_dlrm.train.checkpoint_checks import RestoreChecks
+from tf_dlrm.checkpoint import store
+from tf_dlrm.checkpoint.checks import RestoreChecks
 
 
 def write_checkpoint(save_path: str, step: int, num_tables: int = 6) -> str:

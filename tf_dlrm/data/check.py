@@ -22,7 +22,7 @@ import numpy as np
 from absl import app, flags
 
 from tf_dlrm.data.validation import id_problem
-from tf_dlrm.feature_spec import SPLIT_BINARY, FeatureSpec, FeatureSpecError
+from tf_dlrm.spec.feature_spec import SPLIT_BINARY, FeatureSpec, FeatureSpecError
 
 
 def _file_problems(spec: FeatureSpec, split: str) -> tuple[list[str], int | None]:

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.spec.feature_spec import FeatureSpec
 
 HIDDEN_DIM = 4
 MAX_PAIRS = 8
@@ -46,7 +46,7 @@ class GeneratorConfig:
     effect_decay: float = 1.5
     numerical_share: float = 0.35
     pairwise_share: float = 0.15
-    # Write sparse int64 keys for dynamic tables instead of ids (tf_dlrm.dynamic): see _as_keys.
+    # Write sparse int64 keys for dynamic tables instead of ids (tf_dlrm.embedding.dynamic): see _as_keys.
     hashed_keys: bool = False
     # Per categorical feature, in spec order: a Zipf exponent (> 0), or 0 for uniform ids; empty means
     # zipf_exponent for every feature. Reproduces the different skews of real logs' features.

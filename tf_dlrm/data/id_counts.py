@@ -1,6 +1,6 @@
 """Id frequencies per categorical feature, counted by one pass over a split's split_binary files.
 
-The hot-row planner (tf_dlrm.distributed.hot_rows) needs how often each id occurs. The counts are
+The hot-row planner (tf_dlrm.sharding.hot_rows) needs how often each id occurs. The counts are
 stored next to the dataset as ``id_counts.npz`` (one int64 array of length ``cardinality`` per
 categorical feature, keyed by the feature name, plus ``__samples__``, the number of samples counted),
 so that a later run reads them instead of counting again. Preprocessing may write the same file.
@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from tf_dlrm.feature_spec import FeatureSpec, SPLIT_BINARY
+from tf_dlrm.spec.feature_spec import FeatureSpec, SPLIT_BINARY
 
 COUNTS_FILE = "id_counts.npz"
 SAMPLES_KEY = "__samples__"
@@ -93,9 +93,9 @@ def main(argv=None) -> None:
     prints the hot-row plan (with ``--global_batch_size``, only rows seen ``world_size`` times per batch)."""
     import argparse
 
-    from tf_dlrm.distributed.hot_rows import min_count_for, plan_hot_rows
-    from tf_dlrm.distributed.plan import TableSpec
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.sharding.hot_rows import min_count_for, plan_hot_rows
+    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.sharding.planner import make_plan
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", required=True)

@@ -2,7 +2,7 @@
 
 Per split ``<split>/label.bin``, ``<split>/numerical.bin`` and one ``<split>/cat_<i>.bin`` per
 categorical feature (NVIDIA names the features themselves ``cat_<i>.bin``); categorical dtypes follow
-:func:`tf_dlrm.feature_spec.categorical_dtype_for`.
+:func:`tf_dlrm.spec.feature_spec.categorical_dtype_for`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping, Sequence
 
-from tf_dlrm.feature_spec import (
+from tf_dlrm.spec.feature_spec import (
     CATEGORICAL_CHANNEL,
     LABEL_CHANNEL,
     NUMERICAL_CHANNEL,

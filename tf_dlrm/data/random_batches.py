@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.spec.feature_spec import FeatureSpec
 
 
 class RandomBatches:

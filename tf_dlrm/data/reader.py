@@ -22,8 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.data.validation import BadDataError, id_problem, numerical_problem
-from tf_dlrm.dynamic import spec as dynamic_spec
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.spec import dynamic as dynamic_spec
+from tf_dlrm.spec.feature_spec import FeatureSpec
 
 LAST_BATCH_MODES = ("drop", "keep", "pad")
 

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tf_dlrm.feature_spec import FeatureSpec, SPLIT_BINARY
+from tf_dlrm.spec.feature_spec import FeatureSpec, SPLIT_BINARY
 
 
 class SplitBinaryWriter:
@@ -39,7 +39,7 @@ class SplitBinaryWriter:
         self._label_dtype = spec.dtype(spec.label_feature)
         self._numerical_dtype = spec.numerical_dtype()
         self._categorical_dtypes = [spec.dtype(name) for name in spec.categorical_features]
-        # Raw keys of dynamic tables (tf_dlrm.dynamic) have no id bound: any value of the dtype.
+        # Raw keys of dynamic tables (tf_dlrm.embedding.dynamic) have no id bound: any value of the dtype.
         self._cardinalities = [None if spec.feature_spec[name].get("dynamic") is True else rows
                                for name, rows in zip(spec.categorical_features, spec.cardinalities())]
         self._streams = {}

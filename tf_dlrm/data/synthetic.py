@@ -36,7 +36,7 @@ from tf_dlrm import metrics
 from tf_dlrm.data.hidden_model import HIDDEN_DIM, GeneratorConfig, HiddenModel, sigmoid
 from tf_dlrm.data.layout import with_split_binary_sources
 from tf_dlrm.data.split_binary import SplitBinaryWriter
-from tf_dlrm.feature_spec import FeatureSpec, TEST_SPLIT, TRAIN_SPLIT
+from tf_dlrm.spec.feature_spec import FeatureSpec, TEST_SPLIT, TRAIN_SPLIT
 from tf_dlrm.io.publish import staged_output
 
 DEFAULT_BLOCK_SIZE = 1 << 18
@@ -136,7 +136,7 @@ def _as_keys(ids: Sequence[np.ndarray]) -> list[np.ndarray]:
     """``--hashed_keys``: id ``i`` of table ``t`` becomes the int64 key ``mix64((t << 33) | i)``
     (SplitMix64, a bijection: distinct ids stay distinct, spread over the whole int64 range). The
     ids stay Zipf-distributed, so new keys keep appearing over the stream (the tail's first sightings)."""
-    from tf_dlrm.dynamic.routing import mix64
+    from tf_dlrm.sharding.dynamic_routing import mix64
 
     return [mix64(np.asarray(column, np.int64) | np.int64(table << 33)).view(np.int64) for table, column in enumerate(ids)]
 

@@ -9,7 +9,7 @@
   :class:`BroadcastInitialState` starts every rank from rank 0's dense weights.
 """
 
-from tf_dlrm.config.embedding import Combiner, FeatureConfig, TableConfig
+from tf_dlrm.embedding.config import Combiner, FeatureConfig, TableConfig
 from tf_dlrm.embedding.layer import ShardedEmbedding
 from tf_dlrm.embedding.model import BroadcastInitialState, ShardedModel, sharded_variables
 from tf_dlrm.embedding.planning import plan_tables

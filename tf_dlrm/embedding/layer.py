@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 
 import keras
 
-from tf_dlrm.distributed.embedding import DistributedEmbedding
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.config.embedding import TableConfig, as_feature_config
+from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.embedding.config import TableConfig, as_feature_config
 from tf_dlrm.embedding.planning import plan_tables
 
 
@@ -25,7 +25,7 @@ class ShardedEmbedding(keras.layers.Layer):
     Args:
         tables: :class:`TableConfig` (or dicts), one per table.
         features: :class:`FeatureConfig` (or dicts): the keys of the input and output dicts.
-        rank, world_size: this process's place (see :func:`tf_dlrm.distributed.env.initialize`).
+        rank, world_size: this process's place (see :func:`tf_dlrm.parallel.env.initialize`).
         strategy: ``auto``, ``table_wise`` or ``column_wise``.
         data_parallel_threshold: tables with fewer rows are replicated on every rank.
         column_slice_threshold: tables with more elements are cut into column slices.

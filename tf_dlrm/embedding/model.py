@@ -19,16 +19,16 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tf_dlrm.distributed import collectives
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
+from tf_dlrm.parallel import collectives
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD
 
 
 def sharded_variables(model, kind: VariableKind = VariableKind.SHARDED) -> list:
     """The rank-local shard variables of every sharded embedding layer inside ``model`` (or, with
     ``kind=VariableKind.PADDING``, the exchange paddings of ranks that own no slice), found by the
-    mark each layer sets on its variables (:mod:`tf_dlrm.model.variable_kind`)."""
+    mark each layer sets on its variables (:mod:`tf_dlrm.embedding.variable_kind`)."""
     return variables_of_kind(model.variables, kind)
 
 
@@ -44,7 +44,7 @@ class ShardedModel(keras.Model):
     """Subclass it (or call it functionally) like ``keras.Model``; sharded layers are found inside.
 
     Args:
-        world_size, rank: this process's place (``tf_dlrm.distributed.env.initialize()``).
+        world_size, rank: this process's place (``tf_dlrm.parallel.env.initialize()``).
         embedding_learning_rate: the shards' SGD rate; None: the compiled optimizer's rate.
     """
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tf_dlrm.config.embedding import TableConfig, as_feature_config, feature_tables
-from tf_dlrm.distributed.plan import ShardingPlan, TableSpec
-from tf_dlrm.distributed.planner import make_plan, table_readers
+from tf_dlrm.embedding.config import TableConfig, as_feature_config, feature_tables
+from tf_dlrm.sharding.plan import ShardingPlan, TableSpec
+from tf_dlrm.sharding.planner import make_plan, table_readers
 
 
 def plan_tables(tables: Sequence[TableConfig], world_size: int, strategy: str = "auto", data_parallel_threshold: int = 0,

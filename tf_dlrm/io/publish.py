@@ -1,4 +1,4 @@
-"""Every writer of a directory (preprocessing.criteo, transcode, synthetic, export) goes through here.
+"""Every writer of a directory (tf_dlrm.preprocessing.criteo, transcode, synthetic, export) goes through here.
 
 The rules, so that no run ever loses a user's file:
 
@@ -12,7 +12,7 @@ The rules, so that no run ever loses a user's file:
    not lie inside ``output_dir``: replacing the directory would delete it. Transcoding in place is
    refused by this rule.
 
-Checkpoints follow the same idea in :mod:`tf_dlrm.train.checkpoint_store` (hidden temporary
+Checkpoints follow the same idea in :mod:`tf_dlrm.checkpoint.store` (hidden temporary
 directory, rename, retention that only touches ``ckpt-<step>`` directories).
 """
 

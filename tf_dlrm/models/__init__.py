@@ -6,14 +6,14 @@
 - :class:`WideDeep`: wide linear part over ids and crossed ids + deep MLP.
 
 :func:`build_family_model` makes DCNv2, DeepFM or Wide & Deep from a feature spec and a plan whose
-tables come from :func:`tf_dlrm.config.model_tables.family_tables`.
+tables come from :func:`tf_dlrm.models.tables.family_tables`.
 """
 
 from __future__ import annotations
 
-from tf_dlrm.config.model_tables import family_features
-from tf_dlrm.config.models import ModelFamilyConfig, ModelName
-from tf_dlrm.distributed.embedding import DistributedEmbedding
+from tf_dlrm.models.tables import family_features
+from tf_dlrm.models.config import ModelFamilyConfig, ModelName
+from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
 from tf_dlrm.models.dcnv2 import DCNv2
 from tf_dlrm.models.deepfm import DeepFM
 from tf_dlrm.models.dlrm import DLRM

@@ -7,9 +7,9 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
-from tf_dlrm.config.models import CrossStructure
-from tf_dlrm.model.cross_network import CrossNetwork
-from tf_dlrm.model.mlp import MLP
+from tf_dlrm.models.config import CrossStructure
+from tf_dlrm.models.layers.cross_network import CrossNetwork
+from tf_dlrm.models.layers.mlp import MLP
 from tf_dlrm.models.family_model import FamilyModel
 
 

@@ -8,8 +8,8 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
-from tf_dlrm.model.factorization_machine import FactorizationMachine, LinearTerm
-from tf_dlrm.model.mlp import MLP
+from tf_dlrm.models.layers.factorization_machine import FactorizationMachine, LinearTerm
+from tf_dlrm.models.layers.mlp import MLP
 from tf_dlrm.models.family_model import FamilyModel
 
 
@@ -18,7 +18,7 @@ class DeepFM(FamilyModel):
     """``logit = b + sum_i w[id_i] + sum_{i<j} <v_i, v_j> / sqrt(D) + MLP([numerical, v_1, ..., v_T])``.
 
     ``v_i``: the deep embeddings (one width for all, the FM needs it); ``w``: width-1 tables
-    ``linear:<feature>`` read with the same ids (see :mod:`tf_dlrm.config.model_tables`).
+    ``linear:<feature>`` read with the same ids (see :mod:`tf_dlrm.models.tables`).
 
     Args:
         embedding, num_numerical, num_deep_features, seed: see :class:`FamilyModel`.

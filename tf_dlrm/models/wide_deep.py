@@ -7,8 +7,8 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
-from tf_dlrm.model.factorization_machine import LinearTerm
-from tf_dlrm.model.mlp import MLP
+from tf_dlrm.models.layers.factorization_machine import LinearTerm
+from tf_dlrm.models.layers.mlp import MLP
 from tf_dlrm.models.family_model import FamilyModel
 
 
@@ -17,7 +17,7 @@ class WideDeep(FamilyModel):
     """``logit = b + sum_i w[id_i] + sum_c w_c[cross_c] + MLP([numerical, e_1, ..., e_T])``.
 
     The wide weights are width-1 tables (``linear:<feature>``, and one per crossed feature of the
-    spec, see :mod:`tf_dlrm.config.model_tables`), sharded and updated sparsely like the deep tables.
+    spec, see :mod:`tf_dlrm.models.tables`), sharded and updated sparsely like the deep tables.
 
     Args:
         embedding, num_numerical, num_deep_features, seed: see :class:`FamilyModel`.

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tf_dlrm.config.training import check_adam_arguments
-from tf_dlrm.distributed.embedding_bag import apply_lazy_adam_to_distinct_rows
+from tf_dlrm.optimizers.settings import check_adam_arguments
+from tf_dlrm.ops.embedding_bag import apply_lazy_adam_to_distinct_rows
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, gather, scatter_sub, scatter_update
 
 

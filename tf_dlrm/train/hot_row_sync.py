@@ -1,7 +1,7 @@
 """``--hot_row_sync_every=S``: hot-row replicas that drift for at most ``S`` steps (bounded staleness).
 
 With ``S = 1`` (the default) the trainer combines the hot rows' gradients over ranks every step
-(:func:`tf_dlrm.distributed.hot_row_exchange.combine_hot_gradient`) and the replicas never differ.
+(:func:`tf_dlrm.embedding.hot_row_exchange.combine_hot_gradient`) and the replicas never differ.
 With ``S > 1`` (HET's idea, VLDB 2022, with one clock for the whole cache instead of one per row):
 
 - **local steps**: each rank applies the embedding optimizer to its own replica with its *own*
@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tf_dlrm.distributed import collectives
-from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.parallel import collectives
+from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.optimizers.sparse_optimizer import deduplicate, tf_variable
 
 

@@ -6,7 +6,7 @@ import threading
 
 import tensorflow as tf
 
-from tf_dlrm.distributed import collectives
+from tf_dlrm.parallel import collectives
 
 
 class MemoryWatch:

@@ -4,7 +4,7 @@
   gradient of the global mean loss as ``IndexedSlices``, one entry per looked-up id; it is scaled by
   ``1/N``, repeated ids are summed (:func:`deduplicate`), and the optimizer updates those rows.
   A variable read through tf_dlrm's embedding-bag kernel gets its gradient summed per distinct
-  row already (:mod:`tf_dlrm.distributed.embedding_bag`): it skips that deduplication, and plain
+  row already (:mod:`tf_dlrm.ops.embedding_bag`): it skips that deduplication, and plain
   SGD updates its rows with one multi-threaded op.
 - ``replicated`` tables: their gradient joins the dense allreduce (averaged over ranks). With a
   stateful optimizer it carries one extra column counting each row's lookups, so after the
@@ -13,7 +13,7 @@
 - Row-wise optimizers on column-sliced tables: see :meth:`SparseUpdater.row_mean_squares`.
 - Split bfloat16 shards (``--split_embedding_tables``): their bf16 gradient is taken to float32
   before anything else, and each optimizer runs on the touched rows joined back into float32
-  (:mod:`tf_dlrm.optimizers.split_update`): the same update as a float32 table's.
+  (:mod:`tf_dlrm.embedding.split_update`): the same update as a float32 table's.
 
 State variables are made here, one set per embedding variable and shaped like it
 (:meth:`SparseOptimizer.create_slots`), so whatever moves a shard can move its state.
@@ -24,15 +24,15 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tf_dlrm.distributed import collectives
-from tf_dlrm.distributed.embedding_bag import apply_sgd_to_distinct_rows, distinct_rows
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.distributed.split_tables import gather_float32, is_split
-from tf_dlrm.model.variable_kind import layout_of
+from tf_dlrm.parallel import collectives
+from tf_dlrm.ops.embedding_bag import apply_sgd_to_distinct_rows, distinct_rows
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.embedding.split_tables import gather_float32, is_split
+from tf_dlrm.embedding.variable_kind import layout_of
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, deduplicate, tf_variable
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD
-from tf_dlrm.optimizers.split_update import SplitTableUpdate, float32_gradient
-from tf_dlrm.train.table_optimizers import TableOptimizers
+from tf_dlrm.embedding.split_update import SplitTableUpdate, float32_gradient
+from tf_dlrm.embedding.table_optimizers import TableOptimizers
 
 
 class SparseUpdater:
@@ -47,7 +47,7 @@ class SparseUpdater:
         weight_decay: L2 coefficient added to the gradient of each touched row (``g + wd * w``).
         table_optimizers: ``{table index: (optimizer, rate scale)}`` for tables trained by another
             sparse optimizer at ``rate scale`` times the embedding rate (Wide & Deep's wide part);
-            the same on every rank (:mod:`tf_dlrm.train.table_optimizers`).
+            the same on every rank (:mod:`tf_dlrm.embedding.table_optimizers`).
         hot: its ``hot`` variables (hot-row replicas of whole rows; their gradients arrive summed
             over ranks as ``(rows, values)``, the same on every rank).
     """

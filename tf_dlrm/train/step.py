@@ -8,7 +8,7 @@ Gradients, with N ranks each computing the mean loss over its local batch:
   ``N * grad(L)``; they are scaled by ``1/N`` and stay sparse (``IndexedSlices``); the embedding
   optimizer updates the touched rows only (:mod:`tf_dlrm.train.sparse_update`).
 
-The trainer finds its variables by the kind marked on each (:mod:`tf_dlrm.model.variable_kind`),
+The trainer finds its variables by the kind marked on each (:mod:`tf_dlrm.embedding.variable_kind`),
 not by the model's attribute names. Embeddings train with a sparse optimizer (``sgd``, ``adagrad``,
 ``rowwise_adagrad``, ``lazy_adam``), the MLPs with ``sgd``, ``adam``, ``adagrad`` or ``lamb`` on the
 averaged gradient; one learning-rate schedule drives both, each family at its own base rate.
@@ -26,12 +26,12 @@ import os
 import keras
 import tensorflow as tf
 
-from tf_dlrm.distributed import collectives
-from tf_dlrm.distributed.compressed_mean import bfloat16_mean
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.distributed.hot_row_exchange import combine_hot_gradient
-from tf_dlrm.model.interaction import kernel_off
-from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
+from tf_dlrm.parallel import collectives
+from tf_dlrm.parallel.compressed_mean import bfloat16_mean
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.embedding.hot_row_exchange import combine_hot_gradient
+from tf_dlrm.models.layers.interaction import kernel_off
+from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.optimizers.config import OPTIMIZERS, OptimizerConfig, make_dense_optimizer, make_sparse_optimizer  # noqa: F401
 from tf_dlrm.train.hot_row_sync import HotRowSync
 from tf_dlrm.train.sparse_update import SparseUpdater
@@ -92,7 +92,7 @@ class Trainer:
     """Owns the optimizer state and the step counter; builds the tf.functions once.
 
     Args:
-        model: a built :class:`tf_dlrm.model.dlrm.DLRM`.
+        model: a built :class:`tf_dlrm.models.dlrm.DLRM`.
         env: this rank's place.
         config: optimizer settings.
         jit_compile: compile the forward/backward of the dense part with XLA. The Horovod
@@ -118,7 +118,7 @@ class Trainer:
         self.mlp = variables_of_kind(trainable, VariableKind.DENSE)
         # Differentiated but never updated: they keep every rank's backward collectives alive.
         self.padding = variables_of_kind(model.non_trainable_variables, VariableKind.PADDING)
-        # Hot-row replicas (tf_dlrm.distributed.hot_row_exchange): gradients combined sparsely over ranks.
+        # Hot-row replicas (tf_dlrm.embedding.hot_row_exchange): gradients combined sparsely over ranks.
         self.hot = variables_of_kind(trainable, VariableKind.HOT)
         # Bytes this rank sent in the hot-row gradients' allgathers since the start (rows + int32 slots).
         self.hot_gradient_bytes_sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="hot_gradient_bytes_sent")
@@ -127,7 +127,7 @@ class Trainer:
                                     hot=self.hot)
         # --hot_row_sync_every > 1: local hot-row updates merged every S steps (None: combined every step).
         self.hot_sync = self.make_hot_row_sync(hot_row_sync_every) if hot_row_sync_every != 1 else None
-        # Dynamic tables (tf_dlrm.dynamic) reset a row's optimizer state when they give it to a new key.
+        # Dynamic tables (tf_dlrm.embedding.dynamic) reset a row's optimizer state when they give it to a new key.
         for layer in model._flatten_layers(include_self=False):
             if hasattr(layer, "attach_optimizer_state"):
                 layer.attach_optimizer_state(self.sparse)
@@ -140,7 +140,7 @@ class Trainer:
         self.stop_agreed = tf.Variable(0.0, trainable=False, name="stop_agreed")
         # bfloat16 has float32's exponent range: only float16 needs its loss scaled.
         self.loss_scale = LossScale(config.loss_scale) if model.compute_dtype == "float16" else None
-        # Opt-in: half the bytes of a float32 allreduce (tf_dlrm.distributed.compressed_mean), but two
+        # Opt-in: half the bytes of a float32 allreduce (tf_dlrm.parallel.compressed_mean), but two
         # collectives instead of one fused round, which measured slower over Gloo's loopback (README).
         # float32 gradients are never rounded to bfloat16 on the wire: only mixed_bfloat16's are.
         self.compress_dense_gradients = bool(compress_dense_gradients) and env.distributed and model.compute_dtype == "bfloat16"
@@ -206,7 +206,7 @@ class Trainer:
             return loss, gradients[: len(tables)], gradients[len(tables):]
         with tf.GradientTape() as tape:
             tape.watch(tables)
-            # training=True: a dynamic table (tf_dlrm.dynamic) inserts new keys only in training.
+            # training=True: a dynamic table (tf_dlrm.embedding.dynamic) inserts new keys only in training.
             embeddings = self.model.embedding(categorical, local_batch=tf.shape(numerical)[0], training=True)
         loss, embedding_gradient, mlp_gradients = self._dense_gradients(numerical, embeddings, label)
         table_gradients = tape.gradient(embeddings, tables, output_gradients=embedding_gradient)

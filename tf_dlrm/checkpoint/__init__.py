@@ -1,0 +1,1 @@
+"""Checkpoints: any number of ranks writes one, any number restores it."""

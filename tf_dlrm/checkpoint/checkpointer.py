@@ -1,0 +1,357 @@
+"""Checkpoints of a hybrid-parallel DLRM run: save, verify, restore on any world size and plan.
+
+:class:`Checkpointer` collects a run's state (the Trainer's MLP, optimizer, loss scale, step and
+learning rate, and the sharded embedding tables) and writes or restores it in the on-disk format
+of :mod:`tf_dlrm.checkpoint.store` (layout, manifest, checksums, safe reading, atomic
+publish, retention).
+
+Saving and restoring are **collective** (every rank calls them at the same point). Tables and
+their optimizer state are **sharded** (:mod:`tf_dlrm.checkpoint.slices`): every rank writes
+the slices it owns into rank 0's temporary directory, in parallel and chunk by chunk, and the
+manifest lists each table's slices by column range; a restore under any world size and plan reads
+on each rank only the column ranges it now owns. No table is ever gathered whole, so a table may be
+larger than any one process's memory. Rank 0 writes the dense weights and the manifest (after
+gathering every rank's file records) and publishes the checkpoint; before a restore it verifies the
+whole checkpoint. An error any rank meets is gathered or broadcast, so that every rank raises it.
+(Several machines need one filesystem for the checkpoint directory, as for dynamic tables.)
+
+Data position and RNG: the reader's batch order is a pure function of ``(seed, epoch)`` and
+training draws no other random numbers, so the step, ``(epoch, batch)`` of the next batch and
+the seed restore the data stream exactly.
+
+Dynamic tables (:mod:`tf_dlrm.embedding.dynamic`) have no full-table layout: every rank writes its rows into
+the same temporary directory (:mod:`tf_dlrm.checkpoint.dynamic_tables`).
+
+The store's public names are re-exported here (``checkpoint.read_manifest``,
+``checkpoint.CheckpointError``, ...), so callers need only this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+
+import numpy as np
+import tensorflow as tf
+import yaml
+
+from tf_dlrm.parallel import collectives
+from tf_dlrm.checkpoint import dynamic_tables
+from tf_dlrm.checkpoint import embedding_state
+from tf_dlrm.checkpoint import slices
+from tf_dlrm.checkpoint import store
+from tf_dlrm.checkpoint.checks import RestoreChecks
+from tf_dlrm.train.guards import non_finite_arrays
+from tf_dlrm.train.memory_watch import MemoryWatch
+
+# Re-exported: callers use checkpoint.<name> for the store's public names too.
+from tf_dlrm.checkpoint.store import (  # noqa: F401
+    FORMAT, LATEST, MANIFEST, MODEL_CONFIG, SPEC_COPY, VERSION, CheckpointError, check_compatible, checkpoint_name,
+    latest_checkpoint, list_checkpoints, load_array, model_record, read_manifest, remove_stale, replace_text_atomically,
+    resolve, retain, verify_files,
+)
+
+# Test-only: seconds rank 0 sleeps after writing each table, to kill a run in the middle of a save.
+DELAY_ENV = "TF_DLRM_TEST_CHECKPOINT_DELAY_S"
+
+
+# ---------------------------------------------------------------------- collective helpers
+
+
+def broadcast_json(env, value, name: str):
+    """Rank 0's JSON-serialisable ``value`` on every rank (others pass anything, e.g. None)."""
+    if not env.distributed:
+        return value
+    data = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8) if env.is_chief else np.zeros(0, np.uint8)
+    length = collectives.broadcast(env, tf.constant([data.size], tf.int64), name=f"{name}_length")
+    count = int(length.numpy()[0])
+    buffer = data if env.is_chief else np.zeros(count, np.uint8)
+    received = collectives.broadcast(env, tf.constant(buffer), name=f"{name}_bytes")
+    return json.loads(bytes(received.numpy()).decode("utf-8"))
+
+
+def allgather_json(env, value, name: str) -> list:
+    """Every rank's JSON-serialisable ``value``, in rank order, on every rank."""
+    data = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8)
+    if not env.distributed:
+        return [value]
+    lengths = collectives.allgather(env, tf.constant([data.size], tf.int64), name=f"{name}_lengths").numpy()
+    # Horovod's allgather of an empty tensor is fine, but a JSON text is never empty.
+    joined = bytes(collectives.allgather(env, tf.constant(data), name=f"{name}_bytes").numpy())
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    return [json.loads(joined[bounds[r]:bounds[r + 1]].decode("utf-8")) for r in range(env.world_size)]
+
+
+# ---------------------------------------------------------------------- save and restore a run
+
+
+def _relative(path: str) -> str:
+    """A variable path without its model's name: ``dlrm/bottom_mlp/dense_0/kernel`` -> ``bottom_mlp/dense_0/kernel``."""
+    return path.split("/", 1)[1] if "/" in path else path
+
+
+def _memory_line(figures: list[dict]) -> str:
+    busiest = max(figures, key=lambda f: f["peak_rss_mib"])
+    return (f"peak RSS rank 0 {figures[0]['peak_rss_mib']:.0f} MiB ({figures[0]['rss_before_mib']:.0f} MiB before), "
+            f"largest rank {busiest['rank']} {busiest['peak_rss_mib']:.0f} MiB ({busiest['rss_before_mib']:.0f} MiB before)")
+
+
+def _file_safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-]", ".", name)
+
+
+class Checkpointer(RestoreChecks):
+    """Saves and restores one run's state; every method is collective (all ranks, same order).
+
+    Args:
+        trainer: the run's :class:`tf_dlrm.train.step.Trainer` (model, optimizer, step).
+        spec: the run's FeatureSpec (copied into every checkpoint, checked on restore).
+        model_config: the :class:`tf_dlrm.cli.builder.ModelConfig` of the flags.
+        env: this rank's place.
+        reporter: progress and JSON-lines events (rank 0).
+        save_path: directory of the run's checkpoints, or None (never save).
+        every_steps: save every this many steps (0: only at the end).
+        keep: checkpoints kept under ``save_path``.
+        seed: the run's seed (data order and initial weights).
+        batch_size: the global training batch size (the data position is counted in its batches).
+    """
+
+    def __init__(self, trainer, spec, model_config, env, reporter, save_path=None, every_steps=0, keep=2, seed=0, batch_size=0):
+        self.trainer, self.spec, self.model_config = trainer, spec, model_config
+        self.env, self.reporter = env, reporter
+        self.save_path, self.every_steps, self.keep = save_path, every_steps, keep
+        self.seed, self.batch_size = seed, batch_size
+        self.steps_per_epoch = None
+        self.data = None  # checkpoint_choice.data_record of the training split, when training
+        self.last_saved_step = None
+        self.embedding = trainer.model.embedding
+        # Dynamic tables (tf_dlrm.embedding.dynamic) have no full-table layout: checkpoint_dynamic saves their rows.
+        self.dynamic = dynamic_tables.is_dynamic(self.embedding)
+        self.fixed_tables = [] if self.dynamic else list(self.embedding.plan.tables)
+        model_name = trainer.model.name
+        self.dense = [(_relative(v.path), v) for v in trainer.mlp]
+        # Optimizer slots are named after the model variable: "adam/dlrm_bottom_mlp_dense_0_kernel_momentum".
+        self.optimizer_state = [
+            (_relative(v.path).removeprefix(f"{model_name}_"), v) for v in trainer.dense_optimizer.variables
+        ]
+        # float16 training's loss scale (None otherwise): restored only when both sides have one.
+        scale = getattr(trainer, "loss_scale", None)
+        self.loss_scale = [] if scale is None else [("loss_scale/scale", scale.scale), ("loss_scale/good_steps", scale.good_steps)]
+
+    @classmethod
+    def from_config(cls, config, trainer, spec, env, reporter) -> "Checkpointer":
+        return cls(
+            trainer, spec, config.model, env, reporter, save_path=config.save_checkpoint_path,
+            every_steps=config.checkpoint_every_steps, keep=config.keep_checkpoints, seed=config.seed,
+            batch_size=config.batch_size,
+        )
+
+    # ------------------------------------------------------------------ training hooks
+
+    def restore_for_training(self, config, steps_per_epoch: int, data: dict | None = None) -> int:
+        """Restores what the flags ask for (``--resume``, ``--restore_checkpoint_path``); returns the start step.
+
+        ``data``: :func:`checkpoint_choice.data_record` of the training split, saved with every
+        checkpoint and compared on ``--resume``.
+        """
+        self.steps_per_epoch, self.data = steps_per_epoch, data
+        if not (config.restore_checkpoint_path or config.resume or self.save_path):
+            return 0  # the same on every rank: no collective needed
+        header = self.restore(config.restore_checkpoint_path, resume=config.resume, for_training=True)
+        return header["step"] if header else 0
+
+    def on_step(self, step: int, epoch: int, batch_in_epoch: int) -> None:
+        """The loop's hook: saves every ``every_steps`` steps."""
+        if self.save_path and self.every_steps and step % self.every_steps == 0:
+            self.save(step)
+
+    def finish(self, step: int) -> None:
+        """Saves the final state unless that step is saved already."""
+        if self.save_path and step != self.last_saved_step:
+            self.save(step)
+
+    # ------------------------------------------------------------------ save
+
+    def save(self, step: int) -> str:
+        """Every rank writes its slices, rank 0 the rest; publishes atomically and prunes; returns the path."""
+        started = time.time()
+        # --hot_row_sync_every > 1: the saved hot rows are the merged ones, the same on every rank.
+        synchronize = getattr(self.trainer, "synchronize_hot_rows", None)
+        if synchronize is not None:
+            synchronize()  # collective: every rank saves
+        delay = float(os.environ.get(DELAY_ENV, "0") or 0)
+        error, temporary, final, files = None, None, None, {}
+        with MemoryWatch() as memory:
+            if self.env.is_chief:
+                # Non-finite weights are never saved: they would replace (through retention) the good ones.
+                bad = non_finite_arrays((name, variable.numpy()) for name, variable in self.dense + self.optimizer_state)
+                if bad:
+                    error = self._refusal(step, f"{', '.join(bad)} hold NaN or inf")
+            if self.env.is_chief and error is None:
+                try:
+                    temporary, final = store.prepare(self.save_path, step)
+                except (OSError, CheckpointError) as failure:
+                    error = f"cannot save a checkpoint under {self.save_path}: {failure}"
+            root = broadcast_json(self.env, temporary if error is None else None, "checkpoint_root")
+            records, piece_error = [], None
+            if root is not None and self.fixed_tables:
+                arrays = [("table", table, None, False) for table in range(len(self.fixed_tables))]
+                arrays += embedding_state.arrays(self.trainer, len(self.fixed_tables))
+                records, piece_error = slices.save_pieces(self.embedding, self.env.rank, root, arrays, files,
+                                                          delay if self.env.is_chief else 0.0)
+            pieces = allgather_json(self.env, {"records": records, "files": files, "error": piece_error}, "checkpoint_pieces")
+            failed = next((f"rank {rank}: {p['error']}" for rank, p in enumerate(pieces) if p["error"]), None)
+            if failed and error is None:
+                error = self._refusal(step, failed.split(": ", 1)[1]) if "NaN or inf" in failed else failed
+            dynamic_record = None
+            if self.dynamic:  # collective; rank 0's error or the rows' own
+                shared_root = broadcast_json(self.env, temporary if self.env.is_chief and error is None else None,
+                                             "dynamic_checkpoint_root")
+                dynamic_record, dynamic_error = dynamic_tables.save(self.trainer, self.env, shared_root, files,
+                                                                    lambda what: self._refusal(step, what))
+                error = error or dynamic_error
+                if delay and self.env.is_chief:
+                    time.sleep(delay)
+            if self.env.is_chief and error is None:
+                try:
+                    all_records = [r for p in pieces for r in p["records"]]
+                    for p in pieces:
+                        files.update(p["files"])
+                    tables = slices.manifest_entries(all_records, self.fixed_tables, "table")
+                    state_entries = embedding_state.entries(self.trainer, all_records, self.fixed_tables)
+                    self._write_rest(temporary, step, files, tables, state_entries, dynamic_record)
+                    store.publish(self.save_path, temporary, final, self.keep)
+                except OSError as failure:
+                    published = os.path.isdir(final) and not os.path.exists(temporary)
+                    error = f"{'published' if published else 'cannot complete'} checkpoint {final}, then failed: {failure}"
+            if self.env.is_chief and error is not None and temporary is not None:
+                shutil.rmtree(temporary, ignore_errors=True)
+        status = broadcast_json(self.env, {"error": error, "path": final}, "checkpoint_save_status")
+        figures = memory.gathered(self.env)
+        if status["error"]:
+            raise CheckpointError(status["error"])
+        self.last_saved_step = step
+        seconds = time.time() - started
+        size = sum(entry["bytes"] for entry in files.values())  # rank 0 holds every rank's records
+        self.reporter.say(
+            f"saved checkpoint {status['path']} (step {step}, {size / 2**20:.1f} MiB, slices written by "
+            f"{self.env.world_size} rank(s)) in {seconds:.2f} s; {_memory_line(figures)}"
+        )
+        self.reporter.event("checkpoint_saved", path=status["path"], step=step, seconds=seconds, bytes=size, memory=figures)
+        return status["path"]
+
+    def _refusal(self, step: int, what: str) -> str:
+        kept = latest_checkpoint(self.save_path) if self.save_path else None
+        return (
+            f"refusing to save a checkpoint at step {step}: the weights {what} (the run diverged); "
+            f"the last good checkpoint is kept: {kept or 'none saved yet'}"
+        )
+
+    def _position(self, step: int) -> dict:
+        epoch, batch = divmod(step, self.steps_per_epoch) if self.steps_per_epoch else (None, None)
+        return {"epoch": epoch, "batch": batch, "steps_per_epoch": self.steps_per_epoch, "batch_size": self.batch_size}
+
+    def _write_rest(self, root: str, step: int, files: dict, tables: list, state_entries: list, dynamic_record) -> None:
+        dense, state, scale = [], [], []
+        for entries, variables, folder in (
+            (dense, self.dense, "dense"), (state, self.optimizer_state, "optimizer"), (scale, self.loss_scale, "optimizer")
+        ):
+            for name, variable in variables:
+                file = f"{folder}/{_file_safe(name)}.npy"
+                files[file] = store.write_npy(root, file, variable.numpy())
+                entries.append({"name": name, "file": file})
+        model = model_record(self.spec, self.model_config)
+        optimizer_record = self.trainer.config.record()
+        files[MODEL_CONFIG] = store.write_text(root, MODEL_CONFIG, json.dumps({"model": model, "optimizer": optimizer_record, "seed": self.seed}, indent=1))
+        files[SPEC_COPY] = store.write_text(root, SPEC_COPY, yaml.safe_dump(self.spec.to_dict(), sort_keys=False))
+        position = self._position(step)
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "step": int(step),
+            "position": position,
+            "data": self.data or {},
+            "learning_rate": float(self.trainer.learning_rate.numpy()),
+            "rng": {
+                "seed": self.seed,
+                "data_order": "numpy.random.default_rng([seed, epoch]).permutation(batches of the epoch)",
+                "epoch": position["epoch"],
+                "batch": position["batch"],
+                "note": "training draws no other random numbers",
+            },
+            "saved_world_size": self.env.world_size,
+            "saved_plan": None if self.dynamic else self.embedding.plan.to_dict(),
+            "model": model,
+            "optimizer": optimizer_record,
+            "tables": tables,
+            "dense": dense,
+            "optimizer_state": state,
+            "loss_scale": scale,
+            "embedding_state": state_entries,
+            **({dynamic_tables.MANIFEST_KEY: dynamic_record} if dynamic_record else {}),
+            "files": files,
+        }
+        store.write_manifest(root, manifest)  # last: a directory without one is never taken for a checkpoint
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, restore_path: str | None, resume: bool = False, for_training: bool = False, required: bool = False) -> dict | None:
+        """Loads a checkpoint into the trainer on every rank; returns its header (None: nothing to restore).
+
+        With ``resume`` the latest checkpoint under ``save_path`` wins, then ``restore_path``.
+        ``for_training`` also restores the optimizer state and checks the data position.
+        """
+        started = time.time()
+        with MemoryWatch() as memory:
+            header = None
+            if self.env.is_chief:
+                try:
+                    header = self._check(restore_path, resume, for_training, required)
+                except (ValueError, TypeError, KeyError, OSError) as failure:  # CheckpointError is a ValueError
+                    # Rank 0 must not fail alone: every rank raises the same error below.
+                    header = {"error": str(failure) if isinstance(failure, CheckpointError) else f"checkpoint {restore_path or self.save_path} is malformed: {failure!r}"}
+            header = broadcast_json(self.env, header, "checkpoint_restore_header")
+            for line in header.get("skipped", []):
+                self.reporter.say(line)
+            if "error" in header:
+                raise CheckpointError(header["error"])
+            if header["path"] is None:
+                if header["note"]:
+                    self.reporter.say(header["note"])
+                return None
+            directory = header["path"]
+            widths, cardinalities = self._table_shapes()
+            # Each rank reads the column ranges it owns now (no collective; rank 0 verified every file).
+            for table, rows in enumerate(cardinalities):
+                saved = slices.open_slices(directory, header["tables"][table], rows, widths[table])
+                slices.restore_pieces(self.embedding, table, saved)
+            if for_training:
+                embedding_state.restore(self.trainer, directory, header["embedding_state"], cardinalities, widths)
+            if self.dynamic:
+                dynamic_tables.restore(self.trainer, self.env, directory, header["dynamic"], for_training)
+            variables = [v for _, v in self.dense]
+            if for_training:
+                variables += [v for _, v in self.optimizer_state] + ([v for _, v in self.loss_scale] if header["loss_scale"] else [])
+            if self.env.is_chief:
+                entries = header["dense"] + (header["optimizer_state"] + header["loss_scale"] if for_training else [])
+                for file, variable in zip(entries, variables):
+                    variable.assign(load_array(directory, file, variable.shape, variable.dtype))
+            collectives.broadcast_variables(self.env, variables)
+            self.trainer.step.assign(header["step"])
+            self.trainer.learning_rate.assign(header["learning_rate"])
+            if hasattr(self.trainer, "hot_rows_written"):
+                self.trainer.hot_rows_written()  # the restored replicas are the merged state
+        figures = memory.gathered(self.env)
+        seconds = time.time() - started
+        if self._is_own(directory):
+            self.last_saved_step = header["step"]
+        self.reporter.say(
+            f"restored checkpoint {directory} (step {header['step']}) in {seconds:.2f} s on {self.env.world_size} rank(s); "
+            f"{_memory_line(figures)}"
+        )
+        self.reporter.event("checkpoint_restored", path=directory, step=header["step"], seconds=seconds, memory=figures)
+        return header

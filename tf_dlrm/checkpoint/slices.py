@@ -1,0 +1,219 @@
+"""Sharded checkpoint tables: every rank writes and reads its own slices, chunk by chunk.
+
+A table (or one optimizer slot of it) is saved as the slices its owners hold under the run's plan:
+rank ``r`` writes ``tables/table_<t>.npy`` when it holds table ``t`` whole, or
+``tables/table_<t>.cols_<a>-<b>.npy`` for columns ``[a, b)`` of it; a replicated table is written
+once, by rank 0; row-wise optimizer state (``[rows, 1]``, a copy in every slice of a row) by the
+owner of column 0. Each file is a plain ``[rows, width]`` float32 ``.npy``, written in chunks of
+about :data:`CHUNK_BYTES` read from the variable (hot-row replicas written over the owner's stale
+copies), so no process ever holds more than its own slices plus one chunk, and the ranks write in
+parallel. The manifest lists every table's slices by column range::
+
+    {"name": ..., "rows": R, "dim": D, "slices": [{"columns": [0, 4], "file": ...}, ...]}
+
+Restoring under any world size and plan, each rank reads, for each slice it now owns, only the
+intersecting column ranges of the saved slices, chunk of rows by chunk of rows (file reads at an
+offset, no memory map: a process's address-space limit then only needs its own slices), and the
+hot-row replicas by row. A version-1 entry (one full-table ``file``) is a single slice ``[0, D)``.
+
+No collective happens here: :mod:`tf_dlrm.checkpoint.checkpointer` gathers the ranks' records and errors.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from tf_dlrm.checkpoint import store
+from tf_dlrm.checkpoint.store import CheckpointError
+
+# A save's or restore's memory overhead grew with the chunk (likely freed chunks the allocator keeps, not
+# measured directly): 16 MiB cost up to 10.7% of a 1.2-1.5 GiB rank in tests/train/test_table_larger_than_a_process.py,
+# 4 MiB at most 3.3%.
+CHUNK_BYTES = 4 << 20
+
+
+def chunk_rows(width: int) -> int:
+    return max(1, CHUNK_BYTES // (4 * max(1, width)))
+
+
+def slice_file(prefix: str, table: int, columns: tuple[int, int], dim: int) -> str:
+    """``prefix_<t>.npy`` for a whole table, ``prefix_<t>.cols_<a>-<b>.npy`` for columns ``[a, b)``."""
+    start, end = columns
+    whole = (start, end) == (0, dim)
+    return f"{prefix}_{table:03d}.npy" if whole else f"{prefix}_{table:03d}.cols_{start}-{end}.npy"
+
+
+def entry_slices(entry: dict, dim: int, row_wise: bool = False) -> list[tuple[int, int, str]]:
+    """``[(column_start, column_end, file)]`` of a manifest entry, in column order (a version-1 entry's
+    one full-table file is the slice ``[0, D)``; row-wise state is one slice ``[0, 1)``)."""
+    if "slices" not in entry:
+        return [(0, 1 if row_wise else dim, entry["file"])]
+    return sorted((int(s["columns"][0]), int(s["columns"][1]), s["file"]) for s in entry["slices"])
+
+
+# ---------------------------------------------------------------------- writing
+
+
+def write_rows(root: str, name: str, rows: int, width: int, read_chunk) -> tuple[dict, bool]:
+    """Writes a ``[rows, width]`` float32 ``.npy`` from ``read_chunk(start, stop)``, chunk by chunk.
+
+    Returns its manifest entry (bytes, sha256, shape, dtype) and whether every value was finite.
+    """
+    finite = True
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False, "shape": (rows, width)}
+
+    def write(sink):
+        nonlocal finite
+        np.lib.format.write_array_header_1_0(sink, header)
+        step = chunk_rows(width)
+        for start in range(0, rows, step):
+            values = np.ascontiguousarray(read_chunk(start, min(rows, start + step)), dtype=np.float32)
+            finite = finite and bool(np.isfinite(values).all())
+            sink.write(memoryview(values).cast("B"))  # bytes: len() of a 2-d view counts rows
+
+    entry = store._write_file(root, name, write)
+    return {**entry, "shape": [rows, width], "dtype": "float32"}, finite
+
+
+def save_pieces(embedding, rank: int, root: str, arrays, files: dict, delay_s: float = 0.0) -> tuple[list, str | None]:
+    """Writes every piece this rank owns of every array in ``arrays``; returns ``(records, error)``.
+
+    ``arrays``: ``(key, table, state_of, row_wise)`` tuples, ``key`` naming the array (``"table"``
+    or an optimizer slot), ``state_of`` None for the table itself. A record is
+    ``{"key", "table", "columns", "file"}``; ``error`` names the first array holding NaN or inf, or
+    the file that could not be written (writing stops there).
+    """
+    records = []
+    for key, table, state_of, row_wise in arrays:
+        rows, dim = embedding.cardinalities[table], embedding.plan.tables[table].dim
+        for piece in embedding.table_pieces(table):
+            if piece.replicated and rank != 0:
+                continue  # every rank holds it: rank 0 writes it
+            if row_wise and piece.column_start != 0:
+                continue  # every slice of a row holds a copy of the row's state: column 0's owner writes it
+            columns = (0, 1) if row_wise else (piece.column_start, piece.column_end)
+            prefix = "tables/table" if key == "table" else f"optimizer/embedding_{key}_table"
+            file = slice_file(prefix, table, columns, 1 if row_wise else dim)
+            try:
+                files[file], finite = write_rows(
+                    root, file, rows, columns[1] - columns[0],
+                    lambda start, stop, p=piece: embedding.read_piece_rows(p, start, stop, state_of, row_wise))
+            except OSError as failure:
+                return records, f"cannot write {os.path.join(root, file)}: {failure}"
+            if not finite:
+                what = f"table '{embedding.plan.tables[table].name}'" + ("" if key == "table" else f" ({key} state)")
+                return records, f"{what} holds NaN or inf"
+            records.append({"key": key, "table": table, "columns": list(columns), "file": file})
+            if delay_s:
+                time.sleep(delay_s)
+    return records, None
+
+
+def manifest_entries(records: list, tables, key: str) -> list[dict]:
+    """The manifest's per-table entries of one array ``key`` from every rank's records."""
+    entries = []
+    for table, spec in enumerate(tables):
+        slices = sorted((r for r in records if r["key"] == key and r["table"] == table), key=lambda r: r["columns"])
+        if slices:
+            entry = {"table": table, "name": spec.name, "rows": spec.rows, "dim": spec.dim,
+                     "slices": [{"columns": r["columns"], "file": r["file"]} for r in slices]}
+            if len(slices) == 1:
+                entry["file"] = slices[0]["file"]  # one file holds it whole (as in version 1)
+            entries.append(entry)
+    return entries
+
+
+# ---------------------------------------------------------------------- reading
+
+
+class SavedSlice:
+    """Row ranges of one saved ``[rows, width]`` float32 ``.npy`` slice, read at an offset."""
+
+    def __init__(self, directory: str, name: str, rows: int, width: int):
+        self.path, self.name, self.rows, self.width = os.path.join(directory, name), name, rows, width
+        try:
+            with open(self.path, "rb") as handle:
+                version = np.lib.format.read_magic(handle)
+                if version not in ((1, 0), (2, 0)):
+                    raise ValueError(f".npy format version {version}")
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read_header(handle)
+                self.offset = handle.tell()
+        except (ValueError, OSError, EOFError) as error:
+            raise CheckpointError(f"checkpoint {directory}: file {name} is not a plain .npy array: {error}") from error
+        if dtype != np.dtype(np.float32) or fortran or tuple(shape) != (rows, width):
+            raise CheckpointError(
+                f"checkpoint {directory}: file {name} holds {dtype} {tuple(shape)}{' (Fortran order)' if fortran else ''}; "
+                f"expected float32 {(rows, width)}")
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset + 4 * start * self.width)
+            values = np.fromfile(handle, np.float32, count=(stop - start) * self.width)
+        if values.size != (stop - start) * self.width:
+            raise CheckpointError(f"{self.path}: rows [{start}, {stop}) are past the end of the file")
+        return values.reshape(stop - start, self.width)
+
+    def read_ids(self, ids: np.ndarray) -> np.ndarray:
+        out = np.empty((ids.size, self.width), np.float32)
+        with open(self.path, "rb") as handle:
+            for position, row in enumerate(ids):
+                handle.seek(self.offset + 4 * int(row) * self.width)
+                out[position] = np.fromfile(handle, np.float32, count=self.width)
+        return out
+
+
+def open_slices(directory: str, entry: dict, rows: int, dim: int, row_wise: bool = False) -> list[tuple[int, int, SavedSlice]]:
+    """The saved slices of one entry, checked: each readable with its shape, together covering every
+    column once."""
+    width = 1 if row_wise else dim
+    slices, covered = [], 0
+    for start, end, file in entry_slices(entry, dim, row_wise):
+        if start != covered or end <= start or end > width:
+            raise CheckpointError(f"checkpoint {directory}: {entry.get('name')!r} has slices that do not cover columns "
+                                  f"[0, {width}) once: [{start}, {end}) after column {covered}")
+        slices.append((start, end, SavedSlice(directory, file, rows, end - start)))
+        covered = end
+    if covered != width:
+        raise CheckpointError(f"checkpoint {directory}: {entry.get('name')!r} has no slice for columns [{covered}, {width})")
+    return slices
+
+
+def read_columns(slices, start: int, stop: int, column_start: int, column_end: int) -> np.ndarray:
+    """Rows ``[start, stop)``, columns ``[column_start, column_end)`` of a table saved as ``slices``."""
+    out = np.empty((stop - start, column_end - column_start), np.float32)
+    for saved_start, saved_end, saved in slices:
+        low, high = max(saved_start, column_start), min(saved_end, column_end)
+        if low < high:
+            out[:, low - column_start:high - column_start] = saved.read(start, stop)[:, low - saved_start:high - saved_start]
+    return out
+
+
+def read_table(directory: str, entry: dict, row_wise: bool = False) -> np.ndarray:
+    """One whole table (or optimizer state) of a checkpoint's manifest entry, its slices joined: for
+    inspecting a checkpoint in one process (it must fit in memory)."""
+    rows, dim = int(entry["rows"]), int(entry["dim"])
+    slices = open_slices(directory, entry, rows, dim, row_wise)
+    return read_columns(slices, 0, rows, 0, slices[-1][1])
+
+
+def read_rows_by_id(slices, ids: np.ndarray) -> np.ndarray:
+    """Whole rows ``ids`` of a table saved as ``slices`` (the hot-row replicas)."""
+    return np.concatenate([saved.read_ids(ids) for _, _, saved in slices], axis=1) if ids.size else \
+        np.zeros((0, slices[-1][1]), np.float32)
+
+
+def restore_pieces(embedding, table: int, slices, state_of=None, row_wise: bool = False) -> None:
+    """Fills every piece this rank holds of ``table`` (or of its state) from the saved ``slices``,
+    chunk by chunk, then its hot-row replicas."""
+    rows = embedding.cardinalities[table]
+    for piece in embedding.table_pieces(table):
+        columns = (0, 1) if row_wise else (piece.column_start, piece.column_end)
+        step = chunk_rows(columns[1] - columns[0])
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            embedding.assign_piece_rows(piece, start, read_columns(slices, start, stop, *columns), state_of)
+    embedding.set_hot_rows_from(table, lambda ids: read_rows_by_id(slices, ids), state_of)

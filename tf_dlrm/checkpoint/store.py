@@ -1,0 +1,381 @@
+"""The on-disk checkpoint format: layout, manifest, checksums, safe reading, atomic publish, retention.
+
+One checkpoint is a directory ``ckpt-<step>`` under ``--save_checkpoint_path``::
+
+    manifest.json          format, step, data position, learning rate, RNG, model, and every other
+                           file with its size and sha256
+    model_config.json      the model and optimizer the weights belong to
+    feature_spec.yaml      a copy of the dataset's feature spec (sources and metadata included)
+    tables/table_000.npy   one ``[rows, dim]`` float32 table per categorical feature, spec order, or
+    tables/table_000.cols_0-4.npy  its column slices as the ranks held them (manifest: ``slices``)
+    dense/<name>.npy       MLP weights (identical on every rank: data-parallel)
+    optimizer/<name>.npy   the dense optimizer's variables (iterations, rate, Adam moments)
+    optimizer/embedding_<slot>_table_000[.cols_0-4].npy
+                           the embedding optimizer's state of each table, sliced like it
+                           (``[rows, width]``, or ``[rows, 1]`` for row-wise Adagrad)
+
+Tables are written by their owners as column slices (:mod:`tf_dlrm.checkpoint.slices`); the
+manifest lists each table's slices by column range, so a checkpoint restores on any number of ranks
+with any plan, each rank reading only the columns it owns.
+
+Atomic publish: a save writes ``.ckpt-<step>.tmp`` (:func:`prepare`), fsyncs it, and publishes it
+with one ``os.rename`` (:func:`publish`); only published directories with a ``manifest.json``
+(written last, :func:`write_manifest`) count as checkpoints, so a run killed at any moment leaves
+the previous checkpoint complete and loadable. Then the ``latest`` pointer file is replaced
+atomically and all but the newest ``--keep_checkpoints`` are deleted.
+
+Safe to load: the manifest is JSON, the spec copy is read with ``yaml.safe_load`` and arrays with
+``np.load(allow_pickle=False)``; file names in a manifest must stay inside the checkpoint; every
+file's size and sha256 are verified before any weight is touched. An untrusted checkpoint can at
+worst be refused (:class:`CheckpointError`, naming the file).
+
+Plain files only (no TensorFlow, no collectives): the training side that gathers the state and
+runs on every rank is :mod:`tf_dlrm.checkpoint.checkpointer`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+import re
+import shutil
+
+import numpy as np
+import yaml
+
+FORMAT = "tf_dlrm.checkpoint"
+VERSION = 2  # 2: tables and their optimizer state as the owners' column slices; 1 (full tables) still reads
+READABLE_VERSIONS = (1, 2)
+MANIFEST = "manifest.json"
+MODEL_CONFIG = "model_config.json"
+SPEC_COPY = "feature_spec.yaml"
+LATEST = "latest"
+VERIFY_THREADS = 8  # checksum threads of verify_files: past a few, the disk is the limit
+_NAME = re.compile(r"^ckpt-(\d+)$")
+_SAFE_FILE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*(/[A-Za-z0-9_\-][A-Za-z0-9_.\-]*)*$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_MODEL_FLAGS = {
+    "embedding_dim": "--embedding_dim",
+    "bottom_mlp_dims": "--bottom_mlp_dims",
+    "top_mlp_dims": "--top_mlp_dims",
+    "interaction": "--interaction",
+    "include_diagonal": "--dot_include_diagonal",
+    "family": "--model (and its flags)",
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, corrupt, unsafe, or does not fit the model of the flags."""
+
+
+# ---------------------------------------------------------------------- finding checkpoints
+
+
+def checkpoint_name(step: int) -> str:
+    return f"ckpt-{step:08d}"
+
+
+def list_checkpoints(directory: str) -> list[tuple[int, str]]:
+    """Published checkpoints under ``directory`` (``ckpt-<step>`` holding a manifest), oldest first.
+
+    Temporary (``.ckpt-*.tmp``) and half-deleted directories never match.
+    """
+    try:
+        names = os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for name in names:
+        match = _NAME.match(name)
+        path = os.path.join(directory, name)
+        if match and os.path.isfile(os.path.join(path, MANIFEST)):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(directory: str) -> str | None:
+    """The newest published checkpoint under ``directory``, or None."""
+    found = list_checkpoints(directory)
+    return found[-1][1] if found else None
+
+
+def resolve(path: str) -> str:
+    """``path`` if it is a checkpoint, else the latest checkpoint under it."""
+    if os.path.isfile(os.path.join(path, MANIFEST)):
+        return path
+    latest = latest_checkpoint(path)
+    if latest is None:
+        if not os.path.exists(path):
+            raise CheckpointError(f"Checkpoint path not found: {path}")
+        raise CheckpointError(
+            f"{path} is not a complete checkpoint (no {MANIFEST}) and holds no complete checkpoint (ckpt-<step>/{MANIFEST})"
+        )
+    return latest
+
+
+# ---------------------------------------------------------------------- reading and verifying
+
+
+def read_manifest(directory: str) -> dict:
+    """The parsed, structurally checked manifest of a checkpoint directory."""
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path, "rb") as handle:
+            manifest = json.loads(handle.read().decode("utf-8"))
+    except FileNotFoundError as error:
+        raise CheckpointError(f"{directory}: no {MANIFEST}: not a complete checkpoint") from error
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: not valid JSON: {error}") from error
+    _check_manifest(manifest, path)
+    return manifest
+
+
+def _check_manifest(manifest, path: str) -> None:
+    def fail(what):
+        raise CheckpointError(f"{path}: malformed manifest: {what}")
+
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        fail(f"expected format {FORMAT!r}")
+    if manifest.get("version") not in READABLE_VERSIONS:
+        fail(f"version {manifest.get('version')!r}; this code reads versions {list(READABLE_VERSIONS)}")
+    for key, kind in (("step", int), ("position", dict), ("model", dict), ("optimizer", dict), ("files", dict),
+                      ("tables", list), ("dense", list), ("optimizer_state", list)):
+        if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
+            fail(f"key {key!r} missing or not a {kind.__name__}")
+    for name, entry in manifest["files"].items():
+        if not isinstance(name, str) or not _SAFE_FILE.match(name) or ".." in name.split("/"):
+            fail(f"unsafe file name {name!r} (names must be relative and stay inside the checkpoint)")
+        if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or not _SHA256.match(str(entry.get("sha256"))):
+            fail(f"file {name!r} needs integer 'bytes' and a hex 'sha256'")
+    for key in ("tables", "dense", "optimizer_state", "loss_scale", "embedding_state"):
+        for item in manifest.get(key, []):
+            sliced = key in ("tables", "embedding_state") and isinstance(item, dict) and "slices" in item
+            listed = [s.get("file") if isinstance(s, dict) else None for s in item["slices"]] if sliced and \
+                isinstance(item["slices"], list) and item["slices"] else [item.get("file") if isinstance(item, dict) else None]
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str) or any(f not in manifest["files"] for f in listed):
+                fail(f"every {key} entry needs a 'name' and a 'file' (or 'slices' of files) listed under 'files'. Received: {item!r}")
+            if sliced and not all(isinstance(s.get("columns"), list) and len(s["columns"]) == 2
+                                  and all(isinstance(c, int) for c in s["columns"]) for s in item["slices"]):
+                fail(f"every slice of a {key} entry needs integer 'columns' [start, end]. Received: {item!r}")
+    for name in (MODEL_CONFIG, SPEC_COPY):
+        if name not in manifest["files"]:
+            fail(f"{name} is not listed")
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(8 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_files(directory: str, manifest: dict, threads: int | None = None) -> None:
+    """Checks every listed file's size and sha256; raises CheckpointError naming the first bad one.
+
+    Paths and sizes first (cheap), then the checksums on ``threads`` threads (default: one per core,
+    at most 8): hashlib releases the GIL while it hashes, so a checkpoint of a few large table files
+    verifies at several cores' speed instead of one. The error names the first bad file in manifest
+    order, whichever thread finds it first.
+    """
+    root = os.path.realpath(directory)
+    for name, entry in manifest["files"].items():
+        path = os.path.join(directory, name)
+        if not os.path.realpath(path).startswith(root + os.sep):
+            raise CheckpointError(f"checkpoint {directory}: file {name} points outside the checkpoint")
+        try:
+            size = os.path.getsize(path)
+        except OSError as error:
+            raise CheckpointError(f"checkpoint {directory}: file {name} is missing ({error.strerror})") from error
+        if size != entry["bytes"]:
+            raise CheckpointError(
+                f"checkpoint {directory}: file {name} has {size} bytes but the manifest says {entry['bytes']}: "
+                "truncated or replaced; refusing to load it"
+            )
+    names = list(manifest["files"])
+    threads = threads or min(VERIFY_THREADS, os.cpu_count() or 1, max(1, len(names)))
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="checkpoint-sha256")
+    try:
+        digests = pool.map(lambda name: _sha256(os.path.join(directory, name)), names)
+        for name, digest in zip(names, digests):
+            if digest != manifest["files"][name]["sha256"]:
+                raise CheckpointError(
+                    f"checkpoint {directory}: file {name} fails its sha256 checksum: corrupt or modified; refusing to load it"
+                )
+    finally:
+        pool.shutdown(cancel_futures=True)  # a bad file stops the files not yet started
+
+
+def load_array(directory: str, name: str, shape, dtype, mmap: bool = False) -> np.ndarray:
+    """One verified ``.npy`` file, refused unless it is a plain array of ``shape`` and ``dtype``."""
+    path = os.path.join(directory, name)
+    try:
+        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as error:
+        raise CheckpointError(f"checkpoint {directory}: file {name} is not a plain .npy array: {error}") from error
+    if not isinstance(array, np.ndarray) or array.dtype != np.dtype(dtype) or tuple(array.shape) != tuple(shape):
+        found = (getattr(array, "dtype", type(array).__name__), getattr(array, "shape", None))
+        raise CheckpointError(
+            f"checkpoint {directory}: file {name} holds {found[0]} {found[1]}; expected {np.dtype(dtype).name} {tuple(shape)}"
+        )
+    return array
+
+
+def model_record(spec, model) -> dict:
+    """What the weights' shapes depend on: the model flags and the categorical features."""
+    return {
+        "embedding_dim": model.embedding_dim,
+        "bottom_mlp_dims": list(model.bottom_mlp_dims),
+        "top_mlp_dims": list(model.top_mlp_dims),
+        "interaction": model.interaction,
+        "include_diagonal": bool(model.include_diagonal),
+        "num_numerical": len(spec.numerical_features),
+        "categorical_features": list(spec.categorical_features),
+        "cardinalities": list(spec.cardinalities()),
+        # DLRM checkpoints carry no family record (as before the model family existed).
+        **({"family": model.family.record()} if getattr(model, "family", None) and model.family.model != "dlrm" else {}),
+    }
+
+
+def check_compatible(directory: str, manifest: dict, spec, model) -> None:
+    """Refuses a checkpoint whose model config or feature spec differs from the flags'."""
+    saved, current = manifest["model"], model_record(spec, model)
+    differences = [
+        f"{flag}: {saved.get(key)!r} in the checkpoint, {current.get(key)!r} from the flags"
+        for key, flag in _MODEL_FLAGS.items()
+        if saved.get(key) != current.get(key)
+    ]
+    if differences:
+        raise CheckpointError(f"checkpoint {directory} was saved for a different model: " + "; ".join(differences))
+    try:
+        with open(os.path.join(directory, SPEC_COPY), "r", encoding="utf-8") as handle:
+            saved_spec = yaml.safe_load(handle)
+        saved_features, saved_channels = saved_spec["feature_spec"], saved_spec["channel_spec"]
+        if not isinstance(saved_features, dict) or not isinstance(saved_channels, dict):
+            raise TypeError("feature_spec and channel_spec must be mappings")
+    except (yaml.YAMLError, TypeError, KeyError) as error:
+        raise CheckpointError(f"checkpoint {directory}: {SPEC_COPY} is not a feature spec: {error}") from error
+    problems = []
+    for channel in ("label", "numerical", "categorical"):
+        if list(saved_channels.get(channel) or []) != list(spec.channel_spec.get(channel) or []):
+            problems.append(f"channel {channel}: {saved_channels.get(channel)} in the checkpoint, {spec.channel_spec.get(channel)} now")
+    for name in spec.categorical_features + spec.numerical_features:
+        for key in ("dtype", "cardinality"):
+            entry = saved_features.get(name)
+            before, now = (entry if isinstance(entry, dict) else {}).get(key), spec.feature_spec.get(name, {}).get(key)
+            if before != now:
+                problems.append(f"feature {name}: {key} {before!r} in the checkpoint, {now!r} in {spec.source}")
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {directory} was trained on a different feature spec than {spec.source}: " + "; ".join(problems[:5])
+        )
+    if saved.get("num_numerical") != current["num_numerical"] or saved.get("cardinalities") != current["cardinalities"]:
+        raise CheckpointError(f"checkpoint {directory}: its manifest disagrees with its own {SPEC_COPY}")
+
+
+# ---------------------------------------------------------------------- writing
+
+
+class _HashingSink:
+    """A write-only file object that hashes what passes through (np.save writes in chunks to it)."""
+
+    def __init__(self, handle):
+        self.handle, self.digest, self.size = handle, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        self.size += len(data)
+        return self.handle.write(data)
+
+
+def _write_file(root: str, name: str, write) -> dict:
+    path = os.path.join(root, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as handle:
+        sink = _HashingSink(handle)
+        write(sink)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return {"bytes": sink.size, "sha256": sink.digest.hexdigest()}
+
+
+def write_npy(root: str, name: str, array: np.ndarray) -> dict:
+    """Writes ``array`` as ``root/name`` (.npy, fsynced); returns its manifest entry (bytes, sha256, shape, dtype)."""
+    array = np.asarray(array)
+    if not array.flags.c_contiguous:  # (not np.ascontiguousarray: it turns scalars into [1] arrays)
+        array = array.copy(order="C")
+    entry = _write_file(root, name, lambda sink: np.lib.format.write_array(sink, array, allow_pickle=False))
+    return {**entry, "shape": list(array.shape), "dtype": array.dtype.name}
+
+
+def write_text(root: str, name: str, text: str) -> dict:
+    """Writes ``text`` as ``root/name`` (UTF-8, fsynced); returns its manifest entry (bytes, sha256)."""
+    return _write_file(root, name, lambda sink: sink.write(text.encode("utf-8")))
+
+
+def _fsync_directory(path: str) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def write_manifest(root: str, manifest: dict) -> None:
+    """Writes the manifest after syncing every other file's directory, then syncs ``root``."""
+    for folder in ("tables", "dense", "optimizer"):  # the other ranks' files were fsynced by their writers
+        if os.path.isdir(os.path.join(root, folder)):
+            _fsync_directory(os.path.join(root, folder))
+    # The manifest goes last: a directory without one is never taken for a checkpoint.
+    write_text(root, MANIFEST, json.dumps(manifest, indent=1))
+    _fsync_directory(root)
+
+
+# ---------------------------------------------------------------------- publishing and retention
+
+
+def prepare(save_path: str, step: int) -> tuple[str, str]:
+    """Clears stale directories and creates the hidden one a save of ``step`` writes into; returns it and the final path."""
+    os.makedirs(save_path, exist_ok=True)
+    remove_stale(save_path)
+    name = checkpoint_name(step)
+    final = os.path.join(save_path, name)
+    if os.path.exists(final):
+        raise CheckpointError(f"{final} exists already")
+    temporary = os.path.join(save_path, f".{name}.tmp")
+    os.makedirs(temporary)
+    return temporary, final
+
+
+def replace_text_atomically(path: str, text: str) -> None:
+    temporary = f"{path}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def publish(save_path: str, temporary: str, final: str, keep: int) -> None:
+    """Renames a complete ``temporary`` to ``final``, points ``latest`` at it and keeps the newest ``keep``."""
+    os.rename(temporary, final)  # the one atomic step that makes the checkpoint exist
+    _fsync_directory(save_path)
+    replace_text_atomically(os.path.join(save_path, LATEST), os.path.basename(final) + "\n")
+    retain(save_path, keep)
+
+
+def remove_stale(directory: str) -> None:
+    """Removes temporary and half-deleted checkpoint directories left by killed runs."""
+    for name in os.listdir(directory):
+        if name.startswith(".ckpt-") and (name.endswith(".tmp") or name.endswith(".deleting")):
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def retain(directory: str, keep: int) -> None:
+    """Deletes all but the newest ``keep`` checkpoints (hidden by a rename before the slow delete)."""
+    for _, path in list_checkpoints(directory)[:-keep]:
+        doomed = os.path.join(directory, f".{os.path.basename(path)}.deleting")
+        os.rename(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)

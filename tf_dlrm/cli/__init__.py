@@ -1,0 +1,1 @@
+"""``main.py``'s edge: flags parsed once into configs, the modes, the process set-up."""

@@ -1,0 +1,84 @@
+"""``main.py``: train, evaluate, benchmark inference or export DLRM; ``horovodrun -np N`` for N ranks."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags
+
+from tf_dlrm.cli.flags import RunConfig, config_from_flags, define_flags
+from tf_dlrm.cli.session import configure_threads, report_precision, resolve_spec_path  # noqa: F401 (benchmarks import them here)
+
+define_flags()
+FLAGS = flags.FLAGS
+
+
+def run_training(config: RunConfig, stop=None) -> dict:
+    """Kept for callers of the old name: training is the ``train`` mode of :mod:`tf_dlrm.cli.modes`."""
+    from tf_dlrm.cli import modes
+
+    return modes.run_train(config, stop)
+
+
+def main(argv):
+    del argv
+    from tf_dlrm.train.interrupt import Interrupted, SignalStop
+
+    stop = SignalStop().install()
+    try:
+        config = config_from_flags(FLAGS)
+        from tf_dlrm.cli import modes
+
+        modes.run(config, stop)
+    except Interrupted as interrupted:  # before the first step (or outside training): nothing to save
+        if os.environ.get("HOROVOD_RANK", "0") == "0":
+            when = "before training started" if FLAGS.mode == "train" else f"(--mode={FLAGS.mode})"
+            print(f"interrupted {when}; nothing was saved", file=sys.stderr, flush=True)
+        _exit_now(interrupted.exit_code)
+    except (ValueError, OSError) as error:
+        _fail(str(error))
+    except Exception as error:  # noqa: BLE001: a data error raised inside tf.data comes wrapped in a TF error
+        from tf_dlrm.data.validation import message_of
+        from tf_dlrm.train.interrupt import lost_rank_message
+
+        message = message_of(error)
+        if message is not None:
+            _fail(message)
+        lost = lost_rank_message(error)
+        if lost is None:
+            traceback.print_exc()
+            _exit_now(1)
+        _fail(lost, code=1)  # not 2: nothing wrong with the input or flags, a restart may succeed
+
+
+def _fail(message: str, code: int = 2) -> None:
+    rank = os.environ.get("HOROVOD_RANK", "0")
+    print(f"error (rank {rank}): {message}", file=sys.stderr, flush=True)
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> None:
+    """Exits without unwinding: a failed run may still hold a tf.data iterator with reads in flight.
+
+    Freeing that iterator (when the exception's traceback is freed, during ``sys.exit``) joins the
+    parallel-map threads while holding the GIL, and a reader thread inside its ``numpy_function``
+    waits for the GIL: the process hung after printing its error (here once in 12 runs alone, and in
+    the 17th round of three runs at once) (gdb: the main thread in ``ParallelMapDatasetOp::Dataset::Iterator::~Iterator``).
+    Everything this process reports is already flushed line by line (``Reporter``), so nothing
+    is lost by skipping the interpreter's teardown.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

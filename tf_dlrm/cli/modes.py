@@ -1,0 +1,398 @@
+"""The modes of ``main.py``: ``--mode=train`` and what a checkpoint is for besides training.
+
+- train: the training loop with periodic evaluation, checkpoints, signals and ``--keep_best``;
+- eval: exact AUC and logloss of a checkpoint on the validation split, on any world size and plan;
+- inference: latency (mean, p50, p90, p99) and throughput of the forward pass per global batch
+  size, from a checkpoint (or the initial weights when none is given);
+- export: a TF SavedModel with full tables and a serving signature (:mod:`tf_dlrm.cli.export`;
+  dynamic tables: their key maps, serving raw int64 keys).
+
+Each prints a one-screen summary on rank 0 and logs JSON lines ending with a ``final`` record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+
+from tf_dlrm.checkpoint import checkpointer as checkpoint
+
+
+@dataclasses.dataclass
+class Session:
+    """A built model on this rank, as the flags describe it."""
+
+    config: object
+    env: object
+    spec: object
+    policy: str
+    model: object
+    trainer: object
+    reporter: object
+    checkpointer: checkpoint.Checkpointer
+    plan: object = None  # the ShardingPlan the model executes
+    choice: object = None  # the PrecisionChoice of --amp here
+    threads: tuple[int, int] = (0, 0)  # (intra-op, inter-op) TensorFlow threads
+    memory: list = dataclasses.field(default_factory=list)  # RankMemory per rank (tf_dlrm.sharding.memory_plan)
+
+
+def run(config, stop=None) -> dict:
+    """Runs ``config.mode`` on this rank; returns the final record (the last JSON log line).
+
+    ``stop``: the run's :class:`tf_dlrm.train.interrupt.SignalStop` (None: signals are not handled);
+    only training polls it.
+    """
+    runners = {"train": lambda: run_train(config, stop), "eval": lambda: run_eval(config),
+               "inference": lambda: run_inference(config), "export": lambda: run_export(config)}
+    if config.mode not in runners:
+        raise ValueError(f"Expected --mode in {list(runners)}. Received: --mode={config.mode}")
+    return runners[config.mode]()
+
+
+def start(config, check_spec=None):
+    """This rank's env with threads configured, the feature spec, the reporter and the (intra, inter) threads.
+
+    ``check_spec(spec)``: called before the reporter opens (and so truncates) ``--log_path``.
+    """
+    from tf_dlrm.parallel import env as env_module
+    from tf_dlrm.spec.feature_spec import FeatureSpec
+    from tf_dlrm.cli import cpu_allocator
+    from tf_dlrm.cli.session import configure_threads, resolve_spec_path
+    from tf_dlrm.train.reporting import Reporter
+
+    cycle_line = None
+    if env_module.launched_by_horovodrun():
+        cycle_line = set_cycle_time(config)  # read by hvd.init
+    env = env_module.initialize()
+    config.check_world_size(env.world_size)
+    threads = configure_threads(config, env.local_size)
+    spec = FeatureSpec.load(resolve_spec_path(config), check_files=config.dataset_type == "tf_raw")
+    if check_spec is not None:
+        check_spec(spec)
+    reporter = Reporter(env.is_chief, config.log_path, config.tensorboard_dir)
+    reporter.say(cpu_allocator.describe())
+    if cycle_line and env.world_size > 1:
+        reporter.say(cycle_line)
+    return env, spec, reporter, threads
+
+
+def set_cycle_time(config) -> str:
+    """Sets Horovod's cycle time for this run's model and batch (:mod:`tf_dlrm.cli.cycle_time`)."""
+    from tf_dlrm.cli import cycle_time
+    from tf_dlrm.parallel.env import launched_world_size
+
+    model = config.model
+    bottom, top = model.bottom_mlp_dims, model.top_mlp_dims
+    if model.family.model != "dlrm":
+        bottom, top = (), tuple(model.family.deep_mlp_dims) + (1,)
+    return cycle_time.apply(config.horovod_cycle_time_ms, bottom, top, config.batch_size, launched_world_size())
+
+
+def open_session(config, started=None) -> Session:
+    """Builds the model and trainer of the flags on this rank (collective with several ranks).
+
+    ``started``: what :func:`start` returned, when the caller checked the spec before the build.
+    """
+    import tensorflow as tf
+
+    from tf_dlrm.cli import builder, hot_rows_setup
+    from tf_dlrm.train.step import Trainer
+
+    from tf_dlrm.train.precision import choose_precision
+    from tf_dlrm.cli.session import report_precision
+
+    env, spec, reporter, threads = started or start(config)
+    choice = builder.apply_precision(choose_precision(config.amp, bool(tf.config.list_physical_devices("GPU"))))
+    report_precision(reporter, config, choice)
+    plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
+    hot = hot_rows_setup.hot_row_plan(spec, plan, config.sharding, env, config.train_split, config.batch_size)
+    memory = builder.check_memory_plan(plan, config.optimizer, hot, config.sharding.memory_per_rank,
+                                       config.sharding.hot_row_sync_every)  # before any table exists
+    model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input,
+                                deduplicate_exchange=config.sharding.deduplicate_exchange,
+                                hot_rows=hot_rows_setup.as_layer_option(hot),
+                                split_embedding_tables=config.sharding.split_embedding_tables)
+    trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla,
+                      compress_dense_gradients=config.bf16_dense_allreduce,
+                      hot_row_sync_every=config.sharding.hot_row_sync_every)
+    trainer.broadcast_initial_state()
+    checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, env, reporter)
+    reporter.say(plan.describe())
+    reporter.say("memory per rank (embedding tables, their optimizer state, hot rows):\n  " + "\n  ".join(m.describe() for m in memory))
+    hot_rows_setup.report_plan(reporter, hot, config.sharding.hot_row_sync_every)
+    return Session(config, env, spec, choice.policy, model, trainer, reporter, checkpointer, plan, choice, threads, memory)
+
+
+def restore(session: Session, required: bool = True) -> dict | None:
+    """Loads the checkpoint the flags name into the session's model (not the optimizer state)."""
+    config = session.config
+    return session.checkpointer.restore(config.restore_checkpoint_path, resume=config.resume, required=required)
+
+
+def _finish(session: Session, record: dict, summary: dict) -> dict:
+    session.reporter.summary(summary)
+    session.reporter.event("final", **record)
+    session.reporter.close()
+    return record
+
+
+# ---------------------------------------------------------------------- train
+
+
+def step_traffic_of(trainer, global_batch_size: int, world_size: int):
+    """Every rank's alltoall and allreduce bytes per step (:mod:`tf_dlrm.sharding.traffic`).
+    The ids' alltoall of ``--data_parallel_input`` is not counted (ids, not embeddings)."""
+    from tf_dlrm.sharding.traffic import step_traffic
+
+    embedding = trainer.model.embedding
+    # Dynamic tables (tf_dlrm.embedding.dynamic) route keys by hash, so their bytes depend on the batch: not counted here.
+    exchanges = getattr(embedding, "exchanges", False) and hasattr(embedding, "send_widths")
+    widths = list(embedding.send_widths) if exchanges and world_size > 1 else [0] * world_size
+    value_bytes = 2 if trainer.model.compute_dtype in ("bfloat16", "float16") else 4
+    return step_traffic(widths, global_batch_size, value_bytes, trainer.allreduce_payload_bytes() if world_size > 1 else 0)
+
+
+def run_train(config, stop=None) -> dict:
+    """Trains on this rank; returns the final record (``auc``, ``logloss``, ``train_samples_per_s``,
+    ``steps``, ``world_size`` and, with ``--keep_best``, ``best_step``)."""
+    from tf_dlrm.sharding.traffic import describe as describe_traffic
+    from tf_dlrm.models.layers.interaction import interaction_paths
+    from tf_dlrm.train.precision import read_cpu_info
+    from tf_dlrm.cli import builder, hot_rows_setup, preflight
+    from tf_dlrm.checkpoint import choice as checkpoint_choice
+    from tf_dlrm.train import interrupt
+    from tf_dlrm.train.loop import train
+
+    preflight.check_output_paths(config)  # before anything costly: no mistake in a path costs a run
+    evaluating = []  # whether a validation split is read: checked before the model is built
+    session = open_session(config, start(config, lambda spec: evaluating.append(preflight.check_valid_split(config, spec))))
+    env, spec, plan, trainer, reporter = session.env, session.spec, session.plan, session.trainer, session.reporter
+    intra, inter = session.threads
+    rank_bytes = [plan.rank_bytes(r) for r in range(env.world_size)]
+    exchange = plan.alltoall_bytes_per_step(config.batch_size, bytes_per_value=2 if session.policy != "float32" else 4)
+    traffic = step_traffic_of(trainer, config.batch_size, env.world_size)
+    reporter.say(describe_traffic(traffic))
+    reporter.event(
+        "config", world_size=env.world_size, precision=session.policy, amp=config.amp.value,
+        precision_native=session.choice.native, cpu=read_cpu_info().summary(), xla=config.xla,
+        batch_size=config.batch_size, intra_op_threads=intra, inter_op_threads=inter, plan=plan.to_dict(),
+        rank_embedding_bytes=rank_bytes, alltoall_bytes_per_step=exchange,
+        bytes_per_step_per_rank=[t.to_dict() for t in traffic],
+        # With it, the alltoall sends at most the bytes above (one row per distinct id per destination).
+        deduplicate_exchange=config.sharding.deduplicate_exchange,
+        memory_per_rank={"budget": config.sharding.memory_per_rank, "ranks": [dataclasses.asdict(m) | {"total": m.total}
+                                                                             for m in session.memory]},
+        hot_row_sync_every=config.sharding.hot_row_sync_every,
+        split_embedding_tables=config.sharding.split_embedding_tables,
+    )
+    paths = interaction_paths(session.model.interaction, config.xla)
+    reporter.event("interaction", **paths)  # after the config event: a log's first line stays config
+    reporter.say(f"interaction: training {paths['training']}, evaluation {paths['evaluation']}"
+                 + "".join(f"; {reason}" for reason in paths["reasons"]))
+    reporter.say(
+        f"world size {env.world_size}, precision {session.policy}, per-rank embedding bytes {rank_bytes}, "
+        f"alltoall bytes per step (max over ranks) {exchange}"
+    )
+
+    embedding = session.model.embedding
+    train_reader = builder.make_reader(spec, config.train_split, config.batch_size, env, embedding, True, config.seed,
+                                       config.dataset_type)
+    valid_reader = None
+    if evaluating[0]:
+        # Random in-memory batches (--dataset_type=synthetic) are evaluated on the spec's split files.
+        valid_type = "split_tfrecords" if config.dataset_type == "split_tfrecords" else "tf_raw"
+        valid_reader = builder.make_reader(spec, config.valid_split, config.valid_batch_size, env, embedding, False,
+                                           config.seed, valid_type)
+        preflight.check_not_empty(config.valid_split, valid_reader)
+    checkpointer = session.checkpointer
+    data = checkpoint_choice.data_record(train_reader, config.batch_size)
+    start_step = checkpointer.restore_for_training(config, train_reader.num_batches, data)
+    keeper = None
+    if config.keep_best and valid_reader is not None:
+        from tf_dlrm.train.keep_best import BestKeeper
+
+        keeper = BestKeeper(trainer)
+
+    def on_step(step, epoch, batch_in_epoch):
+        checkpointer.on_step(step, epoch, batch_in_epoch)
+        if stop is not None:
+            stop.poll(trainer, env, step)
+
+    if stop is not None:
+        stop.training = True  # from now on a signal is only recorded, and the loop stops after a step
+    try:
+        result = train(trainer, train_reader, valid_reader, config.loop, reporter, start_step=start_step, on_step=on_step,
+                       on_eval=keeper.on_eval if keeper else None)
+    except interrupt.Interrupted as interrupted:
+        checkpointer.finish(interrupted.step)  # saves unless that step is saved already (or no save path)
+        last = checkpoint_choice.latest(config.save_checkpoint_path) or config.restore_checkpoint_path
+        reporter.event("interrupted", step=interrupted.step, signal=interrupted.signal_number, checkpoint=last)
+        reporter.close()
+        interrupt.report(interrupted, last, env.is_chief)
+        raise SystemExit(interrupted.exit_code) from None
+    last, final_step = result.last_eval, result.steps
+    if keeper is not None and keeper.best is not None:
+        keeper.restore()
+        last, final_step = keeper.best, keeper.step
+        reporter.say(f"keep_best: restored the state of step {keeper.step} (validation AUC {last.auc:.6f})")
+    checkpointer.finish(final_step)
+    model = session.model
+    if getattr(model.embedding, "dynamic", False):
+        # Rows, evictions and rejections of every dynamic table, summed over ranks (collective).
+        counters = model.embedding.global_counters()
+        reporter.event("dynamic_tables", tables=counters)
+        reporter.say("dynamic tables: " + ", ".join(
+            f"{name} {c['rows']} rows, {c['evictions']} evictions, {c['rejections']} rejections" for name, c in counters.items()))
+
+    hot_rows_setup.report_measured(reporter, model.embedding, session.trainer)
+    record = {
+        "auc": last.auc if last else None,
+        "logloss": last.logloss if last else None,
+        "train_samples_per_s": result.train_samples_per_s,
+        "steps": result.steps,
+        "world_size": env.world_size,
+    }
+    if keeper is not None:
+        record["best_step"] = final_step
+    summary = {
+        "steps": result.steps, "world size": env.world_size, "precision": session.policy,
+        "validation AUC": record["auc"], "validation logloss": record["logloss"],
+        "train samples/s": record["train_samples_per_s"], "stopped early": result.stopped_early,
+    }
+    return _finish(session, record, summary)
+
+
+# ---------------------------------------------------------------------- eval
+
+
+def run_eval(config) -> dict:
+    from tf_dlrm.cli import builder
+    from tf_dlrm.train.loop import evaluate
+
+    session = open_session(config)
+    header = restore(session)
+    if config.valid_split not in session.spec.splits:
+        raise ValueError(f"--valid_split={config.valid_split} is not a split of {session.spec.source}: {session.spec.splits}")
+    reader = builder.make_reader(
+        session.spec, config.valid_split, config.valid_batch_size, session.env, session.model.embedding, False, config.seed,
+        dataset_type=config.dataset_type,
+    )
+    result = evaluate(session.trainer, reader)
+    record = {
+        "mode": "eval", "auc": result.auc, "logloss": result.logloss, "samples": result.samples,
+        "checkpoint": header["path"], "steps": header["step"], "world_size": session.env.world_size,
+        "train_samples_per_s": None,
+    }
+    summary = {
+        "checkpoint": header["path"], "step": header["step"], "world size": session.env.world_size,
+        "validation samples": result.samples, "validation AUC": result.auc, "validation logloss": result.logloss,
+        "eval seconds": result.seconds,
+    }
+    return _finish(session, record, summary)
+
+
+# ---------------------------------------------------------------------- inference
+
+
+def latency_figures(seconds, batch_size: int) -> dict:
+    """Mean and percentiles in milliseconds of per-batch latencies, and samples per second."""
+    milliseconds = np.asarray(seconds, np.float64) * 1e3
+    p50, p90, p99 = np.percentile(milliseconds, [50, 90, 99])
+    mean = float(milliseconds.mean())
+    return {
+        "batch_size": batch_size, "batches": int(milliseconds.size), "mean_ms": mean, "p50_ms": float(p50),
+        "p90_ms": float(p90), "p99_ms": float(p99), "samples_per_s": batch_size / (mean / 1e3),
+    }
+
+
+def _batches(session: Session, batch_size: int, count: int = 8):
+    """Up to ``count`` distinct batches of this size, read ahead so disk time is not measured."""
+    from tf_dlrm.cli import builder
+
+    spec, config = session.spec, session.config
+    split = config.valid_split if config.valid_split in spec.splits else config.train_split
+    reader = builder.make_reader(
+        spec, split, batch_size, session.env, session.model.embedding, False, config.seed, dataset_type=config.dataset_type
+    )
+    batches = [(numerical, categorical) for numerical, categorical, _ in reader.dataset(epoch=0).take(count)]
+    if not batches:
+        raise ValueError(f"--inference_batch_sizes={batch_size}: the {split} split has no batch of that size to time")
+    return batches
+
+
+def run_inference(config, warmup: int = 5) -> dict:
+    import tensorflow as tf
+
+    session = open_session(config)
+    header = restore(session, required=False)
+    if header is None:
+        session.reporter.say("no checkpoint given: timing the initial weights")
+    model = session.model
+    forward = tf.function(lambda numerical, categorical: tf.sigmoid(model((numerical, categorical), training=False)))
+    timed = config.loop.max_steps if config.loop.max_steps > 0 else 100
+    results = []
+    for batch_size in config.inference_batch_sizes:
+        batches = _batches(session, batch_size)
+        seconds = []
+        for index in range(warmup + timed):
+            numerical, categorical = batches[index % len(batches)]
+            started = time.perf_counter()
+            forward(numerical, categorical).numpy()  # .numpy() waits for the result
+            if index >= warmup:
+                seconds.append(time.perf_counter() - started)
+        figures = latency_figures(seconds, batch_size)
+        results.append(figures)
+        session.reporter.event("inference", world_size=session.env.world_size, precision=session.policy, **figures)
+    session.reporter.say(format_latency_table(results))
+    record = {
+        "mode": "inference", "results": results, "checkpoint": header["path"] if header else None,
+        "world_size": session.env.world_size, "precision": session.policy,
+    }
+    summary = {"checkpoint": record["checkpoint"], "world size": session.env.world_size, "precision": session.policy}
+    summary.update({f"batch {r['batch_size']} samples/s": r["samples_per_s"] for r in results})
+    return _finish(session, record, summary)
+
+
+def format_latency_table(results: list[dict]) -> str:
+    lines = [f"{'batch size':>10}  {'mean ms':>9}  {'p50 ms':>9}  {'p90 ms':>9}  {'p99 ms':>9}  {'samples/s':>12}"]
+    for r in results:
+        lines.append(
+            f"{r['batch_size']:>10}  {r['mean_ms']:>9.3f}  {r['p50_ms']:>9.3f}  {r['p90_ms']:>9.3f}  {r['p99_ms']:>9.3f}  {r['samples_per_s']:>12,.0f}"
+        )
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------- export
+
+
+def run_export(config) -> dict:
+    """Rank 0 verifies the checkpoint and writes the SavedModel; other ranks only wait for the outcome."""
+    from tf_dlrm.cli import export
+
+    env, spec, reporter, _ = start(config)
+    outcome = None
+    if env.is_chief:
+        started = time.time()
+        try:
+            directory = checkpoint.latest_checkpoint(config.save_checkpoint_path) if config.resume else None
+            directory = directory or checkpoint.resolve(config.restore_checkpoint_path)
+            manifest = checkpoint.read_manifest(directory)
+            checkpoint.verify_files(directory, manifest)
+            export.check_kind(directory, manifest, spec)  # before the spec comparison: the clearer error
+            checkpoint.check_compatible(directory, manifest, spec, config.model)
+            info = export.export_checkpoint(directory, manifest, config.saved_model_path, spec, config.model)
+            outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started}
+        except (ValueError, TypeError, KeyError, OSError) as error:  # every rank raises it below
+            outcome = {"error": str(error)}
+    outcome = checkpoint.broadcast_json(env, outcome, "export_status")
+    if "error" in outcome:
+        raise checkpoint.CheckpointError(outcome["error"])
+    record = {"mode": "export", "saved_model_path": config.saved_model_path, **outcome, "world_size": env.world_size}
+    reporter.say(f"exported {outcome['checkpoint']} (step {outcome['step']}) to {config.saved_model_path}")
+    reporter.summary({"checkpoint": outcome["checkpoint"], "step": outcome["step"], "SavedModel": config.saved_model_path,
+                      "export seconds": outcome["seconds"]})
+    reporter.event("final", **record)
+    reporter.close()
+    return record

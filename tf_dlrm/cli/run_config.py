@@ -1,0 +1,87 @@
+"""The settings of one run of ``main.py``: every other config, and what the run does. Frozen,
+validated, and free of TensorFlow so that parsing flags (``tf_dlrm.cli.flags``) imports none."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
+from tf_dlrm.optimizers.settings import LoopConfig, OptimizerConfig
+from tf_dlrm.train.precision import AmpMode
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    mode: str
+    dataset_path: str | None
+    feature_spec: str
+    dataset_type: str
+    batch_size: int
+    valid_batch_size: int
+    seed: int
+    amp: AmpMode
+    xla: bool
+    log_path: str | None
+    tensorboard_dir: str | None
+    inter_op_parallelism: int
+    intra_op_parallelism: int
+    train_split: str
+    valid_split: str
+    save_checkpoint_path: str | None
+    restore_checkpoint_path: str | None
+    model: ModelConfig
+    sharding: ShardingConfig
+    optimizer: OptimizerConfig
+    loop: LoopConfig
+    checkpoint_every_steps: int = 0
+    keep_checkpoints: int = 2
+    resume: bool = False
+    saved_model_path: str | None = None
+    # --bf16_dense_allreduce: average the MLP gradients as bfloat16 under --amp (bfloat16).
+    bf16_dense_allreduce: bool = False
+    inference_batch_sizes: tuple[int, ...] = (1, 64, 1024, 4096)
+    keep_best: bool = False
+    # --horovod_cycle_time_ms: None is auto (tf_dlrm.cli.cycle_time).
+    horovod_cycle_time_ms: float | None = None
+
+    def __post_init__(self):
+        if self.batch_size <= 0:
+            raise ValueError(f"Expected --batch_size > 0. Received: --batch_size={self.batch_size}")
+        if self.valid_batch_size <= 0:
+            raise ValueError(f"Expected --valid_batch_size > 0. Received: --valid_batch_size={self.valid_batch_size}")
+        if self.dataset_type != "synthetic" and not self.dataset_path:
+            raise ValueError(f"--dataset_path is required with --dataset_type={self.dataset_type}")
+        self._check_checkpoint_flags()
+
+    def _check_checkpoint_flags(self) -> None:
+        if self.checkpoint_every_steps < 0:
+            raise ValueError(f"Expected --checkpoint_every_steps >= 0. Received: --checkpoint_every_steps={self.checkpoint_every_steps}")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"Expected --keep_checkpoints >= 1. Received: --keep_checkpoints={self.keep_checkpoints}")
+        if self.resume and not self.save_checkpoint_path:
+            raise ValueError("--resume continues from the latest checkpoint under --save_checkpoint_path: give that flag too")
+        if self.checkpoint_every_steps and not self.save_checkpoint_path:
+            raise ValueError("--checkpoint_every_steps needs --save_checkpoint_path (where to save)")
+        if self.mode in ("eval", "export") and not (self.restore_checkpoint_path or self.resume):
+            raise ValueError(
+                f"--mode={self.mode} needs a checkpoint: give --restore_checkpoint_path=DIR "
+                "(or --resume with --save_checkpoint_path)"
+            )
+        if self.mode == "export" and not self.saved_model_path:
+            raise ValueError("--mode=export needs --saved_model_path=DIR (where to write the SavedModel)")
+        if self.mode == "inference" and (not self.inference_batch_sizes or any(b <= 0 for b in self.inference_batch_sizes)):
+            raise ValueError(f"Expected --inference_batch_sizes to be positive sizes. Received: {list(self.inference_batch_sizes)}")
+
+    def check_world_size(self, world_size: int) -> None:
+        if self.sharding.hot_row_sync_every > 1 and world_size < 2:
+            raise ValueError(f"--hot_row_sync_every={self.sharding.hot_row_sync_every} needs several ranks (hot-row replicas "
+                             f"exist only with N > 1). Received: {world_size} rank; leave the flag at 1")
+        sizes = [("batch_size", self.batch_size), ("valid_batch_size", self.valid_batch_size)]
+        if self.mode == "inference":
+            sizes = [("inference_batch_sizes", size) for size in self.inference_batch_sizes]
+        for flag, value in sizes:
+            if value % world_size:
+                raise ValueError(
+                    f"--{flag}={value} does not divide by the number of ranks ({world_size}); "
+                    f"use a multiple of {world_size}"
+                )

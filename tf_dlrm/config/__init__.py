@@ -1,1 +1,0 @@
-"""Plain frozen configuration dataclasses: no TensorFlow, safe to import while parsing flags."""

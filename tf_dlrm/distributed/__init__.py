@@ -1,1 +1,0 @@
-"""Model-parallel embeddings: the sharding plan and the layers that execute it."""

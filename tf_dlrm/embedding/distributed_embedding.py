@@ -1,0 +1,394 @@
+"""DistributedEmbedding: executes a ShardingPlan for a list of features; holds only this rank's shards.
+
+Features and tables. Each feature (a :class:`tf_dlrm.embedding.config.FeatureConfig`) reads one
+table; several features may read the same table; a feature may be one-hot, fixed multi-hot or
+ragged, pooled by ``sum``, ``mean`` or ``sqrtn``; tables may have different widths.
+
+Storage. The slices this rank owns, and the replicated tables, are fused by width into a few
+variables (:mod:`tf_dlrm.embedding.fused_variables`), so one gather serves many tables.
+
+Forward on rank r of N (global batch B, local batch b = B / N):
+
+1. for every feature reading an owned slice, look up and **pool** the global batch of its ids
+   (:func:`tf_dlrm.embedding.pooling.pooled_lookup`) -> packed side by side ``[B, W_r]``, one
+   column block per (feature, slice) (the order is :mod:`tf_dlrm.sharding.packing`): a
+   multi-hot feature costs the exchange bytes of a one-hot one;
+2. one ``hvd.alltoall`` sends row block k (``b`` rows) to rank k; rank r receives ``[b, W_s]``
+   from every source s and puts them side by side;
+3. replicated tables look up and pool the local batch directly; the two parts are joined and
+   permuted once into feature order -> ``[b, sum of feature widths]`` (``[b, F, D]`` when all
+   widths are ``D``).
+
+With ``data_parallel_input`` every rank reads its local batch of every feature and alltoalls of
+ids (:mod:`tf_dlrm.embedding.id_exchange`) give each rank the global batch of the features whose
+tables it owns.
+
+The backward of the alltoall (registered by Horovod) returns to each shard the sum over ranks of
+its gradient, i.e. N times the gradient of the global mean loss: the trainer scales shard
+gradients by 1/N. The pooling's backward sends the pooled gradient to every id (duplicates kept,
+accumulated by the sparse update).
+
+tf_dlrm's embedding-bag kernel (:mod:`tf_dlrm.ops.embedding_bag`), when built, pools every
+fused variable that has a multi-hot feature (and no column-sliced table) in one op, checks its ids
+(naming the feature), and returns a gradient over distinct rows; in one process every variable is
+pooled by a single op straight into feature order. The layer reads each variable once per call.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_dlrm.parallel import collectives
+from tf_dlrm.ops.assemble import assemble_columns, assemble_kernel, assembly_layout
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.embedding.dedup_exchange import deduplicated_exchange
+from tf_dlrm.ops.embedding_bag import bag_kernel, mark_distinct_rows, multi_table_bag_lookup
+from tf_dlrm.embedding.full_tables import FullTableAccess
+from tf_dlrm.embedding.fused_variables import FusedVariables
+from tf_dlrm.embedding.hot_row_layer import HotRowReplicas
+from tf_dlrm.embedding.exchange import exchange_block, permute
+from tf_dlrm.embedding.id_exchange import exchange_ids
+from tf_dlrm.sharding.packing import (
+    group_entries,
+    output_permutation,
+    packing_groups,
+    received_labels,
+    replicated_groups,
+    replicated_labels,
+    send_width,
+)
+from tf_dlrm.sharding.plan import ShardingPlan
+from tf_dlrm.embedding.pooling import normalize_ids, pooled_lookup
+from tf_dlrm.embedding.split_tables import check_split_options
+from tf_dlrm.embedding.config import as_feature_config, default_features, feature_tables
+from tf_dlrm.embedding.table_init import check_init_bound
+from tf_dlrm.embedding.variable_kind import VariableKind, mark, set_layout
+
+
+@keras.saving.register_keras_serializable(package="tf_dlrm")
+class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, keras.layers.Layer):
+    """Embedding tables sharded table-wise and column-wise over ranks, pooled per feature.
+
+    Args:
+        plan: a :class:`ShardingPlan` (or its ``to_dict()``).
+        rank: this process's rank (``plan.world_size`` ranks in all).
+        seed: initial values depend only on ``(seed, table)``.
+        data_parallel_input: read local batches of every feature and exchange ids (see module doc).
+        features: :class:`FeatureConfig` (or dicts) in input order; default one one-hot ``sum``
+            feature per table, named like it.
+        validate_ids: check every id against its table's rows (and ragged rows against hotness).
+        deduplicate_exchange: send each destination one row per distinct id of its samples and the
+            samples' indices (:mod:`tf_dlrm.embedding.dedup_exchange`) instead of one row per
+            sample; one-hot features only, every rank owning a slice; the rows travel in float32.
+        use_kernel: pool with tf_dlrm's embedding-bag kernel when it is built (see module doc);
+            False keeps plain TensorFlow ops (the same values; benchmarks compare the two).
+        hot_rows: ``{table index or name: sorted ids}`` of model-parallel tables replicated on every
+            rank; only cold rows travel (:mod:`tf_dlrm.embedding.hot_row_layer`). One-hot features.
+        split_embedding_tables: model-parallel shards as split bf16 tables (:mod:`tf_dlrm.embedding.split_tables`:
+            its limits); looked up with TensorFlow ops (the embedding-bag kernel reads float32 only).
+        init_bound: initial values uniform in ``[-init_bound, init_bound]``; None: ``1/sqrt(rows)`` per table
+            (:mod:`tf_dlrm.embedding.table_init`).
+    """
+
+    def __init__(self, plan, rank: int = 0, seed: int = 0, data_parallel_input: bool = False, features=None,
+                 validate_ids: bool = True, deduplicate_exchange: bool = False, use_kernel: bool = True, hot_rows=None,
+                 split_embedding_tables: bool = False, init_bound: float | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
+        table_names = [t.name for t in self.plan.tables]
+        if features is None:
+            features = default_features(table_names)
+        self.features = tuple(as_feature_config(f) for f in features)
+        if not self.features:
+            raise ValueError("Expected at least one feature. Received: features=()")
+        self.feature_tables = feature_tables(self.features, table_names)
+        self.feature_widths = tuple(self.plan.tables[t].dim for t in self.feature_tables)
+        widths = set(self.feature_widths)
+        # One width for all features: the output is [b, F, D] (DLRM's interaction wants that).
+        self.embedding_dim = widths.pop() if len(widths) == 1 else None
+        self.env = DistributedEnv(rank=rank, world_size=self.plan.world_size)
+        if not 0 <= rank < self.plan.world_size:
+            raise ValueError(f"Expected 0 <= rank < world_size={self.plan.world_size}. Received: rank={rank}")
+        self.seed = int(seed)
+        self.init_bound = check_init_bound(init_bound)
+        self.data_parallel_input = bool(data_parallel_input)
+        self.validate_ids = bool(validate_ids)
+        self.use_kernel = bool(use_kernel)
+        self.num_tables = len(self.plan.tables)
+        self.num_features = len(self.features)
+        self.cardinalities = tuple(t.rows for t in self.plan.tables)
+        self.model_parallel = tuple(self.plan.model_parallel)
+        self.replicated = tuple(self.plan.replicated)
+        self.owned_tables = tuple(self.plan.tables_on_rank(rank))
+        replicated = set(self.replicated)
+        self.features_on_rank = [tuple(f for f, t in enumerate(self.feature_tables) if t in set(self.plan.tables_on_rank(r)))
+                                 for r in range(self.plan.world_size)]
+        self.replicated_features = tuple(f for f, t in enumerate(self.feature_tables) if t in replicated)
+        self.exchanges = any(t not in replicated for t in self.feature_tables)
+        if self.data_parallel_input:
+            self.global_categorical, self.local_categorical = (), tuple(range(self.num_features))
+        else:
+            self.global_categorical = self.features_on_rank[rank]
+            self.local_categorical = self.replicated_features
+        self.groups = packing_groups(self.plan, rank)
+        self.entries = [group_entries(slices, self.feature_tables) for _, slices in self.groups]
+        self.replicated_groups = replicated_groups(self.plan)
+        self.replicated_entries = [group_entries(slices, self.feature_tables) for _, slices in self.replicated_groups]
+        self.send_widths = [max(1, send_width(self.plan, r, self.feature_tables)) for r in range(self.plan.world_size)]
+        labels = (received_labels(self.plan, self.feature_tables) if self.exchanges else [])
+        labels += replicated_labels(self.plan, self.feature_tables)
+        self.permutation = np.array(output_permutation(self.plan, self.feature_tables, labels), dtype=np.int32)
+        self.deduplicate_exchange = bool(deduplicate_exchange)
+        if self.deduplicate_exchange:
+            self.source_entry_widths = [[slices[p].width for _, slices in packing_groups(self.plan, r)
+                                         for _, p in group_entries(slices, self.feature_tables)] for r in range(self.plan.world_size)]
+            problems = [f.name for f in self.features if not f.one_hot]
+            if problems or not all(self.source_entry_widths) or self.data_parallel_input:
+                raise ValueError("deduplicate_exchange (--deduplicate_exchange) needs one-hot features, every rank owning "
+                                 "a slice (more model-parallel tables than ranks, or --dist_strategy=column_wise) and no "
+                                 f"--data_parallel_input. Received: multi-hot features {problems}, entries per rank "
+                                 f"{[len(w) for w in self.source_entry_widths]}, data_parallel_input={self.data_parallel_input}")
+        self.shard_variables, self.replicated_variables = [], []
+        self._init_hot_rows(hot_rows)
+        self.split_embedding_tables = bool(split_embedding_tables)
+        if self.split_embedding_tables:
+            check_split_options(self.compute_dtype, bool(self.hot_rows), self.deduplicate_exchange)
+
+    # ------------------------------------------------------------------ weights
+
+    def _pools_with_kernel(self, slices, entries) -> bool:
+        """Whether a fused variable is read through tf_dlrm's embedding-bag kernel
+        (:mod:`tf_dlrm.ops.embedding_bag`): when the library is loaded, the variable has a
+        multi-hot feature (all one-hot: one plain gather is as fast), and none of its slices is
+        part of a column-sliced table (row-wise optimizer state there needs each lookup's position
+        in the batch, which the kernel's gradient over distinct rows does not keep)."""
+        if not any(not self.features[f].one_hot for f, _ in entries):
+            return False
+        if any(len(self.plan.table_slices(s.table)) > 1 for s in slices):
+            return False
+        return self.use_kernel and bag_kernel() is not None and not self.split_embedding_tables
+
+    def build(self, input_shape=None):
+        self.group_offsets, self.replicated_offsets = [], []
+        self.group_kernel, self.replicated_kernel = [], []
+        for (width, slices), entries in zip(self.groups, self.entries):
+            variable, offsets = self._fused_variable(f"shards_w{width}", slices, VariableKind.SHARDED)
+            self.shard_variables.append(variable)
+            self.group_offsets.append(offsets)
+            self.group_kernel.append(self._pools_with_kernel(slices, entries) and not self.deduplicate_exchange)
+        for (width, slices), entries in zip(self.replicated_groups, self.replicated_entries):
+            variable, offsets = self._fused_variable(f"replicated_w{width}", slices, VariableKind.REPLICATED)
+            self.replicated_variables.append(variable)
+            self.replicated_offsets.append(offsets)
+            self.replicated_kernel.append(self._pools_with_kernel(slices, entries))
+        # Read once per call by the kernel: their gradients' rows are distinct (the sparse update
+        # skips its own deduplication).
+        for variable, kernel in zip(self.shard_variables + self.replicated_variables, self.group_kernel + self.replicated_kernel):
+            if kernel:
+                mark_distinct_rows(variable)
+        # A multi-hot feature of a whole (not column-sliced) table is pooled by the kernel on
+        # whichever rank owns it (_pools_with_kernel), which checks its ids there.
+        self.kernel_checked_features = frozenset(
+            f for f, feature in enumerate(self.features)
+            if not feature.one_hot and len(self.plan.table_slices(self.feature_tables[f])) == 1 and self.use_kernel
+            and bag_kernel() is not None and not self.split_embedding_tables)
+        # One process with a multi-hot feature and no column-sliced table: every variable, the
+        # one-hot features' included, is pooled by one kernel op writing feature order directly (no
+        # per-width blocks, concat or permutation, forward or backward).
+        self.single_op = (not self.env.distributed and not self.data_parallel_input and bool(self.kernel_checked_features)
+                          and all(len(self.plan.table_slices(t)) == 1 for t in set(self.feature_tables)))
+        if self.single_op:
+            for variable in self.shard_variables + self.replicated_variables:
+                mark_distinct_rows(variable)
+            self.kernel_checked_features = frozenset(range(self.num_features))
+        self._build_hot_rows()
+        distributed = self.env.distributed and self.exchanges
+        self.padding_variables = []
+        if distributed and not any(self.entries):
+            # A rank sending no column still takes part in the alltoall and in its backward. Its
+            # padding must depend on a variable the trainer differentiates, or TensorFlow prunes
+            # this rank's backward alltoall and the other ranks wait for it forever.
+            padding = self.add_weight(name="exchange_padding", shape=(1, 1), dtype="float32", initializer="zeros", trainable=False)
+            self.padding_variables.append(set_layout(mark(padding, VariableKind.PADDING), self._layout([])))
+        self.id_sink = None
+        if distributed and self.data_parallel_input:
+            # Ids this rank receives but does not read (e.g. it owns no feature of one kind):
+            # Grappler would prune an alltoall whose result nobody reads, and the other ranks
+            # would wait forever: their sum is stored here.
+            self.id_sink = self.add_weight(name="id_sink", shape=(), dtype="int64", initializer="zeros", trainable=False)
+
+    @property
+    def sparse_variables(self) -> list:
+        return list(self.shard_variables)
+
+    @property
+    def dense_variables(self) -> list:
+        return list(self.replicated_variables)
+
+    # ------------------------------------------------------------------ forward
+
+    def _normalized(self, features, categorical) -> dict:
+        # Ids the kernel pools are checked by it, on the rank that looks them up (one pass fewer).
+        return {f: normalize_ids(ids, self.features[f], self.cardinalities[self.feature_tables[f]],
+                                 self.validate_ids and f not in self.kernel_checked_features)
+                for f, ids in zip(features, categorical)}
+
+    def _kernel_checks(self, entries) -> list[tuple]:
+        """(name, table rows, hotness to check or 0) of each entry, for the kernel's own id checks."""
+        checks = []
+        for f, _ in entries:
+            feature = self.features[f]
+            hotness = feature.hotness if self.validate_ids and feature.ragged else 0  # fixed: checked by shape
+            checks.append((feature.name, self.cardinalities[self.feature_tables[f]], hotness))
+        return checks
+
+    def call(self, categorical, local_batch=None):
+        """``categorical``: the ids of :attr:`global_categorical` then :attr:`local_categorical`
+        features. ``local_batch`` (the local batch size) is needed only by a rank that reads no ids.
+
+        Returns ``[b, F, D]`` when every feature has width ``D``, else ``[b, sum of widths]``."""
+        categorical = list(categorical)
+        if local_batch is None:
+            local_batch = self._local_batch_from(categorical)
+        ids = self._normalized(self._input_features(), categorical)
+        if self.single_op:
+            return self._single_op_lookup(ids)
+        if self.data_parallel_input and self.exchanges:
+            global_ids, unread = exchange_ids(self.env, ids, self.features_on_rank, self.env.rank, f"{self.name}_id_exchange")
+            if unread and self.id_sink is not None:
+                self.id_sink.assign(tf.add_n([tf.reduce_sum(tf.cast(u, tf.int64)) for u in unread]))
+        else:
+            global_ids = ids
+        assemble = self.use_kernel and assemble_kernel() is not None
+        parts, part_chunks = [], []
+        if self.exchanges:
+            block = self._model_parallel_lookup(global_ids, local_batch, flat_received=assemble)
+            parts.append(block)
+            # Flat: one [b, W_s] chunk per source; else [b, sum_s W_s] (one process: W_0).
+            part_chunks.append(list(self.send_widths) if block.shape.rank == 1 else [sum(self.send_widths)])
+        for variable, offsets, entries, kernel in zip(self.replicated_variables, self.replicated_offsets,
+                                                      self.replicated_entries, self.replicated_kernel):
+            looked_up = pooled_lookup(variable, [(ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
+                                      tf.as_dtype(offsets.dtype), kernel=kernel, checks=self._kernel_checks(entries))
+            parts.append(tf.cast(looked_up, self.compute_dtype))
+            part_chunks.append([int(variable.shape[1]) * len(entries)])
+        trivial = len(parts) == 1 and parts[0].shape.rank == 2 and np.array_equal(self.permutation, np.arange(part_chunks[0][0]))
+        # A replicated group that no feature reads contributes no column (the kernel wants columns).
+        if assemble and not trivial and all(sum(chunks) > 0 for chunks in part_chunks):
+            # One copy of the rows (and one for the gradient) instead of concat + permutation.
+            pooled = assemble_columns(parts, assembly_layout(part_chunks, self.permutation))
+        else:
+            joined = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
+            pooled = permute(joined, self.permutation, axis=1)
+        if self.embedding_dim is None:
+            return pooled
+        return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
+
+    def _single_op_lookup(self, ids) -> tf.Tensor:
+        """One process: every feature pooled by one kernel op, straight into feature order."""
+        columns = np.concatenate([[0], np.cumsum(self.feature_widths)[:-1]])
+        variables = self.shard_variables + self.replicated_variables
+        placed, features = [], []
+        for index, (offsets, entries) in enumerate(zip(self.group_offsets + self.replicated_offsets,
+                                                       self.entries + self.replicated_entries)):
+            for f, p in entries:
+                placed.append((ids[f], offsets[p], self.features[f].combiner, index, int(columns[f])))
+                features.append((f, p))
+        # One index dtype for the op: int64 when any variable needs it.
+        dtypes = {tf.as_dtype(o.dtype) for o in self.group_offsets + self.replicated_offsets}
+        index_dtype = tf.int64 if tf.int64 in dtypes else tf.int32
+        pooled = multi_table_bag_lookup(variables, placed, index_dtype, self._kernel_checks(features))
+        pooled = tf.cast(pooled, self.compute_dtype)
+        if self.embedding_dim is None:
+            return pooled
+        return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
+
+    def _input_features(self) -> list[int]:
+        """The feature of each tensor passed to :meth:`call`, in order."""
+        return list(self.global_categorical) + list(self.local_categorical)
+
+    def split_features(self, pooled) -> dict:
+        """The output of :meth:`call` as ``{feature name: [b, width]}``."""
+        flat = tf.reshape(pooled, [-1, sum(self.feature_widths)])
+        pieces = tf.split(flat, list(self.feature_widths), axis=1)
+        return {feature.name: piece for feature, piece in zip(self.features, pieces)}
+
+    def _local_batch_from(self, categorical):
+        if self.data_parallel_input or len(categorical) > len(self.global_categorical):
+            ids = categorical[-1]
+        elif categorical:
+            ids = categorical[0]
+        else:
+            raise ValueError("This rank reads no ids: pass local_batch to DistributedEmbedding.call")
+        rows = ids.nrows(out_type=tf.int32) if isinstance(ids, tf.RaggedTensor) else tf.shape(ids)[0]
+        if self.data_parallel_input or len(categorical) > len(self.global_categorical):
+            return rows
+        return rows // self.plan.world_size
+
+    def _entry_blocks(self, packed):
+        """``(rows [N * b, w], feature, position, slice, offsets)`` of every owned entry, packing order,
+        cut from ``packed`` (one looked-up block per group with entries)."""
+        blocks = iter(packed)
+        for (width, slices), offsets, entries in zip(self.groups, self.group_offsets, self.entries):
+            block = next(blocks) if entries else None
+            for e, (f, p) in enumerate(entries):
+                yield block[:, e * width:(e + 1) * width], f, p, slices[p], offsets
+
+    def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch, flat_received: bool = False):
+        """The owned tables' pooled lookups of this rank's samples, ``[b, sum_s W_s]``; with
+        ``flat_received``, after the plain exchange, what arrived as it is: flat, source by source."""
+        packed = []
+        for variable, offsets, entries, kernel in zip(self.shard_variables, self.group_offsets, self.entries, self.group_kernel):
+            if entries:
+                packed.append(self._shard_lookup(
+                    variable, [(global_ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
+                    tf.as_dtype(offsets.dtype), kernel, self._kernel_checks(entries)))
+        if self.hot_tables and self.env.distributed:
+            return tf.cast(self._hot_row_lookup(packed, global_ids, local_batch), self.compute_dtype)
+        if self.deduplicate_exchange and self.env.distributed:
+            mine = [(rows, tf.cast(global_ids[f], tf.as_dtype(offsets.dtype)) + offsets[p], piece.width)
+                    for rows, f, p, piece, offsets in self._entry_blocks(packed)]
+            received = deduplicated_exchange(self.env, local_batch, mine, self.source_entry_widths, f"{self.name}_dedup")
+            return tf.cast(received, self.compute_dtype)
+        # Cast before the exchange: under mixed precision the alltoall carries half the bytes.
+        local_block = tf.concat([tf.cast(p, self.compute_dtype) for p in packed], axis=1) if packed else None
+        if not self.env.distributed:
+            return local_block
+        if local_block is None:
+            padding = tf.cast(self.padding_variables[0], self.compute_dtype)
+            local_block = tf.tile(padding, [local_batch * self.plan.world_size, 1])
+        received = exchange_block(self.env, local_block, local_batch, self.send_widths, f"{self.name}_exchange")
+        if flat_received:
+            return received
+        # Every source s sends this rank b rows of its width; b is the same for all sources.
+        chunks = tf.split(received, [local_batch * w for w in self.send_widths], num=len(self.send_widths))
+        return tf.concat([tf.reshape(c, [local_batch, w]) for c, w in zip(chunks, self.send_widths)], axis=1)
+
+    def _shard_lookup(self, variable, entries, index_dtype, kernel, checks) -> tf.Tensor:
+        # One owned variable's pooled lookup; the split-table tests' float32 reference truncates here.
+        return pooled_lookup(variable, entries, index_dtype, kernel=kernel, checks=checks)
+
+    def compute_output_shape(self, input_shape):
+        if self.embedding_dim is None:
+            return (None, sum(self.feature_widths))
+        return (None, self.num_features, self.embedding_dim)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "plan": self.plan.to_dict(),
+            "rank": self.env.rank,
+            "seed": self.seed,
+            "init_bound": self.init_bound,
+            "data_parallel_input": self.data_parallel_input,
+            "features": [feature.to_dict() for feature in self.features],
+            "validate_ids": self.validate_ids,
+            "deduplicate_exchange": self.deduplicate_exchange,
+            "use_kernel": self.use_kernel,
+            "hot_rows": {str(table): list(ids) for table, ids in self.hot_rows.items()},
+            "split_embedding_tables": self.split_embedding_tables,
+        }

@@ -1,0 +1,57 @@
+"""SavedModel of a DLRM on dynamic tables: serving takes raw int64 keys.
+
+The exported module carries each table's key -> row map (``MutableHashTable``, saved with its
+contents) and row storage, so ``tf.saved_model.load`` alone serves it (no tf_dlrm, no Horovod)::
+
+    served = tf.saved_model.load(DIR)
+    served.signatures["serving_default"](numerical=..., categorical=...)["probability"]
+
+``categorical`` is int64 ``[batch, tables]`` of raw keys (columns in feature-spec order); a key the
+tables never saw reads zeros, as in evaluation. Export from one process holding every shard: restore
+an N-rank checkpoint (:mod:`tf_dlrm.checkpoint.dynamic_state`) into a model built with ``world_size=1``
+(every key is re-routed to it), then export. This lives apart from :mod:`tf_dlrm.cli.export`
+(fixed tables); here the Keras forward pass is traced as is. ``main.py --mode=export`` builds the
+one-process model with the checkpoint's shard count (:func:`tf_dlrm.cli.export.dynamic_serving`).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+class DynamicServing(tf.Module):
+    """Args: model: a built DLRM whose embedding is a one-process :class:`DynamicEmbedding`."""
+
+    def __init__(self, model):
+        super().__init__()
+        embedding = model.embedding
+        if embedding.env.world_size != 1:
+            raise ValueError("Expected a one-process model to export (restore the checkpoint with world_size=1 first). "
+                             f"Received: world_size={embedding.env.world_size}")
+        if hasattr(model.interaction, "use_kernel"):
+            model.interaction.use_kernel = False  # plain TF ops only: serving needs no tf_dlrm kernel library
+        # The Keras model is not tracked itself (saving would trace Keras' own default signature
+        # with float inputs); what the traced forward pass reads is tracked instead: the weights,
+        # each table's key map (saved with its contents) and the row metadata.
+        self._forward = lambda inputs: model(inputs, training=False)
+        self.weights = [v.value if hasattr(v, "value") else v for v in model.variables]
+        states = [state for shard in embedding.local_shards for state in embedding.states[shard]]
+        self.key_maps = [state.map for state in states]
+        self.row_metadata = [v for state in states for v in (state.occupied, state.row_key)]
+        self.num_numerical = model.num_numerical
+        self.num_tables = len(embedding.table_configs)
+        self.serve = tf.function(self._serve, input_signature=[
+            tf.TensorSpec([None, self.num_numerical], tf.float32, name="numerical"),
+            tf.TensorSpec([None, self.num_tables], tf.int64, name="categorical"),
+        ])
+
+    def _serve(self, numerical, categorical):
+        keys = tuple(categorical[:, t] for t in range(self.num_tables))
+        logits = self._forward((numerical, keys))
+        return {"probability": tf.reshape(tf.sigmoid(logits), [-1])}
+
+
+def export(model, directory: str) -> None:
+    """Writes the SavedModel of ``model`` to ``directory``."""
+    module = DynamicServing(model)
+    tf.saved_model.save(module, directory, signatures={"serving_default": module.serve})

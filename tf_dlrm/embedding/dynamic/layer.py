@@ -1,0 +1,229 @@
+"""The dynamic embedding layer: raw int64 keys in, ``[local_batch, T, D]`` vectors out.
+
+Every rank reads its local batch of every dynamic feature (as ``--data_parallel_input``). One
+step on rank r of N:
+
+1. each key goes to the rank holding its shard (``owner_shard(key) mod N``): the (table, key) pairs
+   are sorted by destination and sent with one ``alltoall`` (one padding pair per destination:
+   Horovod's alltoall hangs when a rank sends nothing to a rank);
+2. the owner looks the keys up in its shards (in training: inserting, admitting and evicting, see
+   :mod:`tf_dlrm.embedding.dynamic.shard_state`) and gathers their rows from the shard's storage;
+3. a second ``alltoall`` with the received sizes returns the vectors, unsorted back to batch order.
+
+Gradients take the same way back (the backward of Horovod's alltoall), arriving at the storage as
+``IndexedSlices`` summed over ranks; the storage variables are marked ``sharded``, so the trainer's
+sparse optimizer updates them like fixed shards (scaled ``1/N``). Their optimizer state is shaped
+like the storage and so lives with the row; a row (re)assigned to a key gets its optimizer state
+reset to the optimizer's initial values (:meth:`DynamicEmbedding.attach_optimizer_state`).
+
+A key without a row (evaluation of an unseen key, a key not yet admitted, a key rejected by a
+full shard) reads zeros and gets no gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_dlrm.embedding.config import FeatureConfig
+from tf_dlrm.parallel import collectives
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.embedding.dynamic import hashing
+from tf_dlrm.sharding.dynamic_routing import DynamicTableConfig, shards_of_rank
+from tf_dlrm.embedding.dynamic.shard_state import ShardState
+from tf_dlrm.embedding.variable_kind import VariableKind, mark
+from tf_dlrm.optimizers.sparse_optimizer import tf_variable
+
+KEY_DTYPES = (tf.int32, tf.int64)
+
+
+def as_table_config(table) -> DynamicTableConfig:
+    if isinstance(table, DynamicTableConfig):
+        return table
+    return DynamicTableConfig(**table)
+
+
+@keras.saving.register_keras_serializable(package="tf_dlrm")
+class DynamicEmbedding(keras.layers.Layer):
+    """One one-hot feature per dynamic table, keyed by raw int64 keys.
+
+    Args:
+        tables: :class:`DynamicTableConfig` (or dicts), one per feature, one width for all.
+        rank, world_size: this process's place.
+        num_shards: shards of every table (default ``world_size``); shard ``s`` lives on rank
+            ``s mod world_size``. One process with ``num_shards=N`` takes the same insertion and
+            eviction decisions as ``N`` ranks.
+        seed: new rows' values come from ``(seed, table, key)``.
+    """
+
+    def __init__(self, tables: Sequence, rank: int = 0, world_size: int = 1, num_shards: int | None = None,
+                 seed: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.table_configs = tuple(as_table_config(t) for t in tables)
+        if not self.table_configs:
+            raise ValueError("Expected at least one dynamic table. Received: tables=[]")
+        widths = {t.width for t in self.table_configs}
+        if len(widths) != 1:
+            raise ValueError(f"Expected one width for every dynamic table. Received: "
+                             f"{ {t.name: t.width for t in self.table_configs} }")
+        self.embedding_dim = widths.pop()
+        self.env = DistributedEnv(rank=rank, world_size=world_size)
+        self.num_shards = int(num_shards or world_size)
+        self.local_shards = shards_of_rank(rank, world_size, self.num_shards)
+        self.seed = int(seed)
+        self.features = tuple(FeatureConfig(name=t.name, table=t.name) for t in self.table_configs)
+        self.feature_widths = tuple(t.width for t in self.table_configs)
+        self.global_categorical: tuple[int, ...] = ()
+        self.local_categorical = tuple(range(len(self.table_configs)))
+        capacities = [t.rows_per_shard(self.num_shards) for t in self.table_configs]
+        self.row_offsets = tuple(int(o) for o in np.cumsum([0] + capacities))
+        self.states = {
+            shard: [ShardState(capacity, t.eviction, t.min_count, f"{self.name}_{t.name}_shard{shard}")
+                    for t, capacity in zip(self.table_configs, capacities)]
+            for shard in self.local_shards
+        }
+        self.training_step = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{self.name}_step")
+        self.storage = {}
+        self._slot_resets = {}
+
+    # Read by the trainer's checkpointing and reporting, which treat dynamic tables apart.
+    dynamic = True
+
+    def build(self, input_shape=None):
+        for shard in self.local_shards:
+            # float32 whatever the compute dtype: small sparse updates round away in bf16/fp16.
+            variable = self.add_weight(name=f"storage_shard{shard}", shape=(self.row_offsets[-1], self.embedding_dim),
+                                       dtype="float32", initializer="zeros")
+            self.storage[shard] = mark(variable, VariableKind.SHARDED)
+
+    def attach_optimizer_state(self, sparse_updater) -> None:
+        """Remembers the storage's optimizer state, so that a row given to a new key restarts from
+        the optimizer's initial state (an evicted key's state leaves with it)."""
+        initial = sparse_updater.optimizer.slots
+        self._slot_resets = {
+            shard: [(sparse_updater.slot(variable, name), float(initial[name])) for name in sparse_updater.slot_names]
+            for shard, variable in self.storage.items()
+        }
+
+    @property
+    def sparse_variables(self) -> list:
+        return [self.storage[s] for s in self.local_shards]
+
+    @property
+    def dense_variables(self) -> list:
+        return []
+
+    # ------------------------------------------------------------------ the lookup
+
+    def call(self, categorical, local_batch=None, training=False):
+        if len(categorical) != len(self.table_configs):
+            raise ValueError(f"Expected {len(self.table_configs)} dynamic features "
+                             f"({', '.join(t.name for t in self.table_configs)}). Received: {len(categorical)}")
+        for name, ids in zip((t.name for t in self.table_configs), categorical):
+            if ids.dtype not in KEY_DTYPES:
+                raise ValueError(f"Expected int64 (or int32) keys for dynamic feature {name!r}. Received: dtype={ids.dtype.name}")
+        keys = tf.reshape(tf.stack([tf.cast(tf.reshape(ids, [-1]), tf.int64) for ids in categorical], axis=1), [-1])
+        count = len(self.table_configs)
+        batch = tf.shape(keys, out_type=tf.int64)[0] // count
+        tables = tf.tile(tf.range(count, dtype=tf.int64), [batch])
+        if training:
+            self.training_step.assign_add(1)
+        if not self.env.distributed:
+            vectors = self._owner_lookup(tables, keys, bool(training))
+        else:
+            vectors = self._exchanged_lookup(tables, keys, bool(training))
+        return tf.cast(tf.reshape(vectors, [-1, count, self.embedding_dim]), self.compute_dtype)
+
+    def compute_output_shape(self, input_shape):
+        return (None, len(self.table_configs), self.embedding_dim)
+
+    def _exchanged_lookup(self, tables, keys, training):
+        world = self.env.world_size
+        destination = hashing.owner_shard(keys, self.num_shards) % world
+        everyone = tf.range(world, dtype=tf.int64)
+        destination = tf.concat([destination, everyone], axis=0)
+        tables = tf.concat([tables, -tf.ones([world], tf.int64)], axis=0)  # padding pairs: table -1
+        keys = tf.concat([keys, tf.zeros([world], tf.int64)], axis=0)
+        order = tf.argsort(destination, stable=True)
+        payload = tf.stack([tf.gather(tables, order), tf.gather(keys, order)], axis=1)
+        splits = tf.math.bincount(tf.cast(destination, tf.int32), minlength=world, maxlength=world)
+        received, received_splits = collectives.alltoall_with_splits(self.env, payload, splits, name=f"{self.name}_keys")
+        vectors = self._owner_lookup(received[:, 0], received[:, 1], training)
+        returned = collectives.alltoall(self.env, vectors, received_splits, name=f"{self.name}_vectors")
+        real = tf.shape(keys)[0] - world
+        return tf.gather(returned, tf.math.invert_permutation(order))[:real]
+
+    def _owner_lookup(self, tables, keys, training):
+        """``[m, D]`` vectors of the received (table, key) pairs (table -1: padding, zeros)."""
+        size = tf.shape(keys, out_type=tf.int64)[0]
+        shard_of = hashing.owner_shard(keys, self.num_shards)
+        positions, vectors = [], []
+        for shard in self.local_shards:
+            shard_positions, shard_rows = [], []
+            for table, state in enumerate(self.states[shard]):
+                place = tf.reshape(tf.where((tables == table) & (shard_of == shard)), [-1])
+                entry_keys = tf.gather(keys, place)
+                ascending = tf.argsort(entry_keys, stable=True)
+                unique, index = tf.unique(tf.gather(entry_keys, ascending), out_idx=tf.int64)
+                if training:
+                    counts = tf.math.unsorted_segment_sum(tf.ones_like(index), index, tf.shape(unique, out_type=tf.int64)[0])
+                    rows, new_rows, new_keys = state.resolve(unique, counts, self.training_step)
+                    self._initialise_rows(shard, table, new_rows, new_keys)
+                else:
+                    rows = state.lookup(unique)
+                entry_rows = tf.gather(rows, index)  # in ascending-key order of the entries
+                valid = entry_rows >= 0
+                shard_positions.append(tf.gather(place, tf.boolean_mask(ascending, valid)))
+                shard_rows.append(tf.boolean_mask(entry_rows, valid) + self.row_offsets[table])
+            positions.append(tf.concat(shard_positions, axis=0))
+            vectors.append(tf.gather(tf_variable(self.storage[shard]), tf.concat(shard_rows, axis=0)))
+        return tf.scatter_nd(tf.concat(positions, axis=0)[:, None], tf.concat(vectors, axis=0),
+                             tf.stack([size, tf.constant(self.embedding_dim, tf.int64)]))
+
+    def _initialise_rows(self, shard, table, new_rows, new_keys):
+        config = self.table_configs[table]
+        fused = new_rows + self.row_offsets[table]
+        values = hashing.initial_rows(new_keys, self.seed, table, config.width, config.bound)
+        tf_variable(self.storage[shard]).scatter_nd_update(fused[:, None], values)
+        for slot, initial in self._slot_resets.get(shard, ()):
+            width = slot.shape[1]
+            slot.scatter_nd_update(fused[:, None], tf.fill(tf.stack([tf.shape(fused)[0], width]), initial))
+
+    # ------------------------------------------------------------------ state
+
+    def counters(self) -> dict:
+        """This rank's ``{table: {"evictions": n, "rejections": n, "rows": n}}``."""
+        result = {}
+        for table, config in enumerate(self.table_configs):
+            states = [self.states[s][table] for s in self.local_shards]
+            result[config.name] = {
+                "evictions": int(sum(int(s.evictions.numpy()) for s in states)),
+                "rejections": int(sum(int(s.rejections.numpy()) for s in states)),
+                "rows": int(sum(int(tf.reduce_sum(tf.cast(s.occupied, tf.int64)).numpy()) for s in states)),
+            }
+        return result
+
+    def global_counters(self) -> dict:
+        """Collective: :meth:`counters` summed over ranks (the figures the logs report)."""
+        local = self.counters()
+        names = [t.name for t in self.table_configs]
+        flat = np.array([[local[n]["evictions"], local[n]["rejections"], local[n]["rows"]] for n in names], np.int64)
+        total = collectives.sum_over_ranks(self.env, tf.constant(flat), name=f"{self.name}_counters").numpy()
+        return {n: dict(zip(("evictions", "rejections", "rows"), map(int, row))) for n, row in zip(names, total)}
+
+    def local_rows(self, table: int, state_of=None) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's ``(keys [n], values [n, w])`` of ``table`` (or of an optimizer state of it)."""
+        keys, values = [], []
+        for shard in self.local_shards:
+            exported = self.states[shard][table].export()
+            variable = self.storage[shard] if state_of is None else state_of(self.storage[shard])
+            keys.append(exported["keys"])
+            values.append(tf.gather(tf_variable(variable), exported["rows"] + self.row_offsets[table]).numpy())
+        return np.concatenate(keys), np.concatenate(values)
+
+    def get_config(self):
+        return {**super().get_config(), "tables": [t.to_dict() for t in self.table_configs], "rank": self.env.rank,
+                "world_size": self.env.world_size, "num_shards": self.num_shards, "seed": self.seed}

@@ -1,0 +1,138 @@
+"""The embedding interface of DLRM and its plain single-process implementation.
+
+Any embedding layer of tf_dlrm (this reference bank, or the sharded
+:class:`tf_dlrm.embedding.distributed_embedding.DistributedEmbedding`) has:
+
+- ``global_categorical`` / ``local_categorical``: which categorical features (indices into the
+  feature spec's categorical channel) it wants for the global batch and for the local batch; the
+  reader yields them in that order (global ones first);
+- ``call(categorical) -> [local_batch, F, D]``: all F features' pooled vectors in feature order, in
+  the layer's compute dtype (``[local_batch, sum of widths]`` when the widths differ);
+- ``sparse_variables`` (rank-local) and ``dense_variables`` (data-parallel), each variable also
+  marked with its kind (:mod:`tf_dlrm.embedding.variable_kind`), which is what the trainer reads;
+- ``get_full_table(t)`` / ``set_full_table(t, values)``: one full table as numpy (collective in the
+  distributed layer; the root rank gets or gives the values); with ``state_of`` and ``row_wise``
+  the same for an optimizer state variable of the table.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tf_dlrm.embedding.config import as_feature_config, default_features, feature_tables
+from tf_dlrm.embedding.table_init import check_init_bound, initial_table_slice
+from tf_dlrm.embedding.variable_kind import SliceLayout, VariableKind, mark, set_layout
+
+
+def validate_tables(cardinalities: Sequence[int], embedding_dim) -> tuple[int, ...]:
+    cardinalities = tuple(int(c) for c in cardinalities)
+    if not cardinalities or any(c <= 0 for c in cardinalities):
+        raise ValueError(f"Expected positive table cardinalities. Received: cardinalities={list(cardinalities)}")
+    widths = [embedding_dim] if isinstance(embedding_dim, (int, np.integer)) else list(embedding_dim)
+    if any(int(w) <= 0 for w in widths):
+        raise ValueError(f"Expected a positive embedding dim. Received: embedding_dim={embedding_dim}")
+    return cardinalities
+
+
+@keras.saving.register_keras_serializable(package="tf_dlrm")
+class EmbeddingBank(keras.layers.Layer):
+    """One ``[rows, D_t]`` variable per table, one plain gather and reduction per feature: the
+    single-process reference the distributed layer is tested against (written independently of
+    its fused, pooled lookups on purpose).
+
+    Args:
+        cardinalities: rows of each table, in feature-spec order.
+        embedding_dim: ``D`` of every table, or one width per table.
+        seed: initial values come from ``(seed, table)`` (see :mod:`tf_dlrm.embedding.table_init`).
+        features: :class:`tf_dlrm.embedding.config.FeatureConfig` (or dicts) naming tables
+            ``t0, t1, ...`` or the names in ``table_names``; default one one-hot feature per table.
+        table_names: the tables' names (default ``t<i>``).
+        init_bound: initial values uniform in ``[-init_bound, init_bound]``; None: ``1/sqrt(rows)``.
+    """
+
+    def __init__(self, cardinalities: Sequence[int], embedding_dim, seed: int = 0, features=None,
+                 table_names: Sequence[str] | None = None, init_bound: float | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.cardinalities = validate_tables(cardinalities, embedding_dim)
+        count = len(self.cardinalities)
+        widths = [embedding_dim] * count if isinstance(embedding_dim, (int, np.integer)) else list(embedding_dim)
+        self.table_widths = tuple(int(w) for w in widths)
+        self.table_names = tuple(table_names or [f"t{i}" for i in range(count)])
+        self.features = tuple(as_feature_config(f) for f in (features or default_features(self.table_names)))
+        self.feature_tables = feature_tables(self.features, self.table_names)
+        self.feature_widths = tuple(self.table_widths[t] for t in self.feature_tables)
+        widths = set(self.feature_widths)
+        self.embedding_dim = widths.pop() if len(widths) == 1 else None
+        self.seed = int(seed)
+        self.init_bound = check_init_bound(init_bound)
+        self.global_categorical: tuple[int, ...] = ()
+        self.local_categorical = tuple(range(len(self.features)))
+        self.tables = []
+
+    def build(self, input_shape=None):
+        for index, (rows, width) in enumerate(zip(self.cardinalities, self.table_widths)):
+            values = initial_table_slice(self.seed, index, rows, width, init_bound=self.init_bound)
+            # Tables stay float32 under mixed precision: bf16/fp16 SGD updates of tiny gradients round away.
+            table = self.add_weight(
+                name=f"table_{index}", shape=values.shape, dtype="float32",
+                initializer=lambda shape, dtype, v=values: tf.constant(v),
+            )
+            layout = SliceLayout([index], [(0, width)], [width])
+            self.tables.append(set_layout(mark(table, VariableKind.SHARDED), layout))
+
+    @property
+    def sparse_variables(self) -> list:
+        return list(self.tables)
+
+    @property
+    def dense_variables(self) -> list:
+        return []
+
+    def _pool(self, feature, ids):
+        table = self.tables[self.feature_tables[feature]]
+        if not isinstance(ids, tf.RaggedTensor) and ids.shape.rank == 1:
+            return tf.gather(table, ids)
+        if not isinstance(ids, tf.RaggedTensor):
+            ids = tf.RaggedTensor.from_tensor(ids)
+        vectors = tf.gather(table, ids)  # [n, None, w]
+        total = tf.reduce_sum(vectors, axis=1)
+        count = tf.cast(ids.row_lengths(), tf.float32)[:, None]
+        combiner = self.features[feature].combiner
+        if combiner == "mean":
+            return tf.math.divide_no_nan(total, count)
+        if combiner == "sqrtn":
+            return tf.math.divide_no_nan(total, tf.sqrt(count))
+        return total
+
+    def call(self, categorical, local_batch=None):
+        vectors = [self._pool(f, ids) for f, ids in enumerate(categorical)]
+        if self.embedding_dim is None:
+            return tf.cast(tf.concat(vectors, axis=1), self.compute_dtype)
+        return tf.cast(tf.stack(vectors, axis=1), self.compute_dtype)
+
+    def compute_output_shape(self, input_shape):
+        if self.embedding_dim is None:
+            return (None, sum(self.table_widths[t] for t in self.feature_tables))
+        return (None, len(self.features), self.embedding_dim)
+
+    def get_full_table(self, table: int, state_of=None, row_wise: bool = False) -> np.ndarray:
+        """``state_of`` maps a table variable to its optimizer state (see DistributedEmbedding)."""
+        return (state_of or (lambda v: v))(self.tables[table]).numpy()
+
+    def set_full_table(self, table: int, values: np.ndarray, state_of=None, row_wise: bool = False) -> None:
+        (state_of or (lambda v: v))(self.tables[table]).assign(np.asarray(values, dtype=np.float32))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "cardinalities": list(self.cardinalities),
+            "embedding_dim": list(self.table_widths),
+            "seed": self.seed,
+            "init_bound": self.init_bound,
+            "features": [f.to_dict() for f in self.features],
+            "table_names": list(self.table_names),
+        }

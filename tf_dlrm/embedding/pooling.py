@@ -1,0 +1,134 @@
+"""Lookup and pooling of several features in one fused table variable.
+
+Each *entry* is one feature reading one table slice stored in the fused variable at a row offset.
+When every entry is one-hot they share one gather ``[n, E, w]``. Otherwise each entry is pooled on
+its own: one-hot entries gather ``[n, w]``; multi-hot entries (fixed hotness as a ``RaggedTensor``
+of uniform row length, or ragged) take their distinct ids (``tf.unique``), gather each distinct row
+once and sum each sample's rows with one ``sparse_segment_sum``; the entries' ``[n, w]`` blocks are
+put side by side into the same ``[n, E * w]`` block as the one-hot case: a multi-hot feature costs
+the exchange bytes of a one-hot one. ``mean`` / ``sqrtn`` scale the pooled sums by ``1 / count``
+or ``1 / sqrt(count)`` afterwards (``n`` multiplies per entry, not one per id).
+
+Backward: the gradient of ``sparse_segment_sum`` adds the pooled gradients of every occurrence of
+an id (duplicates within a sample and across the batch accumulated) into one row per distinct id,
+and the gradient of the gather is ``IndexedSlices`` over the distinct rows: the sparse update
+touches each row of an entry once (rows of a table read by several features once per feature).
+
+With ``kernel=True`` the whole function is one op of tf_dlrm's kernel library instead
+(:func:`tf_dlrm.ops.embedding_bag.bag_lookup`: same values; a gradient over distinct rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from tf_dlrm.embedding.config import Combiner, FeatureConfig
+from tf_dlrm.ops.embedding_bag import bag_lookup
+from tf_dlrm.embedding.exchange import gather_rows
+
+
+def normalize_ids(ids, feature: FeatureConfig, rows: int, validate: bool = True):
+    """The ids of ``feature`` as a 1-D tensor (one-hot) or a ``tf.RaggedTensor`` (multi-hot).
+
+    Raises (at trace time when the shape tells, else when run) naming the feature: more ids per
+    sample than ``hotness``, a dense input for a ragged feature, an id outside ``[0, rows)``.
+    """
+    if isinstance(ids, tf.SparseTensor):
+        ids = tf.RaggedTensor.from_sparse(ids)
+    if isinstance(ids, tf.RaggedTensor):
+        if ids.shape.rank != 2:
+            raise ValueError(f"Expected ragged ids of feature {feature.name!r} with shape [batch, None]. "
+                             f"Received: shape={ids.shape}")
+        checks = []
+        if validate:
+            longest = tf.reduce_max(tf.concat([ids.row_lengths(), tf.zeros([1], ids.row_splits.dtype)], 0))
+            checks.append(tf.debugging.assert_less_equal(
+                longest, tf.cast(feature.hotness, longest.dtype),
+                message=f"feature {feature.name!r}: a sample has more ids than its hotness {feature.hotness}"))
+            checks.append(_range_check(ids.values, feature, rows))
+        if checks:
+            with tf.control_dependencies(checks):
+                ids = tf.RaggedTensor.from_row_splits(tf.identity(ids.values), ids.row_splits, validate=False)
+        return ids
+    ids = tf.convert_to_tensor(ids)
+    if ids.shape.rank == 2 and ids.shape[1] == 1 and feature.one_hot:
+        ids = tf.reshape(ids, [-1])
+    if ids.shape.rank == 1:
+        if not feature.one_hot:
+            kind = "ragged" if feature.ragged else f"hotness {feature.hotness}"
+            raise ValueError(f"Feature {feature.name!r} is {kind}: expected ids of shape [batch, "
+                             f"{'None' if feature.ragged else feature.hotness}]. Received: shape={ids.shape}")
+        return _checked(ids, feature, rows) if validate else ids
+    if ids.shape.rank != 2:
+        raise ValueError(f"Expected ids of feature {feature.name!r} of shape [batch] or [batch, hotness]. "
+                         f"Received: shape={ids.shape}")
+    hotness = ids.shape[1]
+    if hotness is None or hotness > feature.hotness or (hotness != feature.hotness and not feature.ragged):
+        raise ValueError(f"Feature {feature.name!r} has hotness {feature.hotness}"
+                         f"{' (at most, ragged)' if feature.ragged else ''}: expected ids of shape [batch, "
+                         f"{feature.hotness}]. Received: shape={ids.shape} (more ids per sample than declared?)")
+    if validate:
+        ids = _checked(ids, feature, rows)
+    return tf.RaggedTensor.from_uniform_row_length(tf.reshape(ids, [-1]), hotness, validate=False)
+
+
+def _range_check(values, feature: FeatureConfig, rows: int):
+    # One unsigned compare catches negative ids (e.g. a -1 pad) and ids >= rows alike.
+    inside = tf.reduce_all(tf.cast(values, tf.uint64) < tf.constant(rows, tf.uint64))
+    # The message alone: data tensors of an Assert are computed every step, even when it holds.
+    return tf.debugging.Assert(inside, [f"feature {feature.name!r}: an id is outside [0, {rows}) (there are no "
+                                        f"pad ids: every id must be >= 0 and < the table's rows)"])
+
+
+def _checked(ids, feature, rows):
+    with tf.control_dependencies([_range_check(ids, feature, rows)]):
+        return tf.identity(ids)
+
+
+def batch_size(ids) -> tf.Tensor:
+    return ids.nrows(out_type=tf.int32) if isinstance(ids, tf.RaggedTensor) else tf.shape(ids, out_type=tf.int32)[0]
+
+
+def combiner_scale(ids: tf.RaggedTensor, combiner: str) -> tf.Tensor | None:
+    """``[n]`` factors turning per-sample sums into the combiner's result (None for ``sum``)."""
+    if combiner == Combiner.SUM.value:
+        return None
+    # An empty sample sums to zero; max(count, 1) keeps it zero instead of 0/0.
+    count = tf.maximum(tf.cast(ids.row_lengths(), tf.float32), 1.0)
+    return 1.0 / count if combiner == Combiner.MEAN.value else tf.math.rsqrt(count)
+
+
+def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType, kernel: bool = False, checks=None) -> tf.Tensor:
+    """``[n, E * w]``: entry ``e = (ids, row_offset, combiner)`` pooled into columns ``[e*w, (e+1)*w)``.
+
+    All entries share one batch size ``n``; ``variable`` is ``[rows of all slices, w]``. ``kernel``:
+    pool with tf_dlrm's embedding-bag kernel (the caller checked that it is loaded), which checks
+    the ids itself (``checks``: see :func:`tf_dlrm.ops.embedding_bag.bag_lookup`).
+    """
+    if kernel:
+        return bag_lookup(variable, entries, index_dtype, checks)
+    width = int(variable.shape[1])
+    count = len(entries)
+    if all(not isinstance(ids, tf.RaggedTensor) for ids, _, _ in entries):
+        fused = tf.stack([tf.cast(ids, index_dtype) + offset for ids, offset, _ in entries], axis=1)
+        vectors = gather_rows(variable, fused)  # [n, E, w]
+        return tf.reshape(vectors, [-1, count * width])
+    pooled = []
+    # A split bf16 table's rows are pooled in float32 (bf16 sums of many rows would lose bits).
+    pool_dtype = tf.float32
+    for ids, offset, combiner in entries:
+        if not isinstance(ids, tf.RaggedTensor):  # one-hot
+            pooled.append(tf.cast(gather_rows(variable, tf.cast(ids, index_dtype) + offset), pool_dtype))
+            continue
+        # Per entry, not over the whole fused variable: one entry's distinct ids span one table,
+        # so unique's hash map, the gathered rows and the gradient's scattered sums stay small
+        # enough for the caches (fused over all tables of a width, each was 2-5x slower,
+        # benchmarks/multi_hot_throughput.py), and the entries' ops run in parallel.
+        unique, positions = tf.unique(tf.cast(ids.values, index_dtype) + offset, out_idx=tf.int32)
+        summed = tf.sparse.segment_sum(tf.cast(gather_rows(variable, unique), pool_dtype), positions, tf.cast(ids.value_rowids(), tf.int32),
+                                       num_segments=batch_size(ids))
+        scale = combiner_scale(ids, combiner)
+        pooled.append(summed if scale is None else summed * scale[:, None])
+    return tf.concat(pooled, axis=1) if len(pooled) > 1 else pooled[0]

@@ -1,0 +1,70 @@
+"""Initial values of embedding tables that depend only on ``(seed, table)``, never on the sharding.
+
+A table's rows are generated in fixed blocks of :data:`ROW_BLOCK` rows, each block from its own
+counter-based stream keyed by ``(seed, table, block)``. Any rank can therefore produce exactly the
+rows and columns it owns, and the full table that one process builds is bit-identical to the
+union of the shards that N ranks build.
+
+Values are uniform in ``[-bound, bound]``: ``bound = 1/sqrt(rows)`` (the DLRM reference
+initialisation, ``init_bound=None``) or a fixed ``init_bound`` for every table (Keras's
+``Embedding`` draws from ``[-0.05, 0.05]``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tf_dlrm.cli.model_config import check_init_bound  # noqa: F401 (the layers import it from here)
+
+ROW_BLOCK = 16384
+
+
+def table_bound(rows: int, init_bound: float | None = None) -> float:
+    """The half-width of a table's uniform initial values."""
+    return 1.0 / np.sqrt(rows) if init_bound is None else float(init_bound)
+
+
+def _block_values(seed: int, table: int, block: int, rows_in_block: int, dim: int, bound: float) -> np.ndarray:
+    generator = np.random.Generator(np.random.Philox(key=[seed & 0xFFFFFFFFFFFFFFFF, (table << 32) | block]))
+    return generator.uniform(-bound, bound, size=(rows_in_block, dim)).astype(np.float32)
+
+
+def initial_table_blocks(seed: int, table: int, rows: int, dim: int, column_start: int = 0, column_end: int | None = None,
+                         init_bound: float | None = None):
+    """Yields ``(first row, [n, w] values)`` of columns ``[column_start, column_end)``, block by block:
+    a table larger than memory is initialised holding one block beside it."""
+    column_end = dim if column_end is None else column_end
+    if not 0 <= column_start < column_end <= dim:
+        raise ValueError(f"Expected 0 <= column_start < column_end <= dim={dim}. Received: [{column_start}, {column_end})")
+    bound = table_bound(rows, init_bound)
+    for block, start in enumerate(range(0, rows, ROW_BLOCK)):
+        stop = min(rows, start + ROW_BLOCK)
+        yield start, _block_values(seed, table, block, stop - start, dim, bound)[:, column_start:column_end]
+
+
+def initial_table_slice(
+    seed: int, table: int, rows: int, dim: int, column_start: int = 0, column_end: int | None = None,
+    init_bound: float | None = None,
+) -> np.ndarray:
+    """Columns ``[column_start, column_end)`` of table ``table``'s initial values, shape ``[rows, w]``."""
+    column_end = dim if column_end is None else column_end
+    out = np.empty((rows, column_end - column_start), dtype=np.float32)
+    for start, values in initial_table_blocks(seed, table, rows, dim, column_start, column_end, init_bound):
+        out[start:start + values.shape[0]] = values
+    return out
+
+
+def initial_table_rows(seed: int, table: int, rows: int, dim: int, ids, init_bound: float | None = None) -> np.ndarray:
+    """Rows ``ids`` of table ``table``'s initial values, ``[len(ids), dim]``, generating only their blocks
+    (hot-row replicas of tables too large to build whole)."""
+    ids = np.asarray(ids, np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= rows):
+        raise ValueError(f"Expected row ids in [0, {rows}). Received: min {ids.min()}, max {ids.max()}")
+    bound = table_bound(rows, init_bound)
+    out = np.empty((ids.size, dim), dtype=np.float32)
+    for block in np.unique(ids // ROW_BLOCK):
+        start = int(block) * ROW_BLOCK
+        values = _block_values(seed, table, int(block), min(rows, start + ROW_BLOCK) - start, dim, bound)
+        inside = (ids // ROW_BLOCK) == block
+        out[inside] = values[ids[inside] - start]
+    return out

@@ -1,0 +1,1 @@
+"""The layers the models share: MLPs, interactions, cross networks, FM, crossed ids."""

@@ -1,0 +1,1 @@
+"""Horovod's environment and collectives: what the embedding layer and the training step share."""

@@ -1,0 +1,99 @@
+"""Memory per rank of a sharding plan: tables, their optimizer state and hot-row replicas.
+
+Pure Python (no TensorFlow, Horovod or numpy), like :mod:`tf_dlrm.sharding.plan`: the trainer
+refuses a plan that does not fit ``--memory_per_rank`` before it allocates anything, with the
+numbers, and prints what each rank will hold.
+
+What a rank holds, in float32 values (4 bytes):
+
+- tables: its column slices (``rows * width``) and every replicated table whole;
+- optimizer state: per-element slots (Adagrad 1, lazy Adam 2, FTRL 2) shaped like each of those,
+  row-wise slots (row-wise Adagrad) one value per row of each slice it holds;
+- hot-row replicas: whole rows (``D`` values) of every hot row of every table, plus their state
+  (twice with ``--hot_row_sync_every`` > 1: the values agreed at the last merge are kept beside them).
+
+Not counted: the dense model (identical on every rank, small next to the tables), TensorFlow's own
+memory, and transient buffers of a step (looked-up rows, gradients, the exchange).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from tf_dlrm.sharding.plan import ShardingPlan, _format_bytes
+
+BYTES = 4
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+
+
+def parse_bytes(text, flag: str = "--memory_per_rank") -> int:
+    """``"1.5GiB"``, ``"800MB"``, ``"1000000"`` -> bytes; 0 or empty means no limit."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text or "0"))
+        if not match or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"Expected {flag} as a size such as 2GiB, 1500MiB, 800MB or a number of bytes. Received: {flag}={text!r}")
+        value, unit = float(match.group(1)), match.group(2).lower()
+    if value < 0:
+        raise ValueError(f"Expected {flag} >= 0. Received: {flag}={text!r}")
+    return int(value * _UNITS[unit])
+
+
+@dataclasses.dataclass(frozen=True)
+class RankMemory:
+    """Bytes one rank holds (see the module docstring)."""
+    rank: int
+    tables: int
+    optimizer_state: int
+    hot_rows: int
+
+    @property
+    def total(self) -> int:
+        return self.tables + self.optimizer_state + self.hot_rows
+
+    def describe(self) -> str:
+        return (f"rank {self.rank}: {_format_bytes(self.total)} (tables {_format_bytes(self.tables)}, optimizer state "
+                f"{_format_bytes(self.optimizer_state)}, hot rows {_format_bytes(self.hot_rows)})")
+
+
+def plan_memory(plan: ShardingPlan, element_slots: int = 0, row_slots: int = 0, hot_rows=None,
+                hot_copies: int = 1) -> list[RankMemory]:
+    """Every rank's :class:`RankMemory`.
+
+    Args:
+        plan: the sharding plan.
+        element_slots: optimizer state values per table value (0 for SGD).
+        row_slots: row-wise state values per row of every slice (1 for row-wise Adagrad).
+        hot_rows: ``{table: count}`` of hot rows replicated on every rank.
+        hot_copies: copies of the replicas and their state each rank keeps (2 under bounded staleness).
+    """
+    hot_rows = dict(hot_rows or {})
+    replicated_values = sum(plan.tables[t].elements for t in plan.replicated)
+    replicated_rows = sum(plan.tables[t].rows for t in plan.replicated)
+    hot_values = sum(count * plan.tables[t].dim for t, count in hot_rows.items())
+    hot_row_count = sum(hot_rows.values())
+    found = []
+    for rank, slices in enumerate(plan.rank_slices):
+        values = sum(plan.tables[s.table].rows * s.width for s in slices) + replicated_values
+        rows = sum(plan.tables[s.table].rows for s in slices) + replicated_rows
+        found.append(RankMemory(
+            rank=rank, tables=values * BYTES,
+            optimizer_state=(values * element_slots + rows * row_slots) * BYTES,
+            hot_rows=(hot_values * (1 + element_slots) + hot_row_count * row_slots) * BYTES * hot_copies))
+    return found
+
+
+def check_budget(memory: list[RankMemory], budget: int, flag: str = "--memory_per_rank") -> None:
+    """Raises ValueError naming the flag and every rank over ``budget`` bytes (0: no budget)."""
+    if not budget:
+        return
+    over = [m for m in memory if m.total > budget]
+    if over:
+        raise ValueError(
+            f"{flag}={_format_bytes(budget)}: the sharding plan does not fit: "
+            + "; ".join(m.describe() for m in over)
+            + f". Use more ranks, --dist_strategy=column_wise (spreads a large table over ranks), a smaller "
+              "--hot_rows_budget, or an embedding optimizer with less state (sgd: none, rowwise_adagrad: one value per row)")

@@ -1,0 +1,236 @@
+"""Planning: from table sizes, world size and thresholds to a :class:`ShardingPlan`.
+
+Pure Python like the plan itself. Pieces (whole tables or column slices) are placed largest first
+on the least-loaded rank; ``auto`` searches over how finely to slice the largest tables.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+
+from tf_dlrm.sharding.plan import (
+    ColumnSlice,
+    ShardingPlan,
+    Strategy,
+    TableSpec,
+    _check_int,
+    _check_tables,
+    _parse_strategy,
+)
+
+# The auto planner stops searching once the fullest rank holds at most this much more than
+# the mean: more slicing would only add small pieces to the alltoall packing.
+_GOOD_ENOUGH_IMBALANCE = 1.05
+# Bounds planning time for very many tables x ranks; the fully sliced plan is always tried.
+_MAX_AUTO_CANDIDATES = 256
+
+
+def split_columns(dim: int, num_slices: int, *, table_name: str | None = None
+                  ) -> tuple[tuple[int, int], ...]:
+    """Cuts `dim` columns into `num_slices` contiguous `[start, end)` ranges.
+
+    Widths differ by at most one: the first `dim % num_slices` ranges get the extra column.
+    `table_name` only names the table in errors.
+
+    Raises:
+        ValueError: Unless `1 <= num_slices <= dim`.
+    """
+    _check_int("dim", dim, 1)
+    if isinstance(num_slices, bool) or not isinstance(num_slices, int) or not 0 < num_slices <= dim:
+        table = f"table {table_name!r}" if table_name else "a table"
+        raise ValueError(f"Cannot split {table} of dim {dim} into {num_slices} column slices: "
+                         f"each slice needs at least one column. Expected 1 <= num_slices <= "
+                         f"{dim}. Received: num_slices={num_slices}")
+    width, extra = divmod(dim, num_slices)
+    # Slice i starts after i full-width slices plus one extra column for each earlier wide slice.
+    starts = [index * width + min(index, extra) for index in range(num_slices + 1)]
+    return tuple(zip(starts[:-1], starts[1:]))
+
+
+def _assign(tables, counts: Mapping[int, int], world_size: int):
+    """Greedy placement: pieces largest first onto the least-loaded rank, ties to the lowest
+    rank, never two pieces of one table on one rank. Returns (slices per rank, loads)."""
+    pieces = []
+    for table, count in counts.items():
+        spec = tables[table]
+        for start, end in split_columns(spec.dim, count, table_name=spec.name):
+            pieces.append((spec.rows * (end - start), table, start, end))
+    pieces.sort(key=lambda piece: (-piece[0], piece[1], piece[2]))
+    heap = [(0, rank) for rank in range(world_size)]
+    holders = {table: set() for table in counts}
+    owned = [[] for _ in range(world_size)]
+    loads = [0] * world_size
+    for size, table, start, end in pieces:
+        skipped = []
+        load, rank = heapq.heappop(heap)
+        while rank in holders[table]:  # at most world_size pieces per table, so one is free
+            skipped.append((load, rank))
+            load, rank = heapq.heappop(heap)
+        holders[table].add(rank)
+        owned[rank].append(ColumnSlice(table, start, end))
+        loads[rank] = load + size
+        heapq.heappush(heap, (loads[rank], rank))
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+    return [sorted(s, key=lambda p: p.table) for s in owned], loads
+
+
+def _auto_counts(tables, fewest: dict, most: dict) -> Iterator[dict]:
+    """Slice counts for decreasing piece-size caps: the table-wise counts first, then each
+    distinct count vector `ceil(elements / cap)` (clipped to [fewest, most]), fully sliced last."""
+    counts = dict(fewest)
+    yield dict(counts)
+    # A table of size b needs more than s pieces once the cap falls below b / s.
+    breakpoints = sorted(((tables[t].elements / s, t, s) for t in most for s in range(1, most[t])),
+                         reverse=True)
+    for index, (_, table, count) in enumerate(breakpoints):
+        counts[table] = max(counts[table], count + 1)
+        if index + 1 < len(breakpoints):
+            _, other, other_count = breakpoints[index + 1]
+            # Exact comparison of b/s: equal-size tables must change together.
+            if tables[table].elements * other_count == tables[other].elements * count:
+                continue
+        yield dict(counts)
+
+
+def _auto_assign(tables, fewest: dict, most: dict, world_size: int, base: int):
+    """Tries piece-size caps from "no slicing" down to "fully sliced" and keeps the best plan:
+    fewest empty ranks, then lowest imbalance, then (by search order) fewest slices."""
+    fewest_empty = max(0, world_size - sum(most.values()))
+    candidates = itertools.chain(
+        itertools.islice(_auto_counts(tables, fewest, most), _MAX_AUTO_CANDIDATES), [most])
+    best = best_key = None
+    for counts in candidates:
+        owned, loads = _assign(tables, counts, world_size)
+        imbalance = _imbalance(loads, base)
+        key = (sum(not slices for slices in owned), imbalance)
+        if best_key is None or key < best_key:
+            best, best_key = owned, key
+        if key[0] == fewest_empty and imbalance <= _GOOD_ENOUGH_IMBALANCE:
+            break
+    return best
+
+
+def _imbalance(loads: Sequence[int], base: int) -> float:
+    """max/mean elements per rank, with ``base`` (the replicated tables) held by every rank."""
+    return (max(loads) + base) * len(loads) / (sum(loads) + len(loads) * base)
+
+
+def _balance_widths(tables, owned: list, base: int, readers: Sequence[int]) -> list:
+    """Moves small pieces off the rank with the most exchange columns while the memory imbalance
+    stays within max(its own, 1.05): every rank looks up the global batch of each of its columns
+    and sends them in the alltoall, so the widest rank sets the pace of both. A piece of a table
+    read by ``k`` features sends ``k`` pooled vectors per sample (one per feature): ``k * width``
+    exchange columns."""
+    owned = [list(slices) for slices in owned]
+
+    def size(piece):
+        return tables[piece.table].rows * piece.width
+
+    def columns(piece):
+        return piece.width * readers[piece.table]
+
+    def loads():
+        return [sum(size(p) for p in slices) for slices in owned]
+
+    bound = max(_imbalance(loads(), base), _GOOD_ENOUGH_IMBALANCE)
+    while True:
+        widths, current = [sum(columns(p) for p in slices) for slices in owned], loads()
+        widest, narrowest = widths.index(max(widths)), widths.index(min(widths))
+        for piece in sorted(owned[widest], key=lambda p: (size(p), p.table)):
+            if any(p.table == piece.table for p in owned[narrowest]) or widths[narrowest] + columns(piece) >= widths[widest]:
+                continue
+            trial = list(current)
+            trial[widest] -= size(piece)
+            trial[narrowest] += size(piece)
+            if _imbalance(trial, base) <= bound:
+                owned[widest].remove(piece)
+                owned[narrowest] = sorted(owned[narrowest] + [piece], key=lambda p: p.table)
+                break
+        else:
+            return owned
+
+
+def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Strategy = "auto",
+              data_parallel_threshold: int = 2048, column_slice_threshold: int | None = None,
+              bytes_per_element: int = 4, readers: Sequence[int] | None = None) -> ShardingPlan:
+    """Plans where each table lives on `world_size` ranks.
+
+    Tables with fewer than `data_parallel_threshold` rows are replicated on every rank; the
+    others are model-parallel, whole on rank 0 when `world_size == 1`. Otherwise `table_wise`
+    puts whole tables, largest first, on the least-loaded rank (ties to the lowest rank);
+    `column_wise` cuts every table into `min(world_size, dim)` slices on distinct ranks; `auto`
+    starts table-wise and cuts the largest tables into more slices while that improves the
+    memory balance or fills an empty rank, then moves small pieces off the rank with the most
+    exchange columns while the memory imbalance stays within max(its own, 1.05); a table read by
+    several features counts `readers * width` exchange columns (each feature sends its own pooled
+    vector). In every strategy a table of more than `column_slice_threshold` elements gets at
+    least `ceil(elements / threshold)` slices.
+
+    Args:
+        tables: Table specs in feature-spec order.
+        world_size: Number of ranks, at least 1.
+        strategy: A `Strategy` or its value.
+        data_parallel_threshold: Row count under which a table is replicated, at least 0.
+        column_slice_threshold: Elements above which a table is sliced; None for no limit.
+        bytes_per_element: Bytes of one stored value (4 for float32 tables).
+        readers: Per table, how many features read it (None: one each); see
+            :func:`table_readers`.
+
+    Returns:
+        A `ShardingPlan`; the same arguments always give the same plan.
+
+    Raises:
+        ValueError: On a bad world size, strategy, threshold or table list.
+    """
+    tables = tuple(tables)
+    _check_int("world_size", world_size, 1)
+    strategy = _parse_strategy(strategy)
+    _check_int("data_parallel_threshold", data_parallel_threshold, 0)
+    if column_slice_threshold is not None:
+        _check_int("column_slice_threshold", column_slice_threshold, 1)
+    _check_int("bytes_per_element", bytes_per_element, 1)
+    _check_tables(tables)
+    readers = _check_readers(readers, tables)
+    replicated = tuple(t for t, s in enumerate(tables) if s.rows < data_parallel_threshold)
+    model_parallel = [t for t, s in enumerate(tables) if s.rows >= data_parallel_threshold]
+    if world_size == 1:
+        rank_slices = [[ColumnSlice(t, 0, tables[t].dim) for t in model_parallel]]
+    else:
+        most = {t: min(world_size, tables[t].dim) for t in model_parallel}
+        fewest = {t: 1 for t in model_parallel}
+        if column_slice_threshold is not None:
+            # Integer ceiling: float division would round for tables above 2**53 elements.
+            fewest = {t: min(most[t], -(-tables[t].elements // column_slice_threshold))
+                      for t in model_parallel}
+        if strategy is Strategy.TABLE_WISE:
+            rank_slices, _ = _assign(tables, fewest, world_size)
+        elif strategy is Strategy.COLUMN_WISE:
+            rank_slices, _ = _assign(tables, most, world_size)
+        else:
+            base = sum(tables[t].elements for t in replicated)
+            rank_slices = _balance_widths(tables, _auto_assign(tables, fewest, most, world_size, base), base, readers)
+    return ShardingPlan(world_size=world_size, tables=tables, strategy=strategy.value,
+                        replicated=replicated, rank_slices=rank_slices,
+                        bytes_per_element=bytes_per_element)
+
+
+def table_readers(feature_tables: Sequence[int], num_tables: int) -> tuple[int, ...]:
+    """How many features read each table, from the table index of every feature."""
+    counts = [0] * num_tables
+    for table in feature_tables:
+        counts[table] += 1
+    return tuple(counts)
+
+
+def _check_readers(readers, tables) -> tuple[int, ...]:
+    if readers is None:
+        return (1,) * len(tables)
+    readers = tuple(readers)
+    if len(readers) != len(tables):
+        raise ValueError(f"Expected one reader count per table ({len(tables)}). Received: readers={list(readers)}")
+    for table, count in zip(tables, readers):
+        _check_int("readers", count, 0, f" of table {table.name!r}")
+    return readers

@@ -1,0 +1,48 @@
+"""The vocabulary of the feature-spec format (:mod:`tf_dlrm.spec.feature_spec`): names and allowed values.
+
+Channel, chunk-type and split names, the dtypes and combiners a feature may have, the error every
+check raises, and the rule that picks a categorical feature's id dtype. A module of its own because
+the spec class and its structural and data-file checks (:mod:`tf_dlrm.spec.validation`)
+all use them; :mod:`tf_dlrm.spec.feature_spec` re-exports
+every name, so callers import them from there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+LABEL_CHANNEL = "label"
+NUMERICAL_CHANNEL = "numerical"
+CATEGORICAL_CHANNEL = "categorical"
+CHANNELS = (LABEL_CHANNEL, NUMERICAL_CHANNEL, CATEGORICAL_CHANNEL)
+
+SPLIT_BINARY = "split_binary"
+CSV = "csv"
+CHUNK_TYPES = (SPLIT_BINARY, CSV)
+# Optional chunk keys; `header`, `delimiter` and `encode` (raw categorical values -> keys, see
+# tf_dlrm.data.transcode) only mean something for csv chunks.
+CHUNK_KEYS = ("type", "features", "files", "header", "delimiter", "encode", "transform")
+
+COMBINERS = ("sum", "mean", "sqrtn")
+SUPPORTED_DTYPES = ("bool", "float16", "float32", "int8", "int16", "int32", "int64")
+INTEGER_DTYPES = ("int8", "int16", "int32", "int64")
+FLOAT_DTYPES = ("float16", "float32")
+
+TRAIN_SPLIT = "train"
+TEST_SPLIT = "test"
+
+
+class FeatureSpecError(ValueError):
+    """A feature spec, or the data files it names, is not valid."""
+
+
+def categorical_dtype_for(cardinality: int) -> np.dtype:
+    """The smallest signed integer type NVIDIA's DLRM uses for ids of this cardinality.
+
+    Their rule is ``cardinality < iinfo(t).max`` over int8, int16, int32; we extend it with int64 so
+    that tables beyond 2**31 rows are representable.
+    """
+    for candidate in (np.int8, np.int16, np.int32):
+        if cardinality < np.iinfo(candidate).max:
+            return np.dtype(candidate)
+    return np.dtype(np.int64)

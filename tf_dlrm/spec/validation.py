@@ -1,0 +1,212 @@
+"""Checks of a :class:`~tf_dlrm.spec.feature_spec.FeatureSpec`: its structure, and the data files it names.
+
+Structure (:func:`validate_structure`): channels, feature dtypes and cardinalities, source chunks,
+read from the spec's mappings alone. Files (:func:`check_files_exist`,
+:func:`split_binary_problems`, :func:`check_split_binary_files`): every file a split names exists,
+and a split_binary file holds a whole number of records, as many as every other file of its split.
+
+Every function takes the spec and raises :class:`~tf_dlrm.spec.format.FeatureSpecError`
+whose message names the spec file, the key, the feature and the data file at fault.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from tf_dlrm.spec import dynamic as dynamic_spec
+from tf_dlrm.spec.format import (
+    CHANNELS,
+    CHUNK_KEYS,
+    CHUNK_TYPES,
+    COMBINERS,
+    FLOAT_DTYPES,
+    INTEGER_DTYPES,
+    LABEL_CHANNEL,
+    SPLIT_BINARY,
+    SUPPORTED_DTYPES,
+    FeatureSpecError,
+)
+
+
+def _fail(spec, message: str) -> None:
+    raise FeatureSpecError(f"{spec.source}: {message}")
+
+
+# ------------------------------------------------------------------ structure
+
+
+def validate_structure(spec) -> None:
+    """Checks channels, features and sources; opens no file."""
+    _validate_channels(spec)
+    _validate_features(spec)
+    _validate_sources(spec)
+
+
+def _validate_channels(spec) -> None:
+    for channel, names in spec.channel_spec.items():
+        if channel not in CHANNELS:
+            _fail(spec, f"channel_spec: unknown channel '{channel}'. Allowed channels: {list(CHANNELS)}")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            _fail(spec, f"channel_spec.{channel}: expected a list of feature names. Received: {names!r}")
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            _fail(spec, f"channel_spec.{channel}: feature(s) {duplicates} listed more than once")
+    labels = spec.channel_spec.get(LABEL_CHANNEL)
+    if not labels or len(labels) != 1:
+        _fail(spec, f"channel_spec.{LABEL_CHANNEL}: expected exactly one label feature. Received: {labels!r}")
+    seen: dict[str, str] = {}
+    for channel, names in spec.channel_spec.items():
+        for name in names:
+            if name not in spec.feature_spec:
+                _fail(spec,
+                      f"channel_spec.{channel}: feature '{name}' is not defined in feature_spec "
+                      f"(defined: {sorted(spec.feature_spec)[:10]}{'...' if len(spec.feature_spec) > 10 else ''})")
+            if name in seen:
+                _fail(spec, f"feature '{name}' is in both channel '{seen[name]}' and channel '{channel}'")
+            seen[name] = channel
+    if not spec.categorical_features and not spec.numerical_features:
+        _fail(spec, "channel_spec: needs at least one numerical or categorical feature")
+
+
+def _validate_features(spec) -> None:
+    categorical = set(spec.categorical_features)
+    for name, properties in spec.feature_spec.items():
+        where = f"feature_spec.{name}"
+        if not isinstance(properties, Mapping):
+            _fail(spec, f"{where}: expected a mapping with 'dtype'. Received: {properties!r}")
+        dtype = properties.get("dtype")
+        if dtype not in SUPPORTED_DTYPES:
+            _fail(spec, f"{where}.dtype: unsupported dtype {dtype!r}. Supported: {list(SUPPORTED_DTYPES)}")
+        if name in categorical:
+            _validate_categorical(spec, name, properties)
+    numerical_dtypes = {spec.feature_spec[n]["dtype"] for n in spec.numerical_features}
+    if numerical_dtypes - set(FLOAT_DTYPES):
+        _fail(spec, f"numerical features need dtype float16 or float32. Received: {sorted(numerical_dtypes)}")
+    if len(numerical_dtypes) > 1:
+        _fail(spec, f"numerical features must share one dtype (they share one file). Received: {sorted(numerical_dtypes)}")
+
+
+def _validate_categorical(spec, name: str, properties: Mapping[str, Any]) -> None:
+    where, dtype = f"feature_spec.{name}", properties.get("dtype")
+    dynamic_problem = dynamic_spec.problem(name, properties)
+    if dynamic_problem:
+        _fail(spec, f"{where}{dynamic_problem}")
+    if dynamic_spec.is_dynamic(properties) and "cardinality" not in properties:
+        return  # raw keys of any value: no cardinality to check (tf_dlrm.spec.dynamic)
+    cardinality = properties.get("cardinality")
+    if isinstance(cardinality, bool) or not isinstance(cardinality, int) or cardinality <= 0:
+        _fail(spec, f"{where}.cardinality: categorical feature '{name}' needs a positive integer "
+                    f"cardinality. Received: {cardinality!r}")
+    if dtype not in INTEGER_DTYPES:
+        _fail(spec, f"{where}.dtype: categorical feature '{name}' needs an integer dtype. Received: {dtype}")
+    for key in ("hotness", "embedding_dim"):
+        value = properties.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            _fail(spec, f"{where}.{key}: expected a positive integer. Received: {value!r}")
+    if properties.get("combiner", "sum") not in COMBINERS:
+        _fail(spec, f"{where}.combiner: expected one of {list(COMBINERS)}. Received: {properties.get('combiner')!r}")
+    if cardinality - 1 > np.iinfo(np.dtype(dtype)).max:
+        _fail(spec, f"{where}: cardinality {cardinality} does not fit dtype {dtype} "
+                    f"(largest id {np.iinfo(np.dtype(dtype)).max})")
+
+
+def _validate_sources(spec) -> None:
+    if not isinstance(spec.source_spec, Mapping):
+        _fail(spec, "source_spec: expected a mapping {split: [chunks]}")
+    used = set(spec.channel_spec.get(LABEL_CHANNEL, [])) | set(spec.numerical_features) | set(spec.categorical_features)
+    for split, chunks in spec.source_spec.items():
+        if not isinstance(chunks, list) or not chunks:
+            _fail(spec, f"source_spec.{split}: expected a non-empty list of chunks")
+        types = set()
+        covered: list[str] = []
+        for index, chunk in enumerate(chunks):
+            where = f"source_spec.{split}[{index}]"
+            _validate_chunk(spec, where, chunk)
+            types.add(chunk["type"])
+            covered.extend(chunk["features"])
+        if len(types) > 1:
+            _fail(spec, f"source_spec.{split}: mixes chunk types {sorted(types)}; use one type per split")
+        missing = sorted(used - set(covered))
+        if missing:
+            _fail(spec, f"source_spec.{split}: feature(s) {missing} used in channel_spec have no chunk")
+        repeated = sorted({f for f in covered if covered.count(f) > 1})
+        if repeated:
+            _fail(spec, f"source_spec.{split}: feature(s) {repeated} appear in more than one chunk")
+
+
+def _validate_chunk(spec, where: str, chunk) -> None:
+    if not isinstance(chunk, Mapping):
+        _fail(spec, f"{where}: expected a mapping with type, features, files")
+    unknown = sorted(set(chunk) - set(CHUNK_KEYS))
+    if unknown:
+        _fail(spec, f"{where}: unknown key(s) {unknown}. Allowed: {list(CHUNK_KEYS)}")
+    if chunk.get("type") not in CHUNK_TYPES:
+        _fail(spec, f"{where}.type: unknown chunk type {chunk.get('type')!r}. Allowed: {list(CHUNK_TYPES)}")
+    features, files = chunk.get("features"), chunk.get("files")
+    if not isinstance(features, list) or not features:
+        _fail(spec, f"{where}.features: expected a non-empty list of feature names")
+    if not isinstance(files, list) or not files or not all(isinstance(f, str) for f in files):
+        _fail(spec, f"{where}.files: expected a non-empty list of relative file paths")
+    for feature in features:
+        if feature not in spec.feature_spec:
+            _fail(spec, f"{where}.features: feature '{feature}' is not defined in feature_spec")
+    if chunk["type"] == SPLIT_BINARY:
+        _validate_split_binary_chunk(spec, where, chunk)
+
+
+def _validate_split_binary_chunk(spec, where: str, chunk: Mapping[str, Any]) -> None:
+    features = chunk["features"]
+    if len(chunk["files"]) != 1:
+        _fail(spec, f"{where}.files: a split_binary chunk has exactly one file. Received: {chunk['files']}")
+    if set(features) & set(spec.numerical_features):
+        if features != spec.numerical_features:
+            _fail(spec, f"{where}.features: the numerical chunk must list all numerical features in channel "
+                        f"order {spec.numerical_features}. Received: {features}")
+    elif len(features) != 1:
+        _fail(spec, f"{where}.features: label and categorical split_binary chunks hold one feature each. Received: {features}")
+
+
+# ------------------------------------------------------------------ data files
+
+
+def check_files_exist(spec, split: str) -> None:
+    """Every file of every chunk of ``split`` exists."""
+    for index, chunk in enumerate(spec.chunks(split)):
+        for relative in chunk["files"]:
+            path = spec.resolve(relative)
+            if not os.path.isfile(path):
+                _fail(spec, f"source_spec.{split}[{index}]: data file not found: {path} (features {chunk['features']})")
+
+
+def split_binary_problems(spec, split: str, prefix=None) -> tuple[list[str], int | None]:
+    """Every missing or wrongly sized file of a split_binary split, and its sample count when all
+    files hold the same whole number of records (else None). ``prefix(index)`` names chunk
+    ``index`` (None: the whole split) in the messages; default ``source_spec.<split>[<index>]``."""
+    prefix = prefix or (lambda index: f"source_spec.{split}" + ("" if index is None else f"[{index}]"))
+    problems, counts = [], {}
+    for index, chunk in enumerate(spec.chunks(split)):
+        path = spec.resolve(chunk["files"][0])
+        if not os.path.isfile(path):
+            problems.append(f"{prefix(index)}: data file not found: {path} (features {chunk['features']})")
+            continue
+        size, record = os.path.getsize(path), spec.record_bytes(chunk)
+        if size % record:
+            problems.append(f"{prefix(index)}: file {path} has {size} bytes, not a whole number of {record}-byte "
+                            f"records (features {chunk['features']}); it may be truncated")
+        counts[path] = size // record
+    if len(set(counts.values())) > 1:
+        detail = ", ".join(f"{os.path.basename(p)}={n}" for p, n in counts.items())
+        problems.append(f"{prefix(None)}: files hold different sample counts: {detail}")
+    return problems, (next(iter(counts.values()), 0) if not problems else None)
+
+
+def check_split_binary_files(spec, split: str) -> int:
+    """The sample count of a split_binary split; raises at its first missing or wrongly sized file."""
+    check_files_exist(spec, split)
+    problems, count = split_binary_problems(spec, split)
+    if problems:
+        _fail(spec, problems[0])
+    return count
