@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Sequence
 
+from tf_dlrm.embedding.table_init import check_init_bound
 from tf_dlrm.models.config import ModelFamilyConfig
 from tf_dlrm.sharding.plan import Strategy
 
@@ -31,15 +31,6 @@ def parse_positive_or(text: str, keyword: str, flag: str, meaning: str) -> float
     if not 0 < value < math.inf:
         raise ValueError(f"Expected {flag} to be {keyword} or a positive number ({meaning}). Received: {flag}={text!r}")
     return value
-
-
-def check_init_bound(init_bound, name: str = "init_bound") -> float | None:
-    """``None`` (1/sqrt(rows)) or a positive finite number, as float; raises naming ``name``."""
-    if init_bound is None:
-        return None
-    if isinstance(init_bound, bool) or not isinstance(init_bound, numbers.Real) or not 0 < init_bound < math.inf:
-        raise ValueError(f"Expected {name} to be None (1/sqrt(rows)) or a positive number. Received: {name}={init_bound!r}")
-    return float(init_bound)
 
 
 def parse_embedding_init(text: str) -> float | None:

@@ -12,11 +12,21 @@ initialisation, ``init_bound=None``) or a fixed ``init_bound`` for every table (
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 
-from tf_dlrm.cli.model_config import check_init_bound  # noqa: F401 (the layers import it from here)
-
 ROW_BLOCK = 16384
+
+
+def check_init_bound(init_bound, name: str = "init_bound") -> float | None:
+    """``None`` (1/sqrt(rows)) or a positive finite number, as float; raises naming ``name``."""
+    if init_bound is None:
+        return None
+    if isinstance(init_bound, bool) or not isinstance(init_bound, numbers.Real) or not 0 < init_bound < math.inf:
+        raise ValueError(f"Expected {name} to be None (1/sqrt(rows)) or a positive number. Received: {name}={init_bound!r}")
+    return float(init_bound)
 
 
 def table_bound(rows: int, init_bound: float | None = None) -> float:
