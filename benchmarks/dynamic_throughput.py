@@ -58,7 +58,8 @@ def main():
     from tf_dlrm.models.dlrm import DLRM
     from tf_dlrm.cli import builder
     from tf_dlrm.optimizers.settings import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig, Trainer
+    from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.train.step import Trainer
 
     config = CONFIGS[args.config]
     spec = FeatureSpec.load(os.path.join(REPOSITORY, config.feature_spec), check_files=False)

@@ -47,7 +47,7 @@ def main(argv=None) -> list[dict]:
 
     from tf_dlrm.models.layers.interaction import DotInteraction
     from tf_dlrm.ops import kernels
-    from tf_dlrm.cli.main import configure_threads
+    from tf_dlrm.cli.session import configure_threads
 
     if kernels() is None:
         raise SystemExit("the kernel is not built: python -m tf_dlrm.ops.build")

@@ -69,7 +69,8 @@ class ModelCase:
             from tf_dlrm.parallel.env import DistributedEnv
             from tf_dlrm.cli import builder
             from tf_dlrm.optimizers.settings import LearningRateSchedule
-            from tf_dlrm.train.step import OptimizerConfig, Trainer
+            from tf_dlrm.optimizers.settings import OptimizerConfig
+            from tf_dlrm.train.step import Trainer
 
             if model == "wide_deep":
                 names = spec.categorical_features

@@ -82,7 +82,8 @@ def build_tf_dlrm(rows: int, batches, learning_rate: float, validate_ids: bool =
     from tf_dlrm.sharding.planner import make_plan
     from tf_dlrm.models.dlrm import DLRM
     from tf_dlrm.optimizers.settings import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig, Trainer
+    from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.train.step import Trainer
 
     features = [FeatureConfig(f"f{f}", f"f{f}", hotness(f), combiner(f)) for f in range(NUM_FEATURES)]
     plan = make_plan([TableSpec(f"f{f}", rows, width(f)) for f in range(NUM_FEATURES)], 1, data_parallel_threshold=0)

@@ -75,7 +75,8 @@ def main(argv=None) -> None:
     from tf_dlrm.spec.feature_spec import FeatureSpec
     from tf_dlrm.cli import builder
     from tf_dlrm.optimizers.settings import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig, Trainer
+    from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.train.step import Trainer
 
     config = CONFIGS[args.config]
     global_batch = (args.batch_size or config.batch_size) // count

@@ -94,7 +94,7 @@ def load_average() -> float | None:
 
 def configure_threads(intra: int, inter: int, local_size: int = 1) -> tuple[int, int]:
     """The trainer's own rule (``tf_dlrm.cli.main.configure_threads``); 0 picks its default."""
-    from tf_dlrm.cli.main import configure_threads as configure
+    from tf_dlrm.cli.session import configure_threads as configure
 
     return configure(types.SimpleNamespace(intra_op_parallelism=intra, inter_op_parallelism=inter), local_size)
 
@@ -204,7 +204,8 @@ class Case:
         from tf_dlrm.parallel.env import DistributedEnv
         from tf_dlrm.cli import builder
         from tf_dlrm.optimizers.settings import LearningRateSchedule
-        from tf_dlrm.train.step import OptimizerConfig, Trainer
+        from tf_dlrm.optimizers.settings import OptimizerConfig
+        from tf_dlrm.train.step import Trainer
 
         env = DistributedEnv()
         model_config = builder.ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims)

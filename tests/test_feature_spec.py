@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from tf_dlrm.data.layout import with_split_binary_sources
-from tf_dlrm.spec.feature_spec import FeatureSpec, FeatureSpecError, categorical_dtype_for
+from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.spec.format import FeatureSpecError, categorical_dtype_for
 
 
 def _raw_spec() -> dict:

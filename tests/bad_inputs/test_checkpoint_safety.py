@@ -13,7 +13,7 @@ import pytest
 
 from conftest import run_python
 from tiny_dataset import TINY_MODEL, write_tiny
-from tf_dlrm.checkpoint import checkpointer as checkpoint
+from tf_dlrm.checkpoint import store as checkpoint_store
 
 
 def train(data, save, *flags, check=True):
@@ -22,7 +22,7 @@ def train(data, save, *flags, check=True):
 
 
 def ckpt(save, step):
-    return os.path.join(str(save), checkpoint.checkpoint_name(step))
+    return os.path.join(str(save), checkpoint_store.checkpoint_name(step))
 
 
 def all_finite(directory) -> bool:
@@ -41,10 +41,10 @@ def test_a_diverging_run_saves_no_nan_checkpoint_and_keeps_the_good_ones(tmp_pat
     assert re.search(r"refusing to save a checkpoint at step \d+: the weights .* holds? NaN or inf \(the run diverged\); "
                      r"the last good checkpoint is kept: \S*ckpt-\d+", diverged.stderr), diverged.stderr[-3000:]
     assert "Traceback" not in diverged.stderr
-    kept = checkpoint.list_checkpoints(str(save))
+    kept = checkpoint_store.list_checkpoints(str(save))
     assert len(kept) == 3 and kept[0][1] == ckpt(save, 4), kept  # the last one before the rate jumped is among them
     for _, directory in kept:
-        checkpoint.verify_files(directory, checkpoint.read_manifest(directory))
+        checkpoint_store.verify_files(directory, checkpoint_store.read_manifest(directory))
         assert all_finite(directory), directory
     # The checkpoint from before the divergence evaluates to a real AUC.
     log = tmp_path / "eval.jsonl"
@@ -79,7 +79,7 @@ def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path):
     assert f"restored checkpoint {ckpt(save, 2)} (step 2)" in resumed.stderr
     assert json.loads(open(log).read().splitlines()[-1])["steps"] == 6
     assert os.path.isdir(ckpt(save, 4) + ".corrupt")  # moved aside, not deleted
-    assert [step for step, _ in checkpoint.list_checkpoints(str(save))] == [4, 6]
+    assert [step for step, _ in checkpoint_store.list_checkpoints(str(save))] == [4, 6]
 
 
 @pytest.mark.slow
@@ -94,4 +94,4 @@ def test_resume_with_another_batch_size_or_dataset_is_refused(tmp_path):
     refused = train(other_data, save, "--resume", "--max_steps=4", check=False)
     assert refused.returncode == 2
     assert "was trained on a different training split (file fingerprint" in refused.stderr, refused.stderr[-3000:]
-    assert [step for step, _ in checkpoint.list_checkpoints(str(save))] == [2]
+    assert [step for step, _ in checkpoint_store.list_checkpoints(str(save))] == [2]

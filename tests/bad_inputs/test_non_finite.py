@@ -46,7 +46,8 @@ def test_evaluate_of_a_model_with_nan_weights_refuses(tmp_path):
     from tf_dlrm.cli import builder
     from tf_dlrm.train.loop import evaluate
     from tf_dlrm.optimizers.settings import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig, Trainer
+    from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.train.step import Trainer
 
     data = write_tiny(tmp_path / "data")
     spec = FeatureSpec.load(str(data) + "/feature_spec.yaml")

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import REPO, launch, run_python, worker_env
 from tiny_dataset import TINY_MODEL, write_tiny
-from tf_dlrm.checkpoint import checkpointer as checkpoint
+from tf_dlrm.checkpoint import store as checkpoint_store
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 STEPS, EVERY = 200, 20
@@ -43,7 +43,7 @@ def test_a_killed_rank_is_replaced_by_a_restart_that_ends_like_a_resume_by_hand(
     script = subprocess.Popen(command, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     root = psutil.Process(script.pid)
     deadline = time.time() + 240
-    while not os.path.isdir(save / checkpoint.checkpoint_name(EVERY)) and time.time() < deadline and script.poll() is None:
+    while not os.path.isdir(save / checkpoint_store.checkpoint_name(EVERY)) and time.time() < deadline and script.poll() is None:
         time.sleep(0.02)
     victim = rank_process(root, "1")
     assert victim is not None, "rank 1 not found (the job ended before the kill?)"

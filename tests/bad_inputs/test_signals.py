@@ -14,7 +14,7 @@ import pytest
 
 from conftest import HOROVODRUN, REPO, worker_env
 from tiny_dataset import TINY_MODEL, write_tiny
-from tf_dlrm.checkpoint import checkpointer as checkpoint
+from tf_dlrm.checkpoint import store as checkpoint_store
 
 pytestmark = pytest.mark.slow
 LONG_RUN = ["--epochs=100000", "--evals_per_epoch=0", "--print_freq=5"]
@@ -48,9 +48,9 @@ def check_checkpoint_of_line(output, save):
     matches = LINE.findall(output)
     assert len(matches) == 1, output[-3000:]  # one line, from rank 0 only
     step, path = int(matches[0][0]), matches[0][1]
-    assert path == os.path.join(str(save), checkpoint.checkpoint_name(step)), output[-3000:]
-    checkpoint.verify_files(path, checkpoint.read_manifest(path))
-    assert checkpoint.read_manifest(path)["step"] == step > 0
+    assert path == os.path.join(str(save), checkpoint_store.checkpoint_name(step)), output[-3000:]
+    checkpoint_store.verify_files(path, checkpoint_store.read_manifest(path))
+    assert checkpoint_store.read_manifest(path)["step"] == step > 0
 
 
 @pytest.mark.parametrize("number, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])

@@ -8,7 +8,8 @@ import os
 import numpy as np
 
 from tf_dlrm.data.csv_vocabulary import read_vocabulary_file
-from tf_dlrm.data.transcode import hash_key, transcode
+from tf_dlrm.data.csv_values import hash_key
+from tf_dlrm.data.transcode import transcode
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPOSITORY, "feature_specs", "byo_raw_example")

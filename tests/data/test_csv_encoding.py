@@ -10,7 +10,8 @@ import yaml
 
 from raw_csv import CITIES, write_dataset
 from tf_dlrm.data.csv_vocabulary import VocabularyOptions, build_vocabulary, read_vocabulary_file
-from tf_dlrm.data.transcode import TranscodeError, transcode
+from tf_dlrm.data.csv_values import TranscodeError
+from tf_dlrm.data.transcode import transcode
 from tf_dlrm.spec.feature_spec import FeatureSpec
 
 

@@ -11,8 +11,10 @@ import yaml
 
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.data.synthetic import generate
-from tf_dlrm.data.transcode import TranscodeError, transcode
-from tf_dlrm.spec.feature_spec import FeatureSpec, FeatureSpecError
+from tf_dlrm.data.csv_values import TranscodeError
+from tf_dlrm.data.transcode import transcode
+from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.spec.format import FeatureSpecError
 
 COLUMNS = ["click", "dense", "site", "items"]
 

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 import yaml
 
-from tf_dlrm.data.transcode import TranscodeError, transcode
-from tf_dlrm.spec.feature_spec import FeatureSpec, FeatureSpecError
+from tf_dlrm.data.csv_values import TranscodeError
+from tf_dlrm.data.transcode import transcode
+from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.spec.format import FeatureSpecError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Column order of the csv files; "extra" is defined but used by no channel, so it is skipped.

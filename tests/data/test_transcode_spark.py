@@ -9,7 +9,8 @@ import pytest
 pytest.importorskip("pyspark", reason="the Spark engine needs PySpark: make install-spark")
 
 from raw_csv import write_dataset  # noqa: E402
-from tf_dlrm.data.transcode import TranscodeError, transcode  # noqa: E402
+from tf_dlrm.data.csv_values import TranscodeError  # noqa: E402
+from tf_dlrm.data.transcode import transcode
 
 
 @pytest.fixture(scope="module")

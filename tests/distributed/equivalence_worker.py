@@ -34,7 +34,8 @@ from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 from tf_dlrm.models.dlrm import DLRM  # noqa: E402
 from tf_dlrm.embedding.embedding_bank import EmbeddingBank  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
-from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
+from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
+from tf_dlrm.train.step import Trainer
 
 NUM_NUMERICAL = 5
 

@@ -29,7 +29,8 @@ import tensorflow as tf  # noqa: E402
 from tests.distributed.equivalence_worker import local_inputs, make_batches, make_model  # noqa: E402
 from tf_dlrm.parallel import collectives  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
-from tf_dlrm.train.step import OptimizerConfig, Trainer, binary_cross_entropy  # noqa: E402
+from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
+from tf_dlrm.train.step import Trainer, binary_cross_entropy
 
 
 def make_trainer(case, env, every):

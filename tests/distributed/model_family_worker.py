@@ -32,7 +32,8 @@ from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
 from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 from tf_dlrm.models import build_family_model  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
-from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
+from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
+from tf_dlrm.train.step import Trainer
 
 
 def build(case, env, world_size, rank):

@@ -41,7 +41,8 @@ from tf_dlrm.embedding.split_tables import read_float32  # noqa: E402
 from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 from tf_dlrm.models.dlrm import DLRM  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
-from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
+from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
+from tf_dlrm.train.step import Trainer
 
 
 def truncated_bfloat16(values: tf.Tensor) -> tf.Tensor:

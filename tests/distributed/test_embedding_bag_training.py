@@ -22,7 +22,8 @@ from tf_dlrm.sharding.plan import TableSpec
 from tf_dlrm.sharding.planner import make_plan
 from tf_dlrm.models.dlrm import DLRM
 from tf_dlrm.optimizers.settings import LearningRateSchedule
-from tf_dlrm.train.step import OptimizerConfig, Trainer
+from tf_dlrm.optimizers.settings import OptimizerConfig
+from tf_dlrm.train.step import Trainer
 
 TABLES = [TableSpec("items", 30, 8), TableSpec("tags", 12, 8), TableSpec("users", 50, 8), TableSpec("small", 4, 8)]
 FEATURES = [

@@ -29,7 +29,8 @@ from tf_dlrm.parallel import collectives  # noqa: E402
 from tf_dlrm.parallel import env as env_module  # noqa: E402
 from tf_dlrm.checkpoint import dynamic_state as checkpoint  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
-from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
+from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
+from tf_dlrm.train.step import Trainer
 
 
 def gathered_rows(env, model, trainer) -> dict:

@@ -27,7 +27,8 @@ from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
 from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding  # noqa: E402
 from tf_dlrm.models.dlrm import DLRM  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
-from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
+from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
+from tf_dlrm.train.step import Trainer
 
 NUM_NUMERICAL = 4
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from conftest import launch
-from tf_dlrm.data.transcode import TranscodeError, hash_key, transcode
+from tf_dlrm.data.csv_values import TranscodeError, hash_key
+from tf_dlrm.data.transcode import transcode
 from tf_dlrm.spec.feature_spec import FeatureSpec
 
 CITIES = [f"City {name}" for name in ("Lyon", "Oslo", "Kyoto", "Lima", "Perth", "Quito", "Turin", "Accra", "Bergen", "Cork")]

@@ -24,6 +24,7 @@ import pytest
 
 from conftest import launch, run_python
 from tf_dlrm.checkpoint import checkpointer as checkpoint
+from tf_dlrm.checkpoint import store as checkpoint_store
 
 FLAGS = ["--embedding_dim=4", "--bottom_mlp_dims=8,4", "--top_mlp_dims=8,1", "--batch_size=384", "--valid_batch_size=384",
          "--epochs=2", "--print_freq=1", "--seed=3", "--optimizer=adam", "--embedding_optimizer=adagrad"]
@@ -48,13 +49,13 @@ def events(path, kind):
 
 
 def ckpt(save, step):
-    return os.path.join(str(save), checkpoint.checkpoint_name(step))
+    return os.path.join(str(save), checkpoint_store.checkpoint_name(step))
 
 
 def dynamic_rows(directory):
     """{(table, field): array} with every rank's rows of a checkpoint, sorted by key."""
-    manifest = checkpoint.read_manifest(directory)
-    checkpoint.verify_files(directory, manifest)
+    manifest = checkpoint_store.read_manifest(directory)
+    checkpoint_store.verify_files(directory, manifest)
     loaded = [np.load(os.path.join(directory, name)) for name in manifest["dynamic_tables"]["files"]]
     tables = sorted({name.split("_")[0] for name in loaded[0].files if name.startswith("t")})
     rows = {}
@@ -69,7 +70,7 @@ def dynamic_rows(directory):
 
 
 def dense_arrays(directory):
-    manifest = checkpoint.read_manifest(directory)
+    manifest = checkpoint_store.read_manifest(directory)
     return {e["name"]: np.load(os.path.join(directory, e["file"])) for e in manifest["dense"] + manifest["optimizer_state"]}
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tf_dlrm.spec import dynamic as dynamic_spec
-from tf_dlrm.spec.feature_spec import FeatureSpec, FeatureSpecError
+from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.spec.format import FeatureSpecError
 
 
 def raw_spec(**user):

@@ -83,7 +83,8 @@ def test_flags_select_the_model():
 
 
 def test_spec_crossed_features_round_trip_and_errors(tmp_path):
-    from tf_dlrm.spec.feature_spec import FeatureSpec, FeatureSpecError
+    from tf_dlrm.spec.feature_spec import FeatureSpec
+    from tf_dlrm.spec.format import FeatureSpecError
 
     raw = {"feature_spec": {"label": {"dtype": "bool"}, "x": {"dtype": "int32", "cardinality": 5},
                             "y": {"dtype": "int32", "cardinality": 6}},

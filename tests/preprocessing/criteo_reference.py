@@ -90,7 +90,7 @@ class Reference:
 
 
 def read_split(output_dir: str, split: str, cardinalities) -> dict[str, np.ndarray]:
-    from tf_dlrm.spec.feature_spec import categorical_dtype_for
+    from tf_dlrm.spec.format import categorical_dtype_for
 
     base = os.path.join(output_dir, split)
     return {

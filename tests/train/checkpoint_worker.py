@@ -58,7 +58,7 @@ def run_task(task, out_dir):
     config = parse(task["argv"])
     try:
         if task["action"] == "train":
-            return cli.run_training(config)
+            return modes.run_train(config)
         if task["action"] == "mode":
             return modes.run(config)
         return predict(config, task["name"], out_dir)

@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from checkpoint_worker import parse  # noqa: E402
-from tf_dlrm.cli import main as cli  # noqa: E402
+from tf_dlrm.cli import modes  # noqa: E402
 
 
 def flags(data: str, split: bool) -> list[str]:
@@ -56,7 +56,7 @@ def main():
     results = {}
     for name, split in (("split", True), ("float32", False)):
         save = os.path.join(out_dir, name)
-        cli.run_training(parse(flags(data, split) + ["--max_steps=3", f"--save_checkpoint_path={save}"]))
+        modes.run_train(parse(flags(data, split) + ["--max_steps=3", f"--save_checkpoint_path={save}"]))
         checkpoint = sorted(glob.glob(os.path.join(save, "ckpt-*")))[-1]
         for form, into_split in (("into_split", True), ("into_float32", False)):
             results[f"{name}_{form}"] = restored_tables(data, into_split, checkpoint)

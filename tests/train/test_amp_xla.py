@@ -77,7 +77,8 @@ def batches_for(model, count, size=64, seed=0):
 def test_xla_step_equals_the_plain_step(interaction, embedding_optimizer, optimizer):
     from tf_dlrm.parallel.env import DistributedEnv
     from tf_dlrm.optimizers.settings import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig, Trainer
+    from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.train.step import Trainer
 
     rates = {} if optimizer == "sgd" else {"dense_learning_rate": 0.01, "embedding_learning_rate": 0.05}
     config = OptimizerConfig(LearningRateSchedule(0.5), optimizer=optimizer, embedding_optimizer=embedding_optimizer, **rates)
@@ -128,7 +129,8 @@ def test_dot_interaction_gradient_matches_autodiff(include_diagonal):
 def test_float16_dynamic_loss_scale_skips_overflowing_steps():
     from tf_dlrm.parallel.env import DistributedEnv
     from tf_dlrm.optimizers.settings import LearningRateSchedule
-    from tf_dlrm.train.step import LossScale, OptimizerConfig, Trainer
+    from tf_dlrm.train.step import LossScale, Trainer
+    from tf_dlrm.optimizers.settings import OptimizerConfig
 
     model = small_model(policy="mixed_float16")
     trainer = Trainer(model, DistributedEnv(), OptimizerConfig(LearningRateSchedule(0.1), loss_scale=0.0))
@@ -148,7 +150,8 @@ def test_float16_dynamic_loss_scale_skips_overflowing_steps():
 def test_bfloat16_and_float32_take_no_loss_scale():
     from tf_dlrm.parallel.env import DistributedEnv
     from tf_dlrm.optimizers.settings import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig, Trainer
+    from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.train.step import Trainer
 
     for policy in ("float32", "mixed_bfloat16"):
         trainer = Trainer(small_model(policy=policy), DistributedEnv(), OptimizerConfig(LearningRateSchedule(0.1), loss_scale=0.0))
@@ -277,7 +280,8 @@ def worker(cases_path: str, out_dir: str) -> None:
     from tf_dlrm.parallel import env as env_module
     from tf_dlrm.parallel.env import DistributedEnv
     from tf_dlrm.optimizers.settings import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig, Trainer
+    from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.train.step import Trainer
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)

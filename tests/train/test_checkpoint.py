@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from checkpoint_runs import EVERY, STEPS, ckpt, single, straight, table_wise
-from tf_dlrm.checkpoint import checkpointer as checkpoint, slices as checkpoint_slices, store as checkpoint_store
+from tf_dlrm.checkpoint import slices as checkpoint_slices, store as checkpoint_store
 
 pytestmark = pytest.mark.multirank
 
@@ -24,8 +24,8 @@ pytestmark = pytest.mark.multirank
 def test_a_checkpoint_holds_the_whole_state(tmp_path_factory):
     run = straight(tmp_path_factory)
     directory = ckpt(run["save"], STEPS)
-    manifest = checkpoint.read_manifest(directory)
-    checkpoint.verify_files(directory, manifest)
+    manifest = checkpoint_store.read_manifest(directory)
+    checkpoint_store.verify_files(directory, manifest)
     assert manifest["step"] == STEPS
     # 8 batches per epoch: step 10 resumes at epoch 1, batch 2.
     assert manifest["position"] == {"epoch": 1, "batch": 2, "steps_per_epoch": 8, "batch_size": 192}
@@ -44,7 +44,7 @@ def test_a_checkpoint_holds_the_whole_state(tmp_path_factory):
     assert int(iteration) == STEPS
     with open(os.path.join(run["save"], "latest")) as handle:
         assert handle.read().strip() == f"ckpt-{STEPS:08d}"
-    assert [step for step, _ in checkpoint.list_checkpoints(run["save"])] == [EVERY, STEPS]
+    assert [step for step, _ in checkpoint_store.list_checkpoints(run["save"])] == [EVERY, STEPS]
 
 
 def test_tables_are_saved_as_the_owners_slices(tmp_path_factory):
@@ -56,7 +56,7 @@ def test_tables_are_saved_as_the_owners_slices(tmp_path_factory):
 
     run = straight(tmp_path_factory)
     directory = ckpt(run["save"], STEPS)
-    manifest = checkpoint.read_manifest(directory)
+    manifest = checkpoint_store.read_manifest(directory)
     assert manifest["version"] == 2
     entry = manifest["tables"][7]
     assert [s["columns"] for s in entry["slices"]] == [[0, 4], [4, 8]] and "file" not in entry
@@ -83,7 +83,7 @@ def test_a_version_1_checkpoint_of_full_tables_still_restores(tmp_path_factory, 
     assert run["results"]["predict_version_1"]["step"] == STEPS
     np.testing.assert_array_equal(np.load(os.path.join(run["out"], "predict_version_1_predictions.npy")),
                                   np.load(os.path.join(run["out"], "predict_predictions.npy")))
-    manifest = checkpoint.read_manifest(run["version_1"])
+    manifest = checkpoint_store.read_manifest(run["version_1"])
     assert manifest["version"] == 1 and all("slices" not in t for t in manifest["tables"])
     assert rewrite_as_version_1 and reference
 
@@ -121,8 +121,8 @@ def test_truncated_file_is_refused_naming_it(tmp_path_factory, tmp_path):
     path = os.path.join(directory, "tables", "table_005.cols_4-8.npy")
     with open(path, "r+b") as handle:
         handle.truncate(os.path.getsize(path) // 2)
-    with pytest.raises(checkpoint.CheckpointError, match=r"tables/table_005\.cols_4-8\.npy.*truncated"):
-        checkpoint.verify_files(directory, checkpoint.read_manifest(directory))
+    with pytest.raises(checkpoint_store.CheckpointError, match=r"tables/table_005\.cols_4-8\.npy.*truncated"):
+        checkpoint_store.verify_files(directory, checkpoint_store.read_manifest(directory))
 
 
 def test_wrong_checksum_is_refused_naming_the_file(tmp_path_factory, tmp_path):
@@ -133,8 +133,8 @@ def test_wrong_checksum_is_refused_naming_the_file(tmp_path_factory, tmp_path):
         byte = handle.read(1)
         handle.seek(-3, os.SEEK_END)
         handle.write(bytes([byte[0] ^ 0xFF]))
-    with pytest.raises(checkpoint.CheckpointError, match=r"dense/top_mlp\.dense_0\.kernel\.npy fails its sha256"):
-        checkpoint.verify_files(directory, checkpoint.read_manifest(directory))
+    with pytest.raises(checkpoint_store.CheckpointError, match=r"dense/top_mlp\.dense_0\.kernel\.npy fails its sha256"):
+        checkpoint_store.verify_files(directory, checkpoint_store.read_manifest(directory))
 
 
 def test_refusals_through_the_command_line(tmp_path_factory):
@@ -172,16 +172,16 @@ def test_pickled_arrays_and_escaping_paths_are_refused_without_running_code(tmp_
                                    sha256=checkpoint_store._sha256(os.path.join(directory, name)))
     with open(manifest_path, "w") as handle:
         json.dump(manifest, handle)
-    checkpoint.verify_files(directory, checkpoint.read_manifest(directory))
-    with pytest.raises(checkpoint.CheckpointError, match=r"top_mlp\.dense_1\.bias\.npy is not a plain \.npy"):
-        checkpoint.load_array(directory, name, (1,), np.float32)
+    checkpoint_store.verify_files(directory, checkpoint_store.read_manifest(directory))
+    with pytest.raises(checkpoint_store.CheckpointError, match=r"top_mlp\.dense_1\.bias\.npy is not a plain \.npy"):
+        checkpoint_store.load_array(directory, name, (1,), np.float32)
     assert not os.path.exists(marker)
 
     manifest["files"]["../../outside.npy"] = manifest["files"].pop(name)
     with open(manifest_path, "w") as handle:
         json.dump(manifest, handle)
-    with pytest.raises(checkpoint.CheckpointError, match="unsafe file name"):
-        checkpoint.read_manifest(directory)
+    with pytest.raises(checkpoint_store.CheckpointError, match="unsafe file name"):
+        checkpoint_store.read_manifest(directory)
 
 
 def test_latest_ignores_unpublished_and_incomplete_directories(tmp_path_factory, tmp_path):
@@ -191,11 +191,11 @@ def test_latest_ignores_unpublished_and_incomplete_directories(tmp_path_factory,
     # A save killed before its rename, and a directory without manifest (e.g. a partial copy).
     shutil.copytree(ckpt(run["save"], STEPS), tmp_path / ".ckpt-00000015.tmp")
     os.makedirs(tmp_path / "ckpt-00000020" / "tables")
-    assert checkpoint.latest_checkpoint(str(tmp_path)) == str(tmp_path / f"ckpt-{STEPS:08d}")
-    assert checkpoint.resolve(str(tmp_path)) == str(tmp_path / f"ckpt-{STEPS:08d}")
-    with pytest.raises(checkpoint.CheckpointError, match="not a complete checkpoint"):
-        checkpoint.read_manifest(str(tmp_path / "ckpt-00000020"))
-    checkpoint.remove_stale(str(tmp_path))
+    assert checkpoint_store.latest_checkpoint(str(tmp_path)) == str(tmp_path / f"ckpt-{STEPS:08d}")
+    assert checkpoint_store.resolve(str(tmp_path)) == str(tmp_path / f"ckpt-{STEPS:08d}")
+    with pytest.raises(checkpoint_store.CheckpointError, match="not a complete checkpoint"):
+        checkpoint_store.read_manifest(str(tmp_path / "ckpt-00000020"))
+    checkpoint_store.remove_stale(str(tmp_path))
     assert not os.path.exists(tmp_path / ".ckpt-00000015.tmp")
 
 

@@ -17,7 +17,8 @@ from tf_dlrm import ops  # noqa: E402
 from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
 from tf_dlrm.models.layers.interaction import interaction_paths  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
-from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
+from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
+from tf_dlrm.train.step import Trainer
 
 KERNEL, GRADIENT = "TfDlrmDotInteraction", "TfDlrmDotInteractionGrad"
 

@@ -50,7 +50,7 @@ def batches(count, size=64, seed=0):
 
 def optimizer_config():
     from tf_dlrm.optimizers.settings import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig
+    from tf_dlrm.optimizers.settings import OptimizerConfig
 
     return OptimizerConfig(LearningRateSchedule(0.5), optimizer="adam", embedding_optimizer="lazy_adam",
                            dense_learning_rate=0.01, embedding_learning_rate=0.05)

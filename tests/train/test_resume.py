@@ -15,7 +15,7 @@ import os
 import pytest
 
 from checkpoint_runs import EVERY, STEPS, ckpt, killed_and_resumed, max_difference, straight, table_wise
-from tf_dlrm.checkpoint import checkpointer as checkpoint
+from tf_dlrm.checkpoint import store as checkpoint_store
 
 pytestmark = pytest.mark.multirank
 
@@ -36,7 +36,7 @@ def test_a_run_killed_in_the_middle_of_a_save_resumes_from_the_previous_checkpoi
     # The resumed run cleaned the temporary directory and published a complete step 10.
     assert sorted(os.listdir(run["save"])) == [f"ckpt-{EVERY:08d}", f"ckpt-{STEPS:08d}", "latest"]
     directory = ckpt(run["save"], STEPS)
-    checkpoint.verify_files(directory, checkpoint.read_manifest(directory))
+    checkpoint_store.verify_files(directory, checkpoint_store.read_manifest(directory))
 
 
 def test_kill_and_resume_equals_training_straight_through(tmp_path_factory):
@@ -52,8 +52,8 @@ def test_resuming_on_another_world_size_equals_training_straight_through(tmp_pat
     # Tolerance 1e-5: 3 ranks sum the same gradients in another order than 2.
     difference, where = max_difference(ckpt(resumed["save"], STEPS), ckpt(reference["save"], STEPS))
     assert difference <= 1e-5, f"largest difference {difference} in {where}"
-    mine = checkpoint.read_manifest(ckpt(resumed["save"], STEPS))
-    theirs = checkpoint.read_manifest(ckpt(reference["save"], STEPS))
+    mine = checkpoint_store.read_manifest(ckpt(resumed["save"], STEPS))
+    theirs = checkpoint_store.read_manifest(ckpt(reference["save"], STEPS))
     assert mine["position"] == theirs["position"]
     assert mine["learning_rate"] == pytest.approx(theirs["learning_rate"], abs=1e-9)
     assert mine["saved_world_size"] == 3 and theirs["saved_world_size"] == 2

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from conftest import HOROVODRUN, REPO, worker_env
-from tf_dlrm.checkpoint import checkpointer as checkpoint
+from tf_dlrm.checkpoint import store as checkpoint_store
 
 pytestmark = pytest.mark.multirank
 
@@ -132,7 +132,7 @@ def test_a_table_larger_than_a_process_trains_checkpoints_and_restores_on_other_
     log2 = f"{directory}/two.jsonl"
     _run(2, _flags(directory, log2) + ["--max_steps=4", f"--save_checkpoint_path={saved}", "--memory_per_rank=1.8GiB"])
     two = _events(log2)
-    manifest = checkpoint.read_manifest(checkpoint.latest_checkpoint(saved))
+    manifest = checkpoint_store.read_manifest(checkpoint_store.latest_checkpoint(saved))
     assert [s["columns"] for s in manifest["tables"][0]["slices"]] == [[0, 32], [32, 64]]
     planned = two["config"][0]["memory_per_rank"]
     assert planned["budget"] == LIMIT and all(2**30 < r["total"] < LIMIT for r in planned["ranks"])
@@ -150,5 +150,5 @@ def test_a_table_larger_than_a_process_trains_checkpoints_and_restores_on_other_
     assert two["final"][0]["auc"] is not None
     assert abs(three["final"][0]["auc"] - two["final"][0]["auc"]) <= 1e-6
     assert abs(three["final"][0]["logloss"] - two["final"][0]["logloss"]) <= 1e-6
-    manifest = checkpoint.read_manifest(checkpoint.latest_checkpoint(resaved))
+    manifest = checkpoint_store.read_manifest(checkpoint_store.latest_checkpoint(resaved))
     assert [s["columns"] for s in manifest["tables"][0]["slices"]] == [[0, 22], [22, 43], [43, 64]]

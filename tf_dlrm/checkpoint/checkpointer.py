@@ -21,9 +21,6 @@ the seed restore the data stream exactly.
 
 Dynamic tables (:mod:`tf_dlrm.embedding.dynamic`) have no full-table layout: every rank writes its rows into
 the same temporary directory (:mod:`tf_dlrm.checkpoint.dynamic_tables`).
-
-The store's public names are re-exported here (``checkpoint.read_manifest``,
-``checkpoint.CheckpointError``, ...), so callers need only this module.
 """
 
 from __future__ import annotations
@@ -46,12 +43,8 @@ from tf_dlrm.checkpoint import store
 from tf_dlrm.checkpoint.checks import RestoreChecks
 from tf_dlrm.train.guards import non_finite_arrays
 from tf_dlrm.train.memory_watch import MemoryWatch
-
-# Re-exported: callers use checkpoint.<name> for the store's public names too.
-from tf_dlrm.checkpoint.store import (  # noqa: F401
-    FORMAT, LATEST, MANIFEST, MODEL_CONFIG, SPEC_COPY, VERSION, CheckpointError, check_compatible, checkpoint_name,
-    latest_checkpoint, list_checkpoints, load_array, model_record, read_manifest, remove_stale, replace_text_atomically,
-    resolve, retain, verify_files,
+from tf_dlrm.checkpoint.store import (
+    FORMAT, MODEL_CONFIG, SPEC_COPY, VERSION, CheckpointError, latest_checkpoint, load_array, model_record,
 )
 
 # Test-only: seconds rank 0 sleeps after writing each table, to kill a run in the middle of a save.

@@ -13,8 +13,7 @@ from tf_dlrm.sharding.plan import ShardingPlan, TableSpec
 from tf_dlrm.sharding.planner import make_plan, table_readers
 from tf_dlrm.embedding.config import FeatureConfig, check_width_mapping, feature_tables
 from tf_dlrm.models.tables import family_features, family_tables
-# The configs live in a TF-free module (flags parse into them); kept importable from here.
-from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig, parse_dims  # noqa: F401
+from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
 from tf_dlrm.spec.feature_spec import FeatureSpec
 from tf_dlrm.models.dlrm import DLRM
 from tf_dlrm.train.precision import PrecisionChoice, choose_precision

@@ -29,6 +29,7 @@ from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.io.publish import check_replaceable, staged_output
 from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.checkpoint import checkpointer as checkpoint, dynamic_tables as checkpoint_dynamic
+from tf_dlrm.checkpoint import store as checkpoint_store
 from tf_dlrm.checkpoint.slices import open_slices, restore_pieces
 
 SERVING_INFO = "tf_dlrm_serving.json"
@@ -84,10 +85,10 @@ def load_checkpoint_into(model, directory: str, manifest: dict) -> None:
     the process holds each table once, in the model, never a second full copy beside it."""
     tables = model.embedding.plan.tables
     if len(manifest["tables"]) != len(tables):
-        raise checkpoint.CheckpointError(f"checkpoint {directory}: {len(manifest['tables'])} tables, the model has {len(tables)}")
+        raise checkpoint_store.CheckpointError(f"checkpoint {directory}: {len(manifest['tables'])} tables, the model has {len(tables)}")
     for index, (entry, table) in enumerate(zip(manifest["tables"], tables)):
         if entry.get("name") != table.name:
-            raise checkpoint.CheckpointError(f"checkpoint {directory}: table {index} is {entry.get('name')!r}, the model's is {table.name!r}")
+            raise checkpoint_store.CheckpointError(f"checkpoint {directory}: table {index} is {entry.get('name')!r}, the model's is {table.name!r}")
         restore_pieces(model.embedding, index, open_slices(directory, entry, table.rows, table.dim))
     load_dense_into(model, directory, manifest)
 
@@ -98,8 +99,8 @@ def load_dense_into(model, directory: str, manifest: dict) -> None:
     for variable in variables_of_kind(model.trainable_variables, VariableKind.DENSE):
         name = checkpoint._relative(variable.path)
         if name not in files:
-            raise checkpoint.CheckpointError(f"checkpoint {directory}: no weight {name} in its manifest")
-        variable.assign(checkpoint.load_array(directory, files[name], variable.shape, np.float32))
+            raise checkpoint_store.CheckpointError(f"checkpoint {directory}: no weight {name} in its manifest")
+        variable.assign(checkpoint_store.load_array(directory, files[name], variable.shape, np.float32))
 
 
 def export_checkpoint(directory: str, manifest: dict, saved_model_path: str, spec, model_config) -> dict:

@@ -9,8 +9,9 @@ from tf_dlrm.embedding.config import parse_width_mapping
 from tf_dlrm.cli.model_config import DEFAULT_EMBEDDING_INIT_BOUND, ModelConfig, ShardingConfig, parse_dims, parse_embedding_init
 from tf_dlrm.sharding.memory_plan import parse_bytes
 from tf_dlrm.cli.cycle_time import parse_cycle_time
-from tf_dlrm.cli.run_config import RunConfig  # noqa: F401 (imported from here by cli and users)
-from tf_dlrm.optimizers.settings import EMBEDDING_OPTIMIZERS, OPTIMIZERS, LearningRateSchedule, LoopConfig, OptimizerConfig
+from tf_dlrm.cli.run_config import RunConfig
+from tf_dlrm.optimizers.settings import EMBEDDING_OPTIMIZERS, OPTIMIZERS, LearningRateSchedule, OptimizerConfig
+from tf_dlrm.train.loop_config import LoopConfig
 from tf_dlrm.train.precision import AmpMode
 from tf_dlrm.cli.model_flags import define_model_flags, model_family_from_flags
 

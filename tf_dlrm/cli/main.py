@@ -10,18 +10,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags
 
-from tf_dlrm.cli.flags import RunConfig, config_from_flags, define_flags
-from tf_dlrm.cli.session import configure_threads, report_precision, resolve_spec_path  # noqa: F401 (benchmarks import them here)
+from tf_dlrm.cli.flags import config_from_flags, define_flags
 
 define_flags()
 FLAGS = flags.FLAGS
-
-
-def run_training(config: RunConfig, stop=None) -> dict:
-    """Kept for callers of the old name: training is the ``train`` mode of :mod:`tf_dlrm.cli.modes`."""
-    from tf_dlrm.cli import modes
-
-    return modes.run_train(config, stop)
 
 
 def main(argv):

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from tf_dlrm.checkpoint import checkpointer as checkpoint
+from tf_dlrm.checkpoint import store as checkpoint_store
 
 
 @dataclasses.dataclass
@@ -376,19 +377,19 @@ def run_export(config) -> dict:
     if env.is_chief:
         started = time.time()
         try:
-            directory = checkpoint.latest_checkpoint(config.save_checkpoint_path) if config.resume else None
-            directory = directory or checkpoint.resolve(config.restore_checkpoint_path)
-            manifest = checkpoint.read_manifest(directory)
-            checkpoint.verify_files(directory, manifest)
+            directory = checkpoint_store.latest_checkpoint(config.save_checkpoint_path) if config.resume else None
+            directory = directory or checkpoint_store.resolve(config.restore_checkpoint_path)
+            manifest = checkpoint_store.read_manifest(directory)
+            checkpoint_store.verify_files(directory, manifest)
             export.check_kind(directory, manifest, spec)  # before the spec comparison: the clearer error
-            checkpoint.check_compatible(directory, manifest, spec, config.model)
+            checkpoint_store.check_compatible(directory, manifest, spec, config.model)
             info = export.export_checkpoint(directory, manifest, config.saved_model_path, spec, config.model)
             outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started}
         except (ValueError, TypeError, KeyError, OSError) as error:  # every rank raises it below
             outcome = {"error": str(error)}
     outcome = checkpoint.broadcast_json(env, outcome, "export_status")
     if "error" in outcome:
-        raise checkpoint.CheckpointError(outcome["error"])
+        raise checkpoint_store.CheckpointError(outcome["error"])
     record = {"mode": "export", "saved_model_path": config.saved_model_path, **outcome, "world_size": env.world_size}
     reporter.say(f"exported {outcome['checkpoint']} (step {outcome['step']}) to {config.saved_model_path}")
     reporter.summary({"checkpoint": outcome["checkpoint"], "step": outcome["step"], "SavedModel": config.saved_model_path,

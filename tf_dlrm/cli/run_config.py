@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
-from tf_dlrm.optimizers.settings import LoopConfig, OptimizerConfig
+from tf_dlrm.train.loop_config import LoopConfig
+from tf_dlrm.optimizers.settings import OptimizerConfig
 from tf_dlrm.train.precision import AmpMode
 
 

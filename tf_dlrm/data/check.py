@@ -22,7 +22,8 @@ import numpy as np
 from absl import app, flags
 
 from tf_dlrm.data.validation import id_problem
-from tf_dlrm.spec.feature_spec import SPLIT_BINARY, FeatureSpec, FeatureSpecError
+from tf_dlrm.spec.format import SPLIT_BINARY, FeatureSpecError
+from tf_dlrm.spec.feature_spec import FeatureSpec
 
 
 def _file_problems(spec: FeatureSpec, split: str) -> tuple[list[str], int | None]:

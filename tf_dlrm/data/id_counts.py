@@ -12,7 +12,8 @@ import os
 
 import numpy as np
 
-from tf_dlrm.spec.feature_spec import FeatureSpec, SPLIT_BINARY
+from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.spec.format import SPLIT_BINARY
 
 COUNTS_FILE = "id_counts.npz"
 SAMPLES_KEY = "__samples__"

@@ -10,16 +10,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Mapping, Sequence
 
-from tf_dlrm.spec.feature_spec import (
-    CATEGORICAL_CHANNEL,
-    LABEL_CHANNEL,
-    NUMERICAL_CHANNEL,
-    SPLIT_BINARY,
-    TEST_SPLIT,
-    TRAIN_SPLIT,
-    FeatureSpec,
-    categorical_dtype_for,
-)
+from tf_dlrm.spec.format import CATEGORICAL_CHANNEL, LABEL_CHANNEL, NUMERICAL_CHANNEL, SPLIT_BINARY, TEST_SPLIT, TRAIN_SPLIT, categorical_dtype_for
+from tf_dlrm.spec.feature_spec import FeatureSpec
 
 
 def nvidia_spec(

@@ -12,7 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from tf_dlrm.spec.feature_spec import FeatureSpec, SPLIT_BINARY
+from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.spec.format import SPLIT_BINARY
 
 
 class SplitBinaryWriter:

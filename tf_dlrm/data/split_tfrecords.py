@@ -26,7 +26,8 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tf_dlrm.spec.feature_spec import FeatureSpec, FeatureSpecError
+from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.spec.format import FeatureSpecError
 
 
 def _read_json(path: str):

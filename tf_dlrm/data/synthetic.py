@@ -36,7 +36,8 @@ from tf_dlrm import metrics
 from tf_dlrm.data.hidden_model import HIDDEN_DIM, GeneratorConfig, HiddenModel, sigmoid
 from tf_dlrm.data.layout import with_split_binary_sources
 from tf_dlrm.data.split_binary import SplitBinaryWriter
-from tf_dlrm.spec.feature_spec import FeatureSpec, TEST_SPLIT, TRAIN_SPLIT
+from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.spec.format import TEST_SPLIT, TRAIN_SPLIT
 from tf_dlrm.io.publish import staged_output
 
 DEFAULT_BLOCK_SIZE = 1 << 18

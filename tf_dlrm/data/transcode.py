@@ -52,12 +52,13 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from tf_dlrm.data.csv_declarations import HASH, Declarations, read_declarations, transform_entry, vocabulary_features_of_raw
-from tf_dlrm.data.csv_values import (CATEGORICAL, HASHED, LABEL, MULTI_HOT_SEPARATOR, NUMERICAL, VOCABULARY, Column,  # noqa: F401
-                                     CsvLayout, TranscodeError, count_block, hash_key, parse_block)
+from tf_dlrm.data.csv_values import (CATEGORICAL, HASHED, LABEL, NUMERICAL, VOCABULARY, Column, CsvLayout, TranscodeError,
+                                     count_block, parse_block)
 from tf_dlrm.data.csv_vocabulary import Vocabulary, build_vocabulary
 from tf_dlrm.data.layout import categorical_file_name, with_split_binary_sources
 from tf_dlrm.data.split_binary import SplitBinaryWriter
-from tf_dlrm.spec.feature_spec import CSV, TRAIN_SPLIT, FeatureSpec, FeatureSpecError, read_spec_yaml
+from tf_dlrm.spec.format import CSV, TRAIN_SPLIT, FeatureSpecError
+from tf_dlrm.spec.feature_spec import FeatureSpec, read_spec_yaml
 from tf_dlrm.io.publish import staged_output
 
 DEFAULT_BLOCK_LINES = 1 << 16

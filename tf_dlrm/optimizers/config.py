@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import keras
 
-# The config lives in a TF-free module (flags parse into it); kept importable from here.
-from tf_dlrm.optimizers.settings import EMBEDDING_OPTIMIZERS, OPTIMIZERS, OptimizerConfig  # noqa: F401
+from tf_dlrm.optimizers.settings import OptimizerConfig
 from tf_dlrm.optimizers.lamb import Lamb
 from tf_dlrm.optimizers.lazy_adam import LazyAdam
 from tf_dlrm.optimizers.rowwise_adagrad import RowwiseAdagrad

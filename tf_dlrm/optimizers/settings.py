@@ -1,4 +1,4 @@
-"""The training settings of a run: learning-rate schedule, optimizers and loop. Frozen, validated,
+"""The optimizer settings of a run: the learning-rate schedule and the optimizers. Frozen, validated,
 and free of TensorFlow so that parsing flags (``tf_dlrm.cli.flags``) imports none.
 
 NVIDIA's DLRM learning-rate schedule: linear warmup, constant, then polynomial decay of power 2.
@@ -132,20 +132,3 @@ class OptimizerConfig:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "schedule"}
         schedule = {k: getattr(self.schedule, k) for k in ("base", "warmup_steps", "decay_start_step", "decay_steps")}
         return {"name": self.optimizer, "schedule": schedule, **fields}
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopConfig:
-    epochs: float = 1.0
-    max_steps: int = -1  # -1: no limit
-    evals_per_epoch: int = 1
-    auc_threshold: float | None = None
-    print_freq: int = 100
-
-    def __post_init__(self):
-        if self.epochs <= 0:
-            raise ValueError(f"Expected epochs > 0. Received: epochs={self.epochs}")
-        if self.evals_per_epoch < 0:
-            raise ValueError(f"Expected evals_per_epoch >= 0. Received: evals_per_epoch={self.evals_per_epoch}")
-        if self.print_freq <= 0:
-            raise ValueError(f"Expected print_freq > 0. Received: print_freq={self.print_freq}")

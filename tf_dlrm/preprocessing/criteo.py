@@ -35,7 +35,8 @@ from tf_dlrm.preprocessing.splits import SPLIT_RULES, make_plan
 from tf_dlrm.preprocessing.vocabulary import Vocabulary, VocabularyError
 from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.data.layout import nvidia_spec
-from tf_dlrm.spec.feature_spec import FeatureSpec, categorical_dtype_for
+from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.spec.format import categorical_dtype_for
 from tf_dlrm.io.publish import staged_output
 
 ENGINES = ("local", "spark")

@@ -35,8 +35,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import yaml
 
-# The format's names, kept importable from here: callers import them with FeatureSpec.
-from tf_dlrm.spec.format import (  # noqa: F401
+from tf_dlrm.spec.format import (
     CATEGORICAL_CHANNEL,
     CHANNELS,
     CHUNK_KEYS,

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from tf_dlrm.optimizers.settings import LoopConfig  # noqa: F401 (kept importable from here)
+from tf_dlrm.train.loop_config import LoopConfig
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.metrics import exact_auc, logloss
 from tf_dlrm.train.guards import LossWatch, check_scores

@@ -32,7 +32,8 @@ from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.embedding.hot_row_exchange import combine_hot_gradient
 from tf_dlrm.models.layers.interaction import kernel_off
 from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
-from tf_dlrm.optimizers.config import OPTIMIZERS, OptimizerConfig, make_dense_optimizer, make_sparse_optimizer  # noqa: F401
+from tf_dlrm.optimizers.settings import OptimizerConfig
+from tf_dlrm.optimizers.config import make_dense_optimizer, make_sparse_optimizer
 from tf_dlrm.train.hot_row_sync import HotRowSync
 from tf_dlrm.train.sparse_update import SparseUpdater
 
