@@ -2,12 +2,10 @@
 
 TensorFlow's default CPU allocator passes every tensor to malloc, and glibc serves the large ones
 (above its mmap threshold, 32 MiB at most) with fresh pages from the kernel and returns them when
-the tensor dies: every step then page-faults its big activations and exchange buffers in again.
-A ``horovodrun -np 2`` rank of ``criteo_capped`` at global batch 16384 took 1,345,302 page faults
-in 15 s (a plain process of the same step 607,151), and 5.12 s of its 19.01 CPU-s in 20 s in the kernel.
-TensorFlow's BFC allocator keeps freed blocks for reuse; with it in every process, ``-np 2`` went
-from 0.729-0.753 to 0.891-0.896 of the no-collectives ceiling on a 2-core EPYC (README, *The CPU
-allocator*).
+the tensor dies: every step then page-faults its big activations and exchange buffers in again,
+and a rank spends a large share of its CPU time in the kernel. TensorFlow's BFC allocator keeps
+freed blocks for reuse, so a step's buffers are faulted in once (README, *The CPU allocator*, has
+the measurements).
 
 TensorFlow reads ``TF_CPU_ALLOCATOR_USE_BFC`` when it creates the allocator, at the process's first
 tensor: :func:`choose` must run before that (``configure_threads`` calls it). A value the user set

@@ -1,12 +1,10 @@
 """Horovod's coordination cycle (``HOROVOD_CYCLE_TIME``) for a run: chosen before ``hvd.init``.
 
-Every cycle (1 ms by default) each rank's Horovod background thread wakes and coordinates with the
-others over Gloo, whether or not a collective is waiting. Ranks that share a machine's cores pay
-for those wake-ups in compute: on the 2-core machine here, two ranks of criteo_capped at global batch
-16384 trained 0.634-0.794 of the no-collectives ceiling with 1 ms, and 0.82-0.868 with 12 ms
-(README, "Where a -np 2 step's time goes"). A longer cycle delays each collective by up to one cycle,
-which a step of a tiny model feels (the 8-4 / 8-1 test model at batch 256: about half the samples/s
-at 10 ms), and a step of seconds does not.
+Every cycle (Horovod's default is short) each rank's Horovod background thread wakes and coordinates
+with the others over Gloo, whether or not a collective is waiting. Ranks that share a machine's cores
+pay for those wake-ups in compute, so a long step gains from a longer cycle (README, "Where a -np 2
+step's time goes", has the measurements). A longer cycle delays each collective by up to one cycle,
+which a step of a tiny model feels, and a step of seconds does not.
 
 So ``auto`` sets :data:`LONG_STEP_CYCLE_MS` when a rank's MLPs do at least
 :data:`LONG_STEP_MACS` multiply-adds forward per step (the dense stacks' widths times the local

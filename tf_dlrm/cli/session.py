@@ -12,8 +12,8 @@ import os
 def configure_threads(config, local_size: int) -> tuple[int, int]:
     """Ranks on one machine share its cores: by default each gets cores / local ranks intra-op
     threads (the matmuls), and two inter-op threads, so that independent ops (the bottom MLP and
-    the embedding exchange, the backward pass and the gradient allreduces) overlap: at ``-np 2`` on
-    2 cores two inter-op threads per rank measured about 5% faster than one.
+    the embedding exchange, the backward pass and the gradient allreduces) overlap, which one
+    inter-op thread would run one after another.
 
     Also chooses the CPU allocator (:mod:`tf_dlrm.cli.cpu_allocator`): both must precede the
     process's first tensor."""

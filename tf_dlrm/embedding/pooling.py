@@ -124,7 +124,7 @@ def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType, ker
             continue
         # Per entry, not over the whole fused variable: one entry's distinct ids span one table,
         # so unique's hash map, the gathered rows and the gradient's scattered sums stay small
-        # enough for the caches (fused over all tables of a width, each was 2-5x slower,
+        # enough for the caches (fused over all tables of a width they are not: see
         # benchmarks/multi_hot_throughput.py), and the entries' ops run in parallel.
         unique, positions = tf.unique(tf.cast(ids.values, index_dtype) + offset, out_idx=tf.int32)
         summed = tf.sparse.segment_sum(tf.cast(gather_rows(variable, unique), pool_dtype), positions, tf.cast(ids.value_rowids(), tf.int32),

@@ -34,11 +34,9 @@ MODEL_NAMES = tuple(m.value for m in ModelName)
 # for the models whose embeddings reach the logit only through the deep MLP's first layer (and, for
 # DeepFM, the FM term): there one step of a D-wide embedding moves the logit about as much as one
 # step of a width-1 weight, while DLRM's dot products and DCNv2's x0 * (W x + b) multiply embeddings
-# by other learnt vectors. At the flag's 0.003 they learn too slowly in a short run: on
-# benchmarks/quality.py's synthetic_small (README "Model quality"), 0.01 raised DeepFM from 0.8101 to
-# 0.8173 (100k rows) and 0.8196 to 0.8223 (300k), Wide & Deep from 0.8135 to 0.8185 and 0.8215 to
-# 0.8239 (oracle 0.8339); 0.006 gave 0.8138 and 0.8177 at 100k. Measured with lazy_adam, the default
-# embedding optimizer, and applied with it only; other models and optimizers use the flag's default.
+# by other learnt vectors. At the flag's 0.003 they learn too slowly in a short run (benchmarks/quality.py,
+# README "Model quality", has the AUCs that chose 0.01). Chosen with lazy_adam, the default embedding
+# optimizer, and applied with it only; other models and optimizers use the flag's default.
 MODEL_EMBEDDING_LEARNING_RATES = {"deepfm": 0.01, "wide_deep": 0.01}
 CROSS_STRUCTURES = tuple(s.value for s in CrossStructure)
 # Sparse optimizers Wide & Deep's wide tables may use instead of the embedding optimizer

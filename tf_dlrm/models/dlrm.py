@@ -67,8 +67,8 @@ class DLRM(keras.Model):
 
     def build(self, input_shape=None):
         """Builds every part from the widths the model already knows. Without it Keras builds a
-        subclassed model by tracing ``call`` once symbolically, which cost as much as tracing the
-        train step (measured: a fifth of an equivalence rank's time)."""
+        subclassed model by tracing ``call`` once symbolically, which costs as much as tracing the
+        train step."""
         if not self.embedding.built:
             self.embedding.build(None)
         embedding_shape = tuple(self.embedding.compute_output_shape(None))

@@ -3,9 +3,8 @@
 After the exchange a rank holds what every source sent (one flat tensor: source s's ``[b, W_s]``
 block after source s-1's) and the ``[b, R]`` lookups of its replicated tables. The layer's output
 is their columns in feature order. Without the kernel that is split + concat, concat and a column
-permutation: three copies of every row forward and four backward (forward at 8,192 rows, 2 x 2,048
-received and 1,280 replicated columns, one thread of the AVX2 EPYC: split + concat 16.93 ms, concat
-21.87 ms, column gather 19.39 ms; README "Where a -np 2 step's time goes").
+permutation: three copies of every row forward and four backward, each a pass over memory as long
+as the lookups themselves (README "Where a -np 2 step's time goes" has the timings).
 :func:`assemble_columns` writes each output row once from where its columns lie, and its gradient
 writes each part's gradient once, in the part's own shape (the flat one goes straight back into the
 alltoall's gradient).

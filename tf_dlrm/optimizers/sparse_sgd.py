@@ -22,8 +22,8 @@ class SparseSGD(SparseOptimizer):
         """``variable[indices] -= learning_rate * values``, repeated indices applied one after another.
 
         TensorFlow's proximal-SGD kernel with zero L1 and L2 is exactly this update (``prox / (1 + 0)``)
-        and, timed alone on CPU for 53,248 rows of 16 in a 920k-row table, took 0.455 ms against
-        2.876 ms for ``scatter_sub`` of pre-scaled values (which also needs a scaled copy of them).
+        in one fused pass over the rows, where ``scatter_sub`` would need a scaled copy of the values
+        first and a slower scatter after.
         """
         zero = tf.zeros([], gradient.values.dtype)
         tf.raw_ops.ResourceSparseApplyProximalGradientDescent(

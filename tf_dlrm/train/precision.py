@@ -3,8 +3,8 @@
 bfloat16 pays off on a CPU only where TensorFlow's oneDNN kernels run it natively: AVX-512 BF16
 (``vdpbf16ps``) or AMX-BF16 tiles. Elsewhere (AVX2-only CPUs such as many AMD EPYCs) TensorFlow's
 Eigen kernels convert every operand to float32, multiply, and round back: the same work as fp32 plus
-the conversions. Measured on ``criteo_capped`` (README, *bf16 and the CPU*): ``--amp`` ran 2.1x fp32 on
-a Xeon with AMX, 0.83x on the same Xeon with bf16 emulated, and 0.70x on an AVX2-only EPYC.
+the conversions, so ``--amp`` is faster than fp32 only where bf16 is native (README, *bf16 and the CPU*,
+has the measurements).
 
 ``--amp`` takes three values: ``true`` (bf16 on CPU whatever the CPU, with a notice where it is
 emulated), ``auto`` (bf16 only where native, else float32, saying so) and ``false``.
