@@ -17,7 +17,6 @@ WORKDIR /opt/tf_dlrm
 COPY setup.cfg pyproject.toml README.md ./
 COPY scripts/ scripts/
 COPY tf_dlrm/__init__.py tf_dlrm/__init__.py
-COPY tf_dlrm/preprocessing/__init__.py tf_dlrm/preprocessing/__init__.py
 COPY main.py ./
 RUN PYTHON=python3.11 bash scripts/install.sh
 
