@@ -27,7 +27,7 @@ from dynamic_equivalence_worker import local, make_batches, make_model  # noqa: 
 
 from tf_dlrm.parallel import collectives  # noqa: E402
 from tf_dlrm.parallel import env as env_module  # noqa: E402
-from tf_dlrm.checkpoint import dynamic_state as checkpoint  # noqa: E402
+from tf_dlrm.checkpoint import dynamic_tables as checkpoint  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
 from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
 from tf_dlrm.train.step import Trainer
@@ -66,7 +66,7 @@ def main():
     if mode == "save":
         steps = range(case["first_steps"])
     elif mode == "resume":
-        checkpoint.restore(os.path.join(directory, "dynamic"), model.embedding, trainer.sparse, env)
+        checkpoint.restore_rows(os.path.join(directory, "dynamic"), model.embedding, trainer.sparse, env)
         saved = np.load(os.path.join(directory, "dense.npz"))
         for index, variable in enumerate(dense):
             variable.assign(saved[f"v{index}"])
@@ -76,7 +76,7 @@ def main():
     for step in steps:
         trainer.train_step(*local(batches[step], env))
     if mode == "save":
-        checkpoint.save(os.path.join(directory, "dynamic"), model.embedding, trainer.sparse, env)
+        checkpoint.save_rows(os.path.join(directory, "dynamic"), model.embedding, trainer.sparse, env)
         if env.is_chief:
             np.savez(os.path.join(directory, "dense.npz"), **{f"v{i}": v.numpy() for i, v in enumerate(dense)})
         return

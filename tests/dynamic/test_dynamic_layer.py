@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tf_dlrm.parallel.env import DistributedEnv
-from tf_dlrm.checkpoint import dynamic_state as checkpoint
+from tf_dlrm.checkpoint import dynamic_tables as checkpoint
 from tf_dlrm.embedding.dynamic import hashing
 from tf_dlrm.sharding import dynamic_routing as routing
 from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
@@ -133,26 +133,26 @@ def test_fixed_table_checkpoint_into_a_dynamic_table_is_a_clear_error(tmp_path):
     layer = DynamicEmbedding([{"name": "items", "capacity": 8, "width": 3}])
     layer.build()
     with pytest.raises(ValueError, match="holds fixed embedding tables .*a dynamic table restores only"):
-        checkpoint.restore(str(tmp_path), layer, None, DistributedEnv())
+        checkpoint.restore_rows(str(tmp_path), layer, None, DistributedEnv())
     with pytest.raises(ValueError, match="Expected a dynamic-table checkpoint"):
-        checkpoint.restore(str(tmp_path / "nothing"), layer, None, DistributedEnv())
+        checkpoint.restore_rows(str(tmp_path / "nothing"), layer, None, DistributedEnv())
 
 
 def test_restore_into_smaller_capacity_is_a_clear_error(tmp_path):
     big = DynamicEmbedding([{"name": "items", "capacity": 8, "width": 3}])
     big((tf.constant([1, 2, 3, 4], tf.int64),), training=True)
-    checkpoint.save(str(tmp_path), big, None, DistributedEnv())
+    checkpoint.save_rows(str(tmp_path), big, None, DistributedEnv())
     small = DynamicEmbedding([{"name": "items", "capacity": 3, "width": 3}])
     small.build()
     with pytest.raises(ValueError, match="holds 4 keys of table 'items' for shard 0 of 1; its capacity is 3 rows"):
-        checkpoint.restore(str(tmp_path), small, None, DistributedEnv())
+        checkpoint.restore_rows(str(tmp_path), small, None, DistributedEnv())
     other = DynamicEmbedding([{"name": "users", "capacity": 8, "width": 3}])
     other.build()
     with pytest.raises(ValueError, match="do not match the model's"):
-        checkpoint.restore(str(tmp_path), other, None, DistributedEnv())
+        checkpoint.restore_rows(str(tmp_path), other, None, DistributedEnv())
     restored = DynamicEmbedding([{"name": "items", "capacity": 8, "width": 3}])
     restored.build()
-    checkpoint.restore(str(tmp_path), restored, None, DistributedEnv())
+    checkpoint.restore_rows(str(tmp_path), restored, None, DistributedEnv())
     keys = tf.constant([4, 1, 99], tf.int64)
     np.testing.assert_array_equal(restored((keys,), training=False).numpy(), big((keys,), training=False).numpy())
 

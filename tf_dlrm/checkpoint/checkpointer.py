@@ -118,7 +118,7 @@ class Checkpointer(RestoreChecks):
         self.save_path, self.every_steps, self.keep = save_path, every_steps, keep
         self.seed, self.batch_size = seed, batch_size
         self.steps_per_epoch = None
-        self.data = None  # checkpoint_choice.data_record of the training split, when training
+        self.data = None  # checks.data_record of the training split, when training
         self.last_saved_step = None
         self.embedding = trainer.model.embedding
         # Dynamic tables (tf_dlrm.embedding.dynamic) have no full-table layout: checkpoint_dynamic saves their rows.
@@ -147,7 +147,7 @@ class Checkpointer(RestoreChecks):
     def restore_for_training(self, config, steps_per_epoch: int, data: dict | None = None) -> int:
         """Restores what the flags ask for (``--resume``, ``--restore_checkpoint_path``); returns the start step.
 
-        ``data``: :func:`checkpoint_choice.data_record` of the training split, saved with every
+        ``data``: :func:`checks.data_record` of the training split, saved with every
         checkpoint and compared on ``--resume``.
         """
         self.steps_per_epoch, self.data = steps_per_epoch, data

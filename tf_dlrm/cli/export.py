@@ -138,13 +138,12 @@ def dynamic_serving(directory: str, manifest: dict, spec, model_config):
     process holds the checkpoint's shards (same count, so the same capacity per shard), every key
     re-routed to its shard with its row; the SavedModel carries the key maps and takes raw keys."""
     from tf_dlrm.cli import dynamic_builder
-    from tf_dlrm.checkpoint import dynamic_state as dynamic_checkpoint
     from tf_dlrm.embedding.dynamic.export import DynamicServing
     from tf_dlrm.cli import builder
 
     checkpoint_dynamic.check_kind(directory, manifest, dynamic_builder.has_dynamic_tables(spec))
     folder = checkpoint_dynamic.folder_of(directory, manifest)
-    meta = dynamic_checkpoint.read_meta(folder)
+    meta = checkpoint_dynamic.read_meta(folder)
     keras.mixed_precision.set_global_policy("float32")  # served in float32 whatever the training precision
     env = DistributedEnv(rank=0, world_size=1)
     model = dynamic_builder.make_dynamic_model(spec, model_config, env, meta["seed"], builder.table_widths(spec, model_config),
@@ -152,7 +151,7 @@ def dynamic_serving(directory: str, manifest: dict, spec, model_config):
     builder.build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, 1)
     checkpoint_dynamic.check(directory, manifest, model.embedding, None)
     load_dense_into(model, directory, manifest)
-    dynamic_checkpoint.restore(folder, model.embedding, None, env)
+    checkpoint_dynamic.restore_rows(folder, model.embedding, None, env)
     return DynamicServing(model)
 
 

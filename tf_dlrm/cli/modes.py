@@ -162,7 +162,7 @@ def run_train(config, stop=None) -> dict:
     from tf_dlrm.models.layers.interaction import interaction_paths
     from tf_dlrm.train.precision import read_cpu_info
     from tf_dlrm.cli import builder, hot_rows_setup, preflight
-    from tf_dlrm.checkpoint import choice as checkpoint_choice
+    from tf_dlrm.checkpoint import checks as checkpoint_checks
     from tf_dlrm.train import interrupt
     from tf_dlrm.train.loop import train
 
@@ -208,7 +208,7 @@ def run_train(config, stop=None) -> dict:
                                            config.seed, valid_type)
         preflight.check_not_empty(config.valid_split, valid_reader)
     checkpointer = session.checkpointer
-    data = checkpoint_choice.data_record(train_reader, config.batch_size)
+    data = checkpoint_checks.data_record(train_reader, config.batch_size)
     start_step = checkpointer.restore_for_training(config, train_reader.num_batches, data)
     keeper = None
     if config.keep_best and valid_reader is not None:
@@ -228,7 +228,7 @@ def run_train(config, stop=None) -> dict:
                        on_eval=keeper.on_eval if keeper else None)
     except interrupt.Interrupted as interrupted:
         checkpointer.finish(interrupted.step)  # saves unless that step is saved already (or no save path)
-        last = checkpoint_choice.latest(config.save_checkpoint_path) or config.restore_checkpoint_path
+        last = checkpoint_checks.latest(config.save_checkpoint_path) or config.restore_checkpoint_path
         reporter.event("interrupted", step=interrupted.step, signal=interrupted.signal_number, checkpoint=last)
         reporter.close()
         interrupt.report(interrupted, last, env.is_chief)

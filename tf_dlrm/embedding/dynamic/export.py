@@ -8,7 +8,7 @@ contents) and row storage, so ``tf.saved_model.load`` alone serves it (no tf_dlr
 
 ``categorical`` is int64 ``[batch, tables]`` of raw keys (columns in feature-spec order); a key the
 tables never saw reads zeros, as in evaluation. Export from one process holding every shard: restore
-an N-rank checkpoint (:mod:`tf_dlrm.checkpoint.dynamic_state`) into a model built with ``world_size=1``
+an N-rank checkpoint (:mod:`tf_dlrm.checkpoint.dynamic_tables`) into a model built with ``world_size=1``
 (every key is re-routed to it), then export. This lives apart from :mod:`tf_dlrm.cli.export`
 (fixed tables); here the Keras forward pass is traced as is. ``main.py --mode=export`` builds the
 one-process model with the checkpoint's shard count (:func:`tf_dlrm.cli.export.dynamic_serving`).
