@@ -2,7 +2,8 @@
 pooled multi-hot lookups, their gradient over distinct rows, SGD on distinct rows;
 ``assemble_columns.cc``: the embedding layer's output put in feature order in one copy), compiled by
 ``python -m tf_dlrm.ops.build`` (``scripts/install.sh`` runs it) into ``_tf_dlrm_ops.so`` beside
-the sources.
+the sources. Their Python wrappers live beside them: :mod:`tf_dlrm.ops.dot_interaction`,
+:mod:`tf_dlrm.ops.embedding_bag`, :mod:`tf_dlrm.ops.assemble`.
 
 :func:`kernels` loads the library once per process. Without it (not built, or built for another
 TensorFlow) the layers fall back to plain TensorFlow ops, which compute the same values more

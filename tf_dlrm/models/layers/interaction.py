@@ -10,10 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.ops import kernels
-
-
-# The compute dtypes the kernel has (tf_dlrm/ops/dot_interaction.cc registers float and bfloat16).
-KERNEL_DTYPES = (tf.float32, tf.bfloat16)
+from tf_dlrm.ops.dot_interaction import KERNEL_DTYPES, dot_interaction
 
 
 @contextlib.contextmanager
@@ -84,24 +81,9 @@ class DotInteraction(keras.layers.Layer):
         bottom, embeddings = inputs
         library = kernels() if self.use_kernel and bottom.dtype in KERNEL_DTYPES else None
         if library is not None:
-            return self._kernel_call(library, bottom, embeddings)
+            return dot_interaction(library, bottom, embeddings, self.include_diagonal)
         vectors = tf.concat([tf.expand_dims(bottom, 1), embeddings], axis=1)
         return tf.concat([bottom, self._generic_pairwise_dots(vectors)], axis=1)
-
-    def _kernel_call(self, library, bottom, embeddings):
-        """The whole layer, forward and backward, in one pass per sample over its ``F x D`` inputs
-        (tf_dlrm/ops/dot_interaction.cc): no ``[B, F, F]`` tensor, gather, transpose or concat."""
-
-        @tf.custom_gradient
-        def interact(bottom, embeddings):
-            out = library.tf_dlrm_dot_interaction(bottom, embeddings, include_diagonal=self.include_diagonal)
-
-            def backward(upstream):
-                return library.tf_dlrm_dot_interaction_grad(bottom, embeddings, upstream, include_diagonal=self.include_diagonal)
-
-            return out, backward
-
-        return interact(bottom, embeddings)
 
     def _generic_pairwise_dots(self, vectors):
         """``tril(X X^T)`` flattened, with a hand-written gradient: for ``Z = X X^T`` the gradient is
