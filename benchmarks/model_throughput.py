@@ -68,6 +68,7 @@ class ModelCase:
             from tf_dlrm.models.config import ModelFamilyConfig
             from tf_dlrm.parallel.env import DistributedEnv
             from tf_dlrm.cli import builder
+            from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
             from tf_dlrm.optimizers.settings import LearningRateSchedule
             from tf_dlrm.optimizers.settings import OptimizerConfig
             from tf_dlrm.train.step import Trainer
@@ -77,9 +78,9 @@ class ModelCase:
                 spec.crossed_features_entries = [{"features": [names[a], names[b]], "buckets": buckets}
                                                  for a, b, buckets in crossed_pairs(spec)]
             family = ModelFamilyConfig(model=model, **settings)
-            model_config = builder.ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims, family=family)
+            model_config = ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims, family=family)
             env = DistributedEnv()
-            plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), 1)
+            plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), 1)
             network = builder.build_model(spec, plan, model_config, env, seed)
             spec.crossed_features_entries = []
             trainer = Trainer(network, env, OptimizerConfig(LearningRateSchedule(learning_rate)))

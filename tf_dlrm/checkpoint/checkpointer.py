@@ -102,7 +102,7 @@ class Checkpointer(RestoreChecks):
     Args:
         trainer: the run's :class:`tf_dlrm.train.step.Trainer` (model, optimizer, step).
         spec: the run's FeatureSpec (copied into every checkpoint, checked on restore).
-        model_config: the :class:`tf_dlrm.cli.builder.ModelConfig` of the flags.
+        model_config: the :class:`tf_dlrm.cli.model_config.ModelConfig` of the flags.
         env: this rank's place.
         reporter: progress and JSON-lines events (rank 0).
         save_path: directory of the run's checkpoints, or None (never save).

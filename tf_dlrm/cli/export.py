@@ -69,12 +69,13 @@ class ServingModule(tf.Module):
 def rebuild_for_serving(spec, model_config, seed: int = 0):
     """The model of ``model_config`` on one process (every table whole), float32, built."""
     from tf_dlrm.cli import builder
+    from tf_dlrm.cli.model_config import ShardingConfig
 
     multi_hot = [name for name in spec.categorical_features if spec.hotness(name) != 1]
     if multi_hot:
         raise ValueError(f"export serves one id per categorical feature; these features are multi-hot: {multi_hot}")
     keras.mixed_precision.set_global_policy("float32")  # served in float32 whatever the training precision
-    plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(strategy="table_wise"), 1)
+    plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(strategy="table_wise"), 1)
     return builder.build_model(spec, plan, model_config, DistributedEnv(rank=0, world_size=1), seed, serving=True)
 
 
