@@ -73,7 +73,8 @@ def main(argv=None) -> list[dict]:
                         "(e.g. '--embedding_optimizer=sgd --embedding_learning_rate=1')")
     args = parser.parse_args(argv)
     sync_values = [int(v) for v in args.sync_every.split(",") if v]
-    from tf_dlrm.data.synthetic import GeneratorConfig, generate
+    from tf_dlrm.data.hidden_model import GeneratorConfig
+    from tf_dlrm.data.synthetic import generate
     from tf_dlrm.spec.feature_spec import FeatureSpec
 
     spec = FeatureSpec.load(os.path.join(REPOSITORY, args.spec), check_files=False)

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tf_dlrm.data import synthetic
+from tf_dlrm.data import hidden_model, synthetic
 from tf_dlrm.data.layout import nvidia_spec
 from tf_dlrm.spec.feature_spec import FeatureSpec
 from tf_dlrm.metrics import exact_auc, logloss
@@ -69,7 +69,7 @@ def test_oracle_auc_is_the_auc_of_the_hidden_probabilities(small):
     labels = np.fromfile(directory / "test" / "label.bin", np.bool_)
     assert 0.18 < labels.mean() < 0.35
     # Replay the valid split (one block of 10k, stream [seed, 2, 0]) from the hidden model.
-    model = synthetic.HiddenModel(written, seed=7)
+    model = hidden_model.HiddenModel(written, seed=7)
     rng = np.random.default_rng([7, 2, 0])
     numerical, ranks, ids = model.sample(rng, 10_000)
     probabilities = 1 / (1 + np.exp(-model.logits(numerical, ranks)))
@@ -124,7 +124,7 @@ def test_failure_leaves_existing_dataset_untouched(tmp_path, monkeypatch):
     synthetic.generate(spec, str(tmp_path), 3000, 1000, seed=1, block_size=1024)
     before = _files(tmp_path)
     calls = {"count": 0}
-    real_sample = synthetic.HiddenModel.sample
+    real_sample = hidden_model.HiddenModel.sample
 
     def sample_then_fail(self, rng, count):
         calls["count"] += 1
@@ -132,7 +132,7 @@ def test_failure_leaves_existing_dataset_untouched(tmp_path, monkeypatch):
             raise RuntimeError("interrupted")
         return real_sample(self, rng, count)
 
-    monkeypatch.setattr(synthetic.HiddenModel, "sample", sample_then_fail)
+    monkeypatch.setattr(hidden_model.HiddenModel, "sample", sample_then_fail)
     with pytest.raises(RuntimeError, match="interrupted"):
         synthetic.generate(spec, str(tmp_path), 5000, 1000, seed=2, block_size=1024)
     assert _files(tmp_path) == before
@@ -143,7 +143,7 @@ def test_argument_errors(tmp_path):
     with pytest.raises(ValueError, match="num_train_samples=-1"):
         synthetic.generate(spec, str(tmp_path), -1, 10)
     with pytest.raises(ValueError, match="positive_rate=1.5"):
-        synthetic.GeneratorConfig(positive_rate=1.5)
+        hidden_model.GeneratorConfig(positive_rate=1.5)
 
 
 def test_command_line(tmp_path):
@@ -166,7 +166,7 @@ def test_per_feature_id_distribution(small):
     _, written = small
     features = len(written.categorical_features)
     exponents = tuple([0.0, 2.0] + [1.05] * (features - 2))
-    model = synthetic.HiddenModel(written, seed=3, config=synthetic.GeneratorConfig(feature_zipf_exponents=exponents))
+    model = hidden_model.HiddenModel(written, seed=3, config=hidden_model.GeneratorConfig(feature_zipf_exponents=exponents))
     _, ranks, _ = model.sample(np.random.default_rng(0), 20_000)
     cardinality = written.cardinalities()
     uniform, skewed = np.asarray(ranks[0]).ravel(), np.asarray(ranks[1]).ravel()
@@ -174,7 +174,7 @@ def test_per_feature_id_distribution(small):
     assert abs(np.mean(uniform == 0) - 1 / cardinality[0]) < 5 * np.sqrt(1 / cardinality[0] / 20_000) + 1e-3
     assert np.mean(skewed == 0) > 0.4
     with pytest.raises(ValueError, match="feature_zipf_exponents >= 0"):
-        synthetic.GeneratorConfig(feature_zipf_exponents=(1.0, -1.0))
+        hidden_model.GeneratorConfig(feature_zipf_exponents=(1.0, -1.0))
     with pytest.raises(ValueError, match=f"Expected {features} feature_zipf_exponents"):
-        synthetic.HiddenModel(written, seed=3, config=synthetic.GeneratorConfig(feature_zipf_exponents=(1.0,))).sample(
+        hidden_model.HiddenModel(written, seed=3, config=hidden_model.GeneratorConfig(feature_zipf_exponents=(1.0,))).sample(
             np.random.default_rng(0), 4)

@@ -33,7 +33,8 @@ TRAIN, VALID = 4096, 1024  # 10 batches of 384 per epoch: step 12 is in the seco
 
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory):
-    from tf_dlrm.data.synthetic import GeneratorConfig, generate
+    from tf_dlrm.data.hidden_model import GeneratorConfig
+    from tf_dlrm.data.synthetic import generate
     from tf_dlrm.spec.feature_spec import FeatureSpec
 
     root = tmp_path_factory.mktemp("dynamic_main_checkpoint")

@@ -7,7 +7,8 @@ import os
 
 import numpy as np
 
-from tf_dlrm.data.synthetic import GeneratorConfig, generate
+from tf_dlrm.data.hidden_model import GeneratorConfig
+from tf_dlrm.data.synthetic import generate
 from tf_dlrm.sharding.dynamic_routing import mix64
 from tf_dlrm.spec.feature_spec import FeatureSpec
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tf_dlrm.optimizers.lazy_adam import check_adam_arguments
+from tf_dlrm.optimizers.settings import check_adam_arguments
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
