@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from absl import flags
 
-# Only TF-free modules: parsing flags must not start TensorFlow (tests/config/test_config_tf_free.py).
 from tf_dlrm.embedding.config import parse_width_mapping
 from tf_dlrm.cli.model_config import DEFAULT_EMBEDDING_INIT_BOUND, ModelConfig, ShardingConfig, parse_dims, parse_embedding_init
 from tf_dlrm.sharding.memory_plan import parse_bytes

@@ -1,5 +1,4 @@
-"""The model and sharding settings of a run: frozen, validated, and free of TensorFlow so that
-parsing flags (``tf_dlrm.cli.flags``) imports none."""
+"""The model and sharding settings of a run: frozen, and validated when made from the flags."""
 
 from __future__ import annotations
 
@@ -11,8 +10,8 @@ from tf_dlrm.embedding.table_init import check_init_bound
 from tf_dlrm.models.config import ModelFamilyConfig
 from tf_dlrm.sharding.plan import Strategy
 
-# The values of tf_dlrm.models.layers.interaction.InteractionKind, copied here because that module imports
-# TensorFlow; tests/config/test_config_tf_free.py checks that the two agree.
+# The values of tf_dlrm.models.layers.interaction.InteractionKind, copied here so that the choices read as
+# plain strings beside the other flags' values; tests/config/test_config_tf_free.py checks that the two agree.
 INTERACTIONS = ("dot", "cat")
 # Keras's Embedding draws from [-0.05, 0.05]; see the README's "Model quality" for the measurement
 # that made it the default over the DLRM reference's 1/sqrt(rows).

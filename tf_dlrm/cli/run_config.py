@@ -1,5 +1,5 @@
-"""The settings of one run of ``main.py``: every other config, and what the run does. Frozen,
-validated, and free of TensorFlow so that parsing flags (``tf_dlrm.cli.flags``) imports none."""
+"""The settings of one run of ``main.py``: every other config, and what the run does. Frozen and
+validated when made (``tf_dlrm.cli.flags`` makes it once from the flags)."""
 
 from __future__ import annotations
 
