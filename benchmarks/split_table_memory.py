@@ -53,7 +53,7 @@ def measure(form: str, rows: int, dim: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from tf_dlrm.distributed.embedding import DistributedEmbedding
+    from tf_dlrm.embedding import DistributedEmbedding
     from tf_dlrm.distributed.plan import TableSpec
     from tf_dlrm.distributed.planner import make_plan
     from tf_dlrm.distributed.split_tables import table_bytes
@@ -65,7 +65,7 @@ def measure(form: str, rows: int, dim: int) -> dict:
     gc.collect()
     before = rss_bytes()
     reset_peak_rss()
-    layer = DistributedEmbedding(plan, seed=1, split_embedding_tables=form == "split")
+    layer = DistributedEmbedding.from_plan(plan, seed=1, split_embedding_tables=form == "split")
     pooled = layer((ids,))
     float(tf.reduce_sum(tf.cast(pooled, tf.float32)))
     peak = rss_bytes("VmHWM")

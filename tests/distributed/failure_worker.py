@@ -14,7 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from tf_dlrm.distributed import env as env_module  # noqa: E402
-from tf_dlrm.distributed.embedding import DistributedEmbedding  # noqa: E402
+from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
 from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
 from tf_dlrm.distributed.planner import make_plan  # noqa: E402
 from tf_dlrm.model.dlrm import DLRM  # noqa: E402
@@ -28,7 +28,7 @@ def main():
     failing_rank = int(sys.argv[2]) if len(sys.argv) > 2 else -1
     env = env_module.initialize(force_horovod=True)
     plan = make_plan([TableSpec(f"t{i}", 5000, 8) for i in range(3)], env.world_size, "column_wise")
-    embedding = DistributedEmbedding(plan, rank=env.rank)
+    embedding = DistributedEmbedding.from_plan(plan, rank=env.rank)
     model = DLRM(embedding, num_numerical=2, bottom_mlp_dims=[8], top_mlp_dims=[4, 1])
     build_with_dummy_batch(model, 2, embedding, env.world_size)
     trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(0.1)))

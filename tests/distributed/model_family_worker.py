@@ -22,7 +22,7 @@ from equivalence_worker import (  # noqa: E402
 )
 
 from tf_dlrm.config.crossed_features import CrossedFeature  # noqa: E402
-from tf_dlrm.config.embedding import FeatureConfig  # noqa: E402
+from tf_dlrm.embedding.table_config import FeatureConfig  # noqa: E402
 from tf_dlrm.config.model_tables import family_tables  # noqa: E402
 from tf_dlrm.config.models import ModelFamilyConfig  # noqa: E402
 from tf_dlrm.distributed import collectives  # noqa: E402

@@ -34,7 +34,7 @@ import equivalence_worker as equivalence  # noqa: E402
 from arithmetic import relative_to_path  # noqa: E402
 from tf_dlrm.distributed import collectives  # noqa: E402
 from tf_dlrm.distributed import env as env_module  # noqa: E402
-from tf_dlrm.distributed.embedding import DistributedEmbedding  # noqa: E402
+from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
 from tf_dlrm.distributed.env import DistributedEnv  # noqa: E402
 from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
 from tf_dlrm.distributed.split_tables import read_float32  # noqa: E402
@@ -66,7 +66,7 @@ class TruncatingEmbedding(DistributedEmbedding):
 
 
 def make_model(case, plan, rank, embedding_class, **options):
-    embedding = embedding_class(plan, rank=rank, seed=case["seed"], **options)
+    embedding = embedding_class.from_plan(plan, rank=rank, seed=case["seed"], **options)
     model = DLRM(embedding, num_numerical=equivalence.NUM_NUMERICAL, bottom_mlp_dims=[8, case["dim"]],
                  top_mlp_dims=[8, 4, 1], seed=case["seed"])
     return model

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tf_dlrm.config.crossed_features import CrossedFeature
-from tf_dlrm.config.embedding import FeatureConfig
+from tf_dlrm.embedding.table_config import FeatureConfig
 from tf_dlrm.config.model_tables import family_features, family_tables
 from tf_dlrm.config.models import ModelFamilyConfig
 from tf_dlrm.distributed.plan import TableSpec
@@ -30,7 +30,7 @@ def test_config_module_imports_no_tensorflow():
     import subprocess
     import sys
 
-    code = ("import sys, tf_dlrm.config.models, tf_dlrm.config.model_tables, tf_dlrm.config.crossed_features; "
+    code = ("import sys, tf_dlrm.config.models, tf_dlrm.config.crossed_features; "
             "sys.exit('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tf_dlrm.config.crossed_features import CrossedFeature
-from tf_dlrm.config.embedding import FeatureConfig
+from tf_dlrm.embedding.table_config import FeatureConfig
 from tf_dlrm.config.model_tables import family_tables
 from tf_dlrm.config.models import ModelFamilyConfig
 from tf_dlrm.distributed.plan import TableSpec

@@ -1,4 +1,4 @@
-"""The fused table variables of a :class:`~tf_dlrm.distributed.embedding.DistributedEmbedding` (a mixin).
+"""The fused table variables of a :class:`~tf_dlrm.embedding.DistributedEmbedding` (a mixin).
 
 The model-parallel slices a rank owns are fused by width: all slices of width ``w`` live in one
 ``[sum of their rows, w]`` variable, each at a row offset, so one gather serves them all.
@@ -101,7 +101,7 @@ class FusedVariables:
     def _initial_blocks(self, piece):
         spec = self.plan.tables[piece.table]
         return initial_table_blocks(self.seed, piece.table, spec.rows, spec.dim, piece.column_start, piece.column_end,
-                                    self.init_bound)
+                                    self.table_init_bound(piece.table))
 
     def _initial_values(self, shape, slices, offsets) -> np.ndarray:
         values = np.empty(shape, np.float32)

@@ -1,4 +1,4 @@
-"""The hot-row replicas of a :class:`~tf_dlrm.distributed.embedding.DistributedEmbedding` (a mixin).
+"""The hot-row replicas of a :class:`~tf_dlrm.embedding.DistributedEmbedding` (a mixin).
 
 ``hot_rows={table: sorted ids}`` (model-parallel tables, typically from
 :func:`tf_dlrm.distributed.hot_rows.plan_hot_rows`) gives every rank a ``hot`` variable per such table,
@@ -74,7 +74,7 @@ class HotRowReplicas:
         self.hot_index = {}
         for table in self.hot_tables:
             spec = self.plan.tables[table]
-            values = initial_table_rows(self.seed, table, spec.rows, spec.dim, self.hot_rows[table], self.init_bound)
+            values = initial_table_rows(self.seed, table, spec.rows, spec.dim, self.hot_rows[table], self.table_init_bound(table))
             variable = self.add_weight(name=f"hot_rows_t{table}", shape=values.shape, dtype="float32",
                                        initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False)
             self.hot_index[table] = len(self.hot_variables)

@@ -28,7 +28,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_dlrm.config.embedding import FeatureConfig
+from tf_dlrm.embedding.table_config import FeatureConfig
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.dynamic import hashing

@@ -32,7 +32,7 @@ from tf_dlrm.model.variable_kind import layout_of
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, deduplicate, tf_variable
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD
 from tf_dlrm.optimizers.split_update import SplitTableUpdate, float32_gradient
-from tf_dlrm.train.table_optimizers import TableOptimizers
+from tf_dlrm.embedding.table_optimizers import TableOptimizers
 
 
 class SparseUpdater:
@@ -47,7 +47,7 @@ class SparseUpdater:
         weight_decay: L2 coefficient added to the gradient of each touched row (``g + wd * w``).
         table_optimizers: ``{table index: (optimizer, rate scale)}`` for tables trained by another
             sparse optimizer at ``rate scale`` times the embedding rate (Wide & Deep's wide part);
-            the same on every rank (:mod:`tf_dlrm.train.table_optimizers`).
+            the same on every rank (:mod:`tf_dlrm.embedding.table_optimizers`).
         hot: its ``hot`` variables (hot-row replicas of whole rows; their gradients arrive summed
             over ranks as ``(rows, values)``, the same on every rank).
     """
