@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tf_dlrm.embedding.table_config import FeatureConfig
-from tf_dlrm.distributed import embedding as embedding_module
+from tf_dlrm.embedding import distributed_embedding as embedding_module
 from tf_dlrm.embedding import DistributedEmbedding
 from tf_dlrm.distributed.embedding_bag import bag_kernel, distinct_rows
 from tf_dlrm.distributed.env import DistributedEnv

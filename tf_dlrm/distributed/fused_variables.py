@@ -54,8 +54,8 @@ class FusedVariables:
         problem = None
         if problems:
             problem = ("row-wise optimizer state stays exact on a column-sliced table only when one one-hot feature "
-                       f"reads it: {'; '.join(problems)}. Shard it table-wise (--dist_strategy=table_wise or a higher "
-                       "--column_slice_threshold), or use --embedding_optimizer=adagrad")
+                       f"reads it: {'; '.join(problems)}. Shard it table-wise (placement='table_wise', --dist_strategy=table_wise "
+                       "or a higher --column_slice_threshold), or use --embedding_optimizer=adagrad")
         return SliceLayout([s.table for s in slices], [(s.column_start, s.column_end) for s in slices],
                            [self.plan.tables[s.table].dim for s in slices], split_tables=split,
                            row_offsets=list(offsets) if len(offsets) else None, row_wise_problem=problem)

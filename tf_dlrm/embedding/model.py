@@ -57,6 +57,14 @@ class Model(keras.Model):
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
         self._tf_dlrm_step = None
 
+    def build(self, input_shape=None):
+        # Keras would build a subclassed model by a symbolic call, where the embedding's exchange
+        # cannot run: the embedding layers are built here, the other layers by the first real call.
+        for layer in self._flatten_layers(include_self=False):
+            if hasattr(layer, "table_optimizers") and not layer.built:
+                layer.build()
+        self.built = True
+
     @property
     def training_step(self) -> TrainingStep:
         """The training step (made on first use, after the model is built and compiled)."""
