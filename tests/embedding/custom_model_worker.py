@@ -8,7 +8,10 @@ Tables, one per kind the library offers:
 - ``users``: Adagrad, cut into column slices (``column_wise``);
 - ``categories``: row-wise Adagrad, table-wise, with 10 hot rows replicated on every rank (ids drawn
   so that about half of the lookups hit them);
-- ``devices``: SGD, replicated on every rank.
+- ``devices``: SGD, replicated on every rank;
+- ``queries``: a dynamic table of raw int64 keys (row-wise Adagrad, the base optimizer dynamic tables train
+  with), sharded by key hash, with room for every key it sees (no eviction: the same rows on any number of
+  ranks).
 
 The candidate attends over nothing fancier than a dot product with the history; an MLP reads
 everything. Writes (rank 0) the full tables, every table's optimizer state and the dense weights
@@ -28,11 +31,12 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tf_dlrm.distributed import collectives  # noqa: E402
 from tf_dlrm.distributed.env import initialize  # noqa: E402
 from tf_dlrm.embedding.serving import export_saved_model  # noqa: E402
 from tf_dlrm.train import model_checkpoint  # noqa: E402
 from tf_dlrm.embedding import (  # noqa: E402
-    BroadcastInitialState, DistributedEmbedding, FeatureConfig, Model, Placement, TableConfig, optimizers,
+    BroadcastInitialState, DistributedEmbedding, DynamicStorage, FeatureConfig, Model, Placement, TableConfig, optimizers,
 )
 
 ROWS = {"items": 2000, "users": 3000, "categories": 500, "devices": 7}
@@ -45,8 +49,10 @@ def make_features() -> list[FeatureConfig]:
     # multi-hot feature.
     items = TableConfig("items", ROWS["items"], 8, optimizer=optimizers.LazyAdam(learning_rate=0.01, epsilon=1e-4), placement="table_wise")
     users = TableConfig("users", ROWS["users"], 8, optimizer=optimizers.Adagrad(learning_rate=0.05), placement="column_wise")
-    categories = TableConfig("categories", ROWS["categories"], 8, optimizer=optimizers.RowWiseAdagrad(learning_rate=0.05),
+    row_wise = optimizers.RowWiseAdagrad(learning_rate=0.05)
+    categories = TableConfig("categories", ROWS["categories"], 8, optimizer=row_wise,
                              placement=Placement("table_wise", hot_rows=range(10)))
+    queries = TableConfig("queries", 1, 8, optimizer=row_wise, placement=Placement(dynamic=DynamicStorage(capacity=4000)))
     devices = TableConfig("devices", ROWS["devices"], 4, optimizer=optimizers.SGD(learning_rate=0.1), placement="replicated")
     return [
         FeatureConfig("item", items),
@@ -54,6 +60,7 @@ def make_features() -> list[FeatureConfig]:
         FeatureConfig("user", users),
         FeatureConfig("category", categories),
         FeatureConfig("device", devices),
+        FeatureConfig("query", queries),
     ]
 
 
@@ -66,9 +73,9 @@ class InterestModel(Model):
         self.mlp = keras.Sequential([keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)], name="mlp")
 
     def call(self, inputs):
-        pooled = self.embedding({name: inputs[name] for name in ("item", "history", "user", "category", "device")})
+        pooled = self.embedding({name: inputs[name] for name in ("item", "history", "user", "category", "device", "query")})
         interest = tf.reduce_sum(pooled["item"] * pooled["history"], axis=1, keepdims=True)
-        everything = tf.concat([pooled[name] for name in ("item", "history", "user", "category", "device")]
+        everything = tf.concat([pooled[name] for name in ("item", "history", "user", "category", "device", "query")]
                                + [inputs["dense"]], axis=1)
         return interest + self.mlp(everything)
 
@@ -85,6 +92,8 @@ def make_data(count: int, seed: int) -> dict:
         "category": np.where(rng.random(count) < 0.5, rng.integers(0, 10, count),
                              rng.integers(0, ROWS["categories"], count)).astype(np.int64),
         "device": rng.integers(0, ROWS["devices"], count).astype(np.int64),
+        # Raw 40-bit keys from a pool of 600.
+        "query": np.random.default_rng(99).integers(0, 2**40, 600)[rng.integers(0, 600, count)].astype(np.int64),
         "dense": rng.normal(size=(count, NUM_DENSE)).astype(np.float32),
     }
     score = np.sin(data["user"] * 0.05) * np.cos(data["item"] * 0.03) + 0.3 * data["dense"][:, 0]
@@ -99,7 +108,7 @@ def local_dataset(data: dict, global_batch: int, rank: int, world_size: int) -> 
     rows = np.concatenate([np.arange(start + rank * local, start + (rank + 1) * local)
                            for start in range(0, count, global_batch)])
     history = tf.RaggedTensor.from_row_lengths(data["history_values"], data["history_lengths"])
-    features = {name: tf.gather(data[name], rows) for name in ("item", "user", "category", "device", "dense")}
+    features = {name: tf.gather(data[name], rows) for name in ("item", "user", "category", "device", "query", "dense")}
     features["history"] = tf.gather(history, rows)
     return tf.data.Dataset.from_tensor_slices((features, tf.gather(data["label"], rows))).batch(local)
 
@@ -121,6 +130,15 @@ def state_arrays(model: InterestModel) -> dict:
         for slot in optimizer.slots:
             arrays[f"state/{config.name}/{slot}"] = layer.get_full_table(
                 table, lambda v, s=slot, t=table: sparse.slot(v, s, t), optimizer.row_wise)
+    # The dynamic table's live rows, gathered from every rank's shards and sorted by key.
+    dynamic = layer.dynamic_layer
+    keys, values = dynamic.local_rows(0)
+    _, accumulator = dynamic.local_rows(0, lambda v: sparse.slot(v, "accumulator"))
+    keys, values, accumulator = (collectives.allgather(layer.env, tf.constant(a), name=f"dynamic_rows_{i}").numpy()
+                                 for i, a in enumerate((keys, values, accumulator)))
+    order = np.argsort(keys)
+    arrays.update({"dynamic/queries/keys": keys[order], "table/queries": values[order],
+                   "state/queries/accumulator": accumulator[order]})
     dense = [v for v in model.trainable_variables if not hasattr(v, "tf_dlrm_kind")]
     arrays.update({f"dense/{i}": v.numpy() for i, v in enumerate(dense)})
     return arrays if layer.env.is_chief else None
@@ -128,14 +146,15 @@ def state_arrays(model: InterestModel) -> dict:
 
 SIGNATURE = {"item": tf.TensorSpec([None], tf.int64), "history": tf.RaggedTensorSpec([None, None], tf.int64, 1),
              "user": tf.TensorSpec([None], tf.int64), "category": tf.TensorSpec([None], tf.int64),
-             "device": tf.TensorSpec([None], tf.int64), "dense": tf.TensorSpec([None, NUM_DENSE], tf.float32)}
+             "device": tf.TensorSpec([None], tf.int64), "query": tf.TensorSpec([None], tf.int64),
+             "dense": tf.TensorSpec([None, NUM_DENSE], tf.float32)}
 
 
 def probe_batch(seed: int, count: int = 40) -> dict:
     """Rows never trained on (another seed), for comparing served scores with the model's."""
     data = make_data(count, seed + 100)
     history = tf.RaggedTensor.from_row_lengths(data["history_values"], data["history_lengths"])
-    return {**{name: tf.constant(data[name]) for name in ("item", "user", "category", "device", "dense")}, "history": history}
+    return {**{name: tf.constant(data[name]) for name in ("item", "user", "category", "device", "query", "dense")}, "history": history}
 
 
 def main(argv=None) -> None:

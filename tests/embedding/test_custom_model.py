@@ -1,6 +1,6 @@
 """A model that is none of tf_dlrm's four, built from the public API only (tests/embedding/custom_model_worker.py:
 a lazy-Adam table shared by a one-hot and a ragged multi-hot feature, a column-wise Adagrad table, a row-wise
-Adagrad table with hot rows, a replicated SGD table), trained with ``model.fit`` on 2 and 3 ranks, equals one
+Adagrad table with hot rows, a replicated SGD table, a dynamic table of raw int64 keys), trained with ``model.fit`` on 2 and 3 ranks, equals one
 process: every table, every table's optimizer state and every dense weight.
 
 Tolerance: ranks and one process add the same float32 numbers in other orders (the dense allreduce, the
@@ -34,7 +34,9 @@ def floor_of(name: str) -> float:
     from tests.embedding.custom_model_worker import ROWS
 
     kind, _, table = name.partition("/")
-    return 1.0 / np.sqrt(ROWS[table]) if kind == "table" else 1e-3
+    if kind != "table":
+        return 1e-3
+    return 1.0 / np.sqrt(ROWS[table]) if table in ROWS else 1.0 / np.sqrt(4000)  # a dynamic table: its capacity
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,13 @@ def test_one_process_keeps_each_tables_own_optimizer_state(one_process):
     # Lazy Adam: two moments per element; Adagrad: one accumulator per element; row-wise Adagrad: one per
     # row; SGD: none.
     assert sorted(k for k in one_process if k.startswith("state/")) == [
-        "state/categories/accumulator", "state/items/m", "state/items/v", "state/users/accumulator"]
+        "state/categories/accumulator", "state/items/m", "state/items/v", "state/queries/accumulator",
+        "state/users/accumulator"]
+    from tests.embedding.custom_model_worker import make_data
+
+    seen = np.unique(make_data(12 * 48, 5)["query"])  # the worker's 12 steps of 48 rows
+    np.testing.assert_array_equal(one_process["dynamic/queries/keys"], seen)  # one row per key seen, none evicted
+    assert one_process["table/queries"].shape == (seen.size, 8)
     assert one_process["state/categories/accumulator"].shape == (500, 1)
     assert one_process["state/users/accumulator"].shape == (3000, 8)
 
@@ -63,7 +71,7 @@ def test_fit_on_n_ranks_equals_one_process(one_process, world_size, tmp_path):
     from tests.embedding.custom_model_worker import make_features
     from tf_dlrm.model.table_init import initial_table_slice
 
-    for index, feature in enumerate(dict.fromkeys(f.table for f in make_features())):
+    for index, feature in enumerate(dict.fromkeys(f.table for f in make_features() if not f.table.dynamic)):
         start = initial_table_slice(5, index, feature.vocabulary_size, feature.embedding_dim)
         assert np.abs(one_process[f"table/{feature.name}"] - start).max() > 1e-3, f"{feature.name} did not train"
     for name in sorted(one_process):

@@ -108,14 +108,15 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         self.env = env if env is not None else current_env()
         self.strategy, self.data_parallel_threshold = strategy, int(data_parallel_threshold)
         self.column_slice_threshold = column_slice_threshold
-        self.table_configs = None
+        self.table_configs, self.dynamic_layer = None, None
+        # Set by the training step while it traces: a user's model need not pass ``training`` down.
+        self.training_default = None
+        self.output_features = self.features  # every feature, in the order of the output dict
         if plan is None:
             # Tables come from the features (the public form): the plan follows the placements.
             self.table_configs = tables_of(self.features)
             if any(t.dynamic for t in self.table_configs):
-                raise ValueError("Dynamic tables (Placement(dynamic=...)) are built by main.py's --keys=hashed path; "
-                                 "DistributedEmbedding does not execute them yet: "
-                                 f"{[t.name for t in self.table_configs if t.dynamic]}")
+                self._make_dynamic_layer(seed)
             plan = plan_tables(self.table_configs, self.features, self.env.world_size, strategy=strategy,
                                data_parallel_threshold=data_parallel_threshold, column_slice_threshold=column_slice_threshold)
             hot_rows = {t: list(c.placement.hot_rows) for t, c in enumerate(self.table_configs) if c.placement.hot_rows}
@@ -182,6 +183,34 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if self.split_embedding_tables:
             check_split_options(self.compute_dtype, bool(self.hot_rows), self.deduplicate_exchange)
 
+    def _make_dynamic_layer(self, seed: int) -> None:
+        """Dynamic tables (``Placement(dynamic=...)``) live in a :class:`DynamicEmbedding` inside this
+        layer, keyed by raw int64 keys and sharded by key hash; the others follow the plan."""
+        from tf_dlrm.dynamic.layer import DynamicEmbedding
+        from tf_dlrm.dynamic.routing import DynamicTableConfig
+
+        dynamic = [t for t in self.table_configs if t.dynamic]
+        names = {t.name for t in dynamic}
+        readers = [f for f in self.features if f.table_name in names]
+        problems = [f.name for f in readers if not f.one_hot]
+        if problems or len(readers) != len(dynamic):
+            raise ValueError("Expected one one-hot feature per dynamic table (its keys, [batch] int64). Received: "
+                             f"features {[(f.name, f.table_name, f.hotness) for f in readers]} for dynamic tables "
+                             f"{sorted(names)}")
+        static = [f for f in self.features if f.table_name not in names]
+        if not static:
+            raise ValueError("Expected at least one table that is not dynamic beside the dynamic ones")
+        configs = [DynamicTableConfig(name=f.table.name, capacity=f.table.placement.dynamic.capacity,
+                                      width=f.table.embedding_dim, eviction=f.table.placement.dynamic.eviction,
+                                      min_count=f.table.placement.dynamic.min_count,
+                                      initial_bound=f.table.init_bound or None) for f in readers]
+        self.dynamic_features = tuple(readers)
+        self.dynamic_layer = DynamicEmbedding(configs, rank=self.env.rank, world_size=self.env.world_size, seed=seed,
+                                              name=f"{self.name}_dynamic")
+        self.features = tuple(static)
+        self.table_configs = tables_of(self.features)
+        self.dynamic_table_configs = tuple(f.table for f in readers)
+
     @classmethod
     def from_plan(cls, plan, rank: int = 0, features=None, **options):
         """The layer of an already computed ``plan`` on ``rank`` (``main.py``'s builder and the tests):
@@ -199,6 +228,10 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if self.table_configs is None:
             return None
         return {t: config.optimizer for t, config in enumerate(self.table_configs)}
+
+    def dynamic_optimizers(self) -> list:
+        """The optimizer objects of the dynamic tables (their rows train with the step's base optimizer)."""
+        return [t.optimizer for t in getattr(self, "dynamic_table_configs", ())]
 
     def table_init_bound(self, table: int) -> float | None:
         return self.table_init_bounds[table]
@@ -218,6 +251,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         return self.use_kernel and bag_kernel() is not None and not self.split_embedding_tables
 
     def build(self, input_shape=None):
+        if self.dynamic_layer is not None and not self.dynamic_layer.built:
+            self.dynamic_layer.build()
         self.group_offsets, self.replicated_offsets = [], []
         self.group_kernel, self.replicated_kernel = [], []
         for (width, slices), entries in zip(self.groups, self.entries):
@@ -291,13 +326,13 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             checks.append((feature.name, self.cardinalities[self.feature_tables[f]], hotness))
         return checks
 
-    def call(self, categorical, local_batch=None):
+    def call(self, categorical, local_batch=None, training=None):
         """``categorical``: the ids of :attr:`global_categorical` then :attr:`local_categorical`
         features. ``local_batch`` (the local batch size) is needed only by a rank that reads no ids.
 
         Returns ``[b, F, D]`` when every feature has width ``D``, else ``[b, sum of widths]``."""
         if isinstance(categorical, Mapping):
-            return self._call_features(categorical)
+            return self._call_features(categorical, self.training_default if training is None else training)
         categorical = list(categorical)
         if local_batch is None:
             local_batch = self._local_batch_from(categorical)
@@ -335,13 +370,17 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             return pooled
         return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
 
-    def _call_features(self, inputs: Mapping) -> dict:
+    def _call_features(self, inputs: Mapping, training=None) -> dict:
         """``{feature name: ids}`` -> ``{feature name: [b, width]}`` (the public form)."""
-        missing = [f.name for f in self.features if f.name not in inputs]
+        missing = [f.name for f in self.output_features if f.name not in inputs]
         if missing:
-            raise ValueError(f"Expected ids of every feature {[f.name for f in self.features]}. Missing: {missing}")
-        pooled = self.call([inputs[self.features[f].name] for f in self._input_features()])
-        return self.split_features(pooled)
+            raise ValueError(f"Expected ids of every feature {[f.name for f in self.output_features]}. Missing: {missing}")
+        pooled = self.split_features(self.call([inputs[self.features[f].name] for f in self._input_features()]))
+        if self.dynamic_layer is not None:
+            vectors = self.dynamic_layer([inputs[f.name] for f in self.dynamic_features], training=bool(training))
+            for index, feature in enumerate(self.dynamic_features):
+                pooled[feature.name] = vectors[:, index]
+        return {f.name: pooled[f.name] for f in self.output_features}
 
     def _single_op_lookup(self, ids) -> tf.Tensor:
         """One process: every feature pooled by one kernel op, straight into feature order."""
@@ -429,7 +468,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
 
     def compute_output_shape(self, input_shape):
         if isinstance(input_shape, Mapping):
-            return {f.name: (None, w) for f, w in zip(self.features, self.feature_widths)}
+            return {f.name: (None, f.table.embedding_dim if hasattr(f.table, "embedding_dim") else None)
+                    for f in self.output_features}
         if self.embedding_dim is None:
             return (None, sum(self.feature_widths))
         return (None, self.num_features, self.embedding_dim)
@@ -438,7 +478,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         # Never the rank or the world size: a saved layer is rebuilt for the run that loads it.
         config = {
             **super().get_config(),
-            "feature_configs": [feature.to_dict() for feature in self.features],
+            "feature_configs": [feature.to_dict() for feature in self.output_features],
             "seed": self.seed,
             "data_parallel_input": self.data_parallel_input,
             "validate_ids": self.validate_ids,

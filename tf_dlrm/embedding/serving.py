@@ -29,6 +29,11 @@ class _Serving(tf.Module):
         # The variables are tracked, not the Keras model: saving a Keras model object makes TensorFlow
         # trace its call with float inputs made up from its build shapes.
         self.model_variables = [getattr(v, "value", v) for v in model.variables]
+        # Dynamic tables: each shard's key -> row map (saved with its contents) and row metadata.
+        states = [state for layer in model._flatten_layers(include_self=False) if hasattr(layer, "local_shards")
+                  for shard in layer.local_shards for state in layer.states[shard]]
+        self.key_maps = [state.map for state in states]
+        self.row_metadata = [v for state in states for v in (state.occupied, state.row_key)]
         call = model.__call__
         self.ragged = sorted(name for name, spec in input_signature.items() if isinstance(spec, tf.RaggedTensorSpec))
         flat = []

@@ -91,13 +91,20 @@ def table_optimizer_groups(embeddings) -> tuple[SparseOptimizer | None, dict, fl
         per_table.update(chosen)
     if not per_table:
         return None, {}, 1.0
-    row_wise = {o for o in per_table.values() if o.make().row_wise}
+    dynamic = {o for layer in embeddings for o in getattr(layer, "dynamic_optimizers", list)()}
+    row_wise = {o for o in list(per_table.values()) + list(dynamic) if o.make().row_wise}
     if len(row_wise) > 1:
         raise ValueError(f"Expected at most one row-wise optimizer setting per model. Received: {sorted(map(repr, row_wise))}")
     counts = {}
     for optimizer in per_table.values():
         counts[optimizer] = counts.get(optimizer, 0) + 1
-    base = row_wise.pop() if row_wise else max(counts, key=lambda o: (counts[o], -list(counts).index(o)))
+    # Dynamic tables' rows (and rows that change keys) train with the base optimizer.
+    if len(dynamic) > 1 or (dynamic and row_wise and dynamic != row_wise):
+        raise ValueError("Expected one optimizer setting for every dynamic table (the base one, which a row-wise "
+                         f"optimizer must be). Received: {sorted(map(repr, dynamic | row_wise))}")
+    base = row_wise.pop() if row_wise else dynamic.pop() if dynamic else \
+        max(counts, key=lambda o: (counts[o], -list(counts).index(o)))
+    counts.setdefault(base, 0)
     made = {o: (o.make(), o.learning_rate / base.learning_rate) for o in counts}
     overrides = {t: made[o] for t, o in per_table.items() if o != base}
     return made[base][0], overrides, float(base.learning_rate)
@@ -202,8 +209,16 @@ class TrainingStep:
         return self.train(x, y, sample_weight)[0]
 
     def _forward_loss(self, x, y, sample_weight):
-        """``(loss, y_pred)`` of a forward pass in training mode."""
-        y_pred = self.model(x, training=True)
+        """``(loss, y_pred)`` of a forward pass in training mode (dynamic tables insert new keys only
+        then, whether or not the model passes ``training`` down to its embedding layers)."""
+        layers = embedding_layers(self.model)
+        for layer in layers:
+            layer.training_default = True
+        try:
+            y_pred = self.model(x, training=True)
+        finally:
+            for layer in layers:
+                layer.training_default = None
         return self.loss_fn(x, y, y_pred, sample_weight), y_pred
 
     def _scaled(self, loss):

@@ -8,7 +8,8 @@ Every rank writes the slices of tables (and of each table's optimizer state) it 
 chunk, under the run's plan (:mod:`tf_dlrm.train.checkpoint_slices`); rank 0 writes the dense
 weights, the dense optimizer's variables and the step. A restore reads, for each slice a rank holds
 under its own plan, only the saved column ranges that intersect it, so a table never has to fit in
-one process. The directory layout, atomic publication (``ckpt-<step>`` renamed from a hidden
+one process. Dynamic tables' live rows (keys, values, optimizer state, usage) are written by every
+rank for its shards and re-routed on restore (:mod:`tf_dlrm.dynamic.checkpoint`). The directory layout, atomic publication (``ckpt-<step>`` renamed from a hidden
 temporary, ``latest`` updated, older ones pruned) and sha256 checks are the store's
 (:mod:`tf_dlrm.train.checkpoint_store`); the manifest says ``format: tf_dlrm.model_checkpoint``.
 """
@@ -21,6 +22,7 @@ import shutil
 
 import numpy as np
 
+from tf_dlrm.dynamic import checkpoint as dynamic_checkpoint
 from tf_dlrm.embedding.training_step import embedding_layers
 from tf_dlrm.train import checkpoint_slices as slices
 from tf_dlrm.train import checkpoint_store as store
@@ -28,6 +30,7 @@ from tf_dlrm.train.checkpoint import allgather_json, broadcast_json
 from tf_dlrm.train.checkpoint_store import CheckpointError
 
 FORMAT = "tf_dlrm.model_checkpoint"
+DYNAMIC = "dynamic"
 VERSION = 1
 
 
@@ -72,6 +75,8 @@ def save(model, directory: str, keep: int = 2) -> str:
     records, piece_error = [], None
     if root is not None:
         records, piece_error = slices.save_pieces(layer, env.rank, root, _arrays(step, layer), files)
+    if root is not None and layer.dynamic_layer is not None:
+        dynamic_checkpoint.save(os.path.join(root, DYNAMIC), layer.dynamic_layer, step.sparse, env)
     pieces = allgather_json(env, {"records": records, "files": files, "error": piece_error}, "model_checkpoint_pieces")
     error = error or next((f"rank {r}: {p['error']}" for r, p in enumerate(pieces) if p["error"]), None)
     if env.is_chief and error is None:
@@ -91,6 +96,7 @@ def save(model, directory: str, keep: int = 2) -> str:
                 "embedding_state": [{**entry, "slot": slot} for slot in sorted({r["key"] for r in records} - {"table"})
                                     for entry in slices.manifest_entries(records, tables, slot)],
                 "dense": dense, "files": files,
+                "dynamic": DYNAMIC if layer.dynamic_layer is not None else None,
             }
             store.write_text(temporary, store.MANIFEST, json.dumps(manifest, indent=1))
             store.publish(directory, temporary, final, keep)
@@ -130,6 +136,10 @@ def restore(model, path: str) -> int:
             raise CheckpointError(f"{directory}: no {key!r} optimizer state for table {name!r} (another optimizer?)")
         opened = slices.open_slices(directory, entry, tables[table].rows, tables[table].dim, row_wise)
         slices.restore_pieces(layer, table, opened, state_of, row_wise)
+    if layer.dynamic_layer is not None:
+        if not manifest.get("dynamic"):
+            raise CheckpointError(f"{directory}: holds no dynamic tables; the model has {layer.dynamic_layer.table_configs[0].name!r}")
+        dynamic_checkpoint.restore(os.path.join(directory, manifest["dynamic"]), layer.dynamic_layer, step.sparse, layer.env)
     dense = {entry["name"]: entry["file"] for entry in manifest["dense"]}
     for name, variable in _dense(model, step):
         if name not in dense:
