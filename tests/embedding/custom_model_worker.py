@@ -32,11 +32,12 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tf_dlrm.distributed import collectives  # noqa: E402
-from tf_dlrm.distributed.env import initialize  # noqa: E402
+from tf_dlrm.distributed.env import current_env, initialize  # noqa: E402
 from tf_dlrm.embedding.serving import export_saved_model  # noqa: E402
 from tf_dlrm.train import model_checkpoint  # noqa: E402
 from tf_dlrm.embedding import (  # noqa: E402
-    BroadcastInitialState, DistributedEmbedding, DynamicStorage, FeatureConfig, Model, Placement, TableConfig, optimizers,
+    BroadcastInitialState, DistributedEmbedding, DynamicStorage, FeatureConfig, Model, Placement, TableConfig, TrainingStep,
+    optimizers,
 )
 
 ROWS = {"items": 2000, "users": 3000, "categories": 500, "devices": 7}
@@ -157,6 +158,24 @@ def probe_batch(seed: int, count: int = 40) -> dict:
     return {**{name: tf.constant(data[name]) for name in ("item", "user", "category", "device", "query", "dense")}, "history": history}
 
 
+def train_by_hand(model: InterestModel, dataset: tf.data.Dataset) -> None:
+    """The loop a user writes around the library's step: the same updates as ``fit``."""
+    first, _ = next(iter(dataset))
+    model(first)  # builds every weight
+    loss = keras.losses.BinaryCrossentropy(from_logits=True)
+    step = TrainingStep(model, current_env(), loss_fn=lambda x, y, y_pred, weight: loss(y, y_pred),
+                        dense_optimizer=keras.optimizers.Adam(0.01))
+    model._tf_dlrm_step = step  # what state_arrays reads the optimizer state from
+    step.broadcast_initial_state()
+
+    @tf.function
+    def train(x, y):
+        return step(x, y)
+
+    for x, y in dataset:
+        train(x, y)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=12)
@@ -166,6 +185,8 @@ def main(argv=None) -> None:
     parser.add_argument("--save", default=None, help="checkpoint directory written after training")
     parser.add_argument("--restore", default=None, help="restore this checkpoint instead of training")
     parser.add_argument("--export", default=None, help="with --restore, one process: the SavedModel to write")
+    parser.add_argument("--loop", choices=("fit", "manual"), default="fit",
+                        help="manual: a hand-written loop calling a TrainingStep instead of model.fit")
     args = parser.parse_args(argv)
     env = initialize()
     model = build(args.seed)
@@ -174,6 +195,8 @@ def main(argv=None) -> None:
     if args.restore:
         model(next(iter(dataset))[0])  # builds every weight
         model_checkpoint.restore(model, args.restore)
+    elif args.loop == "manual":
+        train_by_hand(model, dataset)
     else:
         model.fit(dataset, epochs=1, callbacks=[BroadcastInitialState()], verbose=0)
     if args.save:

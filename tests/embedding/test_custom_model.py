@@ -78,6 +78,16 @@ def test_fit_on_n_ranks_equals_one_process(one_process, world_size, tmp_path):
         assert relative(many[name], one_process[name], floor_of(name)) <= 1e-5, f"{name} differs on {world_size} ranks"
 
 
+@pytest.mark.multirank
+def test_a_hand_written_loop_around_the_training_step_equals_fit(one_process, tmp_path):
+    path = tmp_path / "manual.npz"
+    launch(2, [WORKER, f"--output={path}", "--loop=manual"], timeout=600)
+    manual = dict(np.load(path))
+    assert sorted(manual) == sorted(one_process)
+    for name in sorted(one_process):
+        assert relative(manual[name], one_process[name], floor_of(name)) <= 1e-5, f"{name}: the loop differs from fit"
+
+
 SERVE = """
 import sys
 import numpy as np
