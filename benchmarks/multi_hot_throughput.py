@@ -12,7 +12,7 @@ window by window so that machine load hits them alike. Cases:
   (the ids as a ``tf.SparseTensor``), Keras SGD on every variable;
 - ``naive_ragged``: the same with ``tf.gather`` on a ``tf.RaggedTensor`` of ids and ``reduce_sum`` /
   ``reduce_mean`` over the ragged axis;
-- ``tf_dlrm``: :class:`tf_dlrm.embedding.distributed_embedding.DistributedEmbedding` (tables fused by width)
+- ``tf_dlrm``: :class:`tf_dlrm.embedding.DistributedEmbedding` (tables fused by width)
   in tf_dlrm's DLRM and Trainer, the same SGD. With tf_dlrm's kernel library built (the default
   install) one embedding-bag op pools all 26 features without gathering rows into a new tensor, its
   gradient is one ``IndexedSlices`` per fused variable over the distinct rows, and SGD updates those
@@ -75,19 +75,18 @@ def build_tf_dlrm(rows: int, batches, learning_rate: float, validate_ids: bool =
                   embedding_optimizer: str = "sgd"):
     import tensorflow as tf
 
-    from tf_dlrm.embedding.config import FeatureConfig
-    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
-    from tf_dlrm.parallel.env import DistributedEnv
-    from tf_dlrm.sharding.plan import TableSpec
-    from tf_dlrm.sharding.planner import make_plan
-    from tf_dlrm.models.dlrm import DLRM
-    from tf_dlrm.optimizers.settings import LearningRateSchedule
-    from tf_dlrm.optimizers.settings import OptimizerConfig
-    from tf_dlrm.train.step import Trainer
+    from tf_dlrm.embedding.table_config import FeatureConfig
+    from tf_dlrm.embedding import DistributedEmbedding
+    from tf_dlrm.distributed.env import DistributedEnv
+    from tf_dlrm.distributed.plan import TableSpec
+    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.model.dlrm import DLRM
+    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.train.step import OptimizerConfig, Trainer
 
     features = [FeatureConfig(f"f{f}", f"f{f}", hotness(f), combiner(f)) for f in range(NUM_FEATURES)]
     plan = make_plan([TableSpec(f"f{f}", rows, width(f)) for f in range(NUM_FEATURES)], 1, data_parallel_threshold=0)
-    embedding = DistributedEmbedding(plan, features=features, validate_ids=validate_ids, use_kernel=use_kernel, name="embedding")
+    embedding = DistributedEmbedding.from_plan(plan, features=features, validate_ids=validate_ids, use_kernel=use_kernel, name="embedding")
     model = DLRM(embedding, NUM_NUMERICAL, BOTTOM, TOP, interaction="cat")
     env = DistributedEnv()
     model((tf.constant(batches[0][0]), tuple(tf.constant(i) for i in batches[0][1])))
@@ -156,10 +155,10 @@ def build_naive(rows: int, batches, learning_rate: float, sparse: bool):
 def alltoall_bytes(rows: int, batch_size: int) -> dict:
     """Embedding alltoall bytes per step (forward) of the busiest rank, from the widths the layer
     itself sends (``send_widths``), for this multi-hot config and the same tables one-hot."""
-    from tf_dlrm.embedding.config import FeatureConfig
-    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
-    from tf_dlrm.sharding.plan import TableSpec
-    from tf_dlrm.sharding.planner import make_plan
+    from tf_dlrm.embedding.table_config import FeatureConfig
+    from tf_dlrm.embedding import DistributedEmbedding
+    from tf_dlrm.distributed.plan import TableSpec
+    from tf_dlrm.distributed.planner import make_plan
 
     tables = [TableSpec(f"f{f}", rows, width(f)) for f in range(NUM_FEATURES)]
     multi_hot = [FeatureConfig(f"f{f}", f"f{f}", hotness(f), combiner(f)) for f in range(NUM_FEATURES)]
@@ -170,7 +169,7 @@ def alltoall_bytes(rows: int, batch_size: int) -> dict:
         local_batch = batch_size // world_size
         sent = {}
         for name, features in (("multi_hot", multi_hot), ("one_hot", one_hot)):
-            layer = DistributedEmbedding(plan, rank=0, features=features)
+            layer = DistributedEmbedding.from_plan(plan, rank=0, features=features)
             sent[name] = (world_size - 1) * local_batch * max(layer.send_widths) * 4
         sent["ids_per_step"] = sum(hotness(f) for f in range(NUM_FEATURES)) * batch_size
         result[str(world_size)] = sent

@@ -53,10 +53,10 @@ def measure(form: str, rows: int, dim: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
-    from tf_dlrm.sharding.plan import TableSpec
-    from tf_dlrm.sharding.planner import make_plan
-    from tf_dlrm.embedding.split_tables import table_bytes
+    from tf_dlrm.embedding import DistributedEmbedding
+    from tf_dlrm.distributed.plan import TableSpec
+    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.distributed.split_tables import table_bytes
 
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     plan = make_plan([TableSpec("big", rows, dim)], 1, "table_wise", data_parallel_threshold=0)
@@ -65,7 +65,7 @@ def measure(form: str, rows: int, dim: int) -> dict:
     gc.collect()
     before = rss_bytes()
     reset_peak_rss()
-    layer = DistributedEmbedding(plan, seed=1, split_embedding_tables=form == "split")
+    layer = DistributedEmbedding.from_plan(plan, seed=1, split_embedding_tables=form == "split")
     pooled = layer((ids,))
     float(tf.reduce_sum(tf.cast(pooled, tf.float32)))
     peak = rss_bytes("VmHWM")

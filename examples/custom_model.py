@@ -1,7 +1,8 @@
-"""A DeepFM-like model on tf_dlrm's sharded embeddings, trained with Keras' own compile() / fit().
+"""A DeepFM-like model on tf_dlrm's distributed embedding, trained with Keras' own compile() / fit().
 
 Tables and features: ``items`` is read by two features (the candidate ``item``, one-hot, and the
-user's ``history``, 5 ids averaged); ``devices`` is small and replicated on every rank. The model
+user's ``history``, 5 ids averaged); ``devices`` is small and replicated on every rank. Each table
+has its own optimizer (plain SGD here, at the script's rate). The model
 adds an FM part (pairwise dot products of the width-8 vectors), a deep part (an MLP on everything)
 and a wide part (a dense weight on the numerical features, outside any MLP).
 
@@ -32,23 +33,32 @@ import tensorflow as tf  # noqa: E402
 from tf_dlrm.parallel.env import initialize  # noqa: E402
 from tf_dlrm.embedding.table_init import initial_table_slice  # noqa: E402
 from tf_dlrm.embedding import (  # noqa: E402
-    BroadcastInitialState, FeatureConfig, ShardedEmbedding, ShardedModel, TableConfig,
+    BroadcastInitialState, DistributedEmbedding, FeatureConfig, Model, TableConfig, optimizers,
 )
 
-TABLES = [TableConfig("users", 1000, 8), TableConfig("items", 2000, 8), TableConfig("devices", 6, 4)]
-FEATURES = [
-    FeatureConfig("user", "users"),
-    FeatureConfig("item", "items"),
-    FeatureConfig("history", "items", hotness=5, combiner="mean"),
-    FeatureConfig("device", "devices"),
-]
 NUM_DENSE = 3
 
 
-class DeepFM(ShardedModel):
+def make_features(learning_rate: float) -> list[FeatureConfig]:
+    sgd = optimizers.SGD(learning_rate=learning_rate)
+    users = TableConfig("users", 1000, 8, optimizer=sgd)
+    items = TableConfig("items", 2000, 8, optimizer=sgd)
+    devices = TableConfig("devices", 6, 4, optimizer=sgd, placement="replicated")
+    return [
+        FeatureConfig("user", users),
+        FeatureConfig("item", items),
+        FeatureConfig("history", items, hotness=5, combiner="mean"),
+        FeatureConfig("device", devices),
+    ]
+
+
+FEATURES = make_features(0.1)
+
+
+class DeepFM(Model):
     """logit = FM(user, item, history) + MLP(all embeddings, dense) + wide(dense)."""
 
-    def __init__(self, embedding: ShardedEmbedding, **kwargs):
+    def __init__(self, embedding: DistributedEmbedding, **kwargs):
         super().__init__(**kwargs)
         self.embedding = embedding
         self.deep = keras.Sequential([keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)], name="deep")
@@ -104,17 +114,17 @@ def main(argv=None) -> None:
     if args.global_batch % env.world_size:
         parser.error(f"--global_batch={args.global_batch} does not divide by the number of ranks ({env.world_size})")
     keras.utils.set_random_seed(args.seed)  # the same dense initial weights on every rank
-    embedding = ShardedEmbedding(TABLES, FEATURES, rank=env.rank, world_size=env.world_size,
-                                 data_parallel_threshold=10, seed=args.seed, name="embedding")
-    model = DeepFM(embedding, world_size=env.world_size, rank=env.rank)
-    # jit_compile=False: XLA cannot compile the Horovod collectives inside the step.
+    features = make_features(args.learning_rate)
+    embedding = DistributedEmbedding(features, seed=args.seed, name="embedding")
+    model = DeepFM(embedding)
     model.compile(optimizer=keras.optimizers.SGD(args.learning_rate),
-                  loss=keras.losses.BinaryCrossentropy(from_logits=True), jit_compile=False)
+                  loss=keras.losses.BinaryCrossentropy(from_logits=True))
     data = make_data(args.steps, args.global_batch, args.seed)
     history = model.fit(local_dataset(data, args.global_batch, env.rank, env.world_size), epochs=1,
-                        callbacks=[BroadcastInitialState(env)], verbose=2 if env.is_chief else 0)
-    initial = {t.name: initial_table_slice(args.seed, i, t.rows, t.width) for i, t in enumerate(TABLES)}
-    tables = {t.name: embedding.get_full_table(t.name) for t in TABLES}  # collective: every rank
+                        callbacks=[BroadcastInitialState()], verbose=2 if env.is_chief else 0)
+    tables_in_order = list(dict.fromkeys(f.table for f in features))
+    initial = {t.name: initial_table_slice(args.seed, i, t.vocabulary_size, t.embedding_dim) for i, t in enumerate(tables_in_order)}
+    tables = {t.name: embedding.get_full_table(t.name) for t in tables_in_order}  # collective: every rank
     if env.is_chief:
         # The dense weights outside the embedding (its replicated tables are in `tables` already).
         embedding_ids = {id(v) for v in embedding.trainable_variables}

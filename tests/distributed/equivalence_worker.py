@@ -25,17 +25,16 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
-from tf_dlrm.parallel import collectives  # noqa: E402
-from tf_dlrm.parallel import env as env_module  # noqa: E402
-from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding  # noqa: E402
-from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
-from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
-from tf_dlrm.sharding.planner import make_plan  # noqa: E402
-from tf_dlrm.models.dlrm import DLRM  # noqa: E402
-from tf_dlrm.embedding.embedding_bank import EmbeddingBank  # noqa: E402
-from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
-from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
-from tf_dlrm.train.step import Trainer
+from tf_dlrm.distributed import collectives  # noqa: E402
+from tf_dlrm.distributed import env as env_module  # noqa: E402
+from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
+from tf_dlrm.distributed.env import DistributedEnv  # noqa: E402
+from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
+from tf_dlrm.distributed.planner import make_plan  # noqa: E402
+from tf_dlrm.model.dlrm import DLRM  # noqa: E402
+from tf_dlrm.model.embedding import EmbeddingBank  # noqa: E402
+from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
+from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
 
 NUM_NUMERICAL = 5
 
@@ -57,7 +56,7 @@ def make_model(case, env):
         tables, env.world_size, case["strategy"], data_parallel_threshold=case["data_parallel_threshold"],
         column_slice_threshold=case.get("column_slice_threshold"),
     )
-    embedding = DistributedEmbedding(plan, rank=env.rank, seed=case["seed"], data_parallel_input=case["data_parallel_input"],
+    embedding = DistributedEmbedding.from_plan(plan, rank=env.rank, seed=case["seed"], data_parallel_input=case["data_parallel_input"],
                                      features=case.get("features"), deduplicate_exchange=case.get("deduplicate_exchange", False),
                                      hot_rows={t: case["hot_ids"] for t in plan.model_parallel} if case.get("hot_ids") else None)
     model = DLRM(embedding, **model_kwargs(case))

@@ -13,15 +13,14 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
-from tf_dlrm.parallel import env as env_module  # noqa: E402
-from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding  # noqa: E402
-from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
-from tf_dlrm.sharding.planner import make_plan  # noqa: E402
-from tf_dlrm.models.dlrm import DLRM  # noqa: E402
-from tf_dlrm.cli.builder import build_with_dummy_batch  # noqa: E402
-from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
-from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
-from tf_dlrm.train.step import Trainer
+from tf_dlrm.distributed import env as env_module  # noqa: E402
+from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
+from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
+from tf_dlrm.distributed.planner import make_plan  # noqa: E402
+from tf_dlrm.model.dlrm import DLRM  # noqa: E402
+from tf_dlrm.train.builder import build_with_dummy_batch  # noqa: E402
+from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
+from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
 
 
 def main():
@@ -29,7 +28,7 @@ def main():
     failing_rank = int(sys.argv[2]) if len(sys.argv) > 2 else -1
     env = env_module.initialize(force_horovod=True)
     plan = make_plan([TableSpec(f"t{i}", 5000, 8) for i in range(3)], env.world_size, "column_wise")
-    embedding = DistributedEmbedding(plan, rank=env.rank)
+    embedding = DistributedEmbedding.from_plan(plan, rank=env.rank)
     model = DLRM(embedding, num_numerical=2, bottom_mlp_dims=[8], top_mlp_dims=[4, 1])
     build_with_dummy_batch(model, 2, embedding, env.world_size)
     trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(0.1)))

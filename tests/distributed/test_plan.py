@@ -355,15 +355,34 @@ def test_a_table_read_by_two_features_counts_two_exchange_vectors():
 
 
 def test_plan_tables_counts_the_features_of_each_table():
-    from tf_dlrm.embedding.config import FeatureConfig, TableConfig
+    from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig
     from tf_dlrm.embedding.planning import plan_tables
 
-    tables = [TableConfig("user", 4000, 16), TableConfig("device", 1000, 4), TableConfig("item", 4000, 16)]
-    features = [FeatureConfig("user_now", "user"), FeatureConfig("user_before", "user", hotness=5),
-                FeatureConfig("device", "device"), FeatureConfig("item", "item")]
-    plan = plan_tables(tables, 2, features=features)
+    user, device, item = TableConfig("user", 4000, 16), TableConfig("device", 1000, 4), TableConfig("item", 4000, 16)
+    features = [FeatureConfig("user_now", user), FeatureConfig("user_before", user, hotness=5),
+                FeatureConfig("device", device), FeatureConfig("item", item)]
+    plan = plan_tables([user, device, item], features, 2)
     assert plan.tables_on_rank(0) == (0,) and plan.tables_on_rank(1) == (1, 2)
-    assert plan_tables(tables, 2).tables_on_rank(0) == (0, 1)  # no features given: one reader each
+    one_each = [FeatureConfig(t.name, t) for t in (user, device, item)]
+    assert plan_tables([user, device, item], one_each, 2).tables_on_rank(0) == (0, 1)
+
+
+def test_placements_are_honoured_whatever_the_strategy():
+    tables = tables_of((4000, 16), (1000, 4), (4000, 16), (50, 8))
+    requested = ("column_wise", "replicated", "table_wise", "auto")
+    for strategy in ("table_wise", "column_wise", "auto"):
+        plan = make_plan(tables, 2, strategy=strategy, data_parallel_threshold=100, placements=requested)
+        assert plan.replicated == (1, 3), strategy  # table 1 asked for it, table 3 is under the threshold
+        assert len(plan.table_slices(0)) == 2 and len(plan.table_slices(2)) == 1, strategy
+    plan = make_plan(tables, 3, strategy="column_wise", data_parallel_threshold=0,
+                     placements=("table_wise", "auto", "auto", "auto"))
+    assert len(plan.table_slices(0)) == 1 and len(plan.table_slices(2)) == 3
+    # One process still replicates a table that asks for it (and nothing else).
+    assert make_plan(tables, 1, data_parallel_threshold=0, placements=("auto", "replicated", "auto", "auto")).replicated == (1,)
+    with pytest.raises(ValueError, match="Expected the placement of table 't0' in"):
+        make_plan(tables, 2, placements=("diagonal", "auto", "auto", "auto"))
+    with pytest.raises(ValueError, match=r"one placement per table \(4\)"):
+        make_plan(tables, 2, placements=("auto",))
 
 
 @pytest.mark.parametrize("readers, message", [

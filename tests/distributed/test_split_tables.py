@@ -78,15 +78,15 @@ def test_split_and_join_are_bit_exact():
 def _layer(split: bool, rows=(300, 500), dim=6, seed=5):
     import keras
 
-    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
-    from tf_dlrm.sharding.plan import TableSpec
-    from tf_dlrm.sharding.planner import make_plan
+    from tf_dlrm.embedding import DistributedEmbedding
+    from tf_dlrm.distributed.plan import TableSpec
+    from tf_dlrm.distributed.planner import make_plan
 
     policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
         plan = make_plan([TableSpec(f"t{i}", r, dim) for i, r in enumerate(rows)], 1, "table_wise", data_parallel_threshold=0)
-        layer = DistributedEmbedding(plan, seed=seed, split_embedding_tables=split)
+        layer = DistributedEmbedding.from_plan(plan, seed=seed, split_embedding_tables=split)
         layer.build()
     finally:
         keras.mixed_precision.set_global_policy(policy)
@@ -131,20 +131,20 @@ def test_split_tables_are_filled_block_by_block_with_the_float32_values():
 def test_unsupported_combinations_are_refused_naming_the_flag():
     import keras
 
-    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
-    from tf_dlrm.sharding.plan import TableSpec
-    from tf_dlrm.sharding.planner import make_plan
+    from tf_dlrm.embedding import DistributedEmbedding
+    from tf_dlrm.distributed.plan import TableSpec
+    from tf_dlrm.distributed.planner import make_plan
 
     plan = make_plan([TableSpec("t0", 300, 4), TableSpec("t1", 300, 4)], 2, "table_wise", data_parallel_threshold=0)
     with pytest.raises(ValueError, match=r"--split_embedding_tables needs bfloat16 compute .*--amp"):
-        DistributedEmbedding(plan, split_embedding_tables=True)  # float32 policy
+        DistributedEmbedding.from_plan(plan, split_embedding_tables=True)  # float32 policy
     policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
         with pytest.raises(ValueError, match="--split_embedding_tables cannot be combined with --deduplicate_exchange"):
-            DistributedEmbedding(plan, split_embedding_tables=True, deduplicate_exchange=True)
+            DistributedEmbedding.from_plan(plan, split_embedding_tables=True, deduplicate_exchange=True)
         with pytest.raises(ValueError, match="--split_embedding_tables cannot be combined with --hot_rows_budget"):
-            DistributedEmbedding(plan, split_embedding_tables=True, hot_rows={0: [1, 2]})
+            DistributedEmbedding.from_plan(plan, split_embedding_tables=True, hot_rows={0: [1, 2]})
     finally:
         keras.mixed_precision.set_global_policy(policy)
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
-from tf_dlrm.sharding.plan import TableSpec
-from tf_dlrm.sharding.planner import make_plan
-from tf_dlrm.embedding.config import FeatureConfig
+from tf_dlrm.embedding import DistributedEmbedding
+from tf_dlrm.distributed.plan import TableSpec
+from tf_dlrm.distributed.planner import make_plan
+from tf_dlrm.embedding.table_config import FeatureConfig
 
 FEATURES = [
     FeatureConfig("clicks", "items", hotness=3, combiner="sum"),
@@ -22,7 +22,7 @@ FEATURES = [
 
 def make_layer(**kwargs):
     plan = make_plan([TableSpec("items", 40, 6), TableSpec("devices", 5, 3)], 1, data_parallel_threshold=10)
-    layer = DistributedEmbedding(plan, features=FEATURES, seed=4, **kwargs)
+    layer = DistributedEmbedding.from_plan(plan, features=FEATURES, seed=4, **kwargs)
     layer.build()
     return layer
 

@@ -1,4 +1,4 @@
-"""Two ShardedEmbedding layers in one Keras model on 2, 3 and 4 ranks equal one process: the global
+"""Two DistributedEmbedding layers in one Keras model on 2, 3 and 4 ranks equal one process: the global
 batch's logits before training within 1e-6, every table and dense weight after 10 fit() steps within
 rtol 1e-5 (relative to max(|expected|, 1e-3)): only the order of float sums differs (the allreduce
 and the sparse updates), about 10 steps of rounding at 2**-24 relative each."""

@@ -1,4 +1,4 @@
-"""Two ShardedEmbedding layers in one Keras model, trained with model.fit on N ranks (or one process).
+"""Two DistributedEmbedding layers in one Keras model, trained with model.fit on N ranks (or one process).
 
 A two-tower model: the user tower's layer holds ``users`` (model-parallel) and ``devices`` (small,
 replicated); the item tower's layer holds ``items`` (read by two features: the candidate, one-hot,
@@ -23,22 +23,26 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tf_dlrm.parallel import collectives  # noqa: E402
-from tf_dlrm.parallel.env import initialize  # noqa: E402
-from tf_dlrm.embedding import BroadcastInitialState, FeatureConfig, ShardedEmbedding, ShardedModel, TableConfig  # noqa: E402
+from tf_dlrm.distributed import collectives  # noqa: E402
+from tf_dlrm.distributed.env import initialize  # noqa: E402
+from tf_dlrm.embedding import (  # noqa: E402
+    BroadcastInitialState, DistributedEmbedding, FeatureConfig, Model, TableConfig, optimizers, sharded_variables,
+)
 
-USER_TABLES = [TableConfig("users", 600, 8), TableConfig("devices", 5, 8)]
-USER_FEATURES = [FeatureConfig("user", "users"), FeatureConfig("device", "devices")]
-ITEM_TABLES = [TableConfig("items", 900, 8), TableConfig("brands", 300, 6)]
-ITEM_FEATURES = [FeatureConfig("item", "items"), FeatureConfig("history", "items", hotness=4, combiner="mean"),
-                 FeatureConfig("brand", "brands")]
+SGD = optimizers.SGD(learning_rate=0.2)
+USER_TABLES = [TableConfig("users", 600, 8, optimizer=SGD), TableConfig("devices", 5, 8, optimizer=SGD, placement="replicated")]
+USER_FEATURES = [FeatureConfig("user", USER_TABLES[0]), FeatureConfig("device", USER_TABLES[1])]
+ITEM_TABLES = [TableConfig("items", 900, 8, optimizer=SGD), TableConfig("brands", 300, 6, optimizer=SGD)]
+ITEM_FEATURES = [FeatureConfig("item", ITEM_TABLES[0]),
+                 FeatureConfig("history", ITEM_TABLES[0], hotness=4, combiner="mean"),
+                 FeatureConfig("brand", ITEM_TABLES[1])]
 ALL_FEATURES = USER_FEATURES + ITEM_FEATURES
 
 
-class TwoTowers(ShardedModel):
+class TwoTowers(Model):
     """logit = <user tower, item tower> + bias."""
 
-    def __init__(self, users: ShardedEmbedding, items: ShardedEmbedding, **kwargs):
+    def __init__(self, users: DistributedEmbedding, items: DistributedEmbedding, **kwargs):
         super().__init__(**kwargs)
         self.users, self.items = users, items
         self.user_tower = keras.layers.Dense(8, name="user_tower")
@@ -82,25 +86,23 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     env = initialize()
     keras.utils.set_random_seed(3)
-    common = dict(rank=env.rank, world_size=env.world_size, data_parallel_threshold=10)
-    users = ShardedEmbedding(USER_TABLES, USER_FEATURES, seed=11, name="user_embedding", **common)
-    items = ShardedEmbedding(ITEM_TABLES, ITEM_FEATURES, seed=12, name="item_embedding", **common)
-    model = TwoTowers(users, items, world_size=env.world_size, rank=env.rank)
-    model.compile(optimizer=keras.optimizers.SGD(0.2), loss=keras.losses.BinaryCrossentropy(from_logits=True),
-                  jit_compile=False)
+    users = DistributedEmbedding(USER_FEATURES, seed=11, name="user_embedding")
+    items = DistributedEmbedding(ITEM_FEATURES, seed=12, name="item_embedding")
+    model = TwoTowers(users, items)
+    model.compile(optimizer=keras.optimizers.SGD(0.2), loss=keras.losses.BinaryCrossentropy(from_logits=True))
     data = make_data(args.steps * args.global_batch, seed=5)
     local = {name: local_rows(values, args.global_batch, env.rank, env.world_size) for name, values in data.items()}
     first = {f.name: tf.constant(local[f.name][: args.global_batch // env.world_size]) for f in ALL_FEATURES}
     model(first)  # builds every weight
     collectives.broadcast_variables(env, [v for v in model.trainable_variables
-                                          if id(v) not in {id(s) for s in users.sparse_variables + items.sparse_variables}])
+                                          if id(v) not in {id(s) for s in sharded_variables(model)}])
     # The global batch's logits before training, in global order (rank r holds rows [r*b, (r+1)*b)).
     logits = collectives.allgather(env, tf.function(model)(first), name="two_layers_logits").numpy()
     layers = ((users, USER_TABLES), (items, ITEM_TABLES))
     initial = {t.name: layer.get_full_table(t.name) for layer, configs in layers for t in configs}  # collective
     features = {f.name: local[f.name] for f in ALL_FEATURES}
     dataset = tf.data.Dataset.from_tensor_slices((features, local["label"])).batch(args.global_batch // env.world_size)
-    model.fit(dataset, epochs=1, callbacks=[BroadcastInitialState(env)], verbose=0)
+    model.fit(dataset, epochs=1, callbacks=[BroadcastInitialState()], verbose=0)
     tables = {t.name: layer.get_full_table(t.name) for layer, configs in layers for t in configs}  # collective
     if env.is_chief:
         shard_ids = {id(v) for v in users.trainable_variables + items.trainable_variables}

@@ -64,10 +64,9 @@ def test_values_lie_within_the_bound_and_fill_it(bound):
 
 
 def test_layers_use_their_bound_and_sharded_equals_one_process():
-    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
-    from tf_dlrm.sharding.plan import TableSpec
-    from tf_dlrm.sharding.planner import make_plan
-    from tf_dlrm.embedding.embedding_bank import EmbeddingBank
+    from tf_dlrm.embedding import DistributedEmbedding
+    from tf_dlrm.distributed.planner import TableSpec, make_plan
+    from tf_dlrm.model.embedding import EmbeddingBank
 
     bank = EmbeddingBank(CARDINALITIES, 8, seed=4, init_bound=0.05)
     bank.build()
@@ -80,9 +79,9 @@ def test_layers_use_their_bound_and_sharded_equals_one_process():
         np.testing.assert_array_equal(bank.tables[table].numpy(), initial_table_slice(4, table, rows, 8, init_bound=0.05))
     gathered = {}
     for rank in range(2):
-        layer = DistributedEmbedding(plan, rank=rank, seed=4, init_bound=0.05, hot_rows={2: [0, 7, 39999]})
+        layer = DistributedEmbedding.from_plan(plan, rank=rank, seed=4, init_bound=0.05, hot_rows={2: [0, 7, 39999]})
         layer.build()
-        assert DistributedEmbedding.from_config(layer.get_config()).init_bound == 0.05
+        assert layer.get_config()["init_bound"] == 0.05 and "rank" not in layer.get_config()
         for table, rows in enumerate(CARDINALITIES):
             for piece in layer.table_pieces(table):
                 gathered.setdefault(table, {})[piece.column_start] = layer.read_piece_rows(piece, 0, rows)
@@ -93,7 +92,7 @@ def test_layers_use_their_bound_and_sharded_equals_one_process():
         np.testing.assert_array_equal(full, bank.tables[table].numpy())
     assert sorted(gathered) == [0, 1, 2] and len(gathered[2]) == 2  # the big table is cut in two
     with pytest.raises(ValueError, match="Received: init_bound=-2"):
-        DistributedEmbedding(plan, init_bound=-2)
+        DistributedEmbedding.from_plan(plan, init_bound=-2)
     with pytest.raises(ValueError, match="Received: init_bound='x'"):
         EmbeddingBank(CARDINALITIES, 8, init_bound="x")
 
@@ -105,14 +104,22 @@ def test_dynamic_tables_take_the_flag_unless_the_spec_names_none():
     assert table_config("c", {"capacity": 100}, 4).bound == pytest.approx(0.1)
 
 
-def test_the_library_layer_takes_a_bound_and_keeps_it_in_its_config():
-    from tf_dlrm.embedding import FeatureConfig, ShardedEmbedding, TableConfig
+def test_the_library_layer_takes_each_tables_initializer_and_keeps_it_in_its_config():
+    import keras
 
-    tables, features = [TableConfig("items", 30, 4)], [FeatureConfig("item", "items")]
-    layer = ShardedEmbedding(tables, features, init_bound=0.02)
+    from tf_dlrm.embedding import DistributedEmbedding, FeatureConfig, TableConfig
+
+    items = TableConfig("items", 30, 4, initializer=keras.initializers.RandomUniform(-0.02, 0.02))
+    users = TableConfig("users", 30, 4)
+    zeros = TableConfig("zeros", 30, 4, initializer="zeros")
+    layer = DistributedEmbedding([FeatureConfig("item", items), FeatureConfig("user", users), FeatureConfig("z", zeros)])
     layer.build()
     assert 0.018 < np.abs(layer.get_full_table("items")).max() <= 0.02
-    assert ShardedEmbedding.from_config(layer.get_config()).init_bound == 0.02
-    default = ShardedEmbedding(tables, features)
-    default.build()
-    assert np.abs(default.get_full_table("items")).max() > 0.15  # 1/sqrt(30) = 0.183
+    assert np.abs(layer.get_full_table("users")).max() > 0.15  # the default: 1/sqrt(30) = 0.183
+    assert not np.abs(layer.get_full_table("zeros")).any()
+    restored = DistributedEmbedding.from_config(layer.get_config())
+    restored.build()
+    for name in ("items", "users", "zeros"):
+        np.testing.assert_array_equal(restored.get_full_table(name), layer.get_full_table(name))
+    with pytest.raises(ValueError, match="initializer of table 'bad'"):
+        TableConfig("bad", 30, 4, initializer=keras.initializers.GlorotUniform())

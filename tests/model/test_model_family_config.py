@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tf_dlrm.spec.crossed_features import CrossedFeature
-from tf_dlrm.embedding.config import FeatureConfig
-from tf_dlrm.models.tables import family_features, family_tables
-from tf_dlrm.models.config import ModelFamilyConfig
-from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.config.crossed_features import CrossedFeature
+from tf_dlrm.embedding.table_config import FeatureConfig
+from tf_dlrm.config.model_tables import family_features, family_tables
+from tf_dlrm.config.models import ModelFamilyConfig
+from tf_dlrm.distributed.plan import TableSpec
 
 
 def test_model_family_config_checks_every_flag():
@@ -32,7 +32,8 @@ def test_crossed_features_import_no_tensorflow():
     import subprocess
     import sys
 
-    code = "import sys, tf_dlrm.spec.crossed_features; sys.exit('tensorflow' in sys.modules)"
+    code = ("import sys, tf_dlrm.config.models, tf_dlrm.config.crossed_features; "
+            "sys.exit('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

@@ -22,7 +22,7 @@ from tf_dlrm.optimizers.lazy_adam import LazyAdam
 from tf_dlrm.optimizers.rowwise_adagrad import RowwiseAdagrad
 from tf_dlrm.optimizers.sparse_adagrad import SparseAdagrad
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD
-from tf_dlrm.train.sparse_update import SparseUpdater
+from tf_dlrm.embedding.sparse_update import SparseUpdater
 
 IDS = np.array([1, 4, 1, 1, 0], np.int32)
 RATE, DECAY = 0.05, 0.01
@@ -162,13 +162,13 @@ def test_learning_rate_flags_give_each_family_its_rate(flags, dense, embedding):
 def test_rowwise_adagrad_refuses_what_it_cannot_keep_exact(features, refused):
     """Row-wise state of a column-sliced table sums each sample's partial squares over the slices:
     exact for one one-hot reader only, so anything else is refused by name before training."""
-    from tf_dlrm.embedding.config import FeatureConfig
-    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
-    from tf_dlrm.sharding.plan import TableSpec
-    from tf_dlrm.sharding.planner import make_plan
+    from tf_dlrm.embedding.table_config import FeatureConfig
+    from tf_dlrm.embedding import DistributedEmbedding
+    from tf_dlrm.distributed.plan import TableSpec
+    from tf_dlrm.distributed.planner import make_plan
 
     plan = make_plan([TableSpec("t0", 40, 8), TableSpec("t1", 30, 8)], 2, "column_wise", data_parallel_threshold=1)
-    layer = DistributedEmbedding(plan, rank=0, features=[FeatureConfig(n, t, h) for n, t, h in features])
+    layer = DistributedEmbedding.from_plan(plan, rank=0, features=[FeatureConfig(n, t, h) for n, t, h in features])
     layer.build()
     env = DistributedEnv(rank=0, world_size=2)
     make = lambda: SparseUpdater(RowwiseAdagrad(), env, layer.sparse_variables, [], layer.padding_variables)  # noqa: E731

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tf_dlrm.spec.crossed_features import CrossedFeature
-from tf_dlrm.embedding.config import FeatureConfig
-from tf_dlrm.models.tables import family_tables
-from tf_dlrm.models.config import ModelFamilyConfig
-from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.config.crossed_features import CrossedFeature
+from tf_dlrm.embedding.table_config import FeatureConfig
+from tf_dlrm.config.model_tables import family_tables
+from tf_dlrm.config.models import ModelFamilyConfig
+from tf_dlrm.distributed.plan import TableSpec
 
 CARDINALITIES = (40, 3000, 500, 7000)
 CROSSED = [CrossedFeature("t1", "t2", 300)]

@@ -7,16 +7,18 @@ import numpy as np
 
 from tf_dlrm.data.random_batches import RandomBatches
 from tf_dlrm.data.reader import SplitBinaryReader
-from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
-from tf_dlrm.parallel.env import DistributedEnv
-from tf_dlrm.sharding.plan import ShardingPlan, TableSpec
-from tf_dlrm.sharding.planner import make_plan, table_readers
-from tf_dlrm.embedding.config import FeatureConfig, check_width_mapping, feature_tables
-from tf_dlrm.models.tables import family_features, family_tables
-from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
-from tf_dlrm.spec.feature_spec import FeatureSpec
-from tf_dlrm.models.dlrm import DLRM
-from tf_dlrm.train.precision import PrecisionChoice, choose_precision
+from tf_dlrm.embedding import DistributedEmbedding
+from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.distributed.plan import ShardingPlan, TableSpec
+from tf_dlrm.distributed.planner import make_plan, table_readers
+from tf_dlrm.config.embedding import check_width_mapping
+from tf_dlrm.embedding.table_config import FeatureConfig, feature_tables
+from tf_dlrm.config.model_tables import family_features, family_tables
+# The configs live in a TF-free module (flags parse into them); kept importable from here.
+from tf_dlrm.config.model import ModelConfig, ShardingConfig, parse_dims  # noqa: F401
+from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.model.dlrm import DLRM
+from tf_dlrm.precision import PrecisionChoice, choose_precision
 
 
 def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=()) -> list[TableSpec]:
@@ -114,7 +116,7 @@ def build_model(
         else:
             model.build(None)
         return model
-    embedding = DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input,
+    embedding = DistributedEmbedding.from_plan(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input,
                                      features=make_features(spec), deduplicate_exchange=deduplicate_exchange,
                                      hot_rows=hot_rows, split_embedding_tables=split_embedding_tables,
                                      init_bound=config.embedding_init_bound, name="embedding")

@@ -43,7 +43,7 @@ def hot_row_plan(spec, plan, sharding, env, split: str, global_batch_size: int) 
 
 
 def as_layer_option(hot: HotRowPlan | None) -> dict | None:
-    """``{table index: ids}`` for :class:`~tf_dlrm.embedding.distributed_embedding.DistributedEmbedding`."""
+    """``{table index: ids}`` for :class:`~tf_dlrm.embedding.DistributedEmbedding`."""
     if hot is None:
         return None
     return {rows.table: list(rows.ids) for rows in hot.tables}

@@ -1,20 +1,26 @@
-"""tf_dlrm.embedding: distributed embeddings for any Keras model.
+"""tf_dlrm.embedding: distributed embeddings for any Keras model (the library ``main.py`` is built on).
 
-- :class:`TableConfig` / :class:`FeatureConfig`: tables (rows, width, initializer, optimizer) apart
-  from the features that read them (hotness, combiner), so features can share a table;
-- :func:`plan_tables`: where every table (or column slice) lives on N ranks (pure Python);
-- :class:`ShardedEmbedding`: a Keras layer, ``{feature: ids} -> {feature: pooled [b, width]}``;
-- :class:`ShardedModel`: a ``keras.Model`` base whose ``train_step`` applies the shards' sparse
-  gradients and allreduces the rest, so ``compile()`` / ``fit()`` work on N Horovod ranks;
-  :class:`BroadcastInitialState` starts every rank from rank 0's dense weights.
+- :class:`TableConfig` / :class:`FeatureConfig`: tables (rows, width, initializer, optimizer,
+  placement) apart from the features that read them (hotness, ragged, combiner); a feature holds
+  its table object, so features can share a table. :mod:`tf_dlrm.embedding.optimizers` holds the
+  table optimizers (``SGD``, ``Adagrad``, ``RowWiseAdagrad``, ``LazyAdam``, ``FTRL``);
+  :class:`Placement` asks for a sharding, hot rows or split bfloat16 storage.
+- :class:`DistributedEmbedding`: a Keras layer, ``{feature: ids} -> {feature: [batch, dim]}``; under
+  Horovod each rank passes its local batch, tables are sharded table-wise / column-wise or
+  replicated over the ranks (:func:`plan_tables`, pure Python).
+- :class:`Model`: a ``keras.Model`` whose ``fit`` runs :class:`TrainingStep` (per-table sparse
+  updates, dense gradients averaged over ranks); a hand-written loop calls a ``TrainingStep``
+  itself. :class:`BroadcastInitialState` starts every rank from rank 0's dense weights.
 """
 
-from tf_dlrm.embedding.config import Combiner, FeatureConfig, TableConfig
-from tf_dlrm.embedding.layer import ShardedEmbedding
-from tf_dlrm.embedding.model import BroadcastInitialState, ShardedModel, sharded_variables
+from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
+from tf_dlrm.embedding import optimizers
+from tf_dlrm.embedding.model import BroadcastInitialState, Model, sharded_variables
 from tf_dlrm.embedding.planning import plan_tables
+from tf_dlrm.embedding.table_config import Combiner, DynamicStorage, FeatureConfig, Placement, TableConfig
+from tf_dlrm.embedding.training_step import TrainingStep
 
 __all__ = [
-    "BroadcastInitialState", "Combiner", "FeatureConfig", "ShardedEmbedding", "ShardedModel", "TableConfig",
-    "plan_tables", "sharded_variables",
+    "BroadcastInitialState", "Combiner", "DistributedEmbedding", "DynamicStorage", "FeatureConfig", "Model",
+    "Placement", "TableConfig", "TrainingStep", "optimizers", "plan_tables", "sharded_variables",
 ]

@@ -42,17 +42,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_dlrm.parallel import collectives
-from tf_dlrm.ops.assemble import assemble_columns, assemble_kernel, assembly_layout
-from tf_dlrm.parallel.env import DistributedEnv
-from tf_dlrm.embedding.dedup_exchange import deduplicated_exchange
-from tf_dlrm.ops.embedding_bag import bag_kernel, mark_distinct_rows, multi_table_bag_lookup
-from tf_dlrm.embedding.full_tables import FullTableAccess
-from tf_dlrm.embedding.fused_variables import FusedVariables
-from tf_dlrm.embedding.hot_row_layer import HotRowReplicas
-from tf_dlrm.embedding.exchange import exchange_block, permute
-from tf_dlrm.embedding.id_exchange import exchange_ids
-from tf_dlrm.sharding.packing import (
+from tf_dlrm.distributed import collectives
+from tf_dlrm.distributed.assemble import assemble_columns, assemble_kernel, assembly_layout
+from tf_dlrm.distributed.env import DistributedEnv, current_env
+from tf_dlrm.distributed.dedup_exchange import deduplicated_exchange
+from tf_dlrm.distributed.embedding_bag import bag_kernel, mark_distinct_rows, multi_table_bag_lookup
+from tf_dlrm.distributed.full_tables import FullTableAccess
+from tf_dlrm.distributed.fused_variables import FusedVariables
+from tf_dlrm.distributed.hot_row_layer import HotRowReplicas
+from tf_dlrm.distributed.exchange import exchange_block, permute
+from tf_dlrm.distributed.id_exchange import exchange_ids
+from tf_dlrm.distributed.packing import (
     group_entries,
     output_permutation,
     packing_groups,
@@ -61,12 +61,13 @@ from tf_dlrm.sharding.packing import (
     replicated_labels,
     send_width,
 )
-from tf_dlrm.sharding.plan import ShardingPlan
-from tf_dlrm.embedding.pooling import normalize_ids, pooled_lookup
-from tf_dlrm.embedding.split_tables import check_split_options
-from tf_dlrm.embedding.config import as_feature_config, default_features, feature_tables
-from tf_dlrm.embedding.table_init import check_init_bound
-from tf_dlrm.embedding.variable_kind import VariableKind, mark, set_layout
+from tf_dlrm.distributed.plan import ShardingPlan
+from tf_dlrm.distributed.pooling import normalize_ids, pooled_lookup
+from tf_dlrm.distributed.split_tables import check_split_options
+from tf_dlrm.embedding.planning import plan_tables
+from tf_dlrm.embedding.table_config import as_feature_config, default_features, feature_tables, tables_of
+from tf_dlrm.model.table_init import check_init_bound
+from tf_dlrm.model.variable_kind import VariableKind, mark, set_layout
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
@@ -94,25 +95,49 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             (:mod:`tf_dlrm.embedding.table_init`).
     """
 
-    def __init__(self, plan, rank: int = 0, seed: int = 0, data_parallel_input: bool = False, features=None,
-                 validate_ids: bool = True, deduplicate_exchange: bool = False, use_kernel: bool = True, hot_rows=None,
-                 split_embedding_tables: bool = False, init_bound: float | None = None, **kwargs):
+    def __init__(self, feature_configs, *, seed: int = 0, data_parallel_input: bool = True, validate_ids: bool = True,
+                 deduplicate_exchange: bool = False, use_kernel: bool = True, strategy: str = "auto",
+                 data_parallel_threshold: int = 0, column_slice_threshold: int | None = None, plan=None, env=None,
+                 hot_rows=None, split_embedding_tables: bool = False, init_bound: float | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
-        table_names = [t.name for t in self.plan.tables]
-        if features is None:
-            features = default_features(table_names)
-        self.features = tuple(as_feature_config(f) for f in features)
+        if isinstance(feature_configs, Mapping):
+            feature_configs = list(feature_configs.values())
+        self.features = tuple(as_feature_config(f) for f in feature_configs)
         if not self.features:
-            raise ValueError("Expected at least one feature. Received: features=()")
+            raise ValueError("Expected at least one feature. Received: feature_configs=()")
+        self.env = env if env is not None else current_env()
+        self.strategy, self.data_parallel_threshold = strategy, int(data_parallel_threshold)
+        self.column_slice_threshold = column_slice_threshold
+        self.table_configs, self.dynamic_layer = None, None
+        # Set by the training step while it traces: a user's model need not pass ``training`` down.
+        self.training_default = None
+        self.output_features = self.features  # every feature, in the order of the output dict
+        if plan is None:
+            # Tables come from the features (the public form): the plan follows the placements.
+            self.table_configs = tables_of(self.features)
+            if any(t.dynamic for t in self.table_configs):
+                self._make_dynamic_layer(seed)
+            plan = plan_tables(self.table_configs, self.features, self.env.world_size, strategy=strategy,
+                               data_parallel_threshold=data_parallel_threshold, column_slice_threshold=column_slice_threshold)
+            hot_rows = {t: list(c.placement.hot_rows) for t, c in enumerate(self.table_configs) if c.placement.hot_rows}
+            split = {c.placement.storage for t, c in enumerate(self.table_configs) if t in set(plan.model_parallel)}
+            if len(split) > 1:
+                raise ValueError("Expected one storage for every model-parallel table (split bfloat16 tables are fused "
+                                 f"with the others). Received: {sorted(split)}")
+            split_embedding_tables = split == {"split_bfloat16"}
+        self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
+        if self.plan.world_size != self.env.world_size:
+            raise ValueError(f"Expected a plan for the {self.env.world_size} ranks of this run. "
+                             f"Received: a plan for {self.plan.world_size}")
+        table_names = [t.name for t in self.plan.tables]
+        rank = self.env.rank
+        self.table_init_bounds = (tuple(t.init_bound for t in self.table_configs) if self.table_configs is not None
+                                  else (check_init_bound(init_bound),) * len(table_names))
         self.feature_tables = feature_tables(self.features, table_names)
         self.feature_widths = tuple(self.plan.tables[t].dim for t in self.feature_tables)
         widths = set(self.feature_widths)
         # One width for all features: the output is [b, F, D] (DLRM's interaction wants that).
         self.embedding_dim = widths.pop() if len(widths) == 1 else None
-        self.env = DistributedEnv(rank=rank, world_size=self.plan.world_size)
-        if not 0 <= rank < self.plan.world_size:
-            raise ValueError(f"Expected 0 <= rank < world_size={self.plan.world_size}. Received: rank={rank}")
         self.seed = int(seed)
         self.init_bound = check_init_bound(init_bound)
         self.data_parallel_input = bool(data_parallel_input)
@@ -158,6 +183,59 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if self.split_embedding_tables:
             check_split_options(self.compute_dtype, bool(self.hot_rows), self.deduplicate_exchange)
 
+    def _make_dynamic_layer(self, seed: int) -> None:
+        """Dynamic tables (``Placement(dynamic=...)``) live in a :class:`DynamicEmbedding` inside this
+        layer, keyed by raw int64 keys and sharded by key hash; the others follow the plan."""
+        from tf_dlrm.dynamic.layer import DynamicEmbedding
+        from tf_dlrm.dynamic.routing import DynamicTableConfig
+
+        dynamic = [t for t in self.table_configs if t.dynamic]
+        names = {t.name for t in dynamic}
+        readers = [f for f in self.features if f.table_name in names]
+        problems = [f.name for f in readers if not f.one_hot]
+        if problems or len(readers) != len(dynamic):
+            raise ValueError("Expected one one-hot feature per dynamic table (its keys, [batch] int64). Received: "
+                             f"features {[(f.name, f.table_name, f.hotness) for f in readers]} for dynamic tables "
+                             f"{sorted(names)}")
+        static = [f for f in self.features if f.table_name not in names]
+        if not static:
+            raise ValueError("Expected at least one table that is not dynamic beside the dynamic ones")
+        configs = [DynamicTableConfig(name=f.table.name, capacity=f.table.placement.dynamic.capacity,
+                                      width=f.table.embedding_dim, eviction=f.table.placement.dynamic.eviction,
+                                      min_count=f.table.placement.dynamic.min_count,
+                                      initial_bound=f.table.init_bound or None) for f in readers]
+        self.dynamic_features = tuple(readers)
+        self.dynamic_layer = DynamicEmbedding(configs, rank=self.env.rank, world_size=self.env.world_size, seed=seed,
+                                              name=f"{self.name}_dynamic")
+        self.features = tuple(static)
+        self.table_configs = tables_of(self.features)
+        self.dynamic_table_configs = tuple(f.table for f in readers)
+
+    @classmethod
+    def from_plan(cls, plan, rank: int = 0, features=None, **options):
+        """The layer of an already computed ``plan`` on ``rank`` (``main.py``'s builder and the tests):
+        ``features`` name the plan's tables (default: one one-hot ``sum`` feature per table, named like
+        it); by default every rank reads the global batch of its own tables' ids."""
+        plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
+        if features is None:
+            features = default_features([t.name for t in plan.tables])
+        options.setdefault("data_parallel_input", False)
+        return cls(features, plan=plan, env=DistributedEnv(rank=rank, world_size=plan.world_size), **options)
+
+    def table_optimizers(self) -> dict | None:
+        """``{table index: table optimizer object}`` (:mod:`tf_dlrm.embedding.optimizers`) when the
+        layer was made from :class:`TableConfig` objects; None for a layer made from a plan."""
+        if self.table_configs is None:
+            return None
+        return {t: config.optimizer for t, config in enumerate(self.table_configs)}
+
+    def dynamic_optimizers(self) -> list:
+        """The optimizer objects of the dynamic tables (their rows train with the step's base optimizer)."""
+        return [t.optimizer for t in getattr(self, "dynamic_table_configs", ())]
+
+    def table_init_bound(self, table: int) -> float | None:
+        return self.table_init_bounds[table]
+
     # ------------------------------------------------------------------ weights
 
     def _pools_with_kernel(self, slices, entries) -> bool:
@@ -173,6 +251,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         return self.use_kernel and bag_kernel() is not None and not self.split_embedding_tables
 
     def build(self, input_shape=None):
+        if self.dynamic_layer is not None and not self.dynamic_layer.built:
+            self.dynamic_layer.build()
         self.group_offsets, self.replicated_offsets = [], []
         self.group_kernel, self.replicated_kernel = [], []
         for (width, slices), entries in zip(self.groups, self.entries):
@@ -246,11 +326,13 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             checks.append((feature.name, self.cardinalities[self.feature_tables[f]], hotness))
         return checks
 
-    def call(self, categorical, local_batch=None):
+    def call(self, categorical, local_batch=None, training=None):
         """``categorical``: the ids of :attr:`global_categorical` then :attr:`local_categorical`
         features. ``local_batch`` (the local batch size) is needed only by a rank that reads no ids.
 
         Returns ``[b, F, D]`` when every feature has width ``D``, else ``[b, sum of widths]``."""
+        if isinstance(categorical, Mapping):
+            return self._call_features(categorical, self.training_default if training is None else training)
         categorical = list(categorical)
         if local_batch is None:
             local_batch = self._local_batch_from(categorical)
@@ -287,6 +369,18 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if self.embedding_dim is None:
             return pooled
         return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
+
+    def _call_features(self, inputs: Mapping, training=None) -> dict:
+        """``{feature name: ids}`` -> ``{feature name: [b, width]}`` (the public form)."""
+        missing = [f.name for f in self.output_features if f.name not in inputs]
+        if missing:
+            raise ValueError(f"Expected ids of every feature {[f.name for f in self.output_features]}. Missing: {missing}")
+        pooled = self.split_features(self.call([inputs[self.features[f].name] for f in self._input_features()]))
+        if self.dynamic_layer is not None:
+            vectors = self.dynamic_layer([inputs[f.name] for f in self.dynamic_features], training=bool(training))
+            for index, feature in enumerate(self.dynamic_features):
+                pooled[feature.name] = vectors[:, index]
+        return {f.name: pooled[f.name] for f in self.output_features}
 
     def _single_op_lookup(self, ids) -> tf.Tensor:
         """One process: every feature pooled by one kernel op, straight into feature order."""
@@ -373,22 +467,29 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         return pooled_lookup(variable, entries, index_dtype, kernel=kernel, checks=checks)
 
     def compute_output_shape(self, input_shape):
+        if isinstance(input_shape, Mapping):
+            return {f.name: (None, f.table.embedding_dim if hasattr(f.table, "embedding_dim") else None)
+                    for f in self.output_features}
         if self.embedding_dim is None:
             return (None, sum(self.feature_widths))
         return (None, self.num_features, self.embedding_dim)
 
     def get_config(self):
-        return {
+        # Never the rank or the world size: a saved layer is rebuilt for the run that loads it.
+        config = {
             **super().get_config(),
-            "plan": self.plan.to_dict(),
-            "rank": self.env.rank,
+            "feature_configs": [feature.to_dict() for feature in self.output_features],
             "seed": self.seed,
-            "init_bound": self.init_bound,
             "data_parallel_input": self.data_parallel_input,
-            "features": [feature.to_dict() for feature in self.features],
             "validate_ids": self.validate_ids,
             "deduplicate_exchange": self.deduplicate_exchange,
             "use_kernel": self.use_kernel,
-            "hot_rows": {str(table): list(ids) for table, ids in self.hot_rows.items()},
-            "split_embedding_tables": self.split_embedding_tables,
+            "strategy": self.strategy,
+            "data_parallel_threshold": self.data_parallel_threshold,
+            "column_slice_threshold": self.column_slice_threshold,
         }
+        if self.table_configs is None:
+            config.update(plan=self.plan.to_dict(), init_bound=self.init_bound,
+                          hot_rows={str(table): list(ids) for table, ids in self.hot_rows.items()},
+                          split_embedding_tables=self.split_embedding_tables)
+        return config

@@ -1,7 +1,7 @@
 """The embedding interface of DLRM and its plain single-process implementation.
 
 Any embedding layer of tf_dlrm (this reference bank, or the sharded
-:class:`tf_dlrm.embedding.distributed_embedding.DistributedEmbedding`) has:
+:class:`tf_dlrm.embedding.DistributedEmbedding`) has:
 
 - ``global_categorical`` / ``local_categorical``: which categorical features (indices into the
   feature spec's categorical channel) it wants for the global batch and for the local batch; the
@@ -23,9 +23,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_dlrm.embedding.config import as_feature_config, default_features, feature_tables
-from tf_dlrm.embedding.table_init import check_init_bound, initial_table_slice
-from tf_dlrm.embedding.variable_kind import SliceLayout, VariableKind, mark, set_layout
+from tf_dlrm.embedding.table_config import as_feature_config, default_features, feature_tables
+from tf_dlrm.model.table_init import check_init_bound, initial_table_slice
+from tf_dlrm.model.variable_kind import SliceLayout, VariableKind, mark, set_layout
 
 
 def validate_tables(cardinalities: Sequence[int], embedding_dim) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""Whole tables in and out of a :class:`~tf_dlrm.embedding.distributed_embedding.DistributedEmbedding`.
+"""Whole tables in and out of a :class:`~tf_dlrm.embedding.DistributedEmbedding`.
 
 Two ways in and out:
 
@@ -67,13 +67,24 @@ class FullTableAccess:
                 layout.extend((rank, s) for s in slices if s.table == table)
         return layout
 
-    def get_full_table(self, table: int, state_of=None, row_wise: bool = False) -> np.ndarray | None:
-        """Collective: the full ``[rows, D]`` table on rank 0 (None elsewhere); one table at a time.
+    def table_index(self, table) -> int:
+        """The index of ``table`` (an index, or a table's name)."""
+        if isinstance(table, str):
+            names = [t.name for t in self.plan.tables]
+            if table not in names:
+                raise ValueError(f"Expected one of the tables {names}. Received: {table!r}")
+            return names.index(table)
+        return int(table)
+
+    def get_full_table(self, table, state_of=None, row_wise: bool = False) -> np.ndarray | None:
+        """Collective: the full ``[rows, D]`` table (index or name) on rank 0 (None elsewhere); one
+        table at a time.
 
         With ``state_of`` (a function from an embedding variable to its optimizer state variable,
         shaped like it) the same gather returns that state in full-table layout instead: ``[rows, D]``,
         or ``[rows, 1]`` for ``row_wise`` state, of which every slice of a row holds a copy.
         """
+        table = self.table_index(table)
         rows = self.cardinalities[table]
         dim = 1 if row_wise else self.plan.tables[table].dim
         state_of = state_of or (lambda variable: variable)

@@ -1,4 +1,4 @@
-"""The fused table variables of a :class:`~tf_dlrm.embedding.distributed_embedding.DistributedEmbedding` (a mixin).
+"""The fused table variables of a :class:`~tf_dlrm.embedding.DistributedEmbedding` (a mixin).
 
 The model-parallel slices a rank owns are fused by width: all slices of width ``w`` live in one
 ``[sum of their rows, w]`` variable, each at a row offset, so one gather serves them all.
@@ -54,8 +54,8 @@ class FusedVariables:
         problem = None
         if problems:
             problem = ("row-wise optimizer state stays exact on a column-sliced table only when one one-hot feature "
-                       f"reads it: {'; '.join(problems)}. Shard it table-wise (--dist_strategy=table_wise or a higher "
-                       "--column_slice_threshold), or use --embedding_optimizer=adagrad")
+                       f"reads it: {'; '.join(problems)}. Shard it table-wise (placement='table_wise', --dist_strategy=table_wise "
+                       "or a higher --column_slice_threshold), or use --embedding_optimizer=adagrad")
         return SliceLayout([s.table for s in slices], [(s.column_start, s.column_end) for s in slices],
                            [self.plan.tables[s.table].dim for s in slices], split_tables=split,
                            row_offsets=list(offsets) if len(offsets) else None, row_wise_problem=problem)
@@ -101,7 +101,7 @@ class FusedVariables:
     def _initial_blocks(self, piece):
         spec = self.plan.tables[piece.table]
         return initial_table_blocks(self.seed, piece.table, spec.rows, spec.dim, piece.column_start, piece.column_end,
-                                    self.init_bound)
+                                    self.table_init_bound(piece.table))
 
     def _initial_values(self, shape, slices, offsets) -> np.ndarray:
         values = np.empty(shape, np.float32)

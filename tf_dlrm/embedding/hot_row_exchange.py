@@ -24,7 +24,7 @@ global mean loss, like a shard's; the sparse updater scales it by ``1/N`` and ap
 optimizer to the touched slots with the replica's own (replicated) optimizer state, so every rank
 updates identical rows identically and the model equals the one without replication. With
 ``--hot_row_sync_every=S > 1`` the trainer skips this combine: each rank updates its replica with its
-own gradient and the ranks merge every ``S`` steps (:mod:`tf_dlrm.train.hot_row_sync`).
+own gradient and the ranks merge every ``S`` steps (:mod:`tf_dlrm.embedding.hot_row_sync`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The hot-row replicas of a :class:`~tf_dlrm.embedding.distributed_embedding.DistributedEmbedding` (a mixin).
+"""The hot-row replicas of a :class:`~tf_dlrm.embedding.DistributedEmbedding` (a mixin).
 
 ``hot_rows={table: sorted ids}`` (model-parallel tables, typically from
 :func:`tf_dlrm.sharding.hot_rows.plan_hot_rows`) gives every rank a ``hot`` variable per such table,
@@ -59,22 +59,20 @@ class HotRowReplicas:
         if not self.hot_tables:
             return
         problems = []
-        if self.data_parallel_input:
-            problems.append("--data_parallel_input")
         if self.deduplicate_exchange:
             problems.append("--deduplicate_exchange")
         multi_hot = [f.name for f, t in zip(self.features, self.feature_tables) if not f.one_hot and t in self.hot_rows]
         if multi_hot:
             problems.append(f"multi-hot features {multi_hot} on tables with hot rows")
         if problems:
-            raise ValueError("hot rows (--hot_rows_budget) are executed for one-hot features read by the owner's "
-                             f"global batch only; they cannot be combined with {', '.join(problems)}")
+            raise ValueError("hot rows (--hot_rows_budget) are executed for one-hot features only; they cannot be "
+                             f"combined with {', '.join(problems)}")
 
     def _build_hot_rows(self) -> None:
         self.hot_index = {}
         for table in self.hot_tables:
             spec = self.plan.tables[table]
-            values = initial_table_rows(self.seed, table, spec.rows, spec.dim, self.hot_rows[table], self.init_bound)
+            values = initial_table_rows(self.seed, table, spec.rows, spec.dim, self.hot_rows[table], self.table_init_bound(table))
             variable = self.add_weight(name=f"hot_rows_t{table}", shape=values.shape, dtype="float32",
                                        initializer=lambda shape, dtype, v=values: tf.constant(v), autocast=False)
             self.hot_index[table] = len(self.hot_variables)
@@ -95,8 +93,10 @@ class HotRowReplicas:
         entries) and ids in, ``[b, sum_s W_s]`` out."""
         mine, counts = [], []
         for rows, f, _, piece, _ in self._entry_blocks(packed):
-            ids = global_ids[f]
-            codes = hot_codes(ids, self._hot_ids(piece.table)) if piece.table in self.hot_index else -tf.ones_like(ids, tf.int32)
+            if piece.table in self.hot_index:
+                codes = hot_codes(global_ids[f], self._hot_ids(piece.table))
+            else:  # every sample cold: one code per pooled row (a multi-hot feature has several ids per row)
+                codes = -tf.ones(tf.shape(rows)[:1], tf.int32)
             mine.append((rows, codes))
             counts.append(self._traffic_counts(codes, piece.width, piece.column_start == 0))
         sources = []

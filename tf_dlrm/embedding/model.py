@@ -1,17 +1,14 @@
-"""ShardedModel: a ``keras.Model`` base class whose ``train_step`` trains sharded embeddings, so
-``model.compile()`` / ``model.fit()`` work unchanged on N Horovod ranks.
+"""Model: a ``keras.Model`` whose ``compile()`` / ``fit()`` train distributed embeddings on N ranks.
 
-One step on rank r of N, each rank holding the mean loss of its local batch:
+``fit`` runs the library's training step (:class:`tf_dlrm.embedding.training_step.TrainingStep`),
+the same one ``main.py`` runs: each table is updated by its own optimizer (its
+:class:`~tf_dlrm.embedding.TableConfig`'s, touched rows only), replicated tables and dense weights
+get gradients averaged over ranks, the compiled Keras optimizer updates the dense weights.
 
-- gradients of every dense weight (anything not a shard, replicated tables included) are averaged
-  over ranks with one grouped allreduce: the gradient of the global mean loss; the compiled Keras
-  optimizer applies them, so every rank keeps identical dense weights;
-- gradients of the shards arrive through the alltoall's backward summed over ranks (N times the
-  global gradient); they are scaled by 1/N and applied with sparse SGD to the touched rows only
-  (duplicate ids accumulate), at ``embedding_learning_rate`` (default: the optimizer's rate).
-
-Every rank must start from the same dense weights: seed Keras identically on every rank, or pass
-:class:`BroadcastInitialState` to ``fit`` (rank 0's weights to all).
+Under ``horovodrun`` every rank feeds its own slice of each global batch (the same number of
+batches on every rank) and every rank must start from the same dense weights: seed Keras
+identically on every rank, or pass :class:`BroadcastInitialState` to ``fit``. Tables need nothing:
+their initial values depend only on the layer's seed.
 """
 
 from __future__ import annotations
@@ -19,69 +16,82 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tf_dlrm.parallel import collectives
-from tf_dlrm.parallel.env import DistributedEnv
-from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
-from tf_dlrm.optimizers.sparse_sgd import SparseSGD
+from tf_dlrm.distributed import collectives
+from tf_dlrm.distributed.env import current_env
+from tf_dlrm.embedding.training_step import TrainingStep
+from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
 
 
 def sharded_variables(model, kind: VariableKind = VariableKind.SHARDED) -> list:
-    """The rank-local shard variables of every sharded embedding layer inside ``model`` (or, with
-    ``kind=VariableKind.PADDING``, the exchange paddings of ranks that own no slice), found by the
-    mark each layer sets on its variables (:mod:`tf_dlrm.embedding.variable_kind`)."""
+    """The variables of ``model`` marked ``kind`` by its embedding layers (rank-local shards by default)."""
     return variables_of_kind(model.variables, kind)
 
 
-def _dense_gradient(gradient, variable):
-    if gradient is None:
-        return tf.zeros(variable.shape, variable.dtype)
-    if isinstance(gradient, tf.IndexedSlices):  # a replicated table: small, allreduced dense
-        return tf.math.unsorted_segment_sum(gradient.values, gradient.indices, variable.shape[0])
-    return gradient
+def _first_batch(x):
+    """A batch of ``x`` to build a model with (``fit``'s data: a dataset, a dict or an array)."""
+    if isinstance(x, tf.data.Dataset):
+        batch = next(iter(x))
+        return batch[0] if isinstance(batch, tuple) else batch
+    return tf.nest.map_structure(lambda a: a[:1], x)
 
 
-class ShardedModel(keras.Model):
-    """Subclass it (or call it functionally) like ``keras.Model``; sharded layers are found inside.
+class Model(keras.Model):
+    """Subclass it (or call it functionally) like ``keras.Model``; embedding layers are found inside.
 
     Args:
-        world_size, rank: this process's place (``tf_dlrm.parallel.env.initialize()``).
-        embedding_learning_rate: the shards' SGD rate; None: the compiled optimizer's rate.
+        loss_scale: under ``mixed_float16``: 0 for a dynamic loss scale, > 0 for a static one.
+        hot_row_sync_every: with hot-row tables on several ranks, merge the replicas' updates every
+            ``S`` steps (1: combine every step, exact).
+        env: this process's place; default Horovod's when initialised, else one process.
     """
 
-    def __init__(self, *args, world_size: int = 1, rank: int = 0, embedding_learning_rate: float | None = None, **kwargs):
+    def __init__(self, *args, loss_scale: float = 0.0, hot_row_sync_every: int = 1, env=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.env = DistributedEnv(rank=rank, world_size=world_size)
-        self.embedding_learning_rate = embedding_learning_rate
+        self._tf_dlrm_options = dict(loss_scale=loss_scale, hot_row_sync_every=hot_row_sync_every)
+        self._tf_dlrm_env = env
+        self._tf_dlrm_step = None
+
+    def compile(self, optimizer="rmsprop", loss=None, **kwargs):
+        # Horovod's collectives cannot be compiled by XLA: the whole step stays a TensorFlow graph.
+        kwargs["jit_compile"] = False
+        super().compile(optimizer=optimizer, loss=loss, **kwargs)
+        self._tf_dlrm_step = None
+
+    def build(self, input_shape=None):
+        # Keras would build a subclassed model by a symbolic call, where the embedding's exchange
+        # cannot run: the embedding layers are built here, the other layers by the first real call.
+        for layer in self._flatten_layers(include_self=False):
+            if hasattr(layer, "table_optimizers") and not layer.built:
+                layer.build()
+        self.built = True
+
+    @property
+    def training_step(self) -> TrainingStep:
+        """The training step (made on first use, after the model is built and compiled)."""
+        if self._tf_dlrm_step is None:
+            if not self.built:
+                raise ValueError("Build the model (call it on a batch) before training it")
+            optimizer = self.optimizer
+            optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # our own loss scaling replaces Keras'
+            self._tf_dlrm_step = TrainingStep(
+                self, self._tf_dlrm_env or current_env(), loss_fn=self._loss_of, dense_optimizer=optimizer,
+                compress_dense_gradients=False, **self._tf_dlrm_options)
+        return self._tf_dlrm_step
+
+    def _loss_of(self, x, y, y_pred, sample_weight):
+        return self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        if not self.built:
+            self(_first_batch(x))
+        self.training_step  # noqa: B018 - state is made outside the traced train function
+        return super().fit(x, y, *args, **kwargs)
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        shards = sharded_variables(self)
-        shard_ids = {id(v) for v in shards}
-        dense = [v for v in self.trainable_variables if id(v) not in shard_ids]
-        padding = sharded_variables(self, VariableKind.PADDING)
-        watched = [v.value for v in shards + dense + padding]
-        with tf.GradientTape() as tape:
-            tape.watch(watched)
-            y_pred = self(x, training=True) if self._call_has_training_arg else self(x)
-            loss = self._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-            # The loss shown by fit(): this rank's local mean, as Keras' own train_step records it.
-            self._loss_tracker.update_state(loss, sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
-        gradients = tape.gradient(loss, watched)
-        count = len(shards) + len(dense)
-        dense_gradients = [_dense_gradient(g, v) for g, v in zip(gradients[len(shards):count], dense)]
-        dense_gradients = collectives.grouped_mean(self.env, dense_gradients, name=f"{self.name}_dense_gradients")
-        rate = self.embedding_learning_rate
-        if rate is None:
-            rate = tf.cast(self.optimizer.learning_rate, tf.float32)
-        for variable, gradient in zip(shards, gradients[:len(shards)]):
-            if gradient is not None:
-                SparseSGD.apply_repeated(variable, gradient, rate / self.env.world_size)
-        self.optimizer.apply(dense_gradients, dense)
-        # A rank owning no slice must still run the backward alltoall: storing the (zero) gradient
-        # of its padding keeps it in the graph (see DistributedEmbedding.build).
-        for variable, gradient in zip(padding, gradients[count:]):
-            if gradient is not None:
-                variable.assign(tf.cast(gradient, variable.dtype))
+        loss, y_pred = self.training_step.train(x, y, sample_weight)
+        # The loss fit() shows: this rank's local mean, as Keras' own train_step records it.
+        self._loss_tracker.update_state(loss, sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
         return self.compute_metrics(x, y, y_pred, sample_weight)
 
 
@@ -89,11 +99,11 @@ class BroadcastInitialState(keras.callbacks.Callback):
     """Gives every rank rank 0's dense weights when training begins (shards need nothing: their
     initial values depend only on the seed)."""
 
-    def __init__(self, env: DistributedEnv):
+    def __init__(self, env=None):
         super().__init__()
         self.env = env
 
     def on_train_begin(self, logs=None):
+        env = self.env or current_env()
         shard_ids = {id(v) for v in sharded_variables(self.model)}
-        collectives.broadcast_variables(self.env, [v for v in self.model.variables if id(v) not in shard_ids
-                                                   and v.trainable])
+        collectives.broadcast_variables(env, [v for v in self.model.variables if id(v) not in shard_ids and v.trainable])

@@ -24,9 +24,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tf_dlrm.embedding.config import Combiner, FeatureConfig
-from tf_dlrm.ops.embedding_bag import bag_lookup
-from tf_dlrm.embedding.exchange import gather_rows
+from tf_dlrm.distributed.embedding_bag import bag_lookup
+from tf_dlrm.distributed.exchange import gather_rows
 
 
 def normalize_ids(ids, feature: FeatureConfig, rows: int, validate: bool = True):
@@ -93,11 +92,11 @@ def batch_size(ids) -> tf.Tensor:
 
 def combiner_scale(ids: tf.RaggedTensor, combiner: str) -> tf.Tensor | None:
     """``[n]`` factors turning per-sample sums into the combiner's result (None for ``sum``)."""
-    if combiner == Combiner.SUM.value:
+    if combiner == "sum":
         return None
     # An empty sample sums to zero; max(count, 1) keeps it zero instead of 0/0.
     count = tf.maximum(tf.cast(ids.row_lengths(), tf.float32), 1.0)
-    return 1.0 / count if combiner == Combiner.MEAN.value else tf.math.rsqrt(count)
+    return 1.0 / count if combiner == "mean" else tf.math.rsqrt(count)
 
 
 def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType, kernel: bool = False, checks=None) -> tf.Tensor:

@@ -11,9 +11,9 @@ tables come from :func:`tf_dlrm.models.tables.family_tables`.
 
 from __future__ import annotations
 
-from tf_dlrm.models.tables import family_features
-from tf_dlrm.models.config import ModelFamilyConfig, ModelName
-from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
+from tf_dlrm.config.model_tables import family_features
+from tf_dlrm.config.models import ModelFamilyConfig, ModelName
+from tf_dlrm.embedding import DistributedEmbedding
 from tf_dlrm.models.dcnv2 import DCNv2
 from tf_dlrm.models.deepfm import DeepFM
 from tf_dlrm.models.dlrm import DLRM
@@ -40,10 +40,10 @@ def build_family_model(family: ModelFamilyConfig, base_features, crossed, plan, 
     """
     features, sources = family_features(base_features, family, crossed)
     if family.uses_expanded_features:
-        embedding = ExpandedEmbedding(plan, rank=rank, seed=seed, features=features, sources=sources,
+        embedding = ExpandedEmbedding.from_plan(plan, rank=rank, seed=seed, features=features, sources=sources,
                                       init_bound=init_bound, name="embedding")
     else:
-        embedding = DistributedEmbedding(plan, rank=rank, seed=seed, data_parallel_input=data_parallel_input,
+        embedding = DistributedEmbedding.from_plan(plan, rank=rank, seed=seed, data_parallel_input=data_parallel_input,
                                          features=features, init_bound=init_bound, name="embedding")
     common = dict(num_numerical=num_numerical, num_deep_features=len(base_features), seed=seed, name=family.model)
     if family.model == ModelName.DCNV2.value:

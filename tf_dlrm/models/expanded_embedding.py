@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
-from tf_dlrm.models.layers.crossed_ids import crossed_ids
+from tf_dlrm.model.crossed_ids import crossed_ids
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
@@ -22,14 +22,15 @@ class ExpandedEmbedding(DistributedEmbedding):
     """A :class:`DistributedEmbedding` whose inputs are the spec's categorical columns.
 
     Args:
-        plan, rank, seed, features, validate_ids: as :class:`DistributedEmbedding`.
+        feature_configs and the keyword options: as :class:`DistributedEmbedding` (made with
+            :meth:`DistributedEmbedding.from_plan`).
         sources: per feature, ``("column", i)`` or ``("cross", i, j)`` (indices of the columns).
     """
 
-    def __init__(self, plan, rank: int = 0, seed: int = 0, features=None, sources=(), validate_ids: bool = True, **kwargs):
+    def __init__(self, feature_configs, *, sources=(), **kwargs):
         # Always local batches of every column: derived ids are made where the columns are.
-        super().__init__(plan, rank=rank, seed=seed, data_parallel_input=True, features=features,
-                         validate_ids=validate_ids, **kwargs)
+        kwargs["data_parallel_input"] = True
+        super().__init__(feature_configs, **kwargs)
         self.sources = tuple(tuple(s) for s in sources)
         if len(self.sources) != self.num_features:
             raise ValueError(f"Expected one source per feature ({self.num_features}). Received: {len(self.sources)} sources")

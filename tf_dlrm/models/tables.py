@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tf_dlrm.spec.crossed_features import CrossedFeature
-from tf_dlrm.embedding.config import FeatureConfig
-from tf_dlrm.models.config import ModelFamilyConfig, ModelName
-from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.config.crossed_features import CrossedFeature
+from tf_dlrm.embedding.table_config import FeatureConfig
+from tf_dlrm.config.models import ModelFamilyConfig, ModelName
+from tf_dlrm.distributed.plan import TableSpec
 
 LINEAR_PREFIX = "linear:"
 # first * card2 + second must fit in int64 (tf_dlrm.models.layers.crossed_ids).
@@ -55,7 +55,7 @@ def family_features(base: Sequence[FeatureConfig], family: ModelFamilyConfig, cr
     sources: list[tuple] = [("column", index) for index in range(len(base))]
     if family.model in (ModelName.DEEPFM.value, ModelName.WIDE_DEEP.value):
         for index, feature in enumerate(base):
-            features.append(FeatureConfig(name=f"{LINEAR_PREFIX}{feature.name}", table=f"{LINEAR_PREFIX}{feature.table}",
+            features.append(FeatureConfig(name=f"{LINEAR_PREFIX}{feature.name}", table=f"{LINEAR_PREFIX}{feature.table_name}",
                                           hotness=feature.hotness, combiner=feature.combiner, ragged=feature.ragged))
             sources.append(("column", index))
     if family.model == ModelName.WIDE_DEEP.value:

@@ -6,7 +6,7 @@ returns (no gathered ``[ids, w]`` tensor, no concat). Its gradient (registered b
 ``IndexedSlices`` over the *distinct* fused rows the entries read, each row's gradient summed over all
 its occurrences (duplicate ids in a sample, across the batch, and across features sharing a table).
 A variable read this way is marked (:func:`mark_distinct_rows`) so that the sparse update skips its
-own ``unique`` + segment sum (:mod:`tf_dlrm.train.sparse_update`), and plain SGD updates its rows with
+own ``unique`` + segment sum (:mod:`tf_dlrm.embedding.sparse_update`), and plain SGD updates its rows with
 one multi-threaded op (:func:`apply_sgd_to_distinct_rows`) instead of TensorFlow's single-threaded
 sparse update.
 

@@ -8,7 +8,7 @@ For each touched row ``r`` of a table of width ``D`` with summed gradient ``g [D
 State is ``[rows, 1]``: ``D`` times smaller than Adagrad's. When a table's columns are cut over
 several slices (column-wise sharding), ``sum_c g[c]^2`` spans them all: the trainer sums each
 slice's partial sums over the slices of the row (one small allreduce per step, see
-:meth:`tf_dlrm.train.sparse_update.SparseUpdater.row_mean_squares`) and every slice keeps an
+:meth:`tf_dlrm.embedding.sparse_update.SparseUpdater.row_mean_squares`) and every slice keeps an
 identical copy of the row's accumulator, so N ranks equal one process exactly.
 """
 

@@ -48,3 +48,16 @@ def initialize(force_horovod: bool = False) -> DistributedEnv:
 
     hvd.init()
     return DistributedEnv(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())
+
+
+def current_env() -> DistributedEnv:
+    """This process's place: Horovod's ranks when Horovod is initialised, else one process (the
+    default of layers built without an explicit env, e.g. in a user's own model)."""
+    if not launched_by_horovodrun():
+        return DistributedEnv()
+    import horovod.tensorflow as hvd
+
+    if not hvd.is_initialized():
+        raise RuntimeError("This process was started by horovodrun: call tf_dlrm.distributed.env.initialize() "
+                           "(or hvd.init()) before building a DistributedEmbedding")
+    return DistributedEnv(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())

@@ -155,7 +155,8 @@ def _balance_widths(tables, owned: list, base: int, readers: Sequence[int]) -> l
 
 def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Strategy = "auto",
               data_parallel_threshold: int = 2048, column_slice_threshold: int | None = None,
-              bytes_per_element: int = 4, readers: Sequence[int] | None = None) -> ShardingPlan:
+              bytes_per_element: int = 4, readers: Sequence[int] | None = None,
+              placements: Sequence[str] | None = None) -> ShardingPlan:
     """Plans where each table lives on `world_size` ranks.
 
     Tables with fewer than `data_parallel_threshold` rows are replicated on every rank; the
@@ -178,6 +179,9 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
         bytes_per_element: Bytes of one stored value (4 for float32 tables).
         readers: Per table, how many features read it (None: one each); see
             :func:`table_readers`.
+        placements: Per table, ``auto`` (the strategy and thresholds decide), or a request the plan
+            honours whatever the strategy: ``replicated`` (every rank, at any world size),
+            ``table_wise`` (one slice) or ``column_wise`` (``min(world_size, dim)`` slices).
 
     Returns:
         A `ShardingPlan`; the same arguments always give the same plan.
@@ -194,8 +198,10 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
     _check_int("bytes_per_element", bytes_per_element, 1)
     _check_tables(tables)
     readers = _check_readers(readers, tables)
-    replicated = tuple(t for t, s in enumerate(tables) if s.rows < data_parallel_threshold)
-    model_parallel = [t for t, s in enumerate(tables) if s.rows >= data_parallel_threshold]
+    placements = _check_placements(placements, tables)
+    replicated = tuple(t for t, s in enumerate(tables)
+                       if placements[t] == "replicated" or (placements[t] == "auto" and s.rows < data_parallel_threshold))
+    model_parallel = [t for t in range(len(tables)) if t not in set(replicated)]
     if world_size == 1:
         rank_slices = [[ColumnSlice(t, 0, tables[t].dim) for t in model_parallel]]
     else:
@@ -205,6 +211,11 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
             # Integer ceiling: float division would round for tables above 2**53 elements.
             fewest = {t: min(most[t], -(-tables[t].elements // column_slice_threshold))
                       for t in model_parallel}
+        for t in model_parallel:
+            if placements[t] == "table_wise":
+                fewest[t] = most[t] = 1
+            elif placements[t] == "column_wise":
+                fewest[t] = most[t]
         if strategy is Strategy.TABLE_WISE:
             rank_slices, _ = _assign(tables, fewest, world_size)
         elif strategy is Strategy.COLUMN_WISE:
@@ -223,6 +234,22 @@ def table_readers(feature_tables: Sequence[int], num_tables: int) -> tuple[int, 
     for table in feature_tables:
         counts[table] += 1
     return tuple(counts)
+
+
+PLACEMENTS = ("auto", "table_wise", "column_wise", "replicated")
+
+
+def _check_placements(placements, tables) -> tuple[str, ...]:
+    if placements is None:
+        return ("auto",) * len(tables)
+    placements = tuple(placements)
+    if len(placements) != len(tables):
+        raise ValueError(f"Expected one placement per table ({len(tables)}). Received: placements={list(placements)}")
+    for table, placement in zip(tables, placements):
+        if placement not in PLACEMENTS:
+            raise ValueError(f"Expected the placement of table {table.name!r} in {list(PLACEMENTS)}. "
+                             f"Received: {placement!r}")
+    return placements
 
 
 def _check_readers(readers, tables) -> tuple[int, ...]:

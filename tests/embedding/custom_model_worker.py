@@ -1,0 +1,213 @@
+"""A small DIN-like model that is none of tf_dlrm's four, built from the public API only, trained with
+``model.fit`` on N ranks (or one process).
+
+Tables, one per kind the library offers:
+
+- ``items``: lazy Adam, table-wise, read by two features (the candidate ``item`` and the user's ``history``, a
+  ragged multi-hot feature of 0 to 6 ids, averaged): a shared table;
+- ``users``: Adagrad, cut into column slices (``column_wise``);
+- ``categories``: row-wise Adagrad, table-wise, with 10 hot rows replicated on every rank (ids drawn
+  so that about half of the lookups hit them);
+- ``devices``: SGD, replicated on every rank;
+- ``queries``: a dynamic table of raw int64 keys (row-wise Adagrad, the base optimizer dynamic tables train
+  with), sharded by key hash, with room for every key it sees (no eviction: the same rows on any number of
+  ranks).
+
+The candidate attends over nothing fancier than a dot product with the history; an MLP reads
+everything. Writes (rank 0) the full tables, every table's optimizer state and the dense weights
+after training, as ``.npz``, for tests/embedding/test_custom_model.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tf_dlrm.distributed import collectives  # noqa: E402
+from tf_dlrm.distributed.env import current_env, initialize  # noqa: E402
+from tf_dlrm.embedding.serving import export_saved_model  # noqa: E402
+from tf_dlrm.train import model_checkpoint  # noqa: E402
+from tf_dlrm.embedding import (  # noqa: E402
+    BroadcastInitialState, DistributedEmbedding, DynamicStorage, FeatureConfig, Model, Placement, TableConfig, TrainingStep,
+    optimizers,
+)
+
+ROWS = {"items": 2000, "users": 3000, "categories": 500, "devices": 7}
+HISTORY = 6
+NUM_DENSE = 3
+
+
+def make_features() -> list[FeatureConfig]:
+    # Table-wise: row-wise state (the categories table's) stays exact only where no column-sliced table is read by a
+    # multi-hot feature.
+    items = TableConfig("items", ROWS["items"], 8, optimizer=optimizers.LazyAdam(learning_rate=0.01, epsilon=1e-4), placement="table_wise")
+    users = TableConfig("users", ROWS["users"], 8, optimizer=optimizers.Adagrad(learning_rate=0.05), placement="column_wise")
+    row_wise = optimizers.RowWiseAdagrad(learning_rate=0.05)
+    categories = TableConfig("categories", ROWS["categories"], 8, optimizer=row_wise,
+                             placement=Placement("table_wise", hot_rows=range(10)))
+    queries = TableConfig("queries", 1, 8, optimizer=row_wise, placement=Placement(dynamic=DynamicStorage(capacity=4000)))
+    devices = TableConfig("devices", ROWS["devices"], 4, optimizer=optimizers.SGD(learning_rate=0.1), placement="replicated")
+    return [
+        FeatureConfig("item", items),
+        FeatureConfig("history", items, hotness=HISTORY, ragged=True, combiner="mean"),
+        FeatureConfig("user", users),
+        FeatureConfig("category", categories),
+        FeatureConfig("device", devices),
+        FeatureConfig("query", queries),
+    ]
+
+
+class InterestModel(Model):
+    """logit = <item, history> + MLP(all embeddings, dense)."""
+
+    def __init__(self, embedding: DistributedEmbedding, **kwargs):
+        super().__init__(**kwargs)
+        self.embedding = embedding
+        self.mlp = keras.Sequential([keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)], name="mlp")
+
+    def call(self, inputs):
+        pooled = self.embedding({name: inputs[name] for name in ("item", "history", "user", "category", "device", "query")})
+        interest = tf.reduce_sum(pooled["item"] * pooled["history"], axis=1, keepdims=True)
+        everything = tf.concat([pooled[name] for name in ("item", "history", "user", "category", "device", "query")]
+                               + [inputs["dense"]], axis=1)
+        return interest + self.mlp(everything)
+
+
+def make_data(count: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, HISTORY + 1, count)
+    data = {
+        "item": rng.integers(0, ROWS["items"], count).astype(np.int64),
+        "history_values": rng.integers(0, 60, lengths.sum()).astype(np.int64),  # few ids: repeats
+        "history_lengths": lengths.astype(np.int64),
+        "user": rng.integers(0, ROWS["users"], count).astype(np.int64),
+        # Half the lookups hit the 10 hot rows.
+        "category": np.where(rng.random(count) < 0.5, rng.integers(0, 10, count),
+                             rng.integers(0, ROWS["categories"], count)).astype(np.int64),
+        "device": rng.integers(0, ROWS["devices"], count).astype(np.int64),
+        # Raw 40-bit keys from a pool of 600.
+        "query": np.random.default_rng(99).integers(0, 2**40, 600)[rng.integers(0, 600, count)].astype(np.int64),
+        "dense": rng.normal(size=(count, NUM_DENSE)).astype(np.float32),
+    }
+    score = np.sin(data["user"] * 0.05) * np.cos(data["item"] * 0.03) + 0.3 * data["dense"][:, 0]
+    data["label"] = (rng.random(count) < 1.0 / (1.0 + np.exp(-3.0 * score))).astype(np.float32)[:, None]
+    return data
+
+
+def local_dataset(data: dict, global_batch: int, rank: int, world_size: int) -> tf.data.Dataset:
+    """Rank r's rows ``[r*b, (r+1)*b)`` of every global batch, in order."""
+    local = global_batch // world_size
+    count = len(data["item"])
+    rows = np.concatenate([np.arange(start + rank * local, start + (rank + 1) * local)
+                           for start in range(0, count, global_batch)])
+    history = tf.RaggedTensor.from_row_lengths(data["history_values"], data["history_lengths"])
+    features = {name: tf.gather(data[name], rows) for name in ("item", "user", "category", "device", "query", "dense")}
+    features["history"] = tf.gather(history, rows)
+    return tf.data.Dataset.from_tensor_slices((features, tf.gather(data["label"], rows))).batch(local)
+
+
+def build(seed: int) -> InterestModel:
+    keras.utils.set_random_seed(seed)  # the same dense initial weights on every rank
+    model = InterestModel(DistributedEmbedding(make_features(), seed=seed, name="embedding"))
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    return model
+
+
+def state_arrays(model: InterestModel) -> dict:
+    """Collective: every table, every table's optimizer state and the dense weights (rank 0; None elsewhere)."""
+    layer, sparse = model.embedding, model.training_step.sparse
+    arrays = {}
+    for table, config in enumerate(layer.table_configs):
+        arrays[f"table/{config.name}"] = layer.get_full_table(table)
+        optimizer = sparse.table_optimizer(table)
+        for slot in optimizer.slots:
+            arrays[f"state/{config.name}/{slot}"] = layer.get_full_table(
+                table, lambda v, s=slot, t=table: sparse.slot(v, s, t), optimizer.row_wise)
+    # The dynamic table's live rows, gathered from every rank's shards and sorted by key.
+    dynamic = layer.dynamic_layer
+    keys, values = dynamic.local_rows(0)
+    _, accumulator = dynamic.local_rows(0, lambda v: sparse.slot(v, "accumulator"))
+    keys, values, accumulator = (collectives.allgather(layer.env, tf.constant(a), name=f"dynamic_rows_{i}").numpy()
+                                 for i, a in enumerate((keys, values, accumulator)))
+    order = np.argsort(keys)
+    arrays.update({"dynamic/queries/keys": keys[order], "table/queries": values[order],
+                   "state/queries/accumulator": accumulator[order]})
+    dense = [v for v in model.trainable_variables if not hasattr(v, "tf_dlrm_kind")]
+    arrays.update({f"dense/{i}": v.numpy() for i, v in enumerate(dense)})
+    return arrays if layer.env.is_chief else None
+
+
+SIGNATURE = {"item": tf.TensorSpec([None], tf.int64), "history": tf.RaggedTensorSpec([None, None], tf.int64, 1),
+             "user": tf.TensorSpec([None], tf.int64), "category": tf.TensorSpec([None], tf.int64),
+             "device": tf.TensorSpec([None], tf.int64), "query": tf.TensorSpec([None], tf.int64),
+             "dense": tf.TensorSpec([None, NUM_DENSE], tf.float32)}
+
+
+def probe_batch(seed: int, count: int = 40) -> dict:
+    """Rows never trained on (another seed), for comparing served scores with the model's."""
+    data = make_data(count, seed + 100)
+    history = tf.RaggedTensor.from_row_lengths(data["history_values"], data["history_lengths"])
+    return {**{name: tf.constant(data[name]) for name in ("item", "user", "category", "device", "query", "dense")}, "history": history}
+
+
+def train_by_hand(model: InterestModel, dataset: tf.data.Dataset) -> None:
+    """The loop a user writes around the library's step: the same updates as ``fit``."""
+    first, _ = next(iter(dataset))
+    model(first)  # builds every weight
+    loss = keras.losses.BinaryCrossentropy(from_logits=True)
+    step = TrainingStep(model, current_env(), loss_fn=lambda x, y, y_pred, weight: loss(y, y_pred),
+                        dense_optimizer=keras.optimizers.Adam(0.01))
+    model._tf_dlrm_step = step  # what state_arrays reads the optimizer state from
+    step.broadcast_initial_state()
+
+    @tf.function
+    def train(x, y):
+        return step(x, y)
+
+    for x, y in dataset:
+        train(x, y)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--global_batch", type=int, default=48)
+    parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--save", default=None, help="checkpoint directory written after training")
+    parser.add_argument("--restore", default=None, help="restore this checkpoint instead of training")
+    parser.add_argument("--export", default=None, help="with --restore, one process: the SavedModel to write")
+    parser.add_argument("--loop", choices=("fit", "manual"), default="fit",
+                        help="manual: a hand-written loop calling a TrainingStep instead of model.fit")
+    args = parser.parse_args(argv)
+    env = initialize()
+    model = build(args.seed)
+    data = make_data(args.steps * args.global_batch, args.seed)
+    dataset = local_dataset(data, args.global_batch, env.rank, env.world_size)
+    if args.restore:
+        model(next(iter(dataset))[0])  # builds every weight
+        model_checkpoint.restore(model, args.restore)
+    elif args.loop == "manual":
+        train_by_hand(model, dataset)
+    else:
+        model.fit(dataset, epochs=1, callbacks=[BroadcastInitialState()], verbose=0)
+    if args.save:
+        model_checkpoint.save(model, args.save)
+    arrays = state_arrays(model)
+    if args.export:
+        export_saved_model(model, args.export, SIGNATURE)
+        arrays["probe_scores"] = model(probe_batch(args.seed), training=False).numpy()
+    if env.is_chief:
+        np.savez(args.output, **arrays)
+
+
+if __name__ == "__main__":
+    main()

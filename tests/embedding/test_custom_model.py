@@ -1,0 +1,135 @@
+"""A model that is none of tf_dlrm's four, built from the public API only (tests/embedding/custom_model_worker.py:
+a lazy-Adam table shared by a one-hot and a ragged multi-hot feature, a column-wise Adagrad table, a row-wise
+Adagrad table with hot rows, a replicated SGD table, a dynamic table of raw int64 keys), trained with ``model.fit`` on 2 and 3 ranks, equals one
+process: every table, every table's optimizer state and every dense weight.
+
+Tolerance: ranks and one process add the same float32 numbers in other orders (the dense allreduce, the
+pooled gradients' sums, the replicated tables' counts), each sum off by a few units of 2**-24 relative; 12
+steps of Adam and Adagrad, whose updates divide by square roots of those sums, keep the drift near 1e-6
+relative. Every value is held to 1e-5 relative to max(|expected|, floor): the floor is 1e-3 for dense weights
+and optimizer state, and a table's initial bound 1/sqrt(rows) for its values, which are sums of steps of
+about 0.01 on starting values of that size: an entry that ends near zero keeps the absolute rounding of its
+path (12 steps of a few units of 2**-24 x 0.05, about 1e-8), not of its final size. A wrong gradient scale, a
+lost update or a mixed-up slice is off by 1e-3 or more. Lazy Adam's epsilon is 1e-4 in the worker: its step
+lr * m / (sqrt(v) + eps) moves a row whose gradient cancels to nearly zero by up to lr * error / eps, and the
+sum order changes such a gradient's few last bits; at the default 1e-7 one such row moved 5e-7 apart on 3 ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import launch, run_python
+
+WORKER = "tests/embedding/custom_model_worker.py"
+
+
+def relative(actual, expected, floor: float = 1e-3) -> float:
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    return float((np.abs(actual - expected) / np.maximum(np.abs(expected), floor)).max())
+
+
+def floor_of(name: str) -> float:
+    """A table's initial bound 1/sqrt(rows) for its values; 1e-3 for everything else."""
+    from tests.embedding.custom_model_worker import ROWS
+
+    kind, _, table = name.partition("/")
+    if kind != "table":
+        return 1e-3
+    return 1.0 / np.sqrt(ROWS[table]) if table in ROWS else 1.0 / np.sqrt(4000)  # a dynamic table: its capacity
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    path = tmp_path_factory.mktemp("custom") / "np1.npz"
+    run_python([WORKER, f"--output={path}"], timeout=600)
+    return dict(np.load(path))
+
+
+def test_one_process_keeps_each_tables_own_optimizer_state(one_process):
+    # Lazy Adam: two moments per element; Adagrad: one accumulator per element; row-wise Adagrad: one per
+    # row; SGD: none.
+    assert sorted(k for k in one_process if k.startswith("state/")) == [
+        "state/categories/accumulator", "state/items/m", "state/items/v", "state/queries/accumulator",
+        "state/users/accumulator"]
+    from tests.embedding.custom_model_worker import make_data
+
+    seen = np.unique(make_data(12 * 48, 5)["query"])  # the worker's 12 steps of 48 rows
+    np.testing.assert_array_equal(one_process["dynamic/queries/keys"], seen)  # one row per key seen, none evicted
+    assert one_process["table/queries"].shape == (seen.size, 8)
+    assert one_process["state/categories/accumulator"].shape == (500, 1)
+    assert one_process["state/users/accumulator"].shape == (3000, 8)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_fit_on_n_ranks_equals_one_process(one_process, world_size, tmp_path):
+    path = tmp_path / f"np{world_size}.npz"
+    launch(world_size, [WORKER, f"--output={path}"], timeout=600)
+    many = dict(np.load(path))
+    assert sorted(many) == sorted(one_process)
+    from tests.embedding.custom_model_worker import make_features
+    from tf_dlrm.model.table_init import initial_table_slice
+
+    for index, feature in enumerate(dict.fromkeys(f.table for f in make_features() if not f.table.dynamic)):
+        start = initial_table_slice(5, index, feature.vocabulary_size, feature.embedding_dim)
+        assert np.abs(one_process[f"table/{feature.name}"] - start).max() > 1e-3, f"{feature.name} did not train"
+    for name in sorted(one_process):
+        assert relative(many[name], one_process[name], floor_of(name)) <= 1e-5, f"{name} differs on {world_size} ranks"
+
+
+@pytest.mark.multirank
+def test_a_hand_written_loop_around_the_training_step_equals_fit(one_process, tmp_path):
+    path = tmp_path / "manual.npz"
+    launch(2, [WORKER, f"--output={path}", "--loop=manual"], timeout=600)
+    manual = dict(np.load(path))
+    assert sorted(manual) == sorted(one_process)
+    for name in sorted(one_process):
+        assert relative(manual[name], one_process[name], floor_of(name)) <= 1e-5, f"{name}: the loop differs from fit"
+
+
+SERVE = """
+import sys
+import numpy as np
+import tensorflow as tf
+loaded = tf.saved_model.load(sys.argv[1])
+probe = dict(np.load(sys.argv[2]))
+scores = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in probe.items()})["output"].numpy()
+assert not any(name.startswith("tf_dlrm") for name in sys.modules), "tf_dlrm was imported"
+np.save(sys.argv[3], scores)
+"""
+
+
+@pytest.mark.multirank
+def test_checkpoint_on_two_ranks_restores_on_three_and_serves_without_tf_dlrm(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.embedding.custom_model_worker import probe_batch
+
+    checkpoints = tmp_path / "checkpoints"
+    launch(2, [WORKER, f"--output={tmp_path / 'saved.npz'}", f"--save={checkpoints}"], timeout=600)
+    launch(3, [WORKER, f"--output={tmp_path / 'restored.npz'}", f"--restore={checkpoints}"], timeout=600)
+    saved, restored = dict(np.load(tmp_path / "saved.npz")), dict(np.load(tmp_path / "restored.npz"))
+    assert sorted(saved) == sorted(restored)
+    for name in saved:  # a restore moves the saved float32 values, whatever the plan: bit for bit
+        np.testing.assert_array_equal(restored[name], saved[name], err_msg=name)
+
+    # One process without tf_dlrm's kernels restores the 2-rank checkpoint and exports; plain TensorFlow
+    # (a process that never imports tf_dlrm) serves it.
+    exported = tmp_path / "serving"
+    run_python([WORKER, f"--output={tmp_path / 'export.npz'}", f"--restore={checkpoints}", f"--export={exported}"],
+               timeout=600, env={"TF_DLRM_DISABLE_KERNELS": "1"})
+    expected = dict(np.load(tmp_path / "export.npz"))["probe_scores"]
+    probe = probe_batch(5)
+    flat = {name: value.numpy() for name, value in probe.items() if name != "history"}
+    flat.update(history_values=probe["history"].values.numpy(), history_row_lengths=probe["history"].row_lengths().numpy())
+    np.savez(tmp_path / "probe.npz", **flat)
+    # The serving process runs outside the repository, with no PYTHONPATH to it.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", SERVE, str(exported), str(tmp_path / "probe.npz"), str(tmp_path / "served.npy")],
+                   check=True, cwd=str(tmp_path), env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
+    served = np.load(tmp_path / "served.npy")
+    assert served.shape == expected.shape == (40, 1)
+    np.testing.assert_allclose(served, expected, rtol=0, atol=1e-6)

@@ -1,0 +1,135 @@
+"""The optimizers a table can ask for: plain frozen settings, one class per optimizer.
+
+A table's optimizer updates only the rows a step touched (the sparse update of
+:mod:`tf_dlrm.optimizers`); its state is shaped like the table and lives with each shard, so
+whatever moves a column slice moves its state. Every class takes ``learning_rate`` and its own
+hyper-parameters; :func:`get` also takes the snake_case name (``"lazy_adam"``) for the defaults.
+
+    table = TableConfig("items", 100_000, 16, optimizer=LazyAdam(learning_rate=3e-3))
+    table = TableConfig("users", 10_000, 16, optimizer="row_wise_adagrad")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from tf_dlrm.optimizers.lazy_adam import LazyAdam as _LazyAdam
+from tf_dlrm.optimizers.rowwise_adagrad import RowwiseAdagrad as _RowwiseAdagrad
+from tf_dlrm.optimizers.sparse_adagrad import SparseAdagrad as _SparseAdagrad
+from tf_dlrm.optimizers.sparse_ftrl import SparseFtrl as _SparseFtrl
+from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer
+from tf_dlrm.optimizers.sparse_sgd import SparseSGD as _SparseSGD
+
+
+def _check_positive(owner: str, name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"Expected {name} to be a positive number for {owner}. Received: {name}={value!r}")
+
+
+def _check_fraction(owner: str, name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"Expected {name} in [0, 1) for {owner}. Received: {name}={value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SGD:
+    """Plain SGD on the touched rows: ``w -= learning_rate * g``."""
+
+    learning_rate: float = 0.01
+    name = "sgd"
+
+    def __post_init__(self):
+        _check_positive("SGD", "learning_rate", self.learning_rate)
+
+    def make(self) -> SparseOptimizer:
+        return _SparseSGD()
+
+
+@dataclasses.dataclass(frozen=True)
+class Adagrad:
+    """Adagrad with one accumulator per element of a touched row."""
+
+    learning_rate: float = 0.01
+    initial_accumulator_value: float = 0.1
+    epsilon: float = 1e-7
+    name = "adagrad"
+
+    def __post_init__(self):
+        for field in ("learning_rate", "initial_accumulator_value", "epsilon"):
+            _check_positive(type(self).__name__, field, getattr(self, field))
+
+    def make(self) -> SparseOptimizer:
+        return _SparseAdagrad(self.initial_accumulator_value, self.epsilon)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowWiseAdagrad(Adagrad):
+    """Adagrad with one accumulator per row (the mean of the row's squared gradient): a table's
+    state is one column instead of a copy of the table. A model may use one row-wise setting."""
+
+    name = "row_wise_adagrad"
+
+    def make(self) -> SparseOptimizer:
+        return _RowwiseAdagrad(self.initial_accumulator_value, self.epsilon)
+
+
+@dataclasses.dataclass(frozen=True)
+class LazyAdam:
+    """Adam whose moments and step move only for the rows a step touched."""
+
+    learning_rate: float = 0.001
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-7
+    name = "lazy_adam"
+
+    def __post_init__(self):
+        _check_positive("LazyAdam", "learning_rate", self.learning_rate)
+        _check_fraction("LazyAdam", "beta_1", self.beta_1)
+        _check_fraction("LazyAdam", "beta_2", self.beta_2)
+        _check_positive("LazyAdam", "epsilon", self.epsilon)
+
+    def make(self) -> SparseOptimizer:
+        return _LazyAdam(self.beta_1, self.beta_2, self.epsilon)
+
+
+@dataclasses.dataclass(frozen=True)
+class FTRL:
+    """FTRL-Proximal without regularisation (the wide part of Wide & Deep)."""
+
+    learning_rate: float = 0.01
+    initial_accumulator_value: float = 0.1
+    name = "ftrl"
+
+    def __post_init__(self):
+        _check_positive("FTRL", "learning_rate", self.learning_rate)
+        _check_positive("FTRL", "initial_accumulator_value", self.initial_accumulator_value)
+
+    def make(self) -> SparseOptimizer:
+        return _SparseFtrl(self.initial_accumulator_value)
+
+
+OPTIMIZERS = {cls.name: cls for cls in (SGD, Adagrad, RowWiseAdagrad, LazyAdam, FTRL)}
+TableOptimizer = SGD | Adagrad | RowWiseAdagrad | LazyAdam | FTRL
+
+
+def get(identifier, owner: str = "a table") -> TableOptimizer:
+    """An optimizer object from itself, its snake_case name (defaults), or None (``SGD()``)."""
+    if identifier is None:
+        return SGD()
+    if isinstance(identifier, tuple(OPTIMIZERS.values())):
+        return identifier
+    if isinstance(identifier, str) and identifier in OPTIMIZERS:
+        return OPTIMIZERS[identifier]()
+    raise ValueError(f"Expected the optimizer of {owner} to be one of {sorted(OPTIMIZERS)} or an object of "
+                     f"tf_dlrm.embedding.optimizers. Received: optimizer={identifier!r}")
+
+
+def to_config(optimizer: TableOptimizer) -> dict:
+    return {"name": optimizer.name, **dataclasses.asdict(optimizer)}
+
+
+def from_config(config: dict) -> TableOptimizer:
+    config = dict(config)
+    return OPTIMIZERS[config.pop("name")](**config)
