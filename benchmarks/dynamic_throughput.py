@@ -55,15 +55,16 @@ def main():
     from tf_dlrm.dynamic.layer import DynamicEmbedding
     from tf_dlrm.dynamic.routing import DynamicTableConfig
     from tf_dlrm.feature_spec import FeatureSpec
-    from tf_dlrm.model.dlrm import DLRM
+    from tf_dlrm.models.dlrm import DLRM
     from tf_dlrm.train import builder
+    from tf_dlrm.models.dlrm import DLRMConfig
     from tf_dlrm.train.schedule import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
     config = CONFIGS[args.config]
     spec = FeatureSpec.load(os.path.join(REPOSITORY, config.feature_spec), check_files=False)
     env = DistributedEnv()
-    model_config = builder.ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims)
+    model_config = builder.ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
     plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), 1)
     fixed = builder.build_model(spec, plan, model_config, env, seed=1)
     cardinalities = spec.cardinalities()

@@ -48,8 +48,9 @@ def make_reader(spec, config, seed: int):
     """The reader of rank 0 of one process, with the plan's global/local categorical split."""
     from tf_dlrm.data.reader import SplitBinaryReader
     from tf_dlrm.train import builder
+    from tf_dlrm.models.dlrm import DLRMConfig
 
-    model = builder.ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims)
+    model = builder.ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
     plan = builder.make_sharding_plan(spec, model, builder.ShardingConfig(), 1)
     return SplitBinaryReader(
         spec, "train", config.batch_size, global_categorical=plan.tables_on_rank(0),

@@ -25,7 +25,7 @@ from tf_dlrm.distributed import collectives  # noqa: E402
 from tf_dlrm.distributed import env as env_module  # noqa: E402
 from tf_dlrm.distributed.env import DistributedEnv  # noqa: E402
 from tf_dlrm.dynamic.layer import DynamicEmbedding  # noqa: E402
-from tf_dlrm.model.dlrm import DLRM  # noqa: E402
+from tf_dlrm.models.dlrm import DLRM  # noqa: E402
 from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
 from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
 

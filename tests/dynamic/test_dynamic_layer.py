@@ -157,7 +157,7 @@ def test_restore_into_smaller_capacity_is_a_clear_error(tmp_path):
 
 def test_saved_model_serves_raw_keys_like_the_trained_model(tmp_path):
     from tf_dlrm.dynamic import export
-    from tf_dlrm.model.dlrm import DLRM
+    from tf_dlrm.models.dlrm import DLRM
     from tf_dlrm.train.schedule import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 

@@ -13,7 +13,7 @@ from absl import app, flags
 from tf_dlrm.train.flags import RunConfig, config_from_flags, define_flags
 from tf_dlrm.train.session import configure_threads, report_precision, resolve_spec_path  # noqa: F401 (benchmarks import them here)
 
-define_flags()
+define_flags(sys.argv)
 FLAGS = flags.FLAGS
 
 

@@ -1,4 +1,4 @@
-"""The training and evaluation steps of hybrid-parallel DLRM, as tf.functions.
+"""The training and evaluation steps of any model on the sharded embedding, as tf.functions.
 
 Gradients, with N ranks each computing the mean loss over its local batch:
 
@@ -30,8 +30,8 @@ from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.compressed_mean import bfloat16_mean
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.distributed.hot_row_exchange import combine_hot_gradient
-from tf_dlrm.model.interaction import kernel_off
 from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
+from tf_dlrm.ops import kernels_off
 from tf_dlrm.optimizers.config import OPTIMIZERS, OptimizerConfig, make_dense_optimizer, make_sparse_optimizer  # noqa: F401
 from tf_dlrm.train.hot_row_sync import HotRowSync
 from tf_dlrm.train.sparse_update import SparseUpdater
@@ -92,7 +92,7 @@ class Trainer:
     """Owns the optimizer state and the step counter; builds the tf.functions once.
 
     Args:
-        model: a built :class:`tf_dlrm.model.dlrm.DLRM`.
+        model: a built :class:`tf_dlrm.models.ranking_model.RankingModel`.
         env: this rank's place.
         config: optimizer settings.
         jit_compile: compile the forward/backward of the dense part with XLA. The Horovod
@@ -183,9 +183,9 @@ class Trainer:
     def _dense_loss_and_gradients(self, numerical, embeddings, label):
         """Compiled with XLA: loss and gradients w.r.t. ``embeddings`` and the MLP weights."""
         mlp = [v.value for v in self.mlp]
-        # XLA compiles TensorFlow's own ops only, not tf_dlrm's interaction kernel: this trace uses
-        # the generic path, evaluation (not compiled) keeps the kernel.
-        with tf.GradientTape() as tape, kernel_off(self.model.interaction):
+        # XLA compiles TensorFlow's own ops only, not tf_dlrm's kernels: this trace uses plain
+        # TensorFlow ops, evaluation (not compiled) keeps the kernels.
+        with tf.GradientTape() as tape, kernels_off():
             tape.watch(embeddings)
             tape.watch(mlp)
             loss = binary_cross_entropy(label, self.model.dense_call(numerical, embeddings))
@@ -342,7 +342,7 @@ def _table_optimizers(model, config: OptimizerConfig) -> dict:
     than the embedding one (Wide & Deep's ``--wide_optimizer``), rates relative to the embedding rate."""
     import dataclasses
 
-    choices = model.table_optimizer_choices() if hasattr(model, "table_optimizer_choices") else {}
+    choices = model.table_optimizer_choices()
     embedding_rate = config.embedding_learning_rate or config.schedule.base
     # One optimizer object per (name, rate): tables sharing it may share a fused variable.
     made = {choice: (make_sparse_optimizer(dataclasses.replace(config, embedding_optimizer=choice[0])),
