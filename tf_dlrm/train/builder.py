@@ -33,11 +33,6 @@ def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=()) -> lis
     return [TableSpec(name, rows, overrides.get(name, width)) for name, rows, width in zip(names, spec.cardinalities(), widths)]
 
 
-def table_widths(spec: FeatureSpec, model: ModelConfig) -> list[int]:
-    """The width of every table (see :func:`make_tables`)."""
-    return [table.dim for table in make_tables(spec, model.embedding_dim, model.embedding_dims)]
-
-
 def model_class(model: ModelConfig) -> type:
     """The class ``--model`` names (a registered name or an import path)."""
     return registry.lookup(model.name)
@@ -136,8 +131,8 @@ def make_embedding(spec: FeatureSpec, plan: ShardingPlan | None, config: ModelCo
         if derived:
             raise ValueError(f"Dynamic tables are built for models that read the spec's columns as they are (e.g. "
                              f"--model=dlrm). Received: --model={config.name}, which derives features from the columns")
-        return dynamic_builder.make_dynamic_embedding(spec, config.embedding_init_bound, env, seed, table_widths(spec, config),
-                                                      num_shards=num_shards)
+        widths = [table.dim for table in model_tables(spec, config)]  # the model may choose its tables' widths
+        return dynamic_builder.make_dynamic_embedding(spec, config.embedding_init_bound, env, seed, widths, num_shards=num_shards)
     if derived:
         from tf_dlrm.models.expanded_embedding import ExpandedEmbedding
 
