@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import tensorflow as tf
-
 import keras
+import tensorflow as tf
 
 from tf_dlrm.model.interaction import InteractionKind, interaction_paths, make_interaction
 from tf_dlrm.model.mlp import MLP
