@@ -51,22 +51,21 @@ def main():
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from tf_dlrm.parallel.env import DistributedEnv
-    from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
-    from tf_dlrm.sharding.dynamic_routing import DynamicTableConfig
-    from tf_dlrm.spec.feature_spec import FeatureSpec
+    from tf_dlrm.distributed.env import DistributedEnv
+    from tf_dlrm.dynamic.layer import DynamicEmbedding
+    from tf_dlrm.dynamic.routing import DynamicTableConfig
+    from tf_dlrm.feature_spec import FeatureSpec
     from tf_dlrm.models.dlrm import DLRM
-    from tf_dlrm.cli import builder
-    from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
-    from tf_dlrm.optimizers.settings import LearningRateSchedule
-    from tf_dlrm.optimizers.settings import OptimizerConfig
-    from tf_dlrm.train.step import Trainer
+    from tf_dlrm.train import builder
+    from tf_dlrm.models.dlrm import DLRMConfig
+    from tf_dlrm.train.schedule import LearningRateSchedule
+    from tf_dlrm.train.step import OptimizerConfig, Trainer
 
     config = CONFIGS[args.config]
     spec = FeatureSpec.load(os.path.join(REPOSITORY, config.feature_spec), check_files=False)
     env = DistributedEnv()
-    model_config = ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims)
-    plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), 1)
+    model_config = builder.ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
+    plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), 1)
     fixed = builder.build_model(spec, plan, model_config, env, seed=1)
     cardinalities = spec.cardinalities()
     tables = [DynamicTableConfig(name, rows, config.embedding_dim, eviction="lru")

@@ -65,20 +65,17 @@ class ModelCase:
             self.step = trainer.train_step
             self.batches = [(tf.constant(n), tuple(tf.constant(i) for i in ids), tf.constant(l)) for n, ids, l in batches]
         else:
-            from tf_dlrm.models.config import ModelFamilyConfig
-            from tf_dlrm.parallel.env import DistributedEnv
-            from tf_dlrm.cli import builder
-            from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
-            from tf_dlrm.optimizers.settings import LearningRateSchedule
-            from tf_dlrm.optimizers.settings import OptimizerConfig
-            from tf_dlrm.train.step import Trainer
+            from tf_dlrm.distributed.env import DistributedEnv
+            from tf_dlrm.train import builder
+            from tf_dlrm.models import registry
+            from tf_dlrm.train.schedule import LearningRateSchedule
+            from tf_dlrm.train.step import OptimizerConfig, Trainer
 
             if model == "wide_deep":
                 names = spec.categorical_features
                 spec.crossed_features_entries = [{"features": [names[a], names[b]], "buckets": buckets}
                                                  for a, b, buckets in crossed_pairs(spec)]
-            family = ModelFamilyConfig(model=model, **settings)
-            model_config = ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims, family=family)
+            model_config = builder.ModelConfig(config.embedding_dim, name=model, params=registry.lookup(model).Config(**settings))
             env = DistributedEnv()
             plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), 1)
             network = builder.build_model(spec, plan, model_config, env, seed)

@@ -80,14 +80,14 @@ def build_tf_dlrm(rows: int, batches, learning_rate: float, validate_ids: bool =
     from tf_dlrm.distributed.env import DistributedEnv
     from tf_dlrm.distributed.plan import TableSpec
     from tf_dlrm.distributed.planner import make_plan
-    from tf_dlrm.model.dlrm import DLRM
+    from tf_dlrm.models.dlrm import DLRM
     from tf_dlrm.train.schedule import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 
     features = [FeatureConfig(f"f{f}", f"f{f}", hotness(f), combiner(f)) for f in range(NUM_FEATURES)]
     plan = make_plan([TableSpec(f"f{f}", rows, width(f)) for f in range(NUM_FEATURES)], 1, data_parallel_threshold=0)
-    embedding = DistributedEmbedding.from_plan(plan, features=features, validate_ids=validate_ids, use_kernel=use_kernel, name="embedding")
-    model = DLRM(embedding, NUM_NUMERICAL, BOTTOM, TOP, interaction="cat")
+    embedding = DistributedEmbedding(plan, features=features, validate_ids=validate_ids, use_kernel=use_kernel, name="embedding")
+    model = DLRM(embedding, NUM_NUMERICAL, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction="cat")
     env = DistributedEnv()
     model((tf.constant(batches[0][0]), tuple(tf.constant(i) for i in batches[0][1])))
     trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(learning_rate), embedding_optimizer=embedding_optimizer))

@@ -133,7 +133,8 @@ class Case:
         import keras
         import tensorflow as tf
 
-        from tf_dlrm.cli import builder
+        from tf_dlrm.train import builder
+        from tf_dlrm.models.dlrm import DLRMConfig
 
         self.name = name
         self.impl, self.amp, self.xla = ALL_CASES[name]
@@ -209,8 +210,8 @@ class Case:
         from tf_dlrm.train.step import Trainer
 
         env = DistributedEnv()
-        model_config = ModelConfig(config.embedding_dim, config.bottom_mlp_dims, config.top_mlp_dims)
-        plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), env.world_size)
+        model_config = builder.ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
+        plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), env.world_size)
         model = builder.build_model(spec, plan, model_config, env, seed, split_embedding_tables=split_tables)
         optimizer = OptimizerConfig(LearningRateSchedule(learning_rate), embedding_optimizer=embedding_optimizer)
         trainer = Trainer(model, env, optimizer, jit_compile=xla)

@@ -1,5 +1,6 @@
-"""Flags parse into plain frozen configs; the optimizer and loop settings, the sharding plan and the
-FeatureSpec import no TensorFlow.
+"""The configs are plain frozen dataclasses in tf_dlrm/config/ that import no TensorFlow; parsing
+main.py's flags imports no Horovod (it imports the models, which define their own flags and are
+Keras classes, so TensorFlow is loaded).
 
 Each check runs in a fresh interpreter, since this test process may have imported TensorFlow already.
 """
@@ -26,7 +27,7 @@ flags.FLAGS(["main.py", "--dataset_path=/nowhere", "--embedding_dims=cat_0.bin:1
 config = run_flags.config_from_flags(flags.FLAGS)
 print(json.dumps({
     "imported": sorted(m for m in ("tensorflow", "keras", "horovod", "horovod.tensorflow") if m in sys.modules),
-    "interaction": config.model.interaction, "embedding_dims": config.model.embedding_dims,
+    "interaction": config.model.params.interaction, "embedding_dims": config.model.embedding_dims,
     "schedule": [config.optimizer.schedule(s) for s in (0, 4, 8, 20)], "max_steps": config.loop.max_steps,
     "embedding_optimizer": config.optimizer.embedding_optimizer, "amp": config.amp.value,
 }))
@@ -40,10 +41,10 @@ def run_fresh(code: str) -> dict:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def test_flags_parse_into_the_run_config():
-    # TensorFlow may be imported by now: the tables' and models' configs live in their packages
-    # (tf_dlrm.embedding, tf_dlrm.models), whose __init__ imports the layers.
+def test_parsing_flags_imports_no_horovod():
     result = run_fresh(PARSE_FLAGS)
+    # Horovod reads its settings (HOROVOD_CYCLE_TIME, chosen from the flags) when it starts.
+    assert not {"horovod", "horovod.tensorflow"} & set(result["imported"]), f"parsing flags imported {result['imported']}"
     # The configs really are the parsed ones (the subprocess did the work, not an early exit).
     assert result["interaction"] == "cat"
     assert result["embedding_dims"] == [["cat_0.bin", 16]]
@@ -61,15 +62,17 @@ def test_each_config_module_imports_no_tensorflow(module):
     assert result["imported"] == []
 
 
-def test_tf_free_interaction_names_match_the_layer_enum():
-    from tf_dlrm.cli.model_config import INTERACTIONS
-    from tf_dlrm.models.layers.interaction import InteractionKind
+def test_old_import_paths_give_the_same_classes():
+    from tf_dlrm.config import model, run, training
+    from tf_dlrm.optimizers import config as optimizers_config
+    from tf_dlrm.optimizers import lazy_adam
+    from tf_dlrm.train import builder, flags, loop, schedule
 
-    assert tuple(kind.value for kind in InteractionKind) == INTERACTIONS
-
-
-def test_model_config_still_checks_the_interaction():
-    from tf_dlrm.cli.model_config import ModelConfig
-
-    with pytest.raises(ValueError, match=r"--interaction in \['dot', 'cat'\]. Received: 'cross'"):
-        ModelConfig(interaction="cross")
+    assert builder.ModelConfig is model.ModelConfig and builder.ShardingConfig is model.ShardingConfig
+    assert loop.LoopConfig is training.LoopConfig
+    assert schedule.LearningRateSchedule is training.LearningRateSchedule
+    assert optimizers_config.OptimizerConfig is training.OptimizerConfig
+    assert optimizers_config.OPTIMIZERS is training.OPTIMIZERS
+    assert optimizers_config.EMBEDDING_OPTIMIZERS is training.EMBEDDING_OPTIMIZERS
+    assert lazy_adam.check_adam_arguments is training.check_adam_arguments
+    assert flags.RunConfig is run.RunConfig

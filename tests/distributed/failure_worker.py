@@ -17,7 +17,7 @@ from tf_dlrm.distributed import env as env_module  # noqa: E402
 from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
 from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
 from tf_dlrm.distributed.planner import make_plan  # noqa: E402
-from tf_dlrm.model.dlrm import DLRM  # noqa: E402
+from tf_dlrm.models.dlrm import DLRM  # noqa: E402
 from tf_dlrm.train.builder import build_with_dummy_batch  # noqa: E402
 from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
 from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402

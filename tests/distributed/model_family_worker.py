@@ -22,31 +22,30 @@ from equivalence_worker import (  # noqa: E402
 )
 
 from tf_dlrm.config.crossed_features import CrossedFeature  # noqa: E402
-from tf_dlrm.embedding.table_config import FeatureConfig  # noqa: E402
-from tf_dlrm.config.model_tables import family_tables  # noqa: E402
-from tf_dlrm.config.models import ModelFamilyConfig  # noqa: E402
+from tf_dlrm.config.embedding import FeatureConfig  # noqa: E402
 from tf_dlrm.distributed import collectives  # noqa: E402
 from tf_dlrm.distributed import env as env_module  # noqa: E402
 from tf_dlrm.distributed.env import DistributedEnv  # noqa: E402
 from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
 from tf_dlrm.distributed.planner import make_plan  # noqa: E402
-from tf_dlrm.models import build_family_model  # noqa: E402
-from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
-from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
-from tf_dlrm.train.step import Trainer
+from tests.model_families import build_family_model  # noqa: E402
+from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
+from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
 
 
 def build(case, env, world_size, rank):
     base_tables = [TableSpec(f"t{i}", rows, case["dim"]) for i, rows in enumerate(case["cardinalities"])]
     crossed = [CrossedFeature(a, b, buckets) for a, b, buckets in case.get("crossed", [])]
-    family = ModelFamilyConfig(**case["family"])
-    tables = family_tables(base_tables, family, crossed)
-    plan = make_plan(tables, world_size, case["strategy"] if world_size > 1 else "table_wise",
-                     data_parallel_threshold=case["data_parallel_threshold"] if world_size > 1 else 0)
+    params = dict(case["family"])
+    name = params.pop("model")
+
+    def plan_of(tables):
+        return make_plan(tables, world_size, case["strategy"] if world_size > 1 else "table_wise",
+                         data_parallel_threshold=case["data_parallel_threshold"] if world_size > 1 else 0)
+
     features = [FeatureConfig(t.name, t.name) for t in base_tables]
-    model = build_family_model(family, features, crossed, plan, NUM_NUMERICAL, rank, case["seed"],
-                               data_parallel_input=case.get("data_parallel_input", False))
-    return plan, model
+    return build_family_model(name, params, base_tables, features, crossed, plan_of, NUM_NUMERICAL, rank, case["seed"],
+                              data_parallel_input=case.get("data_parallel_input", False))
 
 
 def run_case(case, env):

@@ -39,9 +39,14 @@ from tf_dlrm.distributed.env import DistributedEnv  # noqa: E402
 from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
 from tf_dlrm.distributed.split_tables import read_float32  # noqa: E402
 from tf_dlrm.distributed.planner import make_plan  # noqa: E402
-from tf_dlrm.model.dlrm import DLRM  # noqa: E402
+from tf_dlrm.models.dlrm import DLRM  # noqa: E402
 from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
 from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
+
+
+def mlp_variables(model) -> list:
+    """DLRM's bottom and top MLP weights (data-parallel, optimised by the dense optimizer)."""
+    return [v for layer in (model.bottom_mlp, model.top_mlp) for v in layer.trainable_variables]
 
 
 def truncated_bfloat16(values: tf.Tensor) -> tf.Tensor:
@@ -82,7 +87,7 @@ def full_tables(model, count):
 
 
 def mlp_weights(model):
-    return [v.numpy().copy() for v in model.mlp_variables]
+    return [v.numpy().copy() for v in mlp_variables(model)]
 
 
 def run_case(case, env):

@@ -20,7 +20,7 @@ from tf_dlrm.distributed.embedding_bag import bag_kernel, distinct_rows
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.distributed.plan import TableSpec
 from tf_dlrm.distributed.planner import make_plan
-from tf_dlrm.model.dlrm import DLRM
+from tf_dlrm.models.dlrm import DLRM
 from tf_dlrm.train.schedule import LearningRateSchedule
 from tf_dlrm.train.step import OptimizerConfig, Trainer
 
@@ -55,8 +55,8 @@ def train(optimizer: str, kernel: bool, monkeypatch):
         if not kernel:
             patch.setattr(embedding_module, "bag_kernel", lambda: None)
         plan = make_plan(TABLES, 1, data_parallel_threshold=5)
-        layer = DistributedEmbedding.from_plan(plan, features=FEATURES, seed=3, name="embedding")
-        model = DLRM(layer, 4, (16, 8), (8, 1), interaction="cat")
+        layer = DistributedEmbedding(plan, features=FEATURES, seed=3, name="embedding")
+        model = DLRM(layer, 4, bottom_mlp_dims=(16, 8), top_mlp_dims=(8, 1), interaction="cat")
         data = batches(layer._input_features())
         model((data[0][0], data[0][1]))
     marked = [distinct_rows(v) for v in layer.shard_variables + layer.replicated_variables]

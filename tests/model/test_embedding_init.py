@@ -42,7 +42,7 @@ def test_bad_values_are_refused_naming_the_flag(text):
     with pytest.raises(ValueError, match=f"--embedding_init={text!r}".replace("[", r"\[")):
         parse_embedding_init(text)
     with pytest.raises(ValueError, match="--embedding_init"):
-        ModelConfig(embedding_init_bound=-1.0, bottom_mlp_dims=(8, 128))
+        ModelConfig(embedding_init_bound=-1.0)
 
 
 def test_main_refuses_a_bad_value_with_exit_2():

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_dlrm.models.dlrm import DLRM
-from tf_dlrm.embedding.embedding_bank import EmbeddingBank
-from tf_dlrm.models.layers.interaction import CatInteraction, DotInteraction, lower_triangle_indices
-from tf_dlrm.models.layers.mlp import MLP
-from tf_dlrm.embedding.table_init import initial_table_slice
+from tf_dlrm.models.dlrm import DLRM, DLRMConfig
+from tf_dlrm.model.embedding import EmbeddingBank
+from tf_dlrm.model.interaction import CatInteraction, DotInteraction, lower_triangle_indices
+from tf_dlrm.model.mlp import MLP
+from tf_dlrm.model.table_init import initial_table_slice
 
 
 def test_dot_interaction_strict_lower_triangle_by_hand():
@@ -101,7 +101,7 @@ def test_dlrm_checks_bottom_width_against_embedding_dim():
 
 
 def test_dlrm_top_mlp_must_end_in_one_unit():
-    with pytest.raises(ValueError, match="one unit"):
+    with pytest.raises(ValueError, match="--top_mlp_dims to end with 1"):
         make_dlrm(top_mlp_dims=[8, 2])
 
 
@@ -126,5 +126,5 @@ def test_dlrm_get_config_round_trip():
     model = make_dlrm(interaction="cat", include_diagonal=False)
     config = model.get_config()
     clone = DLRM.from_config(config)
-    assert clone.bottom_mlp_dims == (8, 4) and clone.interaction_kind == "cat"
+    assert clone.model_config == DLRMConfig(bottom_mlp_dims=(8, 4), top_mlp_dims=(8, 1), interaction="cat")
     assert clone.embedding.cardinalities == (10, 20)

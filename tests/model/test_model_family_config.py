@@ -1,4 +1,4 @@
-"""--model and its flags: the config, the tables and features each model reads, the built models."""
+"""--model and its flags: each model's config, the tables and features it reads, the built models."""
 
 from __future__ import annotations
 
@@ -6,35 +6,35 @@ import numpy as np
 import pytest
 
 from tf_dlrm.config.crossed_features import CrossedFeature
-from tf_dlrm.embedding.table_config import FeatureConfig
-from tf_dlrm.config.model_tables import family_features, family_tables
-from tf_dlrm.config.models import ModelFamilyConfig
+from tf_dlrm.config.embedding import FeatureConfig
 from tf_dlrm.distributed.plan import TableSpec
+from tf_dlrm.models import registry
 
 
-def test_model_family_config_checks_every_flag():
-    assert ModelFamilyConfig().model == "dlrm"
-    for kwargs, message in [
-        ({"model": "dcn"}, "Expected --model in"),
-        ({"cross_structure": "side"}, "--cross_structure"),
-        ({"num_cross_layers": 0}, "Received: --num_cross_layers=0"),
-        ({"cross_low_rank": -2}, "Received: --cross_low_rank=-2"),
-        ({"deep_mlp_dims": (16, 0)}, r"Received: --deep_mlp_dims=\[16, 0\]"),
-        ({"deep_mlp_dims": ()}, "--deep_mlp_dims"),
+def test_model_configs_check_every_flag():
+    from tf_dlrm.models.dcnv2 import DCNv2Config
+    from tf_dlrm.models.dlrm import DLRMConfig
+    from tf_dlrm.models.wide_deep import WideDeepConfig
+
+    # The message lists every registered model (whatever files tf_dlrm/models/ holds).
+    with pytest.raises(ValueError, match=r"Expected --model to be one of \[.*'dcnv2', 'deepfm', 'dlrm'.*\] or an import path "
+                                         r"package.module:Class. Received: --model='dcn'"):
+        registry.lookup("dcn")
+    for config, kwargs, message in [
+        (DCNv2Config, {"cross_structure": "side"}, "--cross_structure"),
+        (DCNv2Config, {"num_cross_layers": 0}, "Received: --num_cross_layers=0"),
+        (DCNv2Config, {"cross_low_rank": -2}, "Received: --cross_low_rank=-2"),
+        (DCNv2Config, {"deep_mlp_dims": (16, 0)}, r"Received: --deep_mlp_dims=\[16, 0\]"),
+        (DCNv2Config, {"deep_mlp_dims": ()}, "--deep_mlp_dims"),
+        (WideDeepConfig, {"wide_optimizer": "adam"}, "--wide_optimizer"),
+        (DLRMConfig, {"top_mlp_dims": (8, 2)}, "--top_mlp_dims to end with 1"),
+        (DLRMConfig, {"interaction": "cross"}, r"--interaction in \['dot', 'cat'\]. Received: 'cross'"),
     ]:
         with pytest.raises(ValueError, match=message):
-            ModelFamilyConfig(**kwargs)
-
-
-def test_crossed_features_import_no_tensorflow():
-    # The model configs live in tf_dlrm.models, whose __init__ imports the models (TensorFlow); the
-    # crossed features are part of the FeatureSpec, which stays free of it.
-    import subprocess
-    import sys
-
-    code = ("import sys, tf_dlrm.config.models, tf_dlrm.config.crossed_features; "
-            "sys.exit('tensorflow' in sys.modules)")
-    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+            config(**kwargs)
+    # Before any table exists: DLRM's dot interaction needs the bottom MLP to end at the tables' width.
+    with pytest.raises(ValueError, match="Received: --bottom_mlp_dims=512,256,128, --embedding_dim=16"):
+        registry.lookup("dlrm").tables(DLRMConfig(), [TableSpec("a", 10, 16)])
 
 
 BASE_TABLES = [TableSpec("a", 10, 4), TableSpec("b", 20, 4), TableSpec("c", 30, 4)]
@@ -49,11 +49,12 @@ CROSSED = [CrossedFeature("a", "c", 7)]
     ("wide_deep", ["a", "b", "c", "linear:a", "linear:b", "linear:c", "cross:a*c"]),
 ])
 def test_each_model_reads_its_tables(model, names):
-    family = ModelFamilyConfig(model=model)
-    tables = family_tables(BASE_TABLES, family, CROSSED)
+    cls = registry.lookup(model)
+    config = cls.make_config({"bottom_mlp_dims": [8, 4]} if model == "dlrm" else {})
+    tables = cls.tables(config, BASE_TABLES, CROSSED)
     assert [t.name for t in tables] == names
     assert all(t.dim == 1 for t in tables[3:]) and [t.rows for t in tables[3:6]] in ([], [10, 20, 30])
-    features, sources = family_features(BASE_FEATURES, family, CROSSED)
+    features, sources = cls.features(config, BASE_FEATURES, CROSSED)
     assert [f.table for f in features] == names
     if model in ("deepfm", "wide_deep"):
         # The first-order / wide feature of b pools b's ids the way b does.
@@ -65,7 +66,8 @@ def test_each_model_reads_its_tables(model, names):
 def test_crossed_features_too_large_are_refused():
     big = [TableSpec("a", 2**40, 4), TableSpec("b", 2**30, 4)]
     with pytest.raises(ValueError, match="exceed 2\\^62 pairs"):
-        family_tables(big, ModelFamilyConfig(model="wide_deep"), [CrossedFeature("a", "b", 5)])
+        cls = registry.lookup("wide_deep")
+        cls.tables(cls.Config(), big, [CrossedFeature("a", "b", 5)])
 
 
 def test_flags_select_the_model():
@@ -75,11 +77,14 @@ def test_flags_select_the_model():
     cli.FLAGS.unparse_flags()
     cli.FLAGS(["main.py", "--dataset_type=synthetic", "--model=dcnv2", "--num_cross_layers=2", "--cross_low_rank=8",
                "--cross_structure=parallel", "--deep_mlp_dims=64,32", "--embedding_dim=16"])
-    family = config_from_flags(cli.FLAGS).model.family
-    assert family == ModelFamilyConfig("dcnv2", 2, 8, "parallel", (64, 32))
+    from tf_dlrm.models.dcnv2 import DCNv2Config
+
+    model = config_from_flags(cli.FLAGS).model
+    assert (model.name, model.params) == ("dcnv2", DCNv2Config(2, 8, "parallel", (64, 32)))
     cli.FLAGS.unparse_flags()
-    cli.FLAGS(["main.py", "--dataset_type=synthetic", "--model=dlrm", "--embedding_dim=16"])
-    with pytest.raises(ValueError, match="bottom MLP's last width"):
+    # A flag of another model is refused, naming the models it belongs to.
+    cli.FLAGS(["main.py", "--dataset_type=synthetic", "--model=dlrm", "--cross_low_rank=8"])
+    with pytest.raises(ValueError, match="--cross_low_rank applies to --model=dcnv2 only. Received: --model=dlrm"):
         config_from_flags(cli.FLAGS)
     cli.FLAGS.unparse_flags()
 
@@ -104,12 +109,12 @@ def test_spec_crossed_features_round_trip_and_errors(tmp_path):
 def test_models_serialise_and_predict_alike(model):
     import keras
 
-    from tf_dlrm.sharding.planner import make_plan
-    from tf_dlrm.models import build_family_model
+    from model_families import build_family_model
+    from tf_dlrm.distributed.planner import make_plan
 
-    family = ModelFamilyConfig(model=model, deep_mlp_dims=(8,), num_cross_layers=2)
-    plan = make_plan(family_tables(BASE_TABLES, family, CROSSED), 1, "table_wise")
-    network = build_family_model(family, BASE_FEATURES, CROSSED, plan, 3, 0, seed=4)
+    params = {"deep_mlp_dims": (8,), **({"num_cross_layers": 2} if model == "dcnv2" else {})}
+    _, network = build_family_model(model, params, BASE_TABLES, BASE_FEATURES, CROSSED,
+                                    lambda tables: make_plan(tables, 1, "table_wise"), 3, 0, seed=4)
     rng = np.random.default_rng(0)
     inputs = (rng.normal(size=(5, 3)).astype(np.float32),
               (rng.integers(0, 10, 5), rng.integers(0, 20, (5, 3)), rng.integers(0, 30, 5)))
@@ -121,3 +126,4 @@ def test_models_serialise_and_predict_alike(model):
         mine.assign(theirs)
     np.testing.assert_allclose(clone(inputs).numpy(), logits.numpy(), rtol=0, atol=1e-6)
     assert keras.saving.get_registered_name(type(network)).startswith("tf_dlrm>")
+    assert clone.model_config == network.model_config and clone.num_categorical == 3

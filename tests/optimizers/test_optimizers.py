@@ -129,7 +129,7 @@ def test_bad_arguments_name_the_value():
         ([], 0.001, 0.003),  # the tuned defaults
         (["--learning_rate=0.5"], 0.5, 0.5),  # an explicit --learning_rate drives every family
         (["--learning_rate=0.5", "--embedding_learning_rate=0.02"], 0.5, 0.02),  # a family's own flag wins
-        # DeepFM's and Wide & Deep's embeddings default to their own lazy_adam rate (config/models.py) ...
+        # DeepFM's and Wide & Deep's embeddings default to their own lazy_adam rate (their embedding_learning_rates) ...
         (["--model=deepfm"], 0.001, 0.01),
         (["--model=wide_deep"], 0.001, 0.01),
         (["--model=dcnv2"], 0.001, 0.003),

@@ -25,6 +25,11 @@ MODEL_FLAGS = [
 ]
 
 
+def mlp_variables(model) -> list:
+    """DLRM's bottom and top MLP weights (data-parallel, optimised by the dense optimizer)."""
+    return [v for layer in (model.bottom_mlp, model.top_mlp) for v in layer.trainable_variables]
+
+
 def _policy(name):
     """Sets the Keras global policy; returns a callable that restores the previous one."""
     import keras
@@ -39,7 +44,7 @@ def small_model(seed=5, cardinalities=(40, 3000, 500, 7000), dim=8, interaction=
     from tf_dlrm.embedding import DistributedEmbedding
     from tf_dlrm.distributed.plan import TableSpec
     from tf_dlrm.distributed.planner import make_plan
-    from tf_dlrm.model.dlrm import DLRM
+    from tf_dlrm.models.dlrm import DLRM
     from tf_dlrm.train.builder import build_with_dummy_batch
 
     restore = _policy(policy)
@@ -265,7 +270,7 @@ def test_two_ranks_equal_one_process_under_amp_and_xla(case, rank_records):
 
 def _reference_weights(reference, num_tables: int) -> list:
     """The one-process model's full tables, then its MLP weights, as numpy copies."""
-    return [reference.embedding.get_full_table(t).copy() for t in range(num_tables)] + [v.numpy().copy() for v in reference.mlp_variables]
+    return [reference.embedding.get_full_table(t).copy() for t in range(num_tables)] + [v.numpy().copy() for v in mlp_variables(reference)]
 
 
 def worker(cases_path: str, out_dir: str) -> None:
@@ -323,11 +328,11 @@ def worker(cases_path: str, out_dir: str) -> None:
         else:
             record["tables_vs_path"] = 0.0  # the full tables are gathered on rank 0 only
         mlp = {"abs": 0.0, "rel": 0.0}
-        for mine, theirs in zip(model.mlp_variables, reference.mlp_variables):
+        for mine, theirs in zip(mlp_variables(model), mlp_variables(reference)):
             mlp = equivalence.worst(mlp, equivalence.max_differences(mine.numpy(), theirs.numpy()))
         record["mlp"] = mlp
         record["mlp_vs_path"] = max(relative_to_path(mine.numpy(), theirs, path) for mine, theirs, path
-                                    in zip(model.mlp_variables, reference_weights[len(plan.tables):], paths[len(plan.tables):]))
+                                    in zip(mlp_variables(model), reference_weights[len(plan.tables):], paths[len(plan.tables):]))
         record["tables_moved"] = max(
             float(np.abs(reference.embedding.get_full_table(t) - initial[t]).max()) for t in range(len(plan.tables))
         )

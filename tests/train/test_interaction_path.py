@@ -60,6 +60,24 @@ def test_xla_training_uses_plain_tensorflow_but_evaluation_keeps_the_kernel():
     paths = interaction_paths(trainer.model.interaction, xla=True)
     assert paths["training"] == "plain_tf_in_xla" and paths["evaluation"] == "kernel_fp32"
     assert "XLA" in paths["reasons"][0]
+    # What main.py logs: the model's own description (the CLI never reads model.interaction).
+    described = trainer.model.describe(xla=True)["interaction"]
+    assert {k: v for k, v in described.items() if k != "line"} == paths
+    assert described["line"].startswith("interaction: training plain_tf_in_xla, evaluation kernel_fp32; ")
+
+
+def test_kernels_off_traces_plain_tensorflow_only_inside_the_block():
+    """The generic switch the XLA step and export use: no model attribute is touched."""
+    trainer, batch = trainer_for("float32")
+    forward = tf.function(lambda numerical, categorical: trainer.model((numerical, categorical)))
+    with ops.kernels_off():
+        assert ops.kernels() is None
+        with ops.kernels_off():  # nested
+            pass
+        assert ops.kernels() is None
+        assert kernel_ops(forward, *batch[:2]) == {}
+    assert ops.kernels() is not None
+    assert kernel_ops(tf.function(lambda n, c: trainer.model((n, c))), *batch[:2]) == {KERNEL: {"float32"}}
 
 
 def test_a_missing_library_is_named_in_a_warning(monkeypatch):

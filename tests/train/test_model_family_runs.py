@@ -33,8 +33,11 @@ _cache: dict = {}
 
 
 def flags_of(model: str, data: str) -> list[str]:
-    flags = model_flags(data) + [f"--model={model}", "--deep_mlp_dims=16", "--num_cross_layers=2", "--cross_low_rank=4",
-                                 f"--max_steps={STEPS}"]
+    # Each model's own flags only: a flag of another model is refused.
+    own = {"dlrm": [], "dcnv2": ["--deep_mlp_dims=16", "--num_cross_layers=2", "--cross_low_rank=4"],
+           "deepfm": ["--deep_mlp_dims=16"], "wide_deep": ["--deep_mlp_dims=16"]}[model]
+    common = [f for f in model_flags(data) if model == "dlrm" or not f.startswith(("--bottom_mlp_dims", "--top_mlp_dims"))]
+    flags = common + [f"--model={model}", *own, f"--max_steps={STEPS}"]
     if model == "wide_deep":
         flags += ["--feature_spec=feature_spec_crossed.yaml", "--wide_optimizer=ftrl", "--wide_learning_rate=0.05"]
     return flags

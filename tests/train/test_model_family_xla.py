@@ -6,9 +6,7 @@ import numpy as np
 import pytest
 
 from tf_dlrm.config.crossed_features import CrossedFeature
-from tf_dlrm.embedding.table_config import FeatureConfig
-from tf_dlrm.config.model_tables import family_tables
-from tf_dlrm.config.models import ModelFamilyConfig
+from tf_dlrm.config.embedding import FeatureConfig
 from tf_dlrm.distributed.plan import TableSpec
 
 CARDINALITIES = (40, 3000, 500, 7000)
@@ -24,17 +22,18 @@ FAMILIES = {
 def family_model(name, policy="float32", seed=5):
     import keras
 
-    from tf_dlrm.sharding.planner import make_plan
-    from tf_dlrm.models import build_family_model
-    from tf_dlrm.cli.builder import build_with_dummy_batch
+    from tf_dlrm.distributed.planner import make_plan
+    from model_families import build_family_model
+    from tf_dlrm.train.builder import build_with_dummy_batch
 
     previous = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy(policy)
     try:
-        family = ModelFamilyConfig(**FAMILIES[name])
-        tables = family_tables([TableSpec(f"t{i}", rows, 8) for i, rows in enumerate(CARDINALITIES)], family, CROSSED)
-        plan = make_plan(tables, 1, "auto", data_parallel_threshold=100)
-        model = build_family_model(family, [FeatureConfig(t, t) for t in ("t0", "t1", "t2", "t3")], CROSSED, plan, 5, 0, seed)
+        params = dict(FAMILIES[name])
+        model_name = params.pop("model")
+        _, model = build_family_model(model_name, params, [TableSpec(f"t{i}", rows, 8) for i, rows in enumerate(CARDINALITIES)],
+                                      [FeatureConfig(t, t) for t in ("t0", "t1", "t2", "t3")], CROSSED,
+                                      lambda tables: make_plan(tables, 1, "auto", data_parallel_threshold=100), 5, 0, seed)
         build_with_dummy_batch(model, 5, model.embedding, 1)
     finally:
         keras.mixed_precision.set_global_policy(previous)

@@ -35,12 +35,13 @@ import numpy as np
 import tensorflow as tf
 import yaml
 
-from tf_dlrm.parallel import collectives
-from tf_dlrm.checkpoint import dynamic_tables
-from tf_dlrm.checkpoint import embedding_state
-from tf_dlrm.checkpoint import slices
-from tf_dlrm.checkpoint import store
-from tf_dlrm.checkpoint.checks import RestoreChecks
+from tf_dlrm.distributed import collectives
+from tf_dlrm.train import builder
+from tf_dlrm.train import checkpoint_dynamic as dynamic_tables
+from tf_dlrm.train import checkpoint_embedding_state as embedding_state
+from tf_dlrm.train import checkpoint_slices as slices
+from tf_dlrm.train import checkpoint_store as store
+from tf_dlrm.train.checkpoint_checks import RestoreChecks
 from tf_dlrm.train.guards import non_finite_arrays
 from tf_dlrm.train.memory_watch import MemoryWatch
 from tf_dlrm.checkpoint.store import (
@@ -114,6 +115,7 @@ class Checkpointer(RestoreChecks):
 
     def __init__(self, trainer, spec, model_config, env, reporter, save_path=None, every_steps=0, keep=2, seed=0, batch_size=0):
         self.trainer, self.spec, self.model_config = trainer, spec, model_config
+        self.model_identity = builder.model_identity(model_config)
         self.env, self.reporter = env, reporter
         self.save_path, self.every_steps, self.keep = save_path, every_steps, keep
         self.seed, self.batch_size = seed, batch_size
@@ -256,7 +258,7 @@ class Checkpointer(RestoreChecks):
                 file = f"{folder}/{_file_safe(name)}.npy"
                 files[file] = store.write_npy(root, file, variable.numpy())
                 entries.append({"name": name, "file": file})
-        model = model_record(self.spec, self.model_config)
+        model = model_record(self.spec, self.model_config, self.model_identity)
         optimizer_record = self.trainer.config.record()
         files[MODEL_CONFIG] = store.write_text(root, MODEL_CONFIG, json.dumps({"model": model, "optimizer": optimizer_record, "seed": self.seed}, indent=1))
         files[SPEC_COPY] = store.write_text(root, SPEC_COPY, yaml.safe_dump(self.spec.to_dict(), sort_keys=False))

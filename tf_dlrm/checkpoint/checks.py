@@ -135,7 +135,7 @@ class RestoreChecks:
         if not verified:  # hashing a large checkpoint twice would double the restore's slowest part
             verify_files(directory, manifest)
         dynamic_tables.check_kind(directory, manifest, self.dynamic)  # before the spec comparison: the clearer error
-        check_compatible(directory, manifest, self.spec, self.model_config)
+        check_compatible(directory, manifest, self.spec, self.model_config, self.model_identity)
         dynamic_tables.check(directory, manifest, self.embedding, self.trainer.sparse.slot_names if for_training else None)
         names = [n for n, _ in self.dense]
         if [d["name"] for d in manifest["dense"]] != names:

@@ -56,14 +56,6 @@ VERIFY_THREADS = 8  # checksum threads of verify_files: past a few, the disk is 
 _NAME = re.compile(r"^ckpt-(\d+)$")
 _SAFE_FILE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*(/[A-Za-z0-9_\-][A-Za-z0-9_.\-]*)*$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_MODEL_FLAGS = {
-    "embedding_dim": "--embedding_dim",
-    "bottom_mlp_dims": "--bottom_mlp_dims",
-    "top_mlp_dims": "--top_mlp_dims",
-    "interaction": "--interaction",
-    "include_diagonal": "--dot_include_diagonal",
-    "family": "--model (and its flags)",
-}
 
 
 class CheckpointError(ValueError):
@@ -223,30 +215,32 @@ def load_array(directory: str, name: str, shape, dtype, mmap: bool = False) -> n
     return array
 
 
-def model_record(spec, model) -> dict:
-    """What the weights' shapes depend on: the model flags and the categorical features."""
+def model_record(spec, model_config, identity: dict) -> dict:
+    """What the weights' shapes depend on: the model (``identity``: its ``name``, a registered name or
+    an import path, and its own ``config``; see :func:`tf_dlrm.train.builder.model_identity`), the
+    tables' width and the spec's features."""
     return {
-        "embedding_dim": model.embedding_dim,
-        "bottom_mlp_dims": list(model.bottom_mlp_dims),
-        "top_mlp_dims": list(model.top_mlp_dims),
-        "interaction": model.interaction,
-        "include_diagonal": bool(model.include_diagonal),
+        "name": identity["name"],
+        "config": dict(identity["config"]),
+        "embedding_dim": model_config.embedding_dim,
         "num_numerical": len(spec.numerical_features),
         "categorical_features": list(spec.categorical_features),
         "cardinalities": list(spec.cardinalities()),
-        # DLRM checkpoints carry no family record (as before the model family existed).
-        **({"family": model.family.record()} if getattr(model, "family", None) and model.family.model != "dlrm" else {}),
     }
 
 
-def check_compatible(directory: str, manifest: dict, spec, model) -> None:
-    """Refuses a checkpoint whose model config or feature spec differs from the flags'."""
-    saved, current = manifest["model"], model_record(spec, model)
-    differences = [
-        f"{flag}: {saved.get(key)!r} in the checkpoint, {current.get(key)!r} from the flags"
-        for key, flag in _MODEL_FLAGS.items()
-        if saved.get(key) != current.get(key)
-    ]
+def check_compatible(directory: str, manifest: dict, spec, model_config, identity: dict) -> None:
+    """Refuses a checkpoint whose model, model config or feature spec differs from the flags', naming
+    each differing flag (``identity["flags"]``: the model's ``{config key: flag name}``)."""
+    saved, current = manifest["model"], model_record(spec, model_config, identity)
+    differences = [f"--{flag}: {saved.get(key)!r} in the checkpoint, {current[key]!r} from the flags"
+                   for key, flag in (("name", "model"), ("embedding_dim", "embedding_dim")) if saved.get(key) != current[key]]
+    if saved.get("name") == current["name"]:  # the same model: compare its own hyper-parameters too
+        saved_config = saved.get("config") if isinstance(saved.get("config"), dict) else {}
+        flags = identity.get("flags", {})
+        differences += [f"--{flags.get(key, key)}: {saved_config.get(key)!r} in the checkpoint, {current['config'].get(key)!r} "
+                        "from the flags" for key in sorted(set(saved_config) | set(current["config"]))
+                        if saved_config.get(key) != current["config"].get(key)]
     if differences:
         raise CheckpointError(f"checkpoint {directory} was saved for a different model: " + "; ".join(differences))
     try:

@@ -1,4 +1,8 @@
-"""From a FeatureSpec and small config objects to a sharding plan, a built DLRM and its readers."""
+"""From a FeatureSpec and small config objects to a sharding plan, a built model and its readers.
+
+Nothing here names a model: the model class comes from ``--model`` (:mod:`tf_dlrm.models.registry`)
+and says which tables and features it reads (:class:`tf_dlrm.models.ranking_model.RankingModel`).
+"""
 
 from __future__ import annotations
 
@@ -11,13 +15,11 @@ from tf_dlrm.embedding import DistributedEmbedding
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.distributed.plan import ShardingPlan, TableSpec
 from tf_dlrm.distributed.planner import make_plan, table_readers
-from tf_dlrm.config.embedding import check_width_mapping
-from tf_dlrm.embedding.table_config import FeatureConfig, feature_tables
-from tf_dlrm.config.model_tables import family_features, family_tables
-# The configs live in a TF-free module (flags parse into them); kept importable from here.
-from tf_dlrm.config.model import ModelConfig, ShardingConfig, parse_dims  # noqa: F401
+from tf_dlrm.config.embedding import FeatureConfig, check_width_mapping, feature_tables
+from tf_dlrm.config.model import ModelConfig, ShardingConfig
 from tf_dlrm.feature_spec import FeatureSpec
-from tf_dlrm.model.dlrm import DLRM
+from tf_dlrm.models import registry
+from tf_dlrm.models.ranking_model import RankingModel, column_sources
 from tf_dlrm.precision import PrecisionChoice, choose_precision
 
 
@@ -31,15 +33,39 @@ def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=()) -> lis
     return [TableSpec(name, rows, overrides.get(name, width)) for name, rows, width in zip(names, spec.cardinalities(), widths)]
 
 
-def table_widths(spec: FeatureSpec, model: ModelConfig) -> list[int]:
-    """The width of every table (see :func:`make_tables`)."""
-    return [table.dim for table in make_tables(spec, model.embedding_dim, model.embedding_dims)]
+def model_class(model: ModelConfig) -> type:
+    """The class ``--model`` names (a registered name or an import path)."""
+    return registry.lookup(model.name)
+
+
+def model_params(model: ModelConfig):
+    """The model's own hyper-parameters: ``model.params``, or its ``Config``'s defaults."""
+    cls = model_class(model)
+    if model.params is None:
+        return cls.Config()
+    if not isinstance(model.params, cls.Config):
+        raise TypeError(f"Expected the hyper-parameters of --model={model.name} as a {cls.Config.__qualname__}. "
+                        f"Received: {type(model.params).__qualname__}")
+    return model.params
+
+
+def model_identity(model: ModelConfig) -> dict:
+    """What a checkpoint records of the model: ``name`` (its registered name or import path), ``config``
+    (its hyper-parameters as JSON data) and, for messages, ``flags`` (``{config key: flag name}``)."""
+    cls = model_class(model)
+    return {"name": registry.reference_of(cls), "config": cls.config_record_of(model_params(model)), "flags": cls.flag_names()}
 
 
 def model_tables(spec: FeatureSpec, model: ModelConfig) -> list[TableSpec]:
-    """Every table of the model: one per categorical feature, then the width-1 tables of DeepFM and
-    Wide & Deep (:func:`tf_dlrm.models.tables.family_tables`)."""
-    return family_tables(make_tables(spec, model.embedding_dim, model.embedding_dims), model.family, spec.crossed_features)
+    """Every table of the model: one per categorical feature, then the model's own (DeepFM's and Wide
+    & Deep's width-1 tables, :meth:`RankingModel.tables`)."""
+    deep = make_tables(spec, model.embedding_dim, model.embedding_dims)
+    return model_class(model).tables(model_params(model), deep, spec.crossed_features)
+
+
+def model_features(spec: FeatureSpec, model: ModelConfig) -> tuple[tuple[FeatureConfig, ...], tuple[tuple, ...]]:
+    """``(features, sources)`` the model reads (:meth:`RankingModel.features`)."""
+    return model_class(model).features(model_params(model), make_features(spec), spec.crossed_features)
 
 
 def make_features(spec: FeatureSpec) -> tuple[FeatureConfig, ...]:
@@ -53,7 +79,7 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
     tables are local anyway, and in one fused variable they take one gather and one sparse update
     per step instead of two, with no dense gradient of the small tables."""
     tables = model_tables(spec, model)
-    features, _ = family_features(make_features(spec), model.family, spec.crossed_features)
+    features, _ = model_features(spec, model)
     return make_plan(
         tables,
         world_size,
@@ -81,54 +107,56 @@ def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: in
     return memory
 
 
-def build_model(
-    spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, env: DistributedEnv, seed: int, data_parallel_input: bool = False,
-    deduplicate_exchange: bool = False, hot_rows: dict | None = None, split_embedding_tables: bool = False,
-    serving: bool = False,
-) -> DLRM:
-    """A built model of ``config.family`` (DLRM by default) whose embedding executes ``plan`` on ``env.rank``
-    (dynamic tables: see :mod:`tf_dlrm.cli.dynamic_builder`; the plan then only describes their sizes).
+def make_embedding(spec: FeatureSpec, plan: ShardingPlan | None, config: ModelConfig, env: DistributedEnv, seed: int,
+                   data_parallel_input: bool = False, deduplicate_exchange: bool = False, hot_rows: dict | None = None,
+                   split_embedding_tables: bool = False, num_shards: int | None = None):
+    """The unbuilt embedding layer of the model of ``config``, executing ``plan`` on ``env.rank``.
 
-    A DLRM is built from its widths; ``serving`` builds it by one call instead, which also records the
-    input signature a SavedModel export serves."""
-    from tf_dlrm.cli import dynamic_builder
+    Fixed tables: a :class:`DistributedEmbedding`, or an :class:`ExpandedEmbedding` when the model
+    derives features from the columns (DeepFM's and Wide & Deep's width-1 features). Dynamic tables
+    (:mod:`tf_dlrm.dynamic.builder`): a ``DynamicEmbedding`` (the plan then only describes their
+    sizes; ``num_shards``: the shards of every table, default the world size)."""
+    from tf_dlrm.dynamic import builder as dynamic_builder
 
+    features, sources = model_features(spec, config)
+    derived = tuple(sources) != column_sources(len(spec.categorical_features))
+    dynamic = dynamic_builder.has_dynamic_tables(spec)
     for flag, used in (("--deduplicate_exchange", deduplicate_exchange), ("--hot_rows_budget", bool(hot_rows)),
                        ("--split_embedding_tables", split_embedding_tables)):
-        if used and (config.family.model != "dlrm" or dynamic_builder.has_dynamic_tables(spec)):
-            what = "dynamic tables" if config.family.model == "dlrm" else f"--model={config.family.model}"
-            raise ValueError(f"{flag} is implemented for --model=dlrm with fixed tables only. Received: {what}")
+        if used and (derived or dynamic):
+            what = "dynamic tables" if dynamic else f"--model={config.name}, which derives features from the columns"
+            raise ValueError(f"{flag} is implemented for models that read the spec's columns as they are, on fixed "
+                             f"tables (e.g. --model=dlrm). Received: {what}")
+    if dynamic:
+        if derived:
+            raise ValueError(f"Dynamic tables are built for models that read the spec's columns as they are (e.g. "
+                             f"--model=dlrm). Received: --model={config.name}, which derives features from the columns")
+        widths = [table.dim for table in model_tables(spec, config)]  # the model may choose its tables' widths
+        return dynamic_builder.make_dynamic_embedding(spec, config.embedding_init_bound, env, seed, widths, num_shards=num_shards)
+    if derived:
+        from tf_dlrm.models.expanded_embedding import ExpandedEmbedding
 
-    if dynamic_builder.has_dynamic_tables(spec):
-        if config.family.model != "dlrm":
-            raise ValueError(f"Dynamic tables are built for --model=dlrm only for now. Received: --model={config.family.model}")
-        model = dynamic_builder.make_dynamic_model(spec, config, env, seed, table_widths(spec, config))
-        model.build(None)
-        return model
-    if config.family.model != "dlrm":
-        from tf_dlrm.models import build_family_model
+        return ExpandedEmbedding(plan, rank=env.rank, seed=seed, features=features, sources=sources,
+                                 init_bound=config.embedding_init_bound, name="embedding")
+    return DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input, features=features,
+                                deduplicate_exchange=deduplicate_exchange, hot_rows=hot_rows,
+                                split_embedding_tables=split_embedding_tables, init_bound=config.embedding_init_bound,
+                                name="embedding")
 
-        model = build_family_model(config.family, make_features(spec), spec.crossed_features, plan,
-                                   len(spec.numerical_features), env.rank, seed, data_parallel_input,
-                                   init_bound=config.embedding_init_bound)
-        if serving:
-            build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, env.world_size)
-        else:
-            model.build(None)
-        return model
-    embedding = DistributedEmbedding.from_plan(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input,
-                                     features=make_features(spec), deduplicate_exchange=deduplicate_exchange,
-                                     hot_rows=hot_rows, split_embedding_tables=split_embedding_tables,
-                                     init_bound=config.embedding_init_bound, name="embedding")
-    model = DLRM(
-        embedding,
-        num_numerical=len(spec.numerical_features),
-        bottom_mlp_dims=config.bottom_mlp_dims,
-        top_mlp_dims=config.top_mlp_dims,
-        interaction=config.interaction,
-        include_diagonal=config.include_diagonal,
-        seed=seed,
-    )
+
+def build_model(
+    spec: FeatureSpec, plan: ShardingPlan | None, config: ModelConfig, env: DistributedEnv, seed: int,
+    data_parallel_input: bool = False, deduplicate_exchange: bool = False, hot_rows: dict | None = None,
+    split_embedding_tables: bool = False, serving: bool = False, num_shards: int | None = None,
+) -> RankingModel:
+    """The built model of ``config`` (``--model`` and its hyper-parameters) on :func:`make_embedding`'s layer.
+
+    Built from its widths; ``serving`` builds it by one call instead, which also records the input
+    signature a SavedModel export serves."""
+    embedding = make_embedding(spec, plan, config, env, seed, data_parallel_input, deduplicate_exchange, hot_rows,
+                               split_embedding_tables, num_shards)
+    model = model_class(config)(embedding, len(spec.numerical_features), num_categorical=len(spec.categorical_features),
+                                seed=seed, config=model_params(config))
     if serving:
         build_with_dummy_batch(model, len(spec.numerical_features), embedding, env.world_size)
     else:  # no eager forward (op by op, with the exchange's collectives) only to create the weights
@@ -136,7 +164,7 @@ def build_model(
     return model
 
 
-def build_with_dummy_batch(model: DLRM, num_numerical: int, embedding, world_size: int, local_batch: int = 1) -> None:
+def build_with_dummy_batch(model: RankingModel, num_numerical: int, embedding, world_size: int, local_batch: int = 1) -> None:
     """Creates all weights by calling the model once on zeros shaped like a real batch (Keras then also
     records the input signature that a SavedModel export serves)."""
     global_batch = local_batch * world_size

@@ -1,20 +1,21 @@
-"""A DLRM on dynamic tables from a feature spec (``main.py`` calls it through
-:func:`tf_dlrm.cli.builder.build_model` when the spec has ``dynamic: true`` features)."""
+"""The embedding of dynamic tables from a feature spec (``main.py`` builds it through
+:func:`tf_dlrm.train.builder.make_embedding` when the spec has ``dynamic: true`` features)."""
 
 from __future__ import annotations
 
-from tf_dlrm.parallel.env import DistributedEnv
-from tf_dlrm.spec import dynamic as dynamic_spec
-from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
-from tf_dlrm.models.dlrm import DLRM
+from tf_dlrm.distributed.env import DistributedEnv
+from tf_dlrm.dynamic import spec as dynamic_spec
+from tf_dlrm.dynamic.layer import DynamicEmbedding
 
 
 def has_dynamic_tables(spec) -> bool:
     return bool(dynamic_spec.dynamic_features(spec))
 
 
-def make_dynamic_model(spec, config, env: DistributedEnv, seed: int, widths, num_shards: int | None = None) -> DLRM:
-    """The (unbuilt) DLRM; ``widths``: each table's width; ``num_shards``: shards of every table (default:
+def make_dynamic_embedding(spec, init_bound, env: DistributedEnv, seed: int, widths, num_shards: int | None = None
+                           ) -> DynamicEmbedding:
+    """The (unbuilt) embedding; ``init_bound``: ``--embedding_init``'s bound (None: 1/sqrt(rows));
+    ``widths``: each table's width; ``num_shards``: shards of every table (default:
     the world size; export holds a checkpoint's shards in one process). Every categorical feature must be dynamic
     and one-hot (mixing fixed and dynamic tables in one model is not supported yet: the error names
     the fixed ones)."""
@@ -26,9 +27,5 @@ def make_dynamic_model(spec, config, env: DistributedEnv, seed: int, widths, num
     multi_hot = [n for n in names if spec.hotness(n) != 1]
     if multi_hot:
         raise ValueError(f"Expected one-hot dynamic features. Received: hotness > 1 for {multi_hot}")
-    tables = [dynamic_spec.table_config(n, spec.feature_spec[n], w, config.embedding_init_bound) for n, w in zip(names, widths)]
-    embedding = DynamicEmbedding(tables, rank=env.rank, world_size=env.world_size, num_shards=num_shards,
-                                 seed=seed, name="embedding")
-    return DLRM(embedding, num_numerical=len(spec.numerical_features), bottom_mlp_dims=config.bottom_mlp_dims,
-                top_mlp_dims=config.top_mlp_dims, interaction=config.interaction,
-                include_diagonal=config.include_diagonal, seed=seed)
+    tables = [dynamic_spec.table_config(n, spec.feature_spec[n], w, init_bound) for n, w in zip(names, widths)]
+    return DynamicEmbedding(tables, rank=env.rank, world_size=env.world_size, num_shards=num_shards, seed=seed, name="embedding")

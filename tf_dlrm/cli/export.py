@@ -27,10 +27,10 @@ from absl import logging as absl_logging
 
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.io.publish import check_replaceable, staged_output
-from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
-from tf_dlrm.checkpoint import checkpointer as checkpoint, dynamic_tables as checkpoint_dynamic
-from tf_dlrm.checkpoint import store as checkpoint_store
-from tf_dlrm.checkpoint.slices import open_slices, restore_pieces
+from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
+from tf_dlrm.ops import kernels_off
+from tf_dlrm.train import checkpoint, checkpoint_dynamic
+from tf_dlrm.train.checkpoint_slices import open_slices, restore_pieces
 
 SERVING_INFO = "tf_dlrm_serving.json"
 WRITER = "tf_dlrm export"
@@ -48,9 +48,6 @@ class ServingModule(tf.Module):
     def __init__(self, model, num_numerical: int, num_categorical: int):
         super().__init__(name="tf_dlrm_serving")
         self.model = model
-        # tf_dlrm's own CPU interaction kernel is not part of TensorFlow: serve with TensorFlow's ops.
-        if hasattr(getattr(model, "interaction", None), "use_kernel"):
-            model.interaction.use_kernel = False
         self.num_categorical = int(num_categorical)
         self.serve = tf.function(
             self._serve,
@@ -147,9 +144,7 @@ def dynamic_serving(directory: str, manifest: dict, spec, model_config):
     meta = checkpoint_dynamic.read_meta(folder)
     keras.mixed_precision.set_global_policy("float32")  # served in float32 whatever the training precision
     env = DistributedEnv(rank=0, world_size=1)
-    model = dynamic_builder.make_dynamic_model(spec, model_config, env, meta["seed"], builder.table_widths(spec, model_config),
-                                               num_shards=meta["num_shards"])
-    builder.build_with_dummy_batch(model, len(spec.numerical_features), model.embedding, 1)
+    model = builder.build_model(spec, None, model_config, env, meta["seed"], serving=True, num_shards=meta["num_shards"])
     checkpoint_dynamic.check(directory, manifest, model.embedding, None)
     load_dense_into(model, directory, manifest)
     checkpoint_dynamic.restore_rows(folder, model.embedding, None, env)
@@ -160,7 +155,9 @@ def _save(module, temporary: str, info: dict) -> None:
     verbosity = absl_logging.get_verbosity()
     absl_logging.set_verbosity(absl_logging.WARNING)  # TensorFlow logs every file it writes at INFO
     try:
-        tf.saved_model.save(module, temporary, signatures={"serving_default": module.serve})
+        # tf_dlrm's own CPU kernels are not part of TensorFlow: the signature is traced with TensorFlow's ops.
+        with kernels_off():
+            tf.saved_model.save(module, temporary, signatures={"serving_default": module.serve})
     finally:
         absl_logging.set_verbosity(verbosity)
     with open(os.path.join(temporary, SERVING_INFO), "w", encoding="utf-8") as handle:
@@ -171,7 +168,7 @@ def _serving_info(directory: str, manifest: dict) -> dict:
     model = manifest["model"]
     return {
         "signature": "serving_default",
-        "model": model.get("family", {}).get("model", "dlrm"),
+        "model": model["name"],
         "inputs": {
             "numerical": {"dtype": "float32", "shape": [None, model["num_numerical"]]},
             "categorical": {"dtype": "int64", "shape": [None, len(model["cardinalities"])], "columns": model["categorical_features"]},

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from absl import flags
 
-from tf_dlrm.embedding.config import parse_width_mapping
-from tf_dlrm.cli.model_config import DEFAULT_EMBEDDING_INIT_BOUND, ModelConfig, ShardingConfig, parse_dims, parse_embedding_init
-from tf_dlrm.sharding.memory_plan import parse_bytes
-from tf_dlrm.cli.cycle_time import parse_cycle_time
-from tf_dlrm.cli.run_config import RunConfig
-from tf_dlrm.optimizers.settings import EMBEDDING_OPTIMIZERS, OPTIMIZERS, LearningRateSchedule, OptimizerConfig
-from tf_dlrm.train.loop_config import LoopConfig
-from tf_dlrm.train.precision import AmpMode
-from tf_dlrm.cli.model_flags import define_model_flags, model_family_from_flags
+from tf_dlrm.config.embedding import parse_width_mapping
+from tf_dlrm.config.model import DEFAULT_EMBEDDING_INIT_BOUND, ModelConfig, ShardingConfig, parse_dims, parse_embedding_init
+from tf_dlrm.distributed.memory_plan import parse_bytes
+from tf_dlrm.distributed.cycle_time import parse_cycle_time
+from tf_dlrm.config.run import RunConfig  # noqa: F401 (imported from here by cli and users)
+from tf_dlrm.config.training import EMBEDDING_OPTIMIZERS, OPTIMIZERS, LearningRateSchedule, LoopConfig, OptimizerConfig
+from tf_dlrm.precision import AmpMode
+from tf_dlrm.train.model_flags import define_model_flags, model_from_flags
 
 MODES = ("train", "eval", "inference", "export")
 
@@ -42,7 +41,9 @@ def define_amp_flag() -> None:
     ))
 
 
-def define_flags() -> None:
+def define_flags(argv=None) -> None:
+    """Defines every flag of ``main.py``; ``argv``: the command line, read only for a ``--model`` given
+    by import path, whose own flags are defined too (:mod:`tf_dlrm.train.model_flags`)."""
     f = flags
     f.DEFINE_string("dataset_path", None, "Directory of the dataset (split_binary files + feature spec).")
     f.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file, relative to --dataset_path unless absolute.")
@@ -64,8 +65,8 @@ def define_flags() -> None:
                   "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables).")
     f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
                    "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. lazy_adam wants about "
-                   "3e-3, adagrad 0.1, sgd about 1. Not given, with lazy_adam: 0.01 for --model=deepfm and wide_deep "
-                   "(tf_dlrm/models/config.py MODEL_EMBEDDING_LEARNING_RATES).")
+                   "3e-3, adagrad 0.1, sgd about 1. Not given, a model may choose its own (--model=deepfm and "
+                   "wide_deep: 0.01 with lazy_adam; their embedding_learning_rates).")
     f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad, rowwise_adagrad and ftrl (embeddings and MLPs).")
     f.DEFINE_float("adagrad_epsilon", 1e-7, "Epsilon of adagrad and rowwise_adagrad.")
     f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")
@@ -78,14 +79,10 @@ def define_flags() -> None:
     f.DEFINE_integer("decay_steps", 0, "Steps of decay to zero (0: no decay).")
     f.DEFINE_integer("embedding_dim", 128, "Embedding dimension of every table (unless the spec or --embedding_dims says).")
     f.DEFINE_string("embedding_dims", "", "Per-table widths, e.g. cat_0.bin:16,cat_3.bin:64 (overrides the spec's "
-                    "embedding_dim and --embedding_dim; mixed widths need --interaction=cat).")
+                    "embedding_dim and --embedding_dim; DLRM's dot interaction needs one width, --interaction=cat does not).")
     f.DEFINE_string("embedding_init", str(DEFAULT_EMBEDDING_INIT_BOUND), "Initial embedding values: uniform in [-b, b] "
                     "for this b, or sqrt_rows for b = 1/sqrt(rows) of each table (the DLRM reference's init).")
-    f.DEFINE_string("bottom_mlp_dims", "512,256,128", "Bottom MLP widths; the last equals --embedding_dim for dot.")
-    f.DEFINE_string("top_mlp_dims", "1024,1024,512,256,1", "Top MLP widths; the last is 1.")
-    f.DEFINE_enum("interaction", "dot", ["dot", "cat"], "Feature interaction.")
-    f.DEFINE_bool("dot_include_diagonal", False, "Keep self dot products in the dot interaction.")
-    define_model_flags()
+    define_model_flags(argv)
     define_amp_flag()
     f.DEFINE_float("loss_scale", 0.0, "Loss scale for mixed_float16: > 0 static, 0 dynamic (ignored for float32 and bfloat16).")
     f.DEFINE_bool("xla", False, "Compile the dense part of the step with XLA.")
@@ -148,7 +145,7 @@ def family_rate(values: flags.FlagValues, name: str, model_default: float | None
 
     Its own flag wins when given; else an explicit ``--learning_rate`` drives it (0 = the schedule's
     base), as it drove every weight before the families had their own rates; else the model's
-    default (``model_default``, see :data:`tf_dlrm.models.config.MODEL_EMBEDDING_LEARNING_RATES`) or
+    default (``model_default``, the model's ``embedding_learning_rates``) or
     the flag's tuned default.
     """
     if values[name].present:
@@ -160,16 +157,17 @@ def family_rate(values: flags.FlagValues, name: str, model_default: float | None
 
 def config_from_flags(values: flags.FlagValues) -> RunConfig:
     """Turns parsed flags into frozen configs; raises ValueError naming the flag on bad values."""
+    from tf_dlrm.models import registry
+
+    name, params = model_from_flags(values)
     model = ModelConfig(
         embedding_dim=values.embedding_dim,
-        bottom_mlp_dims=parse_dims(values.bottom_mlp_dims, "bottom_mlp_dims"),
-        top_mlp_dims=parse_dims(values.top_mlp_dims, "top_mlp_dims"),
-        interaction=values.interaction,
-        include_diagonal=values.dot_include_diagonal,
+        name=name,
+        params=params,
         embedding_dims=tuple(parse_width_mapping(values.embedding_dims).items()),
-        family=model_family_from_flags(values),
         embedding_init_bound=parse_embedding_init(values.embedding_init),
     )
+    model_rate = registry.lookup(name).embedding_learning_rates.get(values.embedding_optimizer)
     schedule = LearningRateSchedule(values.learning_rate, values.warmup_steps, values.decay_start_step, values.decay_steps)
     return RunConfig(
         mode=values.mode,
@@ -206,7 +204,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         optimizer=OptimizerConfig(
             schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=family_rate(values, "dense_learning_rate"),
             embedding_optimizer=values.embedding_optimizer, embedding_learning_rate=family_rate(
-                values, "embedding_learning_rate", model.family.default_embedding_learning_rate(values.embedding_optimizer, values.embedding_learning_rate)),
+                values, "embedding_learning_rate", model_rate),
             adagrad_initial_accumulator=values.adagrad_initial_accumulator, adagrad_epsilon=values.adagrad_epsilon,
             adam_beta1=values.adam_beta1, adam_beta2=values.adam_beta2, adam_epsilon=values.adam_epsilon,
             embedding_weight_decay=values.embedding_weight_decay, dense_weight_decay=values.dense_weight_decay,

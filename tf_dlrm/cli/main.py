@@ -12,7 +12,7 @@ from absl import app, flags
 
 from tf_dlrm.cli.flags import config_from_flags, define_flags
 
-define_flags()
+define_flags(sys.argv)
 FLAGS = flags.FLAGS
 
 

@@ -6,13 +6,8 @@ import dataclasses
 import math
 from typing import Sequence
 
-from tf_dlrm.embedding.table_init import check_init_bound
-from tf_dlrm.models.config import ModelFamilyConfig
-from tf_dlrm.sharding.plan import Strategy
+from tf_dlrm.distributed.plan import Strategy
 
-# The values of tf_dlrm.models.layers.interaction.InteractionKind, copied here so that the choices read as
-# plain strings beside the other flags' values; tests/config/test_config_tf_free.py checks that the two agree.
-INTERACTIONS = ("dot", "cat")
 # Keras's Embedding draws from [-0.05, 0.05]; see the README's "Model quality" for the measurement
 # that made it the default over the DLRM reference's 1/sqrt(rows).
 DEFAULT_EMBEDDING_INIT_BOUND = 0.05
@@ -39,35 +34,32 @@ def parse_embedding_init(text: str) -> float | None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+    """Which model to build and its tables' widths and initialisation.
+
+    Args:
+        embedding_dim: width of every deep table (unless the spec or ``embedding_dims`` says).
+        name: ``--model``: a registered model's name or an import path ``package.module:Class``
+            (:mod:`tf_dlrm.models.registry`).
+        params: the model's own hyper-parameters, an instance of its ``Config`` (None: its defaults).
+        embedding_dims: per-table widths overriding ``embedding_dim`` and the spec's: ``((table, width), ...)``.
+        embedding_init_bound: ``--embedding_init``: initial table values uniform in ``[-b, b]``;
+            None: ``b = 1/sqrt(rows)`` (the DLRM reference).
+    """
+
     embedding_dim: int = 128
-    bottom_mlp_dims: tuple[int, ...] = (512, 256, 128)
-    top_mlp_dims: tuple[int, ...] = (1024, 1024, 512, 256, 1)
-    interaction: str = "dot"
-    include_diagonal: bool = False
-    # Per-table widths overriding embedding_dim and the spec's own: ((table name, width), ...).
+    name: str = "dlrm"
+    params: object = None
     embedding_dims: tuple[tuple[str, int], ...] = ()
-    # --model and the hyper-parameters of DCNv2, DeepFM and Wide & Deep (tf_dlrm.models.config).
-    family: ModelFamilyConfig = ModelFamilyConfig()
-    # --embedding_init: initial table values uniform in [-b, b]; None: b = 1/sqrt(rows) (the DLRM reference).
     embedding_init_bound: float | None = DEFAULT_EMBEDDING_INIT_BOUND
 
     def __post_init__(self):
-        if self.embedding_dim <= 0:
+        if isinstance(self.embedding_dim, bool) or not isinstance(self.embedding_dim, int) or self.embedding_dim <= 0:
             raise ValueError(f"Expected --embedding_dim > 0. Received: embedding_dim={self.embedding_dim}")
-        for name in ("bottom_mlp_dims", "top_mlp_dims"):
-            dims = getattr(self, name)
-            if not dims or any(d <= 0 for d in dims):
-                raise ValueError(f"Expected --{name} to be positive widths. Received: {name}={list(dims)}")
-        if self.top_mlp_dims[-1] != 1:
-            raise ValueError(f"Expected --top_mlp_dims to end with 1 (the logit). Received: {list(self.top_mlp_dims)}")
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"Expected --model to name a model. Received: --model={self.name!r}")
+        if self.params is not None and not dataclasses.is_dataclass(self.params):
+            raise TypeError(f"Expected params to be a model's Config dataclass (or None). Received: {type(self.params).__name__}")
         check_init_bound(self.embedding_init_bound, "--embedding_init")
-        if self.interaction not in INTERACTIONS:
-            raise ValueError(f"Expected --interaction in {list(INTERACTIONS)}. Received: {self.interaction!r}")
-        if self.family.model == "dlrm" and self.interaction == "dot" and self.bottom_mlp_dims[-1] != self.embedding_dim:
-            raise ValueError(
-                "The dot interaction needs the bottom MLP's last width to equal the embedding dim. "
-                f"Received: --bottom_mlp_dims={','.join(map(str, self.bottom_mlp_dims))}, --embedding_dim={self.embedding_dim}"
-            )
 
 
 @dataclasses.dataclass(frozen=True)

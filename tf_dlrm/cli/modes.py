@@ -84,10 +84,11 @@ def set_cycle_time(config) -> str:
     from tf_dlrm.cli import cycle_time
     from tf_dlrm.parallel.env import launched_world_size
 
-    model = config.model
-    bottom, top = model.bottom_mlp_dims, model.top_mlp_dims
-    if model.family.model != "dlrm":
-        bottom, top = (), tuple(model.family.deep_mlp_dims) + (1,)
+    from tf_dlrm.train import builder
+
+    stacks = builder.model_class(config.model).dense_stacks(builder.model_params(config.model))
+    # cycle_time counts two stacks (DLRM's bottom and top MLPs); a model with one passes it as the top.
+    bottom, top = (stacks[0], stacks[-1]) if len(stacks) > 1 else ((), stacks[0] if stacks else ())
     return cycle_time.apply(config.horovod_cycle_time_ms, bottom, top, config.batch_size, launched_world_size())
 
 
@@ -158,12 +159,9 @@ def step_traffic_of(trainer, global_batch_size: int, world_size: int):
 def run_train(config, stop=None) -> dict:
     """Trains on this rank; returns the final record (``auc``, ``logloss``, ``train_samples_per_s``,
     ``steps``, ``world_size`` and, with ``--keep_best``, ``best_step``)."""
-    from tf_dlrm.sharding.traffic import describe as describe_traffic
-    from tf_dlrm.models.layers.interaction import interaction_paths
-    from tf_dlrm.train.precision import read_cpu_info
-    from tf_dlrm.cli import builder, hot_rows_setup, preflight
-    from tf_dlrm.checkpoint import checks as checkpoint_checks
-    from tf_dlrm.train import interrupt
+    from tf_dlrm.distributed.traffic import describe as describe_traffic
+    from tf_dlrm.precision import read_cpu_info
+    from tf_dlrm.train import builder, checkpoint_choice, hot_rows_setup, interrupt, preflight
     from tf_dlrm.train.loop import train
 
     preflight.check_output_paths(config)  # before anything costly: no mistake in a path costs a run
@@ -188,10 +186,12 @@ def run_train(config, stop=None) -> dict:
         hot_row_sync_every=config.sharding.hot_row_sync_every,
         split_embedding_tables=config.sharding.split_embedding_tables,
     )
-    paths = interaction_paths(session.model.interaction, config.xla)
-    reporter.event("interaction", **paths)  # after the config event: a log's first line stays config
-    reporter.say(f"interaction: training {paths['training']}, evaluation {paths['evaluation']}"
-                 + "".join(f"; {reason}" for reason in paths["reasons"]))
+    for event, fields in session.model.describe(xla=config.xla).items():
+        fields = dict(fields)
+        line = fields.pop("line", None)
+        reporter.event(event, **fields)  # after the config event: a log's first line stays config
+        if line:
+            reporter.say(line)
     reporter.say(
         f"world size {env.world_size}, precision {session.policy}, per-rank embedding bytes {rank_bytes}, "
         f"alltoall bytes per step (max over ranks) {exchange}"
@@ -370,7 +370,7 @@ def format_latency_table(results: list[dict]) -> str:
 
 def run_export(config) -> dict:
     """Rank 0 verifies the checkpoint and writes the SavedModel; other ranks only wait for the outcome."""
-    from tf_dlrm.cli import export
+    from tf_dlrm.train import builder, export
 
     env, spec, reporter, _ = start(config)
     outcome = None
@@ -382,7 +382,7 @@ def run_export(config) -> dict:
             manifest = checkpoint_store.read_manifest(directory)
             checkpoint_store.verify_files(directory, manifest)
             export.check_kind(directory, manifest, spec)  # before the spec comparison: the clearer error
-            checkpoint_store.check_compatible(directory, manifest, spec, config.model)
+            checkpoint.check_compatible(directory, manifest, spec, config.model, builder.model_identity(config.model))
             info = export.export_checkpoint(directory, manifest, config.saved_model_path, spec, config.model)
             outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started}
         except (ValueError, TypeError, KeyError, OSError) as error:  # every rank raises it below

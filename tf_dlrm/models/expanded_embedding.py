@@ -2,7 +2,7 @@
 
 DeepFM and Wide & Deep read, besides one deep table per categorical column, width-1 tables whose
 ids are derived from the columns (the column itself, or two columns crossed): see
-:mod:`tf_dlrm.models.tables`. Every rank reads the **local** batch of every column (as with
+:mod:`tf_dlrm.models.width_one_tables`. Every rank reads the **local** batch of every column (as with
 ``--data_parallel_input``), derives the ids of every feature locally, and the ids travel to the
 ranks owning their tables with the id alltoall; so a derived feature may live on a rank that holds
 neither of its source columns' tables.

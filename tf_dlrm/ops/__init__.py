@@ -7,24 +7,56 @@ the sources. Their Python wrappers live beside them: :mod:`tf_dlrm.ops.dot_inter
 
 :func:`kernels` loads the library once per process. Without it (not built, or built for another
 TensorFlow) the layers fall back to plain TensorFlow ops, which compute the same values more
-slowly; ``TF_DLRM_DISABLE_KERNELS=1`` forces that fallback.
+slowly; ``TF_DLRM_DISABLE_KERNELS=1`` forces that fallback, and :func:`kernels_off` does for the
+functions traced inside it (XLA compiles TensorFlow's own ops only, and a SavedModel must serve
+without this library).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import threading
 
 # The same path as tf_dlrm.ops.build.LIBRARY (tests/ops checks it); not imported from there, so that
 # `python -m tf_dlrm.ops.build` does not find its module already imported by this package.
 LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_tf_dlrm_ops.so")
 
 
-@functools.lru_cache(maxsize=None)
+# Per thread: a function traced in one thread with the kernels off must not switch them off for
+# another thread tracing at the same time.
+_switched_off = threading.local()
+
+
+@contextlib.contextmanager
+def kernels_off():
+    """Every kernel wrapper traced inside the block uses plain TensorFlow ops (:func:`kernels`
+    returns None); functions traced after it use the kernels again. Nested blocks are fine."""
+    depth = getattr(_switched_off, "depth", 0)
+    _switched_off.depth = depth + 1
+    try:
+        yield
+    finally:
+        _switched_off.depth = depth
+
+
+def kernels_enabled() -> bool:
+    """False inside :func:`kernels_off`."""
+    return not getattr(_switched_off, "depth", 0)
+
+
 def kernels():
     """The loaded kernel module (``tf_dlrm_dot_interaction``, ``tf_dlrm_embedding_bag`` and their
-    gradients), or None (with one warning naming the library, unless ``TF_DLRM_DISABLE_KERNELS=1``
-    asked for the fallback)."""
+    gradients), or None: inside :func:`kernels_off`, or when it is unavailable (with one warning
+    naming the library, unless ``TF_DLRM_DISABLE_KERNELS=1`` asked for the fallback)."""
+    return _loaded_kernels() if kernels_enabled() else None
+
+
+
+@functools.lru_cache(maxsize=None)
+def _loaded_kernels():
+    """:func:`kernels` outside :func:`kernels_off` (cached: the library loads once per process)."""
     reason = unavailable_reason()
     if reason is not None:
         if os.environ.get("TF_DLRM_DISABLE_KERNELS") != "1":
@@ -34,6 +66,9 @@ def kernels():
                             "TensorFlow ops (slower).", reason)
         return None
     return _load()
+
+
+kernels.cache_clear = _loaded_kernels.cache_clear  # forgets the load (tests change the environment)
 
 
 @functools.lru_cache(maxsize=None)

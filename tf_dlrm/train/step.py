@@ -1,5 +1,4 @@
-"""main.py's trainer: the library's training step (:mod:`tf_dlrm.embedding.training_step`) driven
-by a run's optimizer settings, learning-rate schedule and binary cross-entropy, plus evaluation.
+"""The training and evaluation steps of any model on the sharded embedding, as tf.functions.
 
 Embeddings train with the sparse optimizer of ``--embedding_optimizer`` (and per-table ones, e.g.
 Wide & Deep's ``--wide_optimizer``), the dense weights with ``sgd``, ``adam``, ``adagrad`` or ``lamb``;
@@ -20,9 +19,39 @@ import tensorflow as tf
 
 from tf_dlrm.distributed import collectives
 from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.embedding.training_step import TrainingStep
-from tf_dlrm.model.interaction import kernel_off
-from tf_dlrm.optimizers.config import OptimizerConfig, make_dense_optimizer, make_sparse_optimizer
+from tf_dlrm.distributed.hot_row_exchange import combine_hot_gradient
+from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
+from tf_dlrm.ops import kernels_off
+from tf_dlrm.optimizers.config import OPTIMIZERS, OptimizerConfig, make_dense_optimizer, make_sparse_optimizer  # noqa: F401
+from tf_dlrm.train.hot_row_sync import HotRowSync
+from tf_dlrm.train.sparse_update import SparseUpdater
+
+class LossScale:
+    """Loss scaling of float16 training: the loss is multiplied by ``S`` before the backward pass so
+    that small gradients do not flush to zero in float16, and gradients are divided by ``S`` after.
+
+    Static (``initial > 0``): ``S`` never changes. Dynamic (``initial == 0``): ``S`` starts at
+    ``2**15``; a step whose gradients hold an inf or NaN on any rank is skipped and halves ``S``;
+    after ``growth_interval`` finite steps in a row ``S`` doubles (the scheme of
+    ``keras.optimizers.LossScaleOptimizer``).
+    """
+
+    INITIAL_DYNAMIC = 2.0**15
+    GROWTH_INTERVAL = 2000
+
+    def __init__(self, initial: float):
+        self.dynamic = initial == 0
+        self.scale = tf.Variable(self.INITIAL_DYNAMIC if self.dynamic else float(initial), dtype=tf.float32,
+                                 trainable=False, name="loss_scale")
+        self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="loss_scale_good_steps")
+
+    def update(self, finite: tf.Tensor) -> None:
+        """After a step: grow after enough finite steps, shrink (and restart counting) on overflow."""
+        if not self.dynamic:
+            return
+        grown = self.good_steps + 1 >= self.GROWTH_INTERVAL
+        self.scale.assign(tf.where(finite, tf.where(grown, self.scale * 2.0, self.scale), tf.maximum(self.scale / 2.0, 1.0)))
+        self.good_steps.assign(tf.where(finite & ~grown, self.good_steps + 1, tf.zeros_like(self.good_steps)))
 
 
 def prefer_legacy_xla_cpu_runtime() -> None:
@@ -45,7 +74,7 @@ class Trainer(TrainingStep):
     """Owns the optimizer state, the schedule and the step counter; builds the tf.functions once.
 
     Args:
-        model: a built model of :mod:`tf_dlrm.models` (``model((numerical, categorical)) -> logits``).
+        model: a built :class:`tf_dlrm.models.ranking_model.RankingModel`.
         env: this rank's place.
         config: optimizer settings.
         jit_compile: compile the forward/backward of the dense part with XLA. The Horovod
@@ -96,9 +125,9 @@ class Trainer(TrainingStep):
     def _dense_loss_and_gradients(self, numerical, embeddings, label):
         """Compiled with XLA: loss and gradients w.r.t. ``embeddings`` and the MLP weights."""
         mlp = [v.value for v in self.mlp]
-        # XLA compiles TensorFlow's own ops only, not tf_dlrm's interaction kernel: this trace uses
-        # the generic path, evaluation (not compiled) keeps the kernel.
-        with tf.GradientTape() as tape, kernel_off(self.model.interaction):
+        # XLA compiles TensorFlow's own ops only, not tf_dlrm's kernels: this trace uses plain
+        # TensorFlow ops, evaluation (not compiled) keeps the kernels.
+        with tf.GradientTape() as tape, kernels_off():
             tape.watch(embeddings)
             tape.watch(mlp)
             loss = binary_cross_entropy(label, self.model.dense_call(numerical, embeddings))
@@ -142,7 +171,9 @@ class Trainer(TrainingStep):
 def _table_optimizers(model, config: OptimizerConfig) -> dict:
     """``{table: (sparse optimizer, rate scale)}`` for tables a model trains with another optimizer
     than the embedding one (Wide & Deep's ``--wide_optimizer``), rates relative to the embedding rate."""
-    choices = model.table_optimizer_choices() if hasattr(model, "table_optimizer_choices") else {}
+    import dataclasses
+
+    choices = model.table_optimizer_choices()
     embedding_rate = config.embedding_learning_rate or config.schedule.base
     # One optimizer object per (name, rate): tables sharing it may share a fused variable.
     made = {choice: (make_sparse_optimizer(dataclasses.replace(config, embedding_optimizer=choice[0])),

@@ -1,4 +1,4 @@
-"""SavedModel of a DLRM on dynamic tables: serving takes raw int64 keys.
+"""SavedModel of a model on dynamic tables: serving takes raw int64 keys.
 
 The exported module carries each table's key -> row map (``MutableHashTable``, saved with its
 contents) and row storage, so ``tf.saved_model.load`` alone serves it (no tf_dlrm, no Horovod)::
@@ -20,7 +20,7 @@ import tensorflow as tf
 
 
 class DynamicServing(tf.Module):
-    """Args: model: a built DLRM whose embedding is a one-process :class:`DynamicEmbedding`."""
+    """Args: model: a built model whose embedding is a one-process :class:`DynamicEmbedding`."""
 
     def __init__(self, model):
         super().__init__()
@@ -28,8 +28,6 @@ class DynamicServing(tf.Module):
         if embedding.env.world_size != 1:
             raise ValueError("Expected a one-process model to export (restore the checkpoint with world_size=1 first). "
                              f"Received: world_size={embedding.env.world_size}")
-        if hasattr(model.interaction, "use_kernel"):
-            model.interaction.use_kernel = False  # plain TF ops only: serving needs no tf_dlrm kernel library
         # The Keras model is not tracked itself (saving would trace Keras' own default signature
         # with float inputs); what the traced forward pass reads is tracked instead: the weights,
         # each table's key map (saved with its contents) and the row metadata.
@@ -53,5 +51,8 @@ class DynamicServing(tf.Module):
 
 def export(model, directory: str) -> None:
     """Writes the SavedModel of ``model`` to ``directory``."""
+    from tf_dlrm.ops import kernels_off
+
     module = DynamicServing(model)
-    tf.saved_model.save(module, directory, signatures={"serving_default": module.serve})
+    with kernels_off():  # plain TF ops only: serving needs no tf_dlrm kernel library
+        tf.saved_model.save(module, directory, signatures={"serving_default": module.serve})

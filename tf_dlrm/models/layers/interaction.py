@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import enum
 
 import keras
@@ -11,22 +10,6 @@ import tensorflow as tf
 
 from tf_dlrm.ops import kernels
 from tf_dlrm.ops.dot_interaction import KERNEL_DTYPES, dot_interaction
-
-
-@contextlib.contextmanager
-def kernel_off(layer):
-    """Traces ``layer`` with the generic TensorFlow path inside the block (for an XLA-compiled
-    function, which cannot hold a custom op); the layer uses its kernel again afterwards, so
-    functions traced later (evaluation) keep it."""
-    previous = getattr(layer, "use_kernel", None)
-    if previous is None:
-        yield
-        return
-    layer.use_kernel = False
-    try:
-        yield
-    finally:
-        layer.use_kernel = previous
 
 
 class InteractionKind(str, enum.Enum):
@@ -56,7 +39,7 @@ class DotInteraction(keras.layers.Layer):
         self.include_diagonal = bool(include_diagonal)
         # tf_dlrm's CPU kernel (tf_dlrm/ops) computes the products and their gradient in float32
         # (bfloat16 inputs are widened, outputs rounded once) when it is built; XLA cannot compile
-        # it, so the XLA step turns it off while it traces the compiled function (kernel_off).
+        # it, so the XLA step traces the compiled function inside tf_dlrm.ops.kernels_off.
         self.use_kernel = True
 
     def build(self, input_shapes):

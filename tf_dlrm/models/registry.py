@@ -1,0 +1,81 @@
+"""Models by name, and by import path: what ``--model`` picks.
+
+Every module of :mod:`tf_dlrm.models` is imported the first time the registry is read, so a model
+file that decorates its class with :func:`register` is found without editing any other file.
+``--model=package.module:Class`` imports a user's :class:`RankingModel` subclass instead (registered
+or not); checkpoints record the same string (:func:`reference_of`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from tf_dlrm.models.ranking_model import RankingModel
+
+_MODELS: dict[str, type] = {}
+_scanned = False
+
+
+def register(cls):
+    """Class decorator: makes ``cls`` (a :class:`RankingModel` with a ``model_name``) pickable by name."""
+    if not (isinstance(cls, type) and issubclass(cls, RankingModel)):
+        raise TypeError(f"Expected a subclass of tf_dlrm.models.ranking_model.RankingModel. Received: {cls!r}")
+    name = cls.model_name
+    if not name or ":" in name:
+        raise ValueError(f"Expected {cls.__qualname__}.model_name to be a non-empty name without ':'. Received: {name!r}")
+    known = _MODELS.get(name)
+    if known is not None and (known.__module__, known.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"Model name {name!r} is taken by {known.__module__}:{known.__qualname__}. "
+                         f"Received: {cls.__module__}:{cls.__qualname__}")
+    _MODELS[name] = cls
+    return cls
+
+
+def _scan() -> None:
+    """Imports every module of tf_dlrm.models once (their :func:`register` calls fill the registry)."""
+    global _scanned
+    if _scanned:
+        return
+    import tf_dlrm.models as package
+
+    for module in sorted(m.name for m in pkgutil.iter_modules(package.__path__)):
+        importlib.import_module(f"{package.__name__}.{module}")
+    _scanned = True
+
+
+def registered() -> dict[str, type]:
+    """``{name: class}`` of every registered model, sorted by name."""
+    _scan()
+    return dict(sorted(_MODELS.items()))
+
+
+def lookup(reference: str) -> type:
+    """The model class of ``--model=reference``: a registered name, or ``package.module:Class``."""
+    reference = str(reference).strip()
+    if ":" not in reference:
+        models = registered()
+        if reference not in models:
+            raise ValueError(f"Expected --model to be one of {list(models)} or an import path package.module:Class. "
+                             f"Received: --model={reference!r}")
+        return models[reference]
+    module_name, _, attribute = reference.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"--model={reference}: cannot import module {module_name!r} ({error}); is it on PYTHONPATH?") from error
+    cls = module
+    for part in attribute.split("."):
+        cls = getattr(cls, part, None)
+    if not (isinstance(cls, type) and issubclass(cls, RankingModel)):
+        raise ValueError(f"Expected --model={reference} to name a subclass of tf_dlrm.models.ranking_model.RankingModel. "
+                         f"Received: {cls!r}")
+    return cls
+
+
+def reference_of(cls) -> str:
+    """``cls``'s registered name when the registry holds it under that name, else ``module:Class``."""
+    _scan()
+    if cls.model_name and _MODELS.get(cls.model_name) is cls:
+        return cls.model_name
+    return f"{cls.__module__}:{cls.__qualname__}"
