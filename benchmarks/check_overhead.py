@@ -89,11 +89,12 @@ def check_milliseconds(pair, batches: int, repeats: int = 5) -> float:
 
 
 def build_trainer(config, spec, seed):
-    from tf_dlrm.distributed.env import DistributedEnv
-    from tf_dlrm.train import builder
+    from tf_dlrm.parallel.env import DistributedEnv
+    from tf_dlrm.cli import builder
     from tf_dlrm.models.dlrm import DLRMConfig
-    from tf_dlrm.train.schedule import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig, Trainer
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
+    from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.train.step import Trainer
 
     env = DistributedEnv()
     model_config = builder.ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))

@@ -51,15 +51,16 @@ def main():
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    from tf_dlrm.distributed.env import DistributedEnv
-    from tf_dlrm.dynamic.layer import DynamicEmbedding
-    from tf_dlrm.dynamic.routing import DynamicTableConfig
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.parallel.env import DistributedEnv
+    from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
+    from tf_dlrm.sharding.dynamic_routing import DynamicTableConfig
+    from tf_dlrm.spec.feature_spec import FeatureSpec
     from tf_dlrm.models.dlrm import DLRM
-    from tf_dlrm.train import builder
+    from tf_dlrm.cli import builder
     from tf_dlrm.models.dlrm import DLRMConfig
-    from tf_dlrm.train.schedule import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig, Trainer
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
+    from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.train.step import Trainer
 
     config = CONFIGS[args.config]
     spec = FeatureSpec.load(os.path.join(REPOSITORY, config.feature_spec), check_files=False)

@@ -65,11 +65,12 @@ class ModelCase:
             self.step = trainer.train_step
             self.batches = [(tf.constant(n), tuple(tf.constant(i) for i in ids), tf.constant(l)) for n, ids, l in batches]
         else:
-            from tf_dlrm.distributed.env import DistributedEnv
-            from tf_dlrm.train import builder
+            from tf_dlrm.parallel.env import DistributedEnv
+            from tf_dlrm.cli import builder
             from tf_dlrm.models import registry
-            from tf_dlrm.train.schedule import LearningRateSchedule
-            from tf_dlrm.train.step import OptimizerConfig, Trainer
+            from tf_dlrm.optimizers.settings import LearningRateSchedule
+            from tf_dlrm.optimizers.settings import OptimizerConfig
+            from tf_dlrm.train.step import Trainer
 
             if model == "wide_deep":
                 names = spec.categorical_features

@@ -77,12 +77,13 @@ def build_tf_dlrm(rows: int, batches, learning_rate: float, validate_ids: bool =
 
     from tf_dlrm.embedding.table_config import FeatureConfig
     from tf_dlrm.embedding import DistributedEmbedding
-    from tf_dlrm.distributed.env import DistributedEnv
-    from tf_dlrm.distributed.plan import TableSpec
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.parallel.env import DistributedEnv
+    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.sharding.planner import make_plan
     from tf_dlrm.models.dlrm import DLRM
-    from tf_dlrm.train.schedule import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig, Trainer
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
+    from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.train.step import Trainer
 
     features = [FeatureConfig(f"f{f}", f"f{f}", hotness(f), combiner(f)) for f in range(NUM_FEATURES)]
     plan = make_plan([TableSpec(f"f{f}", rows, width(f)) for f in range(NUM_FEATURES)], 1, data_parallel_threshold=0)
@@ -157,8 +158,8 @@ def alltoall_bytes(rows: int, batch_size: int) -> dict:
     itself sends (``send_widths``), for this multi-hot config and the same tables one-hot."""
     from tf_dlrm.embedding.table_config import FeatureConfig
     from tf_dlrm.embedding import DistributedEmbedding
-    from tf_dlrm.distributed.plan import TableSpec
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.sharding.planner import make_plan
 
     tables = [TableSpec(f"f{f}", rows, width(f)) for f in range(NUM_FEATURES)]
     multi_hot = [FeatureConfig(f"f{f}", f"f{f}", hotness(f), combiner(f)) for f in range(NUM_FEATURES)]

@@ -73,11 +73,12 @@ def main(argv=None) -> None:
     import tensorflow as tf
 
     from tf_dlrm.data.reader import SplitBinaryReader
-    from tf_dlrm.feature_spec import FeatureSpec
-    from tf_dlrm.train import builder, hot_rows_setup
+    from tf_dlrm.spec.feature_spec import FeatureSpec
+    from tf_dlrm.cli import builder, hot_rows_setup
     from tf_dlrm.models.dlrm import DLRMConfig
-    from tf_dlrm.train.schedule import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig, Trainer
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
+    from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.train.step import Trainer
 
     config = CONFIGS[args.config]
     batch_size = (args.batch_size or config.batch_size) // independent_count

@@ -54,9 +54,9 @@ def measure(form: str, rows: int, dim: int) -> dict:
     import tensorflow as tf
 
     from tf_dlrm.embedding import DistributedEmbedding
-    from tf_dlrm.distributed.plan import TableSpec
-    from tf_dlrm.distributed.planner import make_plan
-    from tf_dlrm.distributed.split_tables import table_bytes
+    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.sharding.planner import make_plan
+    from tf_dlrm.embedding.split_tables import table_bytes
 
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     plan = make_plan([TableSpec("big", rows, dim)], 1, "table_wise", data_parallel_threshold=0)

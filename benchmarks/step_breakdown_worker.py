@@ -71,12 +71,13 @@ def main(argv=None) -> None:
     import tensorflow as tf
 
     from tf_dlrm.data.reader import SplitBinaryReader
-    from tf_dlrm.distributed.pooling import pooled_lookup
-    from tf_dlrm.feature_spec import FeatureSpec
-    from tf_dlrm.train import builder
+    from tf_dlrm.embedding.pooling import pooled_lookup
+    from tf_dlrm.spec.feature_spec import FeatureSpec
+    from tf_dlrm.cli import builder
     from tf_dlrm.models.dlrm import DLRMConfig
-    from tf_dlrm.train.schedule import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig, Trainer
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
+    from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.train.step import Trainer
 
     config = CONFIGS[args.config]
     global_batch = (args.batch_size or config.batch_size) // count

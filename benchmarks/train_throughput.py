@@ -133,7 +133,7 @@ class Case:
         import keras
         import tensorflow as tf
 
-        from tf_dlrm.train import builder
+        from tf_dlrm.cli import builder
         from tf_dlrm.models.dlrm import DLRMConfig
 
         self.name = name

@@ -11,7 +11,7 @@ from __future__ import annotations
 def build_family_model(name: str, params: dict, base_tables, base_features, crossed, plan_of, num_numerical: int,
                        rank: int, seed: int, data_parallel_input: bool = False):
     """``(plan, unbuilt model)``: ``plan_of(tables)`` makes the plan of the model's tables."""
-    from tf_dlrm.distributed.embedding import DistributedEmbedding
+    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
     from tf_dlrm.models import registry
     from tf_dlrm.models.expanded_embedding import ExpandedEmbedding
     from tf_dlrm.models.ranking_model import column_sources

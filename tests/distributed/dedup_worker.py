@@ -12,10 +12,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tf_dlrm.distributed import env as env_module  # noqa: E402
+from tf_dlrm.parallel import env as env_module  # noqa: E402
 from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
-from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
-from tf_dlrm.distributed.planner import make_plan  # noqa: E402
+from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
+from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 
 env = env_module.initialize(force_horovod=True)
 tf.config.threading.set_intra_op_parallelism_threads(1)

@@ -25,16 +25,17 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
-from tf_dlrm.distributed import collectives  # noqa: E402
-from tf_dlrm.distributed import env as env_module  # noqa: E402
+from tf_dlrm.parallel import collectives  # noqa: E402
+from tf_dlrm.parallel import env as env_module  # noqa: E402
 from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
-from tf_dlrm.distributed.env import DistributedEnv  # noqa: E402
-from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
-from tf_dlrm.distributed.planner import make_plan  # noqa: E402
+from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
+from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
+from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 from tf_dlrm.models.dlrm import DLRM  # noqa: E402
-from tf_dlrm.model.embedding import EmbeddingBank  # noqa: E402
-from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
-from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
+from tf_dlrm.embedding.embedding_bank import EmbeddingBank  # noqa: E402
+from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
+from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
+from tf_dlrm.train.step import Trainer
 
 NUM_NUMERICAL = 5
 

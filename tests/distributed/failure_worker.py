@@ -13,14 +13,15 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
-from tf_dlrm.distributed import env as env_module  # noqa: E402
+from tf_dlrm.parallel import env as env_module  # noqa: E402
 from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
-from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
-from tf_dlrm.distributed.planner import make_plan  # noqa: E402
+from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
+from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 from tf_dlrm.models.dlrm import DLRM  # noqa: E402
-from tf_dlrm.train.builder import build_with_dummy_batch  # noqa: E402
-from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
-from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
+from tf_dlrm.cli.builder import build_with_dummy_batch  # noqa: E402
+from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
+from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
+from tf_dlrm.train.step import Trainer
 
 
 def main():

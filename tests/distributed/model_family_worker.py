@@ -21,16 +21,17 @@ from equivalence_worker import (  # noqa: E402
     FLOOR, NUM_NUMERICAL, local_inputs, make_batches, max_differences, reference_inputs, worst,
 )
 
-from tf_dlrm.config.crossed_features import CrossedFeature  # noqa: E402
-from tf_dlrm.config.embedding import FeatureConfig  # noqa: E402
-from tf_dlrm.distributed import collectives  # noqa: E402
-from tf_dlrm.distributed import env as env_module  # noqa: E402
-from tf_dlrm.distributed.env import DistributedEnv  # noqa: E402
-from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
-from tf_dlrm.distributed.planner import make_plan  # noqa: E402
+from tf_dlrm.spec.crossed_features import CrossedFeature  # noqa: E402
+from tf_dlrm.embedding.table_config import FeatureConfig  # noqa: E402
+from tf_dlrm.parallel import collectives  # noqa: E402
+from tf_dlrm.parallel import env as env_module  # noqa: E402
+from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
+from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
+from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 from tests.model_families import build_family_model  # noqa: E402
-from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
-from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
+from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
+from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
+from tf_dlrm.train.step import Trainer
 
 
 def build(case, env, world_size, rank):

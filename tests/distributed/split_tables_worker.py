@@ -32,16 +32,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import equivalence_worker as equivalence  # noqa: E402
 from arithmetic import relative_to_path  # noqa: E402
-from tf_dlrm.distributed import collectives  # noqa: E402
-from tf_dlrm.distributed import env as env_module  # noqa: E402
+from tf_dlrm.parallel import collectives  # noqa: E402
+from tf_dlrm.parallel import env as env_module  # noqa: E402
 from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
-from tf_dlrm.distributed.env import DistributedEnv  # noqa: E402
-from tf_dlrm.distributed.plan import TableSpec  # noqa: E402
-from tf_dlrm.distributed.split_tables import read_float32  # noqa: E402
-from tf_dlrm.distributed.planner import make_plan  # noqa: E402
+from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
+from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
+from tf_dlrm.embedding.split_tables import read_float32  # noqa: E402
+from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 from tf_dlrm.models.dlrm import DLRM  # noqa: E402
-from tf_dlrm.train.schedule import LearningRateSchedule  # noqa: E402
-from tf_dlrm.train.step import OptimizerConfig, Trainer  # noqa: E402
+from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
+from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
+from tf_dlrm.train.step import Trainer
 
 
 def mlp_variables(model) -> list:

@@ -1,6 +1,6 @@
 """Training steps through the embedding-bag kernel equal the plain TensorFlow path, for every sparse
 optimizer: the kernel's gradient arrives summed per distinct row, and the sparse update skips its own
-deduplication for such variables (tf_dlrm/train/sparse_update.py); a wrong skip would count a
+deduplication for such variables (tf_dlrm/embedding/sparse_update.py); a wrong skip would count a
 duplicated row twice in Adagrad's or Adam's state, or not at all."""
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ import tensorflow as tf
 from tf_dlrm.embedding.table_config import FeatureConfig
 from tf_dlrm.embedding import distributed_embedding as embedding_module
 from tf_dlrm.embedding import DistributedEmbedding
-from tf_dlrm.distributed.embedding_bag import bag_kernel, distinct_rows
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.distributed.plan import TableSpec
-from tf_dlrm.distributed.planner import make_plan
+from tf_dlrm.ops.embedding_bag import bag_kernel, distinct_rows
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.sharding.planner import make_plan
 from tf_dlrm.models.dlrm import DLRM
-from tf_dlrm.train.schedule import LearningRateSchedule
-from tf_dlrm.train.step import OptimizerConfig, Trainer
+from tf_dlrm.optimizers.settings import LearningRateSchedule
+from tf_dlrm.optimizers.settings import OptimizerConfig
+from tf_dlrm.train.step import Trainer
 
 TABLES = [TableSpec("items", 30, 8), TableSpec("tags", 12, 8), TableSpec("users", 50, 8), TableSpec("small", 4, 8)]
 FEATURES = [
@@ -90,9 +91,9 @@ def test_without_the_library_the_layer_pools_with_tensorflow_ops():
         "import numpy as np, tensorflow as tf\n"
         "from tf_dlrm.embedding.table_config import FeatureConfig\n"
         "from tf_dlrm.embedding import DistributedEmbedding\n"
-        "from tf_dlrm.distributed.embedding_bag import distinct_rows\n"
-        "from tf_dlrm.distributed.plan import TableSpec\n"
-        "from tf_dlrm.distributed.planner import make_plan\n"
+        "from tf_dlrm.ops.embedding_bag import distinct_rows\n"
+        "from tf_dlrm.sharding.plan import TableSpec\n"
+        "from tf_dlrm.sharding.planner import make_plan\n"
         "plan = make_plan([TableSpec('items', 30, 4)], 1, data_parallel_threshold=0)\n"
         "layer = DistributedEmbedding.from_plan(plan, features=[FeatureConfig('f', 'items', hotness=3, combiner='mean')], seed=2)\n"
         "out = layer([np.array([[1, 1, 2], [29, 0, 0]], np.int32)])\n"

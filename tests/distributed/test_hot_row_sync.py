@@ -1,4 +1,4 @@
-"""``--hot_row_sync_every=S``: hot-row replicas updated locally, merged every S steps (tf_dlrm/train/hot_row_sync.py).
+"""``--hot_row_sync_every=S``: hot-row replicas updated locally, merged every S steps (tf_dlrm/embedding/hot_row_sync.py).
 
 One ``horovodrun`` launch per world size (2 and 3) runs every case of :data:`CASES`
 (``tests/distributed/hot_row_sync_worker.py`` says what each measures). Rows 0, 2 and 4 of every

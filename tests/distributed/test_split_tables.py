@@ -79,8 +79,8 @@ def _layer(split: bool, rows=(300, 500), dim=6, seed=5):
     import keras
 
     from tf_dlrm.embedding import DistributedEmbedding
-    from tf_dlrm.distributed.plan import TableSpec
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.sharding.planner import make_plan
 
     policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
@@ -132,8 +132,8 @@ def test_unsupported_combinations_are_refused_naming_the_flag():
     import keras
 
     from tf_dlrm.embedding import DistributedEmbedding
-    from tf_dlrm.distributed.plan import TableSpec
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.sharding.planner import make_plan
 
     plan = make_plan([TableSpec("t0", 300, 4), TableSpec("t1", 300, 4)], 2, "table_wise", data_parallel_threshold=0)
     with pytest.raises(ValueError, match=r"--split_embedding_tables needs bfloat16 compute .*--amp"):

@@ -158,10 +158,11 @@ def test_restore_into_smaller_capacity_is_a_clear_error(tmp_path):
 
 
 def test_saved_model_serves_raw_keys_like_the_trained_model(tmp_path):
-    from tf_dlrm.dynamic import export
+    from tf_dlrm.embedding.dynamic import export
     from tf_dlrm.models.dlrm import DLRM
-    from tf_dlrm.train.schedule import LearningRateSchedule
-    from tf_dlrm.train.step import OptimizerConfig, Trainer
+    from tf_dlrm.optimizers.settings import LearningRateSchedule
+    from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.train.step import Trainer
 
     tables = [{"name": "user", "capacity": 16, "width": 4, "eviction": "lru"}, {"name": "item", "capacity": 16, "width": 4}]
     model = DLRM(DynamicEmbedding(tables, seed=2), num_numerical=3, bottom_mlp_dims=[8, 4], top_mlp_dims=[4, 1], seed=2)

@@ -31,10 +31,10 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tf_dlrm.distributed import collectives  # noqa: E402
-from tf_dlrm.distributed.env import current_env, initialize  # noqa: E402
+from tf_dlrm.parallel import collectives  # noqa: E402
+from tf_dlrm.parallel.env import current_env, initialize  # noqa: E402
 from tf_dlrm.embedding.serving import export_saved_model  # noqa: E402
-from tf_dlrm.train import model_checkpoint  # noqa: E402
+from tf_dlrm.checkpoint import model_checkpoint  # noqa: E402
 from tf_dlrm.embedding import (  # noqa: E402
     BroadcastInitialState, DistributedEmbedding, DynamicStorage, FeatureConfig, Model, Placement, TableConfig, TrainingStep,
     optimizers,

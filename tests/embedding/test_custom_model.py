@@ -69,7 +69,7 @@ def test_fit_on_n_ranks_equals_one_process(one_process, world_size, tmp_path):
     many = dict(np.load(path))
     assert sorted(many) == sorted(one_process)
     from tests.embedding.custom_model_worker import make_features
-    from tf_dlrm.model.table_init import initial_table_slice
+    from tf_dlrm.embedding.table_init import initial_table_slice
 
     for index, feature in enumerate(dict.fromkeys(f.table for f in make_features() if not f.table.dynamic)):
         start = initial_table_slice(5, index, feature.vocabulary_size, feature.embedding_dim)

@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 from tf_dlrm.embedding import DistributedEmbedding
-from tf_dlrm.distributed.plan import TableSpec
-from tf_dlrm.distributed.planner import make_plan
+from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.sharding.planner import make_plan
 from tf_dlrm.embedding.table_config import FeatureConfig
 
 FEATURES = [

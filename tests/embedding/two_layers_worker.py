@@ -23,8 +23,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tf_dlrm.distributed import collectives  # noqa: E402
-from tf_dlrm.distributed.env import initialize  # noqa: E402
+from tf_dlrm.parallel import collectives  # noqa: E402
+from tf_dlrm.parallel.env import initialize  # noqa: E402
 from tf_dlrm.embedding import (  # noqa: E402
     BroadcastInitialState, DistributedEmbedding, FeatureConfig, Model, TableConfig, optimizers, sharded_variables,
 )

@@ -65,8 +65,9 @@ def test_values_lie_within_the_bound_and_fill_it(bound):
 
 def test_layers_use_their_bound_and_sharded_equals_one_process():
     from tf_dlrm.embedding import DistributedEmbedding
-    from tf_dlrm.distributed.planner import TableSpec, make_plan
-    from tf_dlrm.model.embedding import EmbeddingBank
+    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.sharding.planner import make_plan
+    from tf_dlrm.embedding.embedding_bank import EmbeddingBank
 
     bank = EmbeddingBank(CARDINALITIES, 8, seed=4, init_bound=0.05)
     bank.build()

@@ -8,10 +8,10 @@ import pytest
 import tensorflow as tf
 
 from tf_dlrm.models.dlrm import DLRM, DLRMConfig
-from tf_dlrm.model.embedding import EmbeddingBank
-from tf_dlrm.model.interaction import CatInteraction, DotInteraction, lower_triangle_indices
-from tf_dlrm.model.mlp import MLP
-from tf_dlrm.model.table_init import initial_table_slice
+from tf_dlrm.embedding.embedding_bank import EmbeddingBank
+from tf_dlrm.models.layers.interaction import CatInteraction, DotInteraction, lower_triangle_indices
+from tf_dlrm.models.layers.mlp import MLP
+from tf_dlrm.embedding.table_init import initial_table_slice
 
 
 def test_dot_interaction_strict_lower_triangle_by_hand():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tf_dlrm.config.crossed_features import CrossedFeature
-from tf_dlrm.config.embedding import FeatureConfig
-from tf_dlrm.distributed.plan import TableSpec
+from tf_dlrm.spec.crossed_features import CrossedFeature
+from tf_dlrm.embedding.table_config import FeatureConfig
+from tf_dlrm.sharding.plan import TableSpec
 from tf_dlrm.models import registry
 
 
@@ -110,7 +110,7 @@ def test_models_serialise_and_predict_alike(model):
     import keras
 
     from model_families import build_family_model
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.sharding.planner import make_plan
 
     params = {"deep_mlp_dims": (8,), **({"num_cross_layers": 2} if model == "dcnv2" else {})}
     _, network = build_family_model(model, params, BASE_TABLES, BASE_FEATURES, CROSSED,

@@ -14,8 +14,8 @@ STEPS = 60
 
 
 def test_registered_by_name_with_width_one_tables():
-    from tf_dlrm.config.embedding import FeatureConfig
-    from tf_dlrm.distributed.plan import TableSpec
+    from tf_dlrm.embedding.table_config import FeatureConfig
+    from tf_dlrm.sharding.plan import TableSpec
     from tf_dlrm.models import registry
 
     cls = registry.lookup("logistic_regression")
@@ -27,9 +27,9 @@ def test_registered_by_name_with_width_one_tables():
 
 
 def test_logit_is_bias_plus_id_weights_plus_linear_numerical():
-    from tf_dlrm.distributed.embedding import DistributedEmbedding
-    from tf_dlrm.distributed.plan import TableSpec
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
+    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.sharding.planner import make_plan
     from tf_dlrm.models.logistic_regression import LogisticRegression
 
     plan = make_plan([TableSpec("a", 10, 1), TableSpec("b", 7, 1)], 1, "table_wise")

@@ -94,7 +94,7 @@ def test_user_model_through_main(tmp_path_factory):
 def validation_split(data: str, path: str) -> tuple[str, np.ndarray]:
     """Every validation row as the serving signature takes them (``path``), and their labels."""
     from tf_dlrm.data.reader import SplitBinaryReader
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.spec.feature_spec import FeatureSpec
 
     spec = FeatureSpec.load(os.path.join(data, "feature_spec.yaml"))
     count = len(spec.categorical_features)

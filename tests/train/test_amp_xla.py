@@ -42,10 +42,10 @@ def _policy(name):
 def small_model(seed=5, cardinalities=(40, 3000, 500, 7000), dim=8, interaction="dot", policy="float32"):
     """A single-process DLRM with replicated and model-parallel tables, built under ``policy``."""
     from tf_dlrm.embedding import DistributedEmbedding
-    from tf_dlrm.distributed.plan import TableSpec
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.sharding.planner import make_plan
     from tf_dlrm.models.dlrm import DLRM
-    from tf_dlrm.train.builder import build_with_dummy_batch
+    from tf_dlrm.cli.builder import build_with_dummy_batch
 
     restore = _policy(policy)
     try:

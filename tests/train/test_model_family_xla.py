@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tf_dlrm.config.crossed_features import CrossedFeature
-from tf_dlrm.config.embedding import FeatureConfig
-from tf_dlrm.distributed.plan import TableSpec
+from tf_dlrm.spec.crossed_features import CrossedFeature
+from tf_dlrm.embedding.table_config import FeatureConfig
+from tf_dlrm.sharding.plan import TableSpec
 
 CARDINALITIES = (40, 3000, 500, 7000)
 CROSSED = [CrossedFeature("t1", "t2", 300)]
@@ -22,9 +22,9 @@ FAMILIES = {
 def family_model(name, policy="float32", seed=5):
     import keras
 
-    from tf_dlrm.distributed.planner import make_plan
+    from tf_dlrm.sharding.planner import make_plan
     from model_families import build_family_model
-    from tf_dlrm.train.builder import build_with_dummy_batch
+    from tf_dlrm.cli.builder import build_with_dummy_batch
 
     previous = keras.mixed_precision.global_policy().name
     keras.mixed_precision.set_global_policy(policy)

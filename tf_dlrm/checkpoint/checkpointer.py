@@ -35,13 +35,12 @@ import numpy as np
 import tensorflow as tf
 import yaml
 
-from tf_dlrm.distributed import collectives
-from tf_dlrm.train import builder
-from tf_dlrm.train import checkpoint_dynamic as dynamic_tables
-from tf_dlrm.train import checkpoint_embedding_state as embedding_state
-from tf_dlrm.train import checkpoint_slices as slices
-from tf_dlrm.train import checkpoint_store as store
-from tf_dlrm.train.checkpoint_checks import RestoreChecks
+from tf_dlrm.parallel import collectives
+from tf_dlrm.checkpoint import dynamic_tables
+from tf_dlrm.checkpoint import embedding_state
+from tf_dlrm.checkpoint import slices
+from tf_dlrm.checkpoint import store
+from tf_dlrm.checkpoint.checks import RestoreChecks
 from tf_dlrm.train.guards import non_finite_arrays
 from tf_dlrm.train.memory_watch import MemoryWatch
 from tf_dlrm.checkpoint.store import (
@@ -104,6 +103,8 @@ class Checkpointer(RestoreChecks):
         trainer: the run's :class:`tf_dlrm.train.step.Trainer` (model, optimizer, step).
         spec: the run's FeatureSpec (copied into every checkpoint, checked on restore).
         model_config: the :class:`tf_dlrm.cli.model_config.ModelConfig` of the flags.
+        model_identity: what checkpoints record of the model (its name or import path and its own
+            config; :func:`tf_dlrm.cli.builder.model_identity`), compared on restore.
         env: this rank's place.
         reporter: progress and JSON-lines events (rank 0).
         save_path: directory of the run's checkpoints, or None (never save).
@@ -113,9 +114,10 @@ class Checkpointer(RestoreChecks):
         batch_size: the global training batch size (the data position is counted in its batches).
     """
 
-    def __init__(self, trainer, spec, model_config, env, reporter, save_path=None, every_steps=0, keep=2, seed=0, batch_size=0):
+    def __init__(self, trainer, spec, model_config, model_identity: dict, env, reporter, save_path=None, every_steps=0, keep=2,
+                 seed=0, batch_size=0):
         self.trainer, self.spec, self.model_config = trainer, spec, model_config
-        self.model_identity = builder.model_identity(model_config)
+        self.model_identity = model_identity
         self.env, self.reporter = env, reporter
         self.save_path, self.every_steps, self.keep = save_path, every_steps, keep
         self.seed, self.batch_size = seed, batch_size
@@ -137,9 +139,9 @@ class Checkpointer(RestoreChecks):
         self.loss_scale = [] if scale is None else [("loss_scale/scale", scale.scale), ("loss_scale/good_steps", scale.good_steps)]
 
     @classmethod
-    def from_config(cls, config, trainer, spec, env, reporter) -> "Checkpointer":
+    def from_config(cls, config, trainer, spec, model_identity: dict, env, reporter) -> "Checkpointer":
         return cls(
-            trainer, spec, config.model, env, reporter, save_path=config.save_checkpoint_path,
+            trainer, spec, config.model, model_identity, env, reporter, save_path=config.save_checkpoint_path,
             every_steps=config.checkpoint_every_steps, keep=config.keep_checkpoints, seed=config.seed,
             batch_size=config.batch_size,
         )

@@ -217,7 +217,7 @@ def load_array(directory: str, name: str, shape, dtype, mmap: bool = False) -> n
 
 def model_record(spec, model_config, identity: dict) -> dict:
     """What the weights' shapes depend on: the model (``identity``: its ``name``, a registered name or
-    an import path, and its own ``config``; see :func:`tf_dlrm.train.builder.model_identity`), the
+    an import path, and its own ``config``; see :func:`tf_dlrm.cli.builder.model_identity`), the
     tables' width and the spec's features."""
     return {
         "name": identity["name"],

@@ -12,15 +12,16 @@ import numpy as np
 from tf_dlrm.data.random_batches import RandomBatches
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.embedding import DistributedEmbedding
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.distributed.plan import ShardingPlan, TableSpec
-from tf_dlrm.distributed.planner import make_plan, table_readers
-from tf_dlrm.config.embedding import FeatureConfig, check_width_mapping, feature_tables
-from tf_dlrm.config.model import ModelConfig, ShardingConfig
-from tf_dlrm.feature_spec import FeatureSpec
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.sharding.plan import ShardingPlan, TableSpec
+from tf_dlrm.sharding.planner import make_plan, table_readers
+from tf_dlrm.embedding.table_config import FeatureConfig, feature_tables
+from tf_dlrm.cli.embedding_dims import check_width_mapping
+from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
+from tf_dlrm.spec.feature_spec import FeatureSpec
 from tf_dlrm.models import registry
 from tf_dlrm.models.ranking_model import RankingModel, column_sources
-from tf_dlrm.precision import PrecisionChoice, choose_precision
+from tf_dlrm.train.precision import PrecisionChoice, choose_precision
 
 
 def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=()) -> list[TableSpec]:
@@ -114,9 +115,9 @@ def make_embedding(spec: FeatureSpec, plan: ShardingPlan | None, config: ModelCo
 
     Fixed tables: a :class:`DistributedEmbedding`, or an :class:`ExpandedEmbedding` when the model
     derives features from the columns (DeepFM's and Wide & Deep's width-1 features). Dynamic tables
-    (:mod:`tf_dlrm.dynamic.builder`): a ``DynamicEmbedding`` (the plan then only describes their
+    (:mod:`tf_dlrm.cli.dynamic_builder`): a ``DynamicEmbedding`` (the plan then only describes their
     sizes; ``num_shards``: the shards of every table, default the world size)."""
-    from tf_dlrm.dynamic import builder as dynamic_builder
+    from tf_dlrm.cli import dynamic_builder
 
     features, sources = model_features(spec, config)
     derived = tuple(sources) != column_sources(len(spec.categorical_features))

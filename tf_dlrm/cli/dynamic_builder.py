@@ -1,11 +1,11 @@
 """The embedding of dynamic tables from a feature spec (``main.py`` builds it through
-:func:`tf_dlrm.train.builder.make_embedding` when the spec has ``dynamic: true`` features)."""
+:func:`tf_dlrm.cli.builder.make_embedding` when the spec has ``dynamic: true`` features)."""
 
 from __future__ import annotations
 
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.dynamic import spec as dynamic_spec
-from tf_dlrm.dynamic.layer import DynamicEmbedding
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.spec import dynamic as dynamic_spec
+from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
 
 
 def has_dynamic_tables(spec) -> bool:

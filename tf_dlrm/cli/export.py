@@ -27,10 +27,10 @@ from absl import logging as absl_logging
 
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.io.publish import check_replaceable, staged_output
-from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
+from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.ops import kernels_off
-from tf_dlrm.train import checkpoint, checkpoint_dynamic
-from tf_dlrm.train.checkpoint_slices import open_slices, restore_pieces
+from tf_dlrm.checkpoint import checkpointer as checkpoint, dynamic_tables as checkpoint_dynamic
+from tf_dlrm.checkpoint.slices import open_slices, restore_pieces
 
 SERVING_INFO = "tf_dlrm_serving.json"
 WRITER = "tf_dlrm export"

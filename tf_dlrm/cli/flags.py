@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from absl import flags
 
-from tf_dlrm.config.embedding import parse_width_mapping
-from tf_dlrm.config.model import DEFAULT_EMBEDDING_INIT_BOUND, ModelConfig, ShardingConfig, parse_dims, parse_embedding_init
-from tf_dlrm.distributed.memory_plan import parse_bytes
-from tf_dlrm.distributed.cycle_time import parse_cycle_time
-from tf_dlrm.config.run import RunConfig  # noqa: F401 (imported from here by cli and users)
-from tf_dlrm.config.training import EMBEDDING_OPTIMIZERS, OPTIMIZERS, LearningRateSchedule, LoopConfig, OptimizerConfig
-from tf_dlrm.precision import AmpMode
-from tf_dlrm.train.model_flags import define_model_flags, model_from_flags
+from tf_dlrm.cli.embedding_dims import parse_width_mapping
+from tf_dlrm.cli.model_config import DEFAULT_EMBEDDING_INIT_BOUND, ModelConfig, ShardingConfig, parse_dims, parse_embedding_init
+from tf_dlrm.sharding.memory_plan import parse_bytes
+from tf_dlrm.cli.cycle_time import parse_cycle_time
+from tf_dlrm.cli.run_config import RunConfig  # noqa: F401 (imported from here by cli and users)
+from tf_dlrm.optimizers.settings import EMBEDDING_OPTIMIZERS, OPTIMIZERS, LearningRateSchedule, OptimizerConfig
+from tf_dlrm.train.loop_config import LoopConfig
+from tf_dlrm.train.precision import AmpMode
+from tf_dlrm.cli.model_flags import define_model_flags, model_from_flags
 
 MODES = ("train", "eval", "inference", "export")
 
@@ -43,7 +44,7 @@ def define_amp_flag() -> None:
 
 def define_flags(argv=None) -> None:
     """Defines every flag of ``main.py``; ``argv``: the command line, read only for a ``--model`` given
-    by import path, whose own flags are defined too (:mod:`tf_dlrm.train.model_flags`)."""
+    by import path, whose own flags are defined too (:mod:`tf_dlrm.cli.model_flags`)."""
     f = flags
     f.DEFINE_string("dataset_path", None, "Directory of the dataset (split_binary files + feature spec).")
     f.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file, relative to --dataset_path unless absolute.")

@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Sequence
 
-from tf_dlrm.distributed.plan import Strategy
+from tf_dlrm.sharding.plan import Strategy
 
 # Keras's Embedding draws from [-0.05, 0.05]; see the README's "Model quality" for the measurement
 # that made it the default over the DLRM reference's 1/sqrt(rows).

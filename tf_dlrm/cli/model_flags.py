@@ -14,7 +14,7 @@ import re
 
 from absl import flags
 
-from tf_dlrm.config.model import parse_dims
+from tf_dlrm.cli.model_config import parse_dims
 from tf_dlrm.models import registry
 
 # The models whose flags this process defined (registered ones, plus one named by import path).

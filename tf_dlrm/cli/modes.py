@@ -84,7 +84,7 @@ def set_cycle_time(config) -> str:
     from tf_dlrm.cli import cycle_time
     from tf_dlrm.parallel.env import launched_world_size
 
-    from tf_dlrm.train import builder
+    from tf_dlrm.cli import builder
 
     stacks = builder.model_class(config.model).dense_stacks(builder.model_params(config.model))
     # cycle_time counts two stacks (DLRM's bottom and top MLPs); a model with one passes it as the top.
@@ -120,7 +120,7 @@ def open_session(config, started=None) -> Session:
                       compress_dense_gradients=config.bf16_dense_allreduce,
                       hot_row_sync_every=config.sharding.hot_row_sync_every)
     trainer.broadcast_initial_state()
-    checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, env, reporter)
+    checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, builder.model_identity(config.model), env, reporter)
     reporter.say(plan.describe())
     reporter.say("memory per rank (embedding tables, their optimizer state, hot rows):\n  " + "\n  ".join(m.describe() for m in memory))
     hot_rows_setup.report_plan(reporter, hot, config.sharding.hot_row_sync_every)
@@ -159,9 +159,11 @@ def step_traffic_of(trainer, global_batch_size: int, world_size: int):
 def run_train(config, stop=None) -> dict:
     """Trains on this rank; returns the final record (``auc``, ``logloss``, ``train_samples_per_s``,
     ``steps``, ``world_size`` and, with ``--keep_best``, ``best_step``)."""
-    from tf_dlrm.distributed.traffic import describe as describe_traffic
-    from tf_dlrm.precision import read_cpu_info
-    from tf_dlrm.train import builder, checkpoint_choice, hot_rows_setup, interrupt, preflight
+    from tf_dlrm.sharding.traffic import describe as describe_traffic
+    from tf_dlrm.train.precision import read_cpu_info
+    from tf_dlrm.cli import builder, hot_rows_setup, preflight
+    from tf_dlrm.checkpoint import checks as checkpoint_choice
+    from tf_dlrm.train import interrupt
     from tf_dlrm.train.loop import train
 
     preflight.check_output_paths(config)  # before anything costly: no mistake in a path costs a run
@@ -370,7 +372,7 @@ def format_latency_table(results: list[dict]) -> str:
 
 def run_export(config) -> dict:
     """Rank 0 verifies the checkpoint and writes the SavedModel; other ranks only wait for the outcome."""
-    from tf_dlrm.train import builder, export
+    from tf_dlrm.cli import builder, export
 
     env, spec, reporter, _ = start(config)
     outcome = None

@@ -1,6 +1,6 @@
 """DistributedEmbedding: executes a ShardingPlan for a list of features; holds only this rank's shards.
 
-Features and tables. Each feature (a :class:`tf_dlrm.embedding.config.FeatureConfig`) reads one
+Features and tables. Each feature (a :class:`tf_dlrm.cli.embedding_dims.FeatureConfig`) reads one
 table; several features may read the same table; a feature may be one-hot, fixed multi-hot or
 ragged, pooled by ``sum``, ``mean`` or ``sqrtn``; tables may have different widths.
 
@@ -42,17 +42,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_dlrm.distributed import collectives
-from tf_dlrm.distributed.assemble import assemble_columns, assemble_kernel, assembly_layout
-from tf_dlrm.distributed.env import DistributedEnv, current_env
-from tf_dlrm.distributed.dedup_exchange import deduplicated_exchange
-from tf_dlrm.distributed.embedding_bag import bag_kernel, mark_distinct_rows, multi_table_bag_lookup
-from tf_dlrm.distributed.full_tables import FullTableAccess
-from tf_dlrm.distributed.fused_variables import FusedVariables
-from tf_dlrm.distributed.hot_row_layer import HotRowReplicas
-from tf_dlrm.distributed.exchange import exchange_block, permute
-from tf_dlrm.distributed.id_exchange import exchange_ids
-from tf_dlrm.distributed.packing import (
+from tf_dlrm.parallel import collectives
+from tf_dlrm.ops.assemble import assemble_columns, assemble_kernel, assembly_layout
+from tf_dlrm.parallel.env import DistributedEnv, current_env
+from tf_dlrm.embedding.dedup_exchange import deduplicated_exchange
+from tf_dlrm.ops.embedding_bag import bag_kernel, mark_distinct_rows, multi_table_bag_lookup
+from tf_dlrm.embedding.full_tables import FullTableAccess
+from tf_dlrm.embedding.fused_variables import FusedVariables
+from tf_dlrm.embedding.hot_row_layer import HotRowReplicas
+from tf_dlrm.embedding.exchange import exchange_block, permute
+from tf_dlrm.embedding.id_exchange import exchange_ids
+from tf_dlrm.sharding.packing import (
     group_entries,
     output_permutation,
     packing_groups,
@@ -61,13 +61,15 @@ from tf_dlrm.distributed.packing import (
     replicated_labels,
     send_width,
 )
-from tf_dlrm.distributed.plan import ShardingPlan
-from tf_dlrm.distributed.pooling import normalize_ids, pooled_lookup
-from tf_dlrm.distributed.split_tables import check_split_options
+from tf_dlrm.sharding.dynamic_routing import DynamicTableConfig
+from tf_dlrm.sharding.plan import ShardingPlan
+from tf_dlrm.embedding.pooling import normalize_ids, pooled_lookup
+from tf_dlrm.embedding.split_tables import check_split_options
+from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
 from tf_dlrm.embedding.planning import plan_tables
 from tf_dlrm.embedding.table_config import as_feature_config, default_features, feature_tables, tables_of
-from tf_dlrm.model.table_init import check_init_bound
-from tf_dlrm.model.variable_kind import VariableKind, mark, set_layout
+from tf_dlrm.embedding.table_init import check_init_bound
+from tf_dlrm.embedding.variable_kind import VariableKind, mark, set_layout
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
@@ -186,9 +188,6 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
     def _make_dynamic_layer(self, seed: int) -> None:
         """Dynamic tables (``Placement(dynamic=...)``) live in a :class:`DynamicEmbedding` inside this
         layer, keyed by raw int64 keys and sharded by key hash; the others follow the plan."""
-        from tf_dlrm.dynamic.layer import DynamicEmbedding
-        from tf_dlrm.dynamic.routing import DynamicTableConfig
-
         dynamic = [t for t in self.table_configs if t.dynamic]
         names = {t.name for t in dynamic}
         readers = [f for f in self.features if f.table_name in names]

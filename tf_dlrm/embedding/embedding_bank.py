@@ -24,8 +24,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.embedding.table_config import as_feature_config, default_features, feature_tables
-from tf_dlrm.model.table_init import check_init_bound, initial_table_slice
-from tf_dlrm.model.variable_kind import SliceLayout, VariableKind, mark, set_layout
+from tf_dlrm.embedding.table_init import check_init_bound, initial_table_slice
+from tf_dlrm.embedding.variable_kind import SliceLayout, VariableKind, mark, set_layout
 
 
 def validate_tables(cardinalities: Sequence[int], embedding_dim) -> tuple[int, ...]:
@@ -48,7 +48,7 @@ class EmbeddingBank(keras.layers.Layer):
         cardinalities: rows of each table, in feature-spec order.
         embedding_dim: ``D`` of every table, or one width per table.
         seed: initial values come from ``(seed, table)`` (see :mod:`tf_dlrm.embedding.table_init`).
-        features: :class:`tf_dlrm.embedding.config.FeatureConfig` (or dicts) naming tables
+        features: :class:`tf_dlrm.cli.embedding_dims.FeatureConfig` (or dicts) naming tables
             ``t0, t1, ...`` or the names in ``table_names``; default one one-hot feature per table.
         table_names: the tables' names (default ``t<i>``).
         init_bound: initial values uniform in ``[-init_bound, init_bound]``; None: ``1/sqrt(rows)``.

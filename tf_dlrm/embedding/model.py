@@ -16,10 +16,10 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tf_dlrm.distributed import collectives
-from tf_dlrm.distributed.env import current_env
+from tf_dlrm.parallel import collectives
+from tf_dlrm.parallel.env import current_env
 from tf_dlrm.embedding.training_step import TrainingStep
-from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
+from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
 
 
 def sharded_variables(model, kind: VariableKind = VariableKind.SHARDED) -> list:

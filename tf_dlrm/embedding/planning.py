@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tf_dlrm.distributed.plan import ShardingPlan, TableSpec
-from tf_dlrm.distributed.planner import make_plan, table_readers
+from tf_dlrm.sharding.plan import ShardingPlan, TableSpec
+from tf_dlrm.sharding.planner import make_plan, table_readers
 from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig, feature_tables
 
 

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tf_dlrm.distributed.embedding_bag import bag_lookup
-from tf_dlrm.distributed.exchange import gather_rows
+from tf_dlrm.ops.embedding_bag import bag_lookup
+from tf_dlrm.embedding.exchange import gather_rows
 
 
 def normalize_ids(ids, feature: FeatureConfig, rows: int, validate: bool = True):

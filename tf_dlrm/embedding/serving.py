@@ -1,7 +1,7 @@
 """A SavedModel of a model holding distributed embeddings, served by plain TensorFlow (no tf_dlrm import).
 
     model = build_my_model()                       # one process (TF_DLRM_DISABLE_KERNELS=1, see below)
-    tf_dlrm.train.model_checkpoint.restore(model, "runs/ckpt")   # saved by any number of ranks
+    tf_dlrm.checkpoint.model_checkpoint.restore(model, "runs/ckpt")   # saved by any number of ranks
     export_saved_model(model, "serving/1", {"item": tf.TensorSpec([None], tf.int64), ...})
 
     loaded = tf.saved_model.load("serving/1")     # in any TensorFlow process

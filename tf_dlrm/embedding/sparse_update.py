@@ -31,7 +31,7 @@ from tf_dlrm.embedding.split_tables import gather_float32, is_split
 from tf_dlrm.embedding.variable_kind import layout_of
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, deduplicate, tf_variable
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD
-from tf_dlrm.optimizers.split_update import SplitTableUpdate, float32_gradient
+from tf_dlrm.embedding.split_update import SplitTableUpdate, float32_gradient
 from tf_dlrm.embedding.table_optimizers import TableOptimizers
 
 

@@ -9,7 +9,7 @@ Gradients, with N ranks each computing the mean loss over its local batch:
   optimizer updates the touched rows only (:mod:`tf_dlrm.embedding.sparse_update`);
 - hot-row replicas: combined over ranks sparsely (touched rows only).
 
-The step finds its variables by the kind marked on each (:mod:`tf_dlrm.model.variable_kind`),
+The step finds its variables by the kind marked on each (:mod:`tf_dlrm.embedding.variable_kind`),
 never by the model's attribute names, so the same step trains DLRM, the model family and a user's
 own model (:class:`tf_dlrm.embedding.Model` runs it inside ``fit``; a hand-written loop calls
 :meth:`TrainingStep.__call__` inside its own ``tf.function``). Under float16 the loss is scaled
@@ -21,13 +21,13 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tf_dlrm.distributed import collectives
-from tf_dlrm.distributed.compressed_mean import bfloat16_mean
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.distributed.hot_row_exchange import combine_hot_gradient
+from tf_dlrm.parallel import collectives
+from tf_dlrm.parallel.compressed_mean import bfloat16_mean
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.embedding.hot_row_exchange import combine_hot_gradient
 from tf_dlrm.embedding.hot_row_sync import HotRowSync
 from tf_dlrm.embedding.sparse_update import SparseUpdater
-from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
+from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer
 
 
@@ -147,7 +147,7 @@ class TrainingStep:
         self.mlp = variables_of_kind(trainable, VariableKind.DENSE)
         # Differentiated but never updated: they keep every rank's backward collectives alive.
         self.padding = variables_of_kind(model.non_trainable_variables, VariableKind.PADDING)
-        # Hot-row replicas (tf_dlrm.distributed.hot_row_exchange): gradients combined sparsely over ranks.
+        # Hot-row replicas (tf_dlrm.embedding.hot_row_exchange): gradients combined sparsely over ranks.
         self.hot = variables_of_kind(trainable, VariableKind.HOT)
         # Bytes this rank sent in the hot-row gradients' allgathers since the start (rows + int32 slots).
         self.hot_gradient_bytes_sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="hot_gradient_bytes_sent")
@@ -161,7 +161,7 @@ class TrainingStep:
                                     weight_decay=embedding_weight_decay, table_optimizers=table_optimizers, hot=self.hot)
         # hot_row_sync_every > 1: local hot-row updates merged every S steps (None: combined every step).
         self.hot_sync = self.make_hot_row_sync(hot_row_sync_every) if hot_row_sync_every != 1 else None
-        # Dynamic tables (tf_dlrm.dynamic) reset a row's optimizer state when they give it to a new key.
+        # Dynamic tables (tf_dlrm.embedding.dynamic) reset a row's optimizer state when they give it to a new key.
         for layer in model._flatten_layers(include_self=False):
             if hasattr(layer, "attach_optimizer_state"):
                 layer.attach_optimizer_state(self.sparse)
@@ -174,7 +174,7 @@ class TrainingStep:
         self.stop_agreed = tf.Variable(0.0, trainable=False, name="stop_agreed")
         # bfloat16 has float32's exponent range: only float16 needs its loss scaled.
         self.loss_scale = LossScale(loss_scale) if model.compute_dtype == "float16" else None
-        # Opt-in: half the bytes of a float32 allreduce (tf_dlrm.distributed.compressed_mean), but two
+        # Opt-in: half the bytes of a float32 allreduce (tf_dlrm.parallel.compressed_mean), but two
         # collectives instead of one fused round. float32 gradients are never rounded to bfloat16 on
         # the wire: only mixed_bfloat16's are.
         self.compress_dense_gradients = bool(compress_dense_gradients) and env.distributed and model.compute_dtype == "bfloat16"

@@ -7,8 +7,8 @@ import dataclasses
 import keras
 import tensorflow as tf
 
-from tf_dlrm.model.cross_network import CrossNetwork
-from tf_dlrm.model.mlp import MLP
+from tf_dlrm.models.layers.cross_network import CrossNetwork
+from tf_dlrm.models.layers.mlp import MLP
 from tf_dlrm.models.ranking_model import RankingModel, check_widths, option
 from tf_dlrm.models.registry import register
 

@@ -8,8 +8,8 @@ import math
 import keras
 import tensorflow as tf
 
-from tf_dlrm.model.factorization_machine import FactorizationMachine, LinearTerm
-from tf_dlrm.model.mlp import MLP
+from tf_dlrm.models.layers.factorization_machine import FactorizationMachine, LinearTerm
+from tf_dlrm.models.layers.mlp import MLP
 from tf_dlrm.models import width_one_tables
 from tf_dlrm.models.ranking_model import RankingModel, check_widths, option
 from tf_dlrm.models.registry import register

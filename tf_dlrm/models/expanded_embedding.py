@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
-from tf_dlrm.model.crossed_ids import crossed_ids
+from tf_dlrm.models.layers.crossed_ids import crossed_ids
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")

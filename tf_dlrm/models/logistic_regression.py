@@ -11,8 +11,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from tf_dlrm.distributed.plan import TableSpec
-from tf_dlrm.model.factorization_machine import LinearTerm
+from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.models.layers.factorization_machine import LinearTerm
 from tf_dlrm.models.ranking_model import RankingModel
 from tf_dlrm.models.registry import register
 

@@ -12,7 +12,7 @@ A model is one class in one file. It says, in one place:
 
 The trainer calls ``model((numerical, categorical))``, and on the XLA path
 ``model.embedding(categorical, local_batch=..., training=True)`` then ``model.dense_call(numerical,
-embeddings)``; it finds weights by the kind marked on each (:mod:`tf_dlrm.model.variable_kind`), so a
+embeddings)``; it finds weights by the kind marked on each (:mod:`tf_dlrm.embedding.variable_kind`), so a
 model needs no trainer code of its own. A minimal model::
 
     @register
@@ -42,8 +42,8 @@ from typing import Any, ClassVar
 import keras
 import tensorflow as tf
 
-from tf_dlrm.config.embedding import FeatureConfig
-from tf_dlrm.distributed.plan import TableSpec
+from tf_dlrm.embedding.table_config import FeatureConfig
+from tf_dlrm.sharding.plan import TableSpec
 
 
 def option(default, help: str, flag: str | None = None, choices: Sequence[str] | None = None):
@@ -88,7 +88,7 @@ class RankingModel(keras.Model):
     model_name: ClassVar[str] = ""
     Config: ClassVar[type] = NoOptions
     # Base rate of the embedding optimizer, per optimizer name, when no rate flag is given (see
-    # tf_dlrm.train.flags.family_rate); a model whose embeddings learn slower than DLRM's sets it.
+    # tf_dlrm.cli.flags.family_rate); a model whose embeddings learn slower than DLRM's sets it.
     embedding_learning_rates: ClassVar[Mapping[str, float]] = {}
 
     def __init__(self, embedding, num_numerical: int, num_categorical: int | None = None, seed: int = 0, config=None,
@@ -129,7 +129,7 @@ class RankingModel(keras.Model):
     @classmethod
     def tables(cls, config, deep: Sequence[TableSpec], crossed: Sequence = ()) -> list[TableSpec]:
         """Every table the model reads: ``deep`` (one per categorical column, in spec order) first,
-        then any of its own. ``crossed``: the spec's crossed features (:mod:`tf_dlrm.config.crossed_features`)."""
+        then any of its own. ``crossed``: the spec's crossed features (:mod:`tf_dlrm.spec.crossed_features`)."""
         return list(deep)
 
     @classmethod

@@ -4,7 +4,7 @@ and Wide & Deep's wide part. Pure Python, no TensorFlow.
 - ``linear:<feature>`` (``rows`` = the feature's cardinality): one weight per id, read with the
   feature's own ids, hotness and combiner;
 - one table per crossed feature of the spec (``buckets`` rows), read with the crossed ids of its two
-  features (:mod:`tf_dlrm.config.crossed_features`, hashed by :mod:`tf_dlrm.model.crossed_ids`).
+  features (:mod:`tf_dlrm.spec.crossed_features`, hashed by :mod:`tf_dlrm.models.layers.crossed_ids`).
 
 A feature's *source* says where its ids come from: ``("column", i)`` reads column ``i``;
 ``("cross", i, j)`` hashes columns ``i`` and ``j`` (:class:`tf_dlrm.models.expanded_embedding.ExpandedEmbedding`).
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tf_dlrm.config.crossed_features import CrossedFeature
-from tf_dlrm.config.embedding import FeatureConfig
-from tf_dlrm.distributed.plan import TableSpec
+from tf_dlrm.spec.crossed_features import CrossedFeature
+from tf_dlrm.embedding.table_config import FeatureConfig
+from tf_dlrm.sharding.plan import TableSpec
 
 LINEAR_PREFIX = "linear:"
-# first * card2 + second must fit in int64 (tf_dlrm.model.crossed_ids).
+# first * card2 + second must fit in int64 (tf_dlrm.models.layers.crossed_ids).
 _PAIR_LIMIT = 2**62
 
 

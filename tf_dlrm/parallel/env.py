@@ -58,6 +58,6 @@ def current_env() -> DistributedEnv:
     import horovod.tensorflow as hvd
 
     if not hvd.is_initialized():
-        raise RuntimeError("This process was started by horovodrun: call tf_dlrm.distributed.env.initialize() "
+        raise RuntimeError("This process was started by horovodrun: call tf_dlrm.parallel.env.initialize() "
                            "(or hvd.init()) before building a DistributedEmbedding")
     return DistributedEnv(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size())

@@ -1,4 +1,5 @@
-"""The training and evaluation steps of any model on the sharded embedding, as tf.functions.
+"""main.py's trainer: the library's training step (:mod:`tf_dlrm.embedding.training_step`) driven
+by a run's optimizer settings, learning-rate schedule and binary cross-entropy, plus evaluation.
 
 Embeddings train with the sparse optimizer of ``--embedding_optimizer`` (and per-table ones, e.g.
 Wide & Deep's ``--wide_optimizer``), the dense weights with ``sgd``, ``adam``, ``adagrad`` or ``lamb``;
@@ -17,48 +18,19 @@ import os
 
 import tensorflow as tf
 
-from tf_dlrm.distributed import collectives
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.distributed.hot_row_exchange import combine_hot_gradient
-from tf_dlrm.model.variable_kind import VariableKind, variables_of_kind
+from tf_dlrm.embedding.training_step import TrainingStep
 from tf_dlrm.ops import kernels_off
-from tf_dlrm.optimizers.config import OPTIMIZERS, OptimizerConfig, make_dense_optimizer, make_sparse_optimizer  # noqa: F401
-from tf_dlrm.train.hot_row_sync import HotRowSync
-from tf_dlrm.train.sparse_update import SparseUpdater
-
-class LossScale:
-    """Loss scaling of float16 training: the loss is multiplied by ``S`` before the backward pass so
-    that small gradients do not flush to zero in float16, and gradients are divided by ``S`` after.
-
-    Static (``initial > 0``): ``S`` never changes. Dynamic (``initial == 0``): ``S`` starts at
-    ``2**15``; a step whose gradients hold an inf or NaN on any rank is skipped and halves ``S``;
-    after ``growth_interval`` finite steps in a row ``S`` doubles (the scheme of
-    ``keras.optimizers.LossScaleOptimizer``).
-    """
-
-    INITIAL_DYNAMIC = 2.0**15
-    GROWTH_INTERVAL = 2000
-
-    def __init__(self, initial: float):
-        self.dynamic = initial == 0
-        self.scale = tf.Variable(self.INITIAL_DYNAMIC if self.dynamic else float(initial), dtype=tf.float32,
-                                 trainable=False, name="loss_scale")
-        self.good_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="loss_scale_good_steps")
-
-    def update(self, finite: tf.Tensor) -> None:
-        """After a step: grow after enough finite steps, shrink (and restart counting) on overflow."""
-        if not self.dynamic:
-            return
-        grown = self.good_steps + 1 >= self.GROWTH_INTERVAL
-        self.scale.assign(tf.where(finite, tf.where(grown, self.scale * 2.0, self.scale), tf.maximum(self.scale / 2.0, 1.0)))
-        self.good_steps.assign(tf.where(finite & ~grown, self.good_steps + 1, tf.zeros_like(self.good_steps)))
+from tf_dlrm.optimizers.config import make_dense_optimizer, make_sparse_optimizer
+from tf_dlrm.optimizers.settings import OptimizerConfig
+from tf_dlrm.parallel import collectives
+from tf_dlrm.parallel.env import DistributedEnv
 
 
 def prefer_legacy_xla_cpu_runtime() -> None:
     """Asks XLA:CPU for its classic runtime, unless ``XLA_FLAGS`` already chooses.
 
-    On TF 2.18 the default "thunk" runtime of XLA:CPU runs the compiled dense step of DLRM slower
-    than the classic one (benchmarks/train_throughput.py, case ``tf_dlrm_xla``, measures it). XLA reads
+    On TF 2.18 the default "thunk" runtime of XLA:CPU ran the compiled dense step of DLRM about 10%
+    slower than the classic one (benchmarks/train_throughput.py, case ``tf_dlrm_xla``). XLA reads
     ``XLA_FLAGS`` at its first compilation in the process; later changes are ignored.
     """
     flags = os.environ.get("XLA_FLAGS", "")
@@ -74,7 +46,7 @@ class Trainer(TrainingStep):
     """Owns the optimizer state, the schedule and the step counter; builds the tf.functions once.
 
     Args:
-        model: a built :class:`tf_dlrm.models.ranking_model.RankingModel`.
+        model: a built :class:`tf_dlrm.models.ranking_model.RankingModel` (``model((numerical, categorical)) -> logits``).
         env: this rank's place.
         config: optimizer settings.
         jit_compile: compile the forward/backward of the dense part with XLA. The Horovod
@@ -142,7 +114,7 @@ class Trainer(TrainingStep):
         tables = [v.value for v in self.shards + self.replicated + self.padding + self.hot]
         with tf.GradientTape() as tape:
             tape.watch(tables)
-            # training=True: a dynamic table (tf_dlrm.embedding.dynamic) inserts new keys only in training.
+            # training=True: a dynamic table (tf_dlrm.dynamic) inserts new keys only in training.
             embeddings = self.model.embedding(categorical, local_batch=tf.shape(numerical)[0], training=True)
         loss, embedding_gradient, mlp_gradients = self._dense_gradients(numerical, embeddings, y)
         table_gradients = tape.gradient(embeddings, tables, output_gradients=embedding_gradient)
@@ -171,8 +143,6 @@ class Trainer(TrainingStep):
 def _table_optimizers(model, config: OptimizerConfig) -> dict:
     """``{table: (sparse optimizer, rate scale)}`` for tables a model trains with another optimizer
     than the embedding one (Wide & Deep's ``--wide_optimizer``), rates relative to the embedding rate."""
-    import dataclasses
-
     choices = model.table_optimizer_choices()
     embedding_rate = config.embedding_learning_rate or config.schedule.base
     # One optimizer object per (name, rate): tables sharing it may share a fused variable.

@@ -29,12 +29,12 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.embedding.table_config import FeatureConfig
-from tf_dlrm.distributed import collectives
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.dynamic import hashing
-from tf_dlrm.dynamic.routing import DynamicTableConfig, shards_of_rank
-from tf_dlrm.dynamic.shard_state import ShardState
-from tf_dlrm.model.variable_kind import VariableKind, mark
+from tf_dlrm.parallel import collectives
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.embedding.dynamic import hashing
+from tf_dlrm.sharding.dynamic_routing import DynamicTableConfig, shards_of_rank
+from tf_dlrm.embedding.dynamic.shard_state import ShardState
+from tf_dlrm.embedding.variable_kind import VariableKind, mark
 from tf_dlrm.optimizers.sparse_optimizer import tf_variable
 
 KEY_DTYPES = (tf.int32, tf.int64)

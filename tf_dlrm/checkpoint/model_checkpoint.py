@@ -5,13 +5,13 @@ a :class:`~tf_dlrm.embedding.TrainingStep`): save on N ranks, restore on M.
     model_checkpoint.restore(other_model, path)           # any world size; the same tables
 
 Every rank writes the slices of tables (and of each table's optimizer state) it holds, chunk by
-chunk, under the run's plan (:mod:`tf_dlrm.train.checkpoint_slices`); rank 0 writes the dense
+chunk, under the run's plan (:mod:`tf_dlrm.checkpoint.slices`); rank 0 writes the dense
 weights, the dense optimizer's variables and the step. A restore reads, for each slice a rank holds
 under its own plan, only the saved column ranges that intersect it, so a table never has to fit in
 one process. Dynamic tables' live rows (keys, values, optimizer state, usage) are written by every
-rank for its shards and re-routed on restore (:mod:`tf_dlrm.dynamic.checkpoint`). The directory layout, atomic publication (``ckpt-<step>`` renamed from a hidden
+rank for its shards and re-routed on restore (:mod:`tf_dlrm.checkpoint.dynamic_tables`). The directory layout, atomic publication (``ckpt-<step>`` renamed from a hidden
 temporary, ``latest`` updated, older ones pruned) and sha256 checks are the store's
-(:mod:`tf_dlrm.train.checkpoint_store`); the manifest says ``format: tf_dlrm.model_checkpoint``.
+(:mod:`tf_dlrm.checkpoint.store`); the manifest says ``format: tf_dlrm.model_checkpoint``.
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ import shutil
 
 import numpy as np
 
-from tf_dlrm.dynamic import checkpoint as dynamic_checkpoint
+from tf_dlrm.checkpoint import dynamic_tables, slices, store
+from tf_dlrm.checkpoint.checkpointer import allgather_json, broadcast_json
+from tf_dlrm.checkpoint.store import CheckpointError
 from tf_dlrm.embedding.training_step import embedding_layers
-from tf_dlrm.train import checkpoint_slices as slices
-from tf_dlrm.train import checkpoint_store as store
-from tf_dlrm.train.checkpoint import allgather_json, broadcast_json
-from tf_dlrm.train.checkpoint_store import CheckpointError
 
 FORMAT = "tf_dlrm.model_checkpoint"
 DYNAMIC = "dynamic"
@@ -76,7 +74,7 @@ def save(model, directory: str, keep: int = 2) -> str:
     if root is not None:
         records, piece_error = slices.save_pieces(layer, env.rank, root, _arrays(step, layer), files)
     if root is not None and layer.dynamic_layer is not None:
-        dynamic_checkpoint.save(os.path.join(root, DYNAMIC), layer.dynamic_layer, step.sparse, env)
+        dynamic_tables.save_rows(os.path.join(root, DYNAMIC), layer.dynamic_layer, step.sparse, env)
     pieces = allgather_json(env, {"records": records, "files": files, "error": piece_error}, "model_checkpoint_pieces")
     error = error or next((f"rank {r}: {p['error']}" for r, p in enumerate(pieces) if p["error"]), None)
     if env.is_chief and error is None:
@@ -139,7 +137,7 @@ def restore(model, path: str) -> int:
     if layer.dynamic_layer is not None:
         if not manifest.get("dynamic"):
             raise CheckpointError(f"{directory}: holds no dynamic tables; the model has {layer.dynamic_layer.table_configs[0].name!r}")
-        dynamic_checkpoint.restore(os.path.join(directory, manifest["dynamic"]), layer.dynamic_layer, step.sparse, layer.env)
+        dynamic_tables.restore_rows(os.path.join(directory, manifest["dynamic"]), layer.dynamic_layer, step.sparse, layer.env)
     dense = {entry["name"]: entry["file"] for entry in manifest["dense"]}
     for name, variable in _dense(model, step):
         if name not in dense:
