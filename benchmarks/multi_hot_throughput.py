@@ -87,7 +87,7 @@ def build_tf_dlrm(rows: int, batches, learning_rate: float, validate_ids: bool =
 
     features = [FeatureConfig(f"f{f}", f"f{f}", hotness(f), combiner(f)) for f in range(NUM_FEATURES)]
     plan = make_plan([TableSpec(f"f{f}", rows, width(f)) for f in range(NUM_FEATURES)], 1, data_parallel_threshold=0)
-    embedding = DistributedEmbedding(plan, features=features, validate_ids=validate_ids, use_kernel=use_kernel, name="embedding")
+    embedding = DistributedEmbedding.from_plan(plan, features=features, validate_ids=validate_ids, use_kernel=use_kernel, name="embedding")
     model = DLRM(embedding, NUM_NUMERICAL, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction="cat")
     env = DistributedEnv()
     model((tf.constant(batches[0][0]), tuple(tf.constant(i) for i in batches[0][1])))

@@ -21,8 +21,8 @@ def build_family_model(name: str, params: dict, base_tables, base_features, cros
     plan = plan_of(cls.tables(config, base_tables, crossed))
     features, sources = cls.features(config, base_features, crossed)
     if tuple(sources) != column_sources(len(base_features)):
-        embedding = ExpandedEmbedding(plan, rank=rank, seed=seed, features=features, sources=sources, name="embedding")
+        embedding = ExpandedEmbedding.from_plan(plan, rank=rank, seed=seed, features=features, sources=sources, name="embedding")
     else:
-        embedding = DistributedEmbedding(plan, rank=rank, seed=seed, data_parallel_input=data_parallel_input,
+        embedding = DistributedEmbedding.from_plan(plan, rank=rank, seed=seed, data_parallel_input=data_parallel_input,
                                          features=features, name="embedding")
     return plan, cls(embedding, num_numerical, num_categorical=len(base_features), seed=seed, config=config)

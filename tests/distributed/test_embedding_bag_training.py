@@ -56,7 +56,7 @@ def train(optimizer: str, kernel: bool, monkeypatch):
         if not kernel:
             patch.setattr(embedding_module, "bag_kernel", lambda: None)
         plan = make_plan(TABLES, 1, data_parallel_threshold=5)
-        layer = DistributedEmbedding(plan, features=FEATURES, seed=3, name="embedding")
+        layer = DistributedEmbedding.from_plan(plan, features=FEATURES, seed=3, name="embedding")
         model = DLRM(layer, 4, bottom_mlp_dims=(16, 8), top_mlp_dims=(8, 1), interaction="cat")
         data = batches(layer._input_features())
         model((data[0][0], data[0][1]))

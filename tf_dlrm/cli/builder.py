@@ -137,9 +137,9 @@ def make_embedding(spec: FeatureSpec, plan: ShardingPlan | None, config: ModelCo
     if derived:
         from tf_dlrm.models.expanded_embedding import ExpandedEmbedding
 
-        return ExpandedEmbedding(plan, rank=env.rank, seed=seed, features=features, sources=sources,
+        return ExpandedEmbedding.from_plan(plan, rank=env.rank, seed=seed, features=features, sources=sources,
                                  init_bound=config.embedding_init_bound, name="embedding")
-    return DistributedEmbedding(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input, features=features,
+    return DistributedEmbedding.from_plan(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input, features=features,
                                 deduplicate_exchange=deduplicate_exchange, hot_rows=hot_rows,
                                 split_embedding_tables=split_embedding_tables, init_bound=config.embedding_init_bound,
                                 name="embedding")
