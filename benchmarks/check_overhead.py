@@ -91,14 +91,15 @@ def check_milliseconds(pair, batches: int, repeats: int = 5) -> float:
 def build_trainer(config, spec, seed):
     from tf_dlrm.parallel.env import DistributedEnv
     from tf_dlrm.cli import builder
+    from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
     from tf_dlrm.models.dlrm import DLRMConfig
     from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.optimizers.settings import OptimizerConfig
     from tf_dlrm.train.step import Trainer
 
     env = DistributedEnv()
-    model_config = builder.ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
-    plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), 1)
+    model_config = ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
+    plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), 1)
     model = builder.build_model(spec, plan, model_config, env, seed)
     return model.embedding, Trainer(model, env, OptimizerConfig(LearningRateSchedule(0.05)))
 

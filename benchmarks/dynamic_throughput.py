@@ -57,6 +57,7 @@ def main():
     from tf_dlrm.spec.feature_spec import FeatureSpec
     from tf_dlrm.models.dlrm import DLRM
     from tf_dlrm.cli import builder
+    from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
     from tf_dlrm.models.dlrm import DLRMConfig
     from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.optimizers.settings import OptimizerConfig
@@ -65,8 +66,8 @@ def main():
     config = CONFIGS[args.config]
     spec = FeatureSpec.load(os.path.join(REPOSITORY, config.feature_spec), check_files=False)
     env = DistributedEnv()
-    model_config = builder.ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
-    plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), 1)
+    model_config = ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
+    plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), 1)
     fixed = builder.build_model(spec, plan, model_config, env, seed=1)
     cardinalities = spec.cardinalities()
     tables = [DynamicTableConfig(name, rows, config.embedding_dim, eviction="lru")

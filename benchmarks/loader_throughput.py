@@ -48,10 +48,11 @@ def make_reader(spec, config, seed: int):
     """The reader of rank 0 of one process, with the plan's global/local categorical split."""
     from tf_dlrm.data.reader import SplitBinaryReader
     from tf_dlrm.cli import builder
+    from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
     from tf_dlrm.models.dlrm import DLRMConfig
 
-    model = builder.ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
-    plan = builder.make_sharding_plan(spec, model, builder.ShardingConfig(), 1)
+    model = ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
+    plan = builder.make_sharding_plan(spec, model, ShardingConfig(), 1)
     return SplitBinaryReader(
         spec, "train", config.batch_size, global_categorical=plan.tables_on_rank(0),
         local_categorical=plan.replicated, last_batch="drop", shuffle=True, seed=seed,

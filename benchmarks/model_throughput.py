@@ -67,6 +67,7 @@ class ModelCase:
         else:
             from tf_dlrm.parallel.env import DistributedEnv
             from tf_dlrm.cli import builder
+            from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
             from tf_dlrm.models import registry
             from tf_dlrm.optimizers.settings import LearningRateSchedule
             from tf_dlrm.optimizers.settings import OptimizerConfig
@@ -76,7 +77,7 @@ class ModelCase:
                 names = spec.categorical_features
                 spec.crossed_features_entries = [{"features": [names[a], names[b]], "buckets": buckets}
                                                  for a, b, buckets in crossed_pairs(spec)]
-            model_config = builder.ModelConfig(config.embedding_dim, name=model, params=registry.lookup(model).Config(**settings))
+            model_config = ModelConfig(config.embedding_dim, name=model, params=registry.lookup(model).Config(**settings))
             env = DistributedEnv()
             plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), 1)
             network = builder.build_model(spec, plan, model_config, env, seed)

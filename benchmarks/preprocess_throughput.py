@@ -116,7 +116,6 @@ def naive_preprocess(path: str, output_dir: str, frequency_threshold: int, test_
     """A straightforward per-line Python transform producing the same files as the engines."""
     from tf_dlrm.data.split_binary import SplitBinaryWriter
     from tf_dlrm.data.layout import nvidia_spec
-    from tf_dlrm.spec.feature_spec import FeatureSpec
     from tf_dlrm.spec.format import categorical_dtype_for
 
     with open(path, "rb") as stream:

@@ -75,6 +75,7 @@ def main(argv=None) -> None:
     from tf_dlrm.data.reader import SplitBinaryReader
     from tf_dlrm.spec.feature_spec import FeatureSpec
     from tf_dlrm.cli import builder, hot_rows_setup
+    from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
     from tf_dlrm.models.dlrm import DLRMConfig
     from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.optimizers.settings import OptimizerConfig
@@ -83,8 +84,8 @@ def main(argv=None) -> None:
     config = CONFIGS[args.config]
     batch_size = (args.batch_size or config.batch_size) // independent_count
     spec = FeatureSpec.load(args.spec)
-    model_config = builder.ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
-    plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), env.world_size)
+    model_config = ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
+    plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), env.world_size)
     # --hot_rows_budget of main.py (None in one process or at budget 0).
     hot = hot_rows_setup.hot_row_plan(spec, plan, ShardingConfig(hot_rows_budget=args.hot_rows_budget), env,
                                       "train", batch_size * independent_count)

@@ -134,7 +134,6 @@ class Case:
         import tensorflow as tf
 
         from tf_dlrm.cli import builder
-        from tf_dlrm.models.dlrm import DLRMConfig
 
         self.name = name
         self.impl, self.amp, self.xla = ALL_CASES[name]
@@ -202,16 +201,16 @@ class Case:
     def _tf_dlrm(config, spec, batches, learning_rate, seed, xla, embedding_optimizer="sgd", split_tables=False):
         import tensorflow as tf
 
-        from tf_dlrm.parallel.env import DistributedEnv
         from tf_dlrm.cli import builder
         from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
-        from tf_dlrm.optimizers.settings import LearningRateSchedule
-        from tf_dlrm.optimizers.settings import OptimizerConfig
+        from tf_dlrm.models.dlrm import DLRMConfig
+        from tf_dlrm.optimizers.settings import LearningRateSchedule, OptimizerConfig
+        from tf_dlrm.parallel.env import DistributedEnv
         from tf_dlrm.train.step import Trainer
 
         env = DistributedEnv()
-        model_config = builder.ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
-        plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), env.world_size)
+        model_config = ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
+        plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), env.world_size)
         model = builder.build_model(spec, plan, model_config, env, seed, split_embedding_tables=split_tables)
         optimizer = OptimizerConfig(LearningRateSchedule(learning_rate), embedding_optimizer=embedding_optimizer)
         trainer = Trainer(model, env, optimizer, jit_compile=xla)

@@ -55,8 +55,8 @@ def test_evaluate_of_a_model_with_nan_weights_refuses(tmp_path):
     env = DistributedEnv(rank=0, world_size=1, local_rank=0, local_size=1)
     from tf_dlrm.models.dlrm import DLRMConfig
 
-    model_config = builder.ModelConfig(embedding_dim=4, params=DLRMConfig(bottom_mlp_dims=(8, 4), top_mlp_dims=(8, 1)))
-    plan = builder.make_sharding_plan(spec, model_config, builder.ShardingConfig(), 1)
+    model_config = ModelConfig(embedding_dim=4, params=DLRMConfig(bottom_mlp_dims=(8, 4), top_mlp_dims=(8, 1)))
+    plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), 1)
     model = builder.build_model(spec, plan, model_config, env, seed=1)
     trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(0.1)))
     reader = builder.make_reader(spec, "test", 256, env, model.embedding, False, 1)

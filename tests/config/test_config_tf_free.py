@@ -1,6 +1,5 @@
-"""The configs are plain frozen dataclasses in tf_dlrm/config/ that import no TensorFlow; parsing
-main.py's flags imports no Horovod (it imports the models, which define their own flags and are
-Keras classes, so TensorFlow is loaded).
+"""Flags parse into plain frozen configs; the optimizer and loop settings, the sharding plan and the
+FeatureSpec import no TensorFlow.
 
 Each check runs in a fresh interpreter, since this test process may have imported TensorFlow already.
 """
@@ -41,9 +40,11 @@ def run_fresh(code: str) -> dict:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def test_parsing_flags_imports_no_horovod():
+def test_flags_parse_into_the_run_config():
+    # TensorFlow may be imported by now: the tables' and models' configs live in their packages
+    # (tf_dlrm.embedding, tf_dlrm.models), whose __init__ imports the layers. Horovod may not: it reads
+    # its settings (HOROVOD_CYCLE_TIME, chosen from the flags) when it starts.
     result = run_fresh(PARSE_FLAGS)
-    # Horovod reads its settings (HOROVOD_CYCLE_TIME, chosen from the flags) when it starts.
     assert not {"horovod", "horovod.tensorflow"} & set(result["imported"]), f"parsing flags imported {result['imported']}"
     # The configs really are the parsed ones (the subprocess did the work, not an early exit).
     assert result["interaction"] == "cat"
@@ -60,22 +61,3 @@ def test_each_config_module_imports_no_tensorflow(module):
     result = run_fresh(f"import json, sys, {module}\n"
                        "print(json.dumps({'imported': sorted(m for m in ('tensorflow', 'keras') if m in sys.modules)}))")
     assert result["imported"] == []
-
-
-def test_old_import_paths_give_the_same_classes():
-    from tf_dlrm.cli import model_config as model, run_config as run
-    from tf_dlrm.optimizers import settings as training
-    from tf_dlrm.optimizers import config as optimizers_config
-    from tf_dlrm.optimizers import lazy_adam
-    from tf_dlrm.cli import builder, flags
-    from tf_dlrm.train import loop
-    from tf_dlrm.optimizers import settings as schedule
-
-    assert builder.ModelConfig is model.ModelConfig and builder.ShardingConfig is model.ShardingConfig
-    assert loop.LoopConfig is training.LoopConfig
-    assert schedule.LearningRateSchedule is training.LearningRateSchedule
-    assert optimizers_config.OptimizerConfig is training.OptimizerConfig
-    assert optimizers_config.OPTIMIZERS is training.OPTIMIZERS
-    assert optimizers_config.EMBEDDING_OPTIMIZERS is training.EMBEDDING_OPTIMIZERS
-    assert lazy_adam.check_adam_arguments is training.check_adam_arguments
-    assert flags.RunConfig is run.RunConfig

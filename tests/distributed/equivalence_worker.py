@@ -26,7 +26,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 from tf_dlrm.parallel import collectives  # noqa: E402
-from tf_dlrm.parallel import env as env_module  # noqa: E402
 from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
 from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
 from tf_dlrm.sharding.plan import TableSpec  # noqa: E402

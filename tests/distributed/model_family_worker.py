@@ -14,7 +14,6 @@ import sys
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-import tensorflow as tf  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from equivalence_worker import (  # noqa: E402
@@ -24,7 +23,6 @@ from equivalence_worker import (  # noqa: E402
 from tf_dlrm.spec.crossed_features import CrossedFeature  # noqa: E402
 from tf_dlrm.embedding.table_config import FeatureConfig  # noqa: E402
 from tf_dlrm.parallel import collectives  # noqa: E402
-from tf_dlrm.parallel import env as env_module  # noqa: E402
 from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
 from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
 from tf_dlrm.sharding.planner import make_plan  # noqa: E402

@@ -18,7 +18,6 @@ differences, and relative to the path the reference's weights travelled).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -33,7 +32,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import equivalence_worker as equivalence  # noqa: E402
 from arithmetic import relative_to_path  # noqa: E402
 from tf_dlrm.parallel import collectives  # noqa: E402
-from tf_dlrm.parallel import env as env_module  # noqa: E402
 from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
 from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
 from tf_dlrm.sharding.plan import TableSpec  # noqa: E402

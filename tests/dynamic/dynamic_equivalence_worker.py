@@ -22,7 +22,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 from tf_dlrm.parallel import collectives  # noqa: E402
-from tf_dlrm.parallel import env as env_module  # noqa: E402
 from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
 from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding  # noqa: E402
 from tf_dlrm.models.dlrm import DLRM  # noqa: E402

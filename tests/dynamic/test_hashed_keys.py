@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "preprocessing"))
 from criteo_reference import TSV_SAMPLE, files_of  # noqa: E402

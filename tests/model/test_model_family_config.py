@@ -63,6 +63,16 @@ def test_each_model_reads_its_tables(model, names):
         assert sources[-1] == ("cross", 0, 2) and tables[-1].rows == 7
 
 
+def test_crossed_features_import_no_tensorflow():
+    # The model configs live in tf_dlrm.models, whose __init__ imports the models (TensorFlow); the
+    # crossed features are part of the FeatureSpec, which stays free of it.
+    import subprocess
+    import sys
+
+    code = "import sys, tf_dlrm.spec.crossed_features; sys.exit('tensorflow' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
 def test_crossed_features_too_large_are_refused():
     big = [TableSpec("a", 2**40, 4), TableSpec("b", 2**30, 4)]
     with pytest.raises(ValueError, match="exceed 2\\^62 pairs"):

@@ -28,6 +28,7 @@ from absl import logging as absl_logging
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.io.publish import check_replaceable, staged_output
 from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
+from tf_dlrm.checkpoint import store as checkpoint_store
 from tf_dlrm.ops import kernels_off
 from tf_dlrm.checkpoint import checkpointer as checkpoint, dynamic_tables as checkpoint_dynamic
 from tf_dlrm.checkpoint.slices import open_slices, restore_pieces

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Sequence
 
+from tf_dlrm.embedding.table_init import check_init_bound
 from tf_dlrm.sharding.plan import Strategy
 
 # Keras's Embedding draws from [-0.05, 0.05]; see the README's "Model quality" for the measurement

@@ -162,7 +162,7 @@ def run_train(config, stop=None) -> dict:
     from tf_dlrm.sharding.traffic import describe as describe_traffic
     from tf_dlrm.train.precision import read_cpu_info
     from tf_dlrm.cli import builder, hot_rows_setup, preflight
-    from tf_dlrm.checkpoint import checks as checkpoint_choice
+    from tf_dlrm.checkpoint import checks as checkpoint_checks
     from tf_dlrm.train import interrupt
     from tf_dlrm.train.loop import train
 

@@ -2,7 +2,7 @@
 
 Per split ``<split>/label.bin``, ``<split>/numerical.bin`` and one ``<split>/cat_<i>.bin`` per
 categorical feature (NVIDIA names the features themselves ``cat_<i>.bin``); categorical dtypes follow
-:func:`tf_dlrm.spec.feature_spec.categorical_dtype_for`.
+:func:`tf_dlrm.spec.format.categorical_dtype_for`.
 """
 
 from __future__ import annotations

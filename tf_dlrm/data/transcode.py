@@ -57,7 +57,7 @@ from tf_dlrm.data.csv_values import (CATEGORICAL, HASHED, LABEL, NUMERICAL, VOCA
 from tf_dlrm.data.csv_vocabulary import Vocabulary, build_vocabulary
 from tf_dlrm.data.layout import categorical_file_name, with_split_binary_sources
 from tf_dlrm.data.split_binary import SplitBinaryWriter
-from tf_dlrm.spec.format import CSV, TRAIN_SPLIT, FeatureSpecError
+from tf_dlrm.spec.format import CSV, TRAIN_SPLIT
 from tf_dlrm.spec.feature_spec import FeatureSpec, read_spec_yaml
 from tf_dlrm.io.publish import staged_output
 

@@ -42,7 +42,6 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_dlrm.parallel import collectives
 from tf_dlrm.ops.assemble import assemble_columns, assemble_kernel, assembly_layout
 from tf_dlrm.parallel.env import DistributedEnv, current_env
 from tf_dlrm.embedding.dedup_exchange import deduplicated_exchange

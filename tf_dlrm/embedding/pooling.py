@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from tf_dlrm.ops.embedding_bag import bag_lookup
 from tf_dlrm.embedding.exchange import gather_rows
+from tf_dlrm.embedding.table_config import FeatureConfig
 
 
 def normalize_ids(ids, feature: FeatureConfig, rows: int, validate: bool = True):

@@ -18,7 +18,6 @@ own model (:class:`tf_dlrm.embedding.Model` runs it inside ``fit``; a hand-writt
 
 from __future__ import annotations
 
-import keras
 import tensorflow as tf
 
 from tf_dlrm.parallel import collectives

@@ -37,21 +37,10 @@ import yaml
 
 from tf_dlrm.spec.format import (
     CATEGORICAL_CHANNEL,
-    CHANNELS,
-    CHUNK_KEYS,
-    CHUNK_TYPES,
-    COMBINERS,
-    CSV,
-    FLOAT_DTYPES,
-    INTEGER_DTYPES,
     LABEL_CHANNEL,
     NUMERICAL_CHANNEL,
     SPLIT_BINARY,
-    SUPPORTED_DTYPES,
-    TEST_SPLIT,
-    TRAIN_SPLIT,
     FeatureSpecError,
-    categorical_dtype_for,
 )
 from tf_dlrm.spec.validation import (
     check_files_exist,

@@ -29,8 +29,8 @@ from tf_dlrm.parallel.env import DistributedEnv
 def prefer_legacy_xla_cpu_runtime() -> None:
     """Asks XLA:CPU for its classic runtime, unless ``XLA_FLAGS`` already chooses.
 
-    On TF 2.18 the default "thunk" runtime of XLA:CPU ran the compiled dense step of DLRM about 10%
-    slower than the classic one (benchmarks/train_throughput.py, case ``tf_dlrm_xla``). XLA reads
+    On TF 2.18 the default "thunk" runtime of XLA:CPU runs the compiled dense step of DLRM slower
+    than the classic one (benchmarks/train_throughput.py, case ``tf_dlrm_xla``, measures it). XLA reads
     ``XLA_FLAGS`` at its first compilation in the process; later changes are ignored.
     """
     flags = os.environ.get("XLA_FLAGS", "")
