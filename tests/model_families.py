@@ -9,20 +9,33 @@ from __future__ import annotations
 
 
 def build_family_model(name: str, params: dict, base_tables, base_features, crossed, plan_of, num_numerical: int,
-                       rank: int, seed: int, data_parallel_input: bool = False):
-    """``(plan, unbuilt model)``: ``plan_of(tables)`` makes the plan of the model's tables."""
+                       rank: int, seed: int, data_parallel_input: bool = False, optimizer=None):
+    """``(plan, unbuilt model)``: ``plan_of(tables)`` makes the plan of the model's tables; ``optimizer``
+    (an OptimizerConfig) gives the model's own per-table optimizers the run's hyper-parameters."""
+    import dataclasses
+
     from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
+    from tf_dlrm.embedding.table_config import TableConfig
     from tf_dlrm.models import registry
     from tf_dlrm.models.expanded_embedding import ExpandedEmbedding
     from tf_dlrm.models.ranking_model import column_sources
+    from tf_dlrm.parallel.env import DistributedEnv
+    from tf_dlrm.train.step import table_optimizer_of
 
     cls = registry.lookup(name)
     config = cls.make_config(params)
-    plan = plan_of(cls.tables(config, base_tables, crossed))
+    tables = cls.tables(config, base_tables, crossed)
+    plan = plan_of(tables)
+    chosen = cls.table_optimizers(config, tables, len(base_tables))
+    if optimizer is not None:
+        chosen = {t: table_optimizer_of(optimizer, o.name, o.learning_rate) for t, o in chosen.items()}
+    configs = {t.name: TableConfig(t.name, t.rows, t.dim, optimizer=chosen.get(i)) for i, t in enumerate(tables)}
     features, sources = cls.features(config, base_features, crossed)
+    features = [dataclasses.replace(f, table=configs[f.table_name]) for f in features]
+    env = DistributedEnv(rank=rank, world_size=plan.world_size)
     if tuple(sources) != column_sources(len(base_features)):
-        embedding = ExpandedEmbedding.from_plan(plan, rank=rank, seed=seed, features=features, sources=sources, name="embedding")
+        embedding = ExpandedEmbedding(features, plan=plan, env=env, seed=seed, sources=sources, name="embedding")
     else:
-        embedding = DistributedEmbedding.from_plan(plan, rank=rank, seed=seed, data_parallel_input=data_parallel_input,
-                                         features=features, name="embedding")
+        embedding = DistributedEmbedding(features, plan=plan, env=env, seed=seed, data_parallel_input=data_parallel_input,
+                                         name="embedding")
     return plan, cls(embedding, num_numerical, num_categorical=len(base_features), seed=seed, config=config)

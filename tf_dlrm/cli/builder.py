@@ -6,6 +6,8 @@ and says which tables and features it reads (:class:`tf_dlrm.models.ranking_mode
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import numpy as np
 
@@ -15,7 +17,9 @@ from tf_dlrm.embedding import DistributedEmbedding
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.sharding.plan import ShardingPlan, TableSpec
 from tf_dlrm.sharding.planner import make_plan, table_readers
-from tf_dlrm.embedding.table_config import FeatureConfig, feature_tables
+from tf_dlrm.embedding.table_config import FeatureConfig, Placement, TableConfig, feature_tables
+from tf_dlrm.optimizers.settings import OptimizerConfig
+from tf_dlrm.train.step import table_optimizer_of
 from tf_dlrm.cli.embedding_dims import check_width_mapping
 from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
 from tf_dlrm.spec.feature_spec import FeatureSpec
@@ -108,12 +112,33 @@ def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: in
     return memory
 
 
+def make_table_configs(spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, optimizer: OptimizerConfig | None = None,
+                       hot_rows: dict | None = None, split_embedding_tables: bool = False) -> list[TableConfig]:
+    """The model's tables as the embedding library's :class:`TableConfig` objects: rows and widths from
+    the spec and ``--embedding_dim(s)``, ``--embedding_init``, the model's own per-table optimizers
+    (Wide & Deep's ``--wide_optimizer``: the others take ``--embedding_optimizer``, ``optimizer=None``),
+    ``hot_rows`` (``{table index: ids}``, ``--hot_rows_budget``) and split bfloat16 storage of the
+    model-parallel tables (``--split_embedding_tables``) as placements."""
+    tables = model_tables(spec, config)
+    chosen = model_class(config).table_optimizers(model_params(config), tables, len(spec.categorical_features))
+    if optimizer is not None:  # the run's hyper-parameters (--adagrad_*, --adam_*) for the model's choices
+        chosen = {t: table_optimizer_of(optimizer, o.name, o.learning_rate) for t, o in chosen.items()}
+    model_parallel = set(plan.model_parallel) if plan is not None else set()
+    return [TableConfig(table.name, table.rows, table.dim, initializer=config.embedding_init_bound, optimizer=chosen.get(t),
+                        placement=Placement(hot_rows=tuple((hot_rows or {}).get(t, ())),
+                                            storage="split_bfloat16" if split_embedding_tables and t in model_parallel
+                                            else "float32"))
+            for t, table in enumerate(tables)]
+
+
 def make_embedding(spec: FeatureSpec, plan: ShardingPlan | None, config: ModelConfig, env: DistributedEnv, seed: int,
                    data_parallel_input: bool = False, deduplicate_exchange: bool = False, hot_rows: dict | None = None,
-                   split_embedding_tables: bool = False, num_shards: int | None = None):
+                   split_embedding_tables: bool = False, num_shards: int | None = None,
+                   optimizer: OptimizerConfig | None = None):
     """The unbuilt embedding layer of the model of ``config``, executing ``plan`` on ``env.rank``.
 
-    Fixed tables: a :class:`DistributedEmbedding`, or an :class:`ExpandedEmbedding` when the model
+    Fixed tables: a :class:`DistributedEmbedding` over :func:`make_table_configs`' tables (the same
+    layer and configs a user's own model holds), or an :class:`ExpandedEmbedding` when the model
     derives features from the columns (DeepFM's and Wide & Deep's width-1 features). Dynamic tables
     (:mod:`tf_dlrm.cli.dynamic_builder`): a ``DynamicEmbedding`` (the plan then only describes their
     sizes; ``num_shards``: the shards of every table, default the world size)."""
@@ -134,28 +159,28 @@ def make_embedding(spec: FeatureSpec, plan: ShardingPlan | None, config: ModelCo
                              f"--model=dlrm). Received: --model={config.name}, which derives features from the columns")
         widths = [table.dim for table in model_tables(spec, config)]  # the model may choose its tables' widths
         return dynamic_builder.make_dynamic_embedding(spec, config.embedding_init_bound, env, seed, widths, num_shards=num_shards)
+    tables = {t.name: t for t in make_table_configs(spec, plan, config, optimizer, hot_rows, split_embedding_tables)}
+    features = [dataclasses.replace(f, table=tables[f.table_name]) for f in features]
     if derived:
         from tf_dlrm.models.expanded_embedding import ExpandedEmbedding
 
-        return ExpandedEmbedding.from_plan(plan, rank=env.rank, seed=seed, features=features, sources=sources,
-                                 init_bound=config.embedding_init_bound, name="embedding")
-    return DistributedEmbedding.from_plan(plan, rank=env.rank, seed=seed, data_parallel_input=data_parallel_input, features=features,
-                                deduplicate_exchange=deduplicate_exchange, hot_rows=hot_rows,
-                                split_embedding_tables=split_embedding_tables, init_bound=config.embedding_init_bound,
-                                name="embedding")
+        return ExpandedEmbedding(features, plan=plan, env=env, seed=seed, sources=sources, name="embedding")
+    return DistributedEmbedding(features, plan=plan, env=env, seed=seed, data_parallel_input=data_parallel_input,
+                                deduplicate_exchange=deduplicate_exchange, name="embedding")
 
 
 def build_model(
     spec: FeatureSpec, plan: ShardingPlan | None, config: ModelConfig, env: DistributedEnv, seed: int,
     data_parallel_input: bool = False, deduplicate_exchange: bool = False, hot_rows: dict | None = None,
     split_embedding_tables: bool = False, serving: bool = False, num_shards: int | None = None,
+    optimizer: OptimizerConfig | None = None,
 ) -> RankingModel:
     """The built model of ``config`` (``--model`` and its hyper-parameters) on :func:`make_embedding`'s layer.
 
     Built from its widths; ``serving`` builds it by one call instead, which also records the input
     signature a SavedModel export serves."""
     embedding = make_embedding(spec, plan, config, env, seed, data_parallel_input, deduplicate_exchange, hot_rows,
-                               split_embedding_tables, num_shards)
+                               split_embedding_tables, num_shards, optimizer)
     model = model_class(config)(embedding, len(spec.numerical_features), num_categorical=len(spec.categorical_features),
                                 seed=seed, config=model_params(config))
     if serving:

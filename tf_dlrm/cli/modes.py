@@ -115,7 +115,7 @@ def open_session(config, started=None) -> Session:
     model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input,
                                 deduplicate_exchange=config.sharding.deduplicate_exchange,
                                 hot_rows=hot_rows_setup.as_layer_option(hot),
-                                split_embedding_tables=config.sharding.split_embedding_tables)
+                                split_embedding_tables=config.sharding.split_embedding_tables, optimizer=config.optimizer)
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla,
                       compress_dense_gradients=config.bf16_dense_allreduce,
                       hot_row_sync_every=config.sharding.hot_row_sync_every)

@@ -66,7 +66,7 @@ from tf_dlrm.embedding.pooling import normalize_ids, pooled_lookup
 from tf_dlrm.embedding.split_tables import check_split_options
 from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
 from tf_dlrm.embedding.planning import plan_tables
-from tf_dlrm.embedding.table_config import as_feature_config, default_features, feature_tables, tables_of
+from tf_dlrm.embedding.table_config import TableConfig, as_feature_config, default_features, feature_tables, tables_of
 from tf_dlrm.embedding.table_init import check_init_bound
 from tf_dlrm.embedding.variable_kind import VariableKind, mark, set_layout
 
@@ -113,19 +113,28 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         # Set by the training step while it traces: a user's model need not pass ``training`` down.
         self.training_default = None
         self.output_features = self.features  # every feature, in the order of the output dict
-        if plan is None:
+        if all(isinstance(f.table, TableConfig) for f in self.features):
             # Tables come from the features (the public form): the plan follows the placements.
             self.table_configs = tables_of(self.features)
             if any(t.dynamic for t in self.table_configs):
                 self._make_dynamic_layer(seed)
-            plan = plan_tables(self.table_configs, self.features, self.env.world_size, strategy=strategy,
-                               data_parallel_threshold=data_parallel_threshold, column_slice_threshold=column_slice_threshold)
+            if plan is None:
+                plan = plan_tables(self.table_configs, self.features, self.env.world_size, strategy=strategy,
+                                   data_parallel_threshold=data_parallel_threshold,
+                                   column_slice_threshold=column_slice_threshold)
+            plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
+            given = [(t.name, t.rows, t.dim) for t in plan.tables]
+            if given != [(t.name, t.vocabulary_size, t.embedding_dim) for t in self.table_configs]:
+                raise ValueError(f"Expected a plan of the features' tables. Received: a plan of {given}")
             hot_rows = {t: list(c.placement.hot_rows) for t, c in enumerate(self.table_configs) if c.placement.hot_rows}
             split = {c.placement.storage for t, c in enumerate(self.table_configs) if t in set(plan.model_parallel)}
             if len(split) > 1:
                 raise ValueError("Expected one storage for every model-parallel table (split bfloat16 tables are fused "
                                  f"with the others). Received: {sorted(split)}")
             split_embedding_tables = split == {"split_bfloat16"}
+        elif plan is None:
+            raise ValueError("Expected features holding their TableConfig objects (or a plan naming the tables). "
+                             f"Received: tables {[f.table for f in self.features]}")
         self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
         if self.plan.world_size != self.env.world_size:
             raise ValueError(f"Expected a plan for the {self.env.world_size} ranks of this run. "

@@ -4,6 +4,8 @@ A table's optimizer updates only the rows a step touched (the sparse update of
 :mod:`tf_dlrm.optimizers`); its state is shaped like the table and lives with each shard, so
 whatever moves a column slice moves its state. Every class takes ``learning_rate`` and its own
 hyper-parameters; :func:`get` also takes the snake_case name (``"lazy_adam"``) for the defaults.
+``learning_rate=None`` means the trainer's embedding rate (``main.py``'s ``--embedding_learning_rate``
+on its schedule); a table whose ``optimizer`` is None trains with the trainer's default optimizer.
 
     table = TableConfig("items", 100_000, 16, optimizer=LazyAdam(learning_rate=3e-3))
     table = TableConfig("users", 10_000, 16, optimizer="row_wise_adagrad")
@@ -20,6 +22,11 @@ from tf_dlrm.optimizers.sparse_adagrad import SparseAdagrad as _SparseAdagrad
 from tf_dlrm.optimizers.sparse_ftrl import SparseFtrl as _SparseFtrl
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD as _SparseSGD
+
+
+def _check_rate(owner: str, value) -> None:
+    if value is not None:
+        _check_positive(owner, "learning_rate", value)
 
 
 def _check_positive(owner: str, name: str, value) -> None:
@@ -40,7 +47,7 @@ class SGD:
     name = "sgd"
 
     def __post_init__(self):
-        _check_positive("SGD", "learning_rate", self.learning_rate)
+        _check_rate("SGD", self.learning_rate)
 
     def make(self) -> SparseOptimizer:
         return _SparseSGD()
@@ -56,7 +63,8 @@ class Adagrad:
     name = "adagrad"
 
     def __post_init__(self):
-        for field in ("learning_rate", "initial_accumulator_value", "epsilon"):
+        _check_rate(type(self).__name__, self.learning_rate)
+        for field in ("initial_accumulator_value", "epsilon"):
             _check_positive(type(self).__name__, field, getattr(self, field))
 
     def make(self) -> SparseOptimizer:
@@ -85,7 +93,7 @@ class LazyAdam:
     name = "lazy_adam"
 
     def __post_init__(self):
-        _check_positive("LazyAdam", "learning_rate", self.learning_rate)
+        _check_rate("LazyAdam", self.learning_rate)
         _check_fraction("LazyAdam", "beta_1", self.beta_1)
         _check_fraction("LazyAdam", "beta_2", self.beta_2)
         _check_positive("LazyAdam", "epsilon", self.epsilon)
@@ -103,7 +111,7 @@ class FTRL:
     name = "ftrl"
 
     def __post_init__(self):
-        _check_positive("FTRL", "learning_rate", self.learning_rate)
+        _check_rate("FTRL", self.learning_rate)
         _check_positive("FTRL", "initial_accumulator_value", self.initial_accumulator_value)
 
     def make(self) -> SparseOptimizer:
@@ -114,10 +122,11 @@ OPTIMIZERS = {cls.name: cls for cls in (SGD, Adagrad, RowWiseAdagrad, LazyAdam, 
 TableOptimizer = SGD | Adagrad | RowWiseAdagrad | LazyAdam | FTRL
 
 
-def get(identifier, owner: str = "a table") -> TableOptimizer:
-    """An optimizer object from itself, its snake_case name (defaults), or None (``SGD()``)."""
+def get(identifier, owner: str = "a table") -> TableOptimizer | None:
+    """An optimizer object from itself or its snake_case name (defaults); None stays None (the
+    trainer's default optimizer)."""
     if identifier is None:
-        return SGD()
+        return None
     if isinstance(identifier, tuple(OPTIMIZERS.values())):
         return identifier
     if isinstance(identifier, str) and identifier in OPTIMIZERS:
@@ -126,10 +135,12 @@ def get(identifier, owner: str = "a table") -> TableOptimizer:
                      f"tf_dlrm.embedding.optimizers. Received: optimizer={identifier!r}")
 
 
-def to_config(optimizer: TableOptimizer) -> dict:
-    return {"name": optimizer.name, **dataclasses.asdict(optimizer)}
+def to_config(optimizer: TableOptimizer | None) -> dict | None:
+    return None if optimizer is None else {"name": optimizer.name, **dataclasses.asdict(optimizer)}
 
 
-def from_config(config: dict) -> TableOptimizer:
+def from_config(config: dict | None) -> TableOptimizer | None:
+    if config is None:
+        return None
     config = dict(config)
     return OPTIMIZERS[config.pop("name")](**config)

@@ -175,7 +175,8 @@ class TableConfig:
             or ``keras.initializers.Zeros()``; drawn from ``(seed, table)`` only (see
             :func:`initial_bound`).
         optimizer: an object of :mod:`tf_dlrm.embedding.optimizers` or its snake_case name; None:
-            ``SGD()``.
+            the trainer's default (``tf_dlrm.embedding.Model``: ``SGD(learning_rate=0.01)``; ``main.py``:
+            ``--embedding_optimizer``).
         placement: ``"auto"``, ``"table_wise"``, ``"column_wise"``, ``"replicated"`` or a
             :class:`Placement`.
     """

@@ -27,6 +27,7 @@ from tf_dlrm.embedding.hot_row_exchange import combine_hot_gradient
 from tf_dlrm.embedding.hot_row_sync import HotRowSync
 from tf_dlrm.embedding.sparse_update import SparseUpdater
 from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
+from tf_dlrm.embedding.optimizers import SGD
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer
 
 
@@ -70,27 +71,34 @@ def binary_cross_entropy(label, logits):
     return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits))
 
 
-def table_optimizer_groups(embeddings) -> tuple[SparseOptimizer | None, dict, float]:
-    """``(embedding optimizer, {table: (optimizer, rate scale)}, base rate)`` from the table configs of
-    the :class:`DistributedEmbedding` layers ``embeddings`` (each table's optimizer object and rate).
+def table_optimizer_groups(embeddings, default=None) -> tuple[SparseOptimizer | None, dict, float | None]:
+    """``(base optimizer, {table: (optimizer, rate scale)}, base rate)`` from the table configs of the
+    :class:`DistributedEmbedding` layers ``embeddings``; a table without an optimizer takes ``default``
+    (an object of :mod:`tf_dlrm.embedding.optimizers`; None: ``SGD()``).
 
     The step's sparse update keeps one optimizer as the base (group 0, at the base rate, scale 1)
-    and the others as per-table choices at ``their rate / base rate``: the base is the row-wise
-    optimizer when a table has one (row-wise state is kept for the base only), else the most used.
-    Returns ``(None, {}, 1.0)`` when no layer was made from table configs."""
+    and the others as per-table choices at ``their rate / base rate`` (scale 1 for a rate of None: the
+    trainer's). The base is ``default`` when given (``main.py``: ``--embedding_optimizer``), else the
+    row-wise optimizer when a table has one (row-wise state is kept for the base only), else the one
+    of the dynamic tables (their rows train with the base), else the most used. The base rate is
+    None when the base's own rate is (the trainer's). Returns ``(None, {}, None)`` when no layer was
+    made from table configs."""
+    given = default
+    default = SGD() if default is None else default
     per_table = {}
     for layer in embeddings:
         chosen = layer.table_optimizers()
         if chosen is None:
             continue
+        chosen = {t: default if o is None else o for t, o in chosen.items()}
         if per_table and chosen:
             if len({repr(o) for o in chosen.values()} | {repr(o) for o in per_table.values()}) > 1:
                 raise ValueError("Expected one DistributedEmbedding per model when tables use different optimizers "
                                  "(table indices are per layer): put every feature in one layer")
         per_table.update(chosen)
     if not per_table:
-        return None, {}, 1.0
-    dynamic = {o for layer in embeddings for o in getattr(layer, "dynamic_optimizers", list)()}
+        return None, {}, None
+    dynamic = {default if o is None else o for layer in embeddings for o in getattr(layer, "dynamic_optimizers", list)()}
     row_wise = {o for o in list(per_table.values()) + list(dynamic) if o.make().row_wise}
     if len(row_wise) > 1:
         raise ValueError(f"Expected at most one row-wise optimizer setting per model. Received: {sorted(map(repr, row_wise))}")
@@ -98,15 +106,27 @@ def table_optimizer_groups(embeddings) -> tuple[SparseOptimizer | None, dict, fl
     for optimizer in per_table.values():
         counts[optimizer] = counts.get(optimizer, 0) + 1
     # Dynamic tables' rows (and rows that change keys) train with the base optimizer.
-    if len(dynamic) > 1 or (dynamic and row_wise and dynamic != row_wise):
+    if len(dynamic) > 1 or (dynamic and row_wise and dynamic != row_wise) or (given is not None and dynamic - {given}):
         raise ValueError("Expected one optimizer setting for every dynamic table (the base one, which a row-wise "
                          f"optimizer must be). Received: {sorted(map(repr, dynamic | row_wise))}")
-    base = row_wise.pop() if row_wise else dynamic.pop() if dynamic else \
-        max(counts, key=lambda o: (counts[o], -list(counts).index(o)))
+    if given is not None:
+        base = given
+    else:
+        base = row_wise.pop() if row_wise else dynamic.pop() if dynamic else \
+            max(counts, key=lambda o: (counts[o], -list(counts).index(o)))
     counts.setdefault(base, 0)
-    made = {o: (o.make(), o.learning_rate / base.learning_rate) for o in counts}
+
+    def scale(optimizer) -> float:
+        if optimizer.learning_rate is None or optimizer.learning_rate == base.learning_rate:
+            return 1.0
+        if base.learning_rate is None:
+            raise ValueError(f"{optimizer!r} has a rate, but the base optimizer {base!r} takes the trainer's: give "
+                             "both a learning_rate, or neither")
+        return optimizer.learning_rate / base.learning_rate
+
+    made = {o: (o.make(), scale(o)) for o in counts}
     overrides = {t: made[o] for t, o in per_table.items() if o != base}
-    return made[base][0], overrides, float(base.learning_rate)
+    return made[base][0], overrides, None if base.learning_rate is None else float(base.learning_rate)
 
 
 def embedding_layers(model) -> list:
@@ -152,7 +172,8 @@ class TrainingStep:
         self.hot_gradient_bytes_sent = tf.Variable(0, dtype=tf.int64, trainable=False, name="hot_gradient_bytes_sent")
         if sparse_optimizer is None:
             sparse_optimizer, table_optimizers, base_rate = table_optimizer_groups(embedding_layers(model))
-            embedding_rate = base_rate if embedding_rate is None else embedding_rate
+            if embedding_rate is None:
+                embedding_rate = SGD().learning_rate if base_rate is None else base_rate
             if sparse_optimizer is None:
                 raise ValueError("Expected a sparse_optimizer, or embedding layers made from TableConfig objects")
         self.embedding_rate = 1.0 if embedding_rate is None else embedding_rate

@@ -162,9 +162,11 @@ class RankingModel(keras.Model):
         ``embeddings`` as the embedding returns them -> logits ``[b, 1]`` float32."""
         raise NotImplementedError(f"{type(self).__name__} must define dense_call(numerical, embeddings)")
 
-    def table_optimizer_choices(self) -> dict[int, tuple[str, float]]:
-        """``{table index: (sparse optimizer name, base rate)}`` of tables trained with another optimizer
-        than the embedding one (0: the embedding rate); none by default."""
+    @classmethod
+    def table_optimizers(cls, config, tables: Sequence[TableSpec], num_deep: int) -> dict[int, object]:
+        """``{table index: optimizer object}`` (:mod:`tf_dlrm.embedding.optimizers`) of the tables in
+        ``tables`` (:meth:`tables`' result; the first ``num_deep`` are the deep ones) that train with
+        another optimizer than the run's embedding one; none by default."""
         return {}
 
     def describe(self, xla: bool = False) -> dict[str, dict]:

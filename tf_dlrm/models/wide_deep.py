@@ -7,6 +7,7 @@ import dataclasses
 import keras
 import tensorflow as tf
 
+from tf_dlrm.embedding import optimizers as table_optimizers
 from tf_dlrm.models.layers.factorization_machine import LinearTerm
 from tf_dlrm.models.layers.mlp import MLP
 from tf_dlrm.models import width_one_tables
@@ -77,10 +78,12 @@ class WideDeep(RankingModel):
         logits = self.wide(wide) + self.deep_mlp(self.deep_input(numerical, deep))
         return tf.cast(logits, tf.float32)
 
-    def table_optimizer_choices(self) -> dict[int, tuple[str, float]]:
-        """The wide tables, when ``wide_optimizer`` is set."""
-        config = self.model_config
+    @classmethod
+    def table_optimizers(cls, config, tables, num_deep):
+        """The wide tables (every table after the deep ones), when ``wide_optimizer`` is set, at
+        ``wide_learning_rate`` (0: the embedding rate)."""
         if not config.wide_optimizer:
             return {}
-        wide = {self.embedding.feature_tables[f] for f in range(self.num_categorical, self.embedding.num_features)}
-        return {table: (config.wide_optimizer, config.wide_learning_rate) for table in sorted(wide)}
+        optimizer = table_optimizers.get(config.wide_optimizer)
+        optimizer = dataclasses.replace(optimizer, learning_rate=config.wide_learning_rate or None)
+        return {table: optimizer for table in range(num_deep, len(tables))}

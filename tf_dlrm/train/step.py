@@ -13,14 +13,14 @@ of the exchange (the alltoall's registered gradient) from those embedding gradie
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import tensorflow as tf
 
-from tf_dlrm.embedding.training_step import TrainingStep
+from tf_dlrm.embedding import optimizers as table_optimizers
+from tf_dlrm.embedding.training_step import TrainingStep, embedding_layers, table_optimizer_groups
 from tf_dlrm.ops import kernels_off
-from tf_dlrm.optimizers.config import make_dense_optimizer, make_sparse_optimizer
+from tf_dlrm.optimizers.config import make_dense_optimizer
 from tf_dlrm.optimizers.settings import OptimizerConfig
 from tf_dlrm.parallel import collectives
 from tf_dlrm.parallel.env import DistributedEnv
@@ -61,9 +61,13 @@ class Trainer(TrainingStep):
                  compress_dense_gradients: bool = False, hot_row_sync_every: int = 1):
         self.config = config
         self.jit_compile = bool(jit_compile)
+        # Tables without an optimizer of their own take --embedding_optimizer; the others (Wide &
+        # Deep's wide tables) keep theirs, at their rate relative to the embedding rate.
+        default = table_optimizer_of(config)
+        sparse_optimizer, per_table, _ = table_optimizer_groups(embedding_layers(model), default=default)
         super().__init__(model, env, loss_fn=lambda x, y, y_pred, sample_weight: binary_cross_entropy(y, y_pred),
-                         dense_optimizer=make_dense_optimizer(config), sparse_optimizer=make_sparse_optimizer(config),
-                         table_optimizers=_table_optimizers(model, config),
+                         dense_optimizer=make_dense_optimizer(config), sparse_optimizer=sparse_optimizer or default.make(),
+                         table_optimizers=per_table,
                          embedding_weight_decay=config.embedding_weight_decay, loss_scale=config.loss_scale,
                          compress_dense_gradients=compress_dense_gradients, hot_row_sync_every=hot_row_sync_every)
         self.learning_rate = tf.Variable(config.schedule.base, dtype=tf.float32, trainable=False, name="learning_rate")
@@ -140,12 +144,20 @@ class Trainer(TrainingStep):
 
 
 
-def _table_optimizers(model, config: OptimizerConfig) -> dict:
-    """``{table: (sparse optimizer, rate scale)}`` for tables a model trains with another optimizer
-    than the embedding one (Wide & Deep's ``--wide_optimizer``), rates relative to the embedding rate."""
-    choices = model.table_optimizer_choices()
-    embedding_rate = config.embedding_learning_rate or config.schedule.base
-    # One optimizer object per (name, rate): tables sharing it may share a fused variable.
-    made = {choice: (make_sparse_optimizer(dataclasses.replace(config, embedding_optimizer=choice[0])),
-                     choice[1] / embedding_rate if choice[1] else 1.0) for choice in set(choices.values())}
-    return {table: made[choice] for table, choice in choices.items()}
+def table_optimizer_of(config: OptimizerConfig, name: str | None = None, learning_rate: float | None = None):
+    """The table optimizer (:mod:`tf_dlrm.embedding.optimizers`) that a run's settings describe:
+    ``name`` (default ``--embedding_optimizer``) with the run's hyper-parameters (``--adagrad_*``,
+    ``--adam_*``), at ``learning_rate`` (default the embedding base rate; both relative to the
+    schedule, which drives every rate)."""
+    name = name or config.embedding_optimizer
+    rate = learning_rate or config.schedule.base * config.embedding_rate_factor
+    if name in ("adagrad", "rowwise_adagrad", "row_wise_adagrad"):
+        kind = table_optimizers.Adagrad if name == "adagrad" else table_optimizers.RowWiseAdagrad
+        return kind(rate, initial_accumulator_value=config.adagrad_initial_accumulator, epsilon=config.adagrad_epsilon)
+    if name == "ftrl":
+        return table_optimizers.FTRL(rate, initial_accumulator_value=config.adagrad_initial_accumulator)
+    if name == "lazy_adam":
+        return table_optimizers.LazyAdam(rate, beta_1=config.adam_beta1, beta_2=config.adam_beta2, epsilon=config.adam_epsilon)
+    if name == "sgd":
+        return table_optimizers.SGD(rate)
+    raise ValueError(f"Expected --embedding_optimizer in {sorted(table_optimizers.OPTIMIZERS)}. Received: {name!r}")
