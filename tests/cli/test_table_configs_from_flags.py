@@ -1,0 +1,54 @@
+"""main.py's tables are the library's TableConfig objects: --embedding_optimizer for every table, except the ones
+a model trains with its own (Wide & Deep's --wide_optimizer), which keep it, with the run's hyper-parameters, at
+their rate relative to the embedding rate; --embedding_init and hot rows become each table's initializer and
+placement. A trainer that ignored the tables' optimizers would train the wide tables with lazy Adam."""
+
+from __future__ import annotations
+
+import pytest
+
+from tf_dlrm.cli import builder
+from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
+from tf_dlrm.embedding import optimizers
+from tf_dlrm.models.wide_deep import WideDeepConfig
+from tf_dlrm.optimizers.settings import LearningRateSchedule, OptimizerConfig
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.train.step import Trainer
+
+SPEC = FeatureSpec.load("feature_specs/synthetic_small.yaml", check_files=False)
+RUN = OptimizerConfig(LearningRateSchedule(0.001), embedding_optimizer="lazy_adam", embedding_learning_rate=0.004,
+                      adagrad_initial_accumulator=0.3)
+
+
+def wide_deep(rate: float) -> ModelConfig:
+    return ModelConfig(name="wide_deep", params=WideDeepConfig(deep_mlp_dims=(8,), wide_optimizer="ftrl", wide_learning_rate=rate),
+                       embedding_init_bound=0.02)
+
+
+@pytest.mark.parametrize("rate, scale", [(0.05, 0.05 / 0.004), (0.0, 1.0)])
+def test_wide_tables_keep_their_optimizer_and_rate(rate, scale):
+    config = wide_deep(rate)
+    plan = builder.make_sharding_plan(SPEC, config, ShardingConfig(), 1)
+    tables = builder.make_table_configs(SPEC, plan, config, RUN)
+    deep = len(SPEC.categorical_features)
+    assert all(t.optimizer is None for t in tables[:deep])  # the run's --embedding_optimizer
+    assert {t.optimizer for t in tables[deep:]} == {optimizers.FTRL(rate or 0.004, initial_accumulator_value=0.3)}  # 0: the embedding rate
+    assert all(t.init_bound == 0.02 for t in tables)
+    model = builder.build_model(SPEC, plan, config, DistributedEnv(), seed=1, optimizer=RUN)
+    sparse = Trainer(model, DistributedEnv(), RUN).sparse
+    assert [sparse.table_optimizer(t).name for t in range(len(tables))] == ["lazy_adam"] * deep + ["ftrl"] * (len(tables) - deep)
+    ftrl = next(choice for choice in sparse.groups.choices if choice[0].name == "ftrl")
+    assert ftrl[1] == pytest.approx(scale)
+    assert ftrl[0].slots["accumulator"] == pytest.approx(0.3)
+
+
+def test_hot_rows_and_split_storage_become_placements():
+    config = ModelConfig(embedding_dim=128)
+    plan = builder.make_sharding_plan(SPEC, config, ShardingConfig(), 2)
+    tables = builder.make_table_configs(SPEC, plan, config, RUN, hot_rows={plan.model_parallel[0]: [1, 5]},
+                                        split_embedding_tables=True)
+    first = plan.model_parallel[0]
+    assert tables[first].placement.hot_rows == (1, 5)
+    assert {tables[t].placement.storage for t in plan.model_parallel} == {"split_bfloat16"}
+    assert {tables[t].placement.storage for t in plan.replicated} <= {"float32"}
