@@ -185,7 +185,11 @@ def tf_dlrm_case(impl: str) -> tuple[str, list[str]]:
     rest = impl[len("tf_dlrm_"):]
     for model in FAMILY_MODELS:
         if rest == model or rest.startswith(model + "_"):
-            return rest[len(model) + 1:] or "lazy_adam", [f"--model={model}", "--deep_mlp_dims=64,64"]
+            optimizer = rest[len(model) + 1:] or "lazy_adam"
+            flags = [f"--model={model}", "--deep_mlp_dims=64,64"]
+            if model == "deepfm" and optimizer != "lazy_adam":
+                flags.append("--embedding_learning_rate=0.01")  # the rate DeepFM's lazy_adam gets by default (config/models.py)
+            return optimizer, flags
     return rest, []
 
 
@@ -417,9 +421,37 @@ def run_deepctr(kind: str, data: dict, spec, seed: int, max_epochs: int) -> dict
 
 # ---- driver ----------------------------------------------------------------------------------------
 
+def summarize(paths: list[str]) -> str:
+    """A markdown table per dataset from the per-seed JSON lines of earlier runs (later lines win)."""
+    runs = {}
+    for path in paths:
+        for line in open(path):
+            if line.startswith("{"):
+                record = json.loads(line)
+                if record.get("benchmark") == "quality_real" and record["seed"] != "mean":
+                    runs[(record["config"], record["impl"], record["seed"])] = record
+    out = []
+    for dataset in sorted({key[0] for key in runs}):
+        out += [f"\n**{dataset}** (test split; mean over seeds; AUC s.e.: Hanley-McNeil of one run, and of the mean "
+                "over seeds from their spread)\n", "| impl | seeds | test AUC | s.e. (H-M) | s.e. over seeds | logloss | NE "
+                "| epochs chosen | per-seed AUC |", "|---|---|---|---|---|---|---|---|---|"]
+        impls = sorted({key[1] for key in runs if key[0] == dataset},
+                       key=lambda i: -np.mean([r["auc"] for k, r in runs.items() if k[:2] == (dataset, i)]))
+        for impl in impls:
+            records = [r for k, r in sorted(runs.items(), key=lambda kv: str(kv[0][2])) if k[:2] == (dataset, impl)]
+            aucs = np.array([r["auc"] for r in records])
+            spread = f"{aucs.std(ddof=1) / np.sqrt(len(aucs)):.4f}" if len(aucs) > 1 else "-"
+            out.append(f"| {impl} | {len(records)} | {aucs.mean():.4f} | {np.mean([r['auc_se'] for r in records]):.4f} | "
+                       f"{spread} | {np.mean([r['logloss'] for r in records]):.4f} | {np.mean([r['ne'] for r in records]):.4f} | "
+                       f"{', '.join(str(r['epochs']) for r in records)} | {', '.join(f'{a:.4f}' for a in aucs)} |")
+    return "\n".join(out)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--raw_dir", required=True, help="directory holding ml-100k/ and frappe/ (see the docstring)")
+    parser.add_argument("--raw_dir", help="directory holding ml-100k/ and frappe/ (see the docstring)")
+    parser.add_argument("--summarize", default="", help="comma-separated JSON-lines outputs of earlier runs: print "
+                        "their markdown tables and exit")
     parser.add_argument("--datasets", default="movielens_100k,frappe")
     parser.add_argument("--impls", default="tf_dlrm_lazy_adam,tf_dlrm_catch_up_adam,tf_dlrm_dense_adam,keras_adam,"
                         "keras_adam_3e-3,logistic_regression")
@@ -430,6 +462,11 @@ def main():
     parser.add_argument("--deepctr_path", default="", help="a directory where `pip install --no-deps --target=DIR "
                         "deepctr` put DeepCTR (kept out of the project's environment)")
     args = parser.parse_args()
+    if args.summarize:
+        print(summarize(args.summarize.split(",")))
+        return
+    if not args.raw_dir:
+        parser.error("--raw_dir is required (the directory holding ml-100k/ and frappe/)")
     if args.deepctr_path:
         sys.path.insert(0, args.deepctr_path)
     from tf_dlrm.feature_spec import FeatureSpec

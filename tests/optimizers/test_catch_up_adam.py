@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from tf_dlrm.distributed.env import DistributedEnv
 from tf_dlrm.model.variable_kind import SliceLayout, set_layout
+from tf_dlrm.optimizers import catch_up_adam
 from tf_dlrm.optimizers.catch_up_adam import CatchUpAdam, skipped_step_tails
 from tf_dlrm.optimizers.dense_adam import DenseAdam
 from tf_dlrm.optimizers.lazy_adam import LazyAdam
@@ -76,7 +77,12 @@ def problem():
     return initial, touched, gradients, dense_adam_reference(initial, touched, gradients)
 
 
-def test_catch_up_equals_dense_adam_once_every_row_is_touched(problem):
+@pytest.mark.parametrize("path", ["kernel", "tensorflow_ops"])
+def test_catch_up_equals_dense_adam_once_every_row_is_touched(problem, path, monkeypatch):
+    if path == "kernel" and catch_up_adam.bag_kernel() is None:
+        pytest.skip("the kernel library is not built")
+    if path == "tensorflow_ops":
+        monkeypatch.setattr(catch_up_adam, "bag_kernel", lambda: None)
     initial, touched, gradients, (w, m, v) = problem
     actual, state = train(CatchUpAdam(BETA_1, BETA_2, EPSILON), initial, touched, gradients)
     np.testing.assert_allclose(actual, w, rtol=0, atol=TOLERANCE)
@@ -92,7 +98,10 @@ def test_lazy_adam_differs_from_dense_adam_on_this_problem(problem):
     assert np.abs(actual - w).max() > 1000 * TOLERANCE
 
 
-def test_catch_up_moves_only_the_touched_rows(problem):
+@pytest.mark.parametrize("path", ["kernel", "tensorflow_ops"])
+def test_catch_up_moves_only_the_touched_rows(problem, path, monkeypatch):
+    if path == "tensorflow_ops":
+        monkeypatch.setattr(catch_up_adam, "bag_kernel", lambda: None)
     initial, touched, gradients, _ = problem
     actual, state = train(CatchUpAdam(BETA_1, BETA_2, EPSILON), initial, touched[:3], gradients[:3])
     never = sorted(set(range(ROWS)) - set(np.concatenate(touched[:3]).tolist()))

@@ -594,6 +594,115 @@ class SparseApplyLazyAdamOp : public OpKernel {
   float beta_1_, beta_2_, keep_1_, keep_2_, epsilon_;
 };
 
+// Catch-up Adam on distinct rows (tf_dlrm/optimizers/catch_up_adam.py has the derivation): inputs
+// table, m, v, last_step (resources of one shape), rows [U], gradient [U, width], alpha (the
+// bias-corrected rate of this step), step (this step's number, written to last_step), and per row
+// catch_up [U] (the learning rate times the closed-form sum of the skipped steps), decay_1 [U] and
+// decay_2 [U] (beta^skipped); one pass per row, rows sharded over the threads.
+template <typename Index>
+class SparseApplyCatchUpAdamOp : public OpKernel {
+ public:
+  explicit SparseApplyCatchUpAdamOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("beta_1", &beta_1_));
+    OP_REQUIRES_OK(context, context->GetAttr("beta_2", &beta_2_));
+    OP_REQUIRES_OK(context, context->GetAttr("one_minus_beta_1", &keep_1_));
+    OP_REQUIRES_OK(context, context->GetAttr("one_minus_beta_2", &keep_2_));
+    OP_REQUIRES_OK(context, context->GetAttr("epsilon", &epsilon_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& rows = context->input(4);
+    const Tensor& gradient = context->input(5);
+    const Tensor& alpha_tensor = context->input(6);
+    const Tensor& step_tensor = context->input(7);
+    const Tensor& catch_up = context->input(8);
+    const Tensor& decay_1 = context->input(9);
+    const Tensor& decay_2 = context->input(10);
+    OP_REQUIRES(context, ::tensorflow::TensorShapeUtils::IsScalar(alpha_tensor.shape()) &&
+                             ::tensorflow::TensorShapeUtils::IsScalar(step_tensor.shape()),
+                InvalidArgument("Expected a scalar alpha and step. Received: ", alpha_tensor.shape().DebugString(), ", ",
+                                step_tensor.shape().DebugString()));
+    ::tensorflow::core::RefCountPtr<Var> variables[4];
+    for (int i = 0; i < 4; ++i) OP_REQUIRES_OK(context, LookupTable(context, i, &variables[i]));
+    std::vector<::tensorflow::mutex*> order;
+    for (auto& variable : variables) order.push_back(variable->mu());
+    std::sort(order.begin(), order.end());
+    order.erase(std::unique(order.begin(), order.end()), order.end());
+    std::vector<std::unique_ptr<::tensorflow::mutex_lock>> locks;
+    for (auto* mu : order) locks.push_back(std::make_unique<::tensorflow::mutex_lock>(*mu));
+    for (int i = 0; i < 4; ++i) OP_REQUIRES_OK(context, PrepareSparseWrite(context, variables[i].get()));
+    const TensorShape& shape = variables[0]->tensor()->shape();
+    for (int i = 1; i < 4; ++i) {
+      OP_REQUIRES(context, variables[i]->tensor()->shape() == shape,
+                  InvalidArgument("Expected m, v and last_step shaped like the table ", shape.DebugString()));
+    }
+    const int64_t count = rows.NumElements(), width = shape.dim_size(1), limit = shape.dim_size(0);
+    OP_REQUIRES(context, rows.dims() == 1 && gradient.dims() == 2 && gradient.dim_size(0) == count &&
+                             gradient.dim_size(1) == width && catch_up.NumElements() == count &&
+                             decay_1.NumElements() == count && decay_2.NumElements() == count,
+                InvalidArgument("Expected rows [U], a gradient [U, ", width, "] and per-row factors [U]. Received: ",
+                                rows.shape().DebugString(), ", ", gradient.shape().DebugString(), ", ",
+                                catch_up.shape().DebugString()));
+    const Index* row = rows.flat<Index>().data();
+    for (int64_t u = 0; u < count; ++u) {
+      OP_REQUIRES(context, static_cast<uint64_t>(static_cast<int64_t>(row[u])) < static_cast<uint64_t>(limit),
+                  InvalidArgument("row ", static_cast<int64_t>(row[u]), " at position ", u, " is outside [0, ", limit, ")"));
+    }
+    const float alpha = alpha_tensor.scalar<float>()(), step = step_tensor.scalar<float>()();
+    const float beta_1 = beta_1_, beta_2 = beta_2_, epsilon = epsilon_, keep_1 = keep_1_, keep_2 = keep_2_;
+    float* table = variables[0]->tensor()->flat<float>().data();
+    float* m = variables[1]->tensor()->flat<float>().data();
+    float* v = variables[2]->tensor()->flat<float>().data();
+    float* last = variables[3]->tensor()->flat<float>().data();
+    const float* values = gradient.flat<float>().data();
+    const float* moved = catch_up.flat<float>().data();
+    const float* fade_1 = decay_1.flat<float>().data();
+    const float* fade_2 = decay_2.flat<float>().data();
+    auto work = [&](int64_t begin, int64_t end) {
+      for (int64_t u = begin; u < end; ++u) {
+        if (u + kPrefetch < end) {
+          const int64_t ahead = static_cast<int64_t>(row[u + kPrefetch]) * width;
+          PrefetchRow(table + ahead, width);
+          PrefetchRow(m + ahead, width);
+          PrefetchRow(v + ahead, width);
+        }
+        const int64_t at = static_cast<int64_t>(row[u]) * width;
+        const float* __restrict g = values + u * width;
+        float* __restrict w = table + at;
+        float* __restrict mu = m + at;
+        float* __restrict nu = v + at;
+        float* __restrict seen = last + at;
+        const float skipped = moved[u], first_decay = beta_1 * fade_1[u], second_decay = beta_2 * fade_2[u];
+        if (skipped == 0.0f) {  // touched in the previous step, or never before: lazy Adam's pass
+          for (int64_t j = 0; j < width; ++j) {
+            const float first = first_decay * mu[j] + keep_1 * g[j];
+            const float second = second_decay * nu[j] + keep_2 * (g[j] * g[j]);
+            mu[j] = first;
+            nu[j] = second;
+            w[j] -= alpha * first / (std::sqrt(second) + epsilon);
+            seen[j] = step;
+          }
+          continue;
+        }
+        for (int64_t j = 0; j < width; ++j) {
+          const float pending = skipped * mu[j] / (std::sqrt(nu[j]) + epsilon);
+          const float first = first_decay * mu[j] + keep_1 * g[j];
+          const float second = second_decay * nu[j] + keep_2 * (g[j] * g[j]);
+          mu[j] = first;
+          nu[j] = second;
+          w[j] -= pending + alpha * first / (std::sqrt(second) + epsilon);
+          seen[j] = step;
+        }
+      }
+    };
+    auto* threads = context->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(threads->num_threads, threads->workers, count, 20 * width, work);
+  }
+
+ private:
+  float beta_1_, beta_2_, keep_1_, keep_2_, epsilon_;
+};
+
 template <typename Index>
 class SparseApplySgdOp : public OpKernel {
  public:
@@ -745,6 +854,30 @@ REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplyLazyAdam").Device(::tensorflow::D
                         SparseApplyLazyAdamOp<int32_t>);
 REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplyLazyAdam").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tindices"),
                         SparseApplyLazyAdamOp<int64_t>);
+REGISTER_OP("TfDlrmSparseApplyCatchUpAdam")
+    .Input("table: resource")
+    .Input("m: resource")
+    .Input("v: resource")
+    .Input("last_step: resource")
+    .Input("rows: Tindices")
+    .Input("gradient: float")
+    .Input("alpha: float")
+    .Input("step: float")
+    .Input("catch_up: float")
+    .Input("decay_1: float")
+    .Input("decay_2: float")
+    .Attr("Tindices: {int32, int64}")
+    .Attr("beta_1: float")
+    .Attr("beta_2: float")
+    .Attr("one_minus_beta_1: float")
+    .Attr("one_minus_beta_2: float")
+    .Attr("epsilon: float")
+    .SetShapeFn([](InferenceContext* c) { return ::tensorflow::OkStatus(); });
+
+REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplyCatchUpAdam").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int32_t>("Tindices"),
+                        SparseApplyCatchUpAdamOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplyCatchUpAdam").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tindices"),
+                        SparseApplyCatchUpAdamOp<int64_t>);
 REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplySgd").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int32_t>("Tindices"),
                         SparseApplySgdOp<int32_t>);
 REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplySgd").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tindices"),

@@ -52,7 +52,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.config.training import check_adam_arguments
-from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, gather, scatter_sub, scatter_update
+from tf_dlrm.distributed.embedding_bag import bag_kernel
+from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, gather, scatter_sub, scatter_update, tf_variable
 
 # Q is tabulated up to the step where c_n equals 1 in float64; a beta_2 that close to 1 would need a
 # longer table than is worth holding, so the table stops here (c_n is then within 1e-6 of 1 for
@@ -115,17 +116,32 @@ class CatchUpAdam(SparseOptimizer):
 
     def apply(self, variable, slots, rows, gradient, learning_rate, step, row_mean_squares=None) -> None:
         t = tf.cast(step, tf.float64)
-        last = tf.cast(gather(slots["last_step"], rows)[:, :1], tf.float64)  # [U, 1]; every column holds the same
+        # Every column of a row's last_step holds the same value: read one.
+        first_column = tf.stack([tf.cast(rows, tf.int64), tf.zeros_like(rows, tf.int64)], axis=1)
+        last = tf.cast(tf.gather_nd(tf_variable(slots["last_step"]), first_column), tf.float64)  # [U]
         skipped = tf.maximum(t - 1.0 - last, 0.0)
         rate = tf.cast(learning_rate, tf.float64)
-        catch_up = tf.cast(rate * self.skipped_sum(last, t), tf.float32)  # [U, 1]
+        # A row never touched has no momentum to catch up on (and the kernel skips rows whose factor is 0).
+        catch_up = tf.cast(tf.where(last > 0.0, rate * self.skipped_sum(last, t), 0.0), tf.float32)
         decay_1 = tf.cast(tf.pow(tf.constant(self.beta_1, tf.float64), skipped), tf.float32)
         decay_2 = tf.cast(tf.pow(tf.constant(self.beta_2, tf.float64), skipped), tf.float32)
+        alpha = tf.cast(rate * tf.sqrt(1.0 - self.beta_2**t) / (1.0 - self.beta_1**t), tf.float32)
+        library = bag_kernel()
+        if library is not None:
+            # ``rows`` are distinct (the caller summed repeated ids): one pass over the table, both
+            # moments and last_step on all threads; the ops below are the fallback without the library.
+            library.tf_dlrm_sparse_apply_catch_up_adam(
+                table=tf_variable(variable).handle, m=tf_variable(slots["m"]).handle, v=tf_variable(slots["v"]).handle,
+                last_step=tf_variable(slots["last_step"]).handle, rows=rows, gradient=gradient, alpha=alpha,
+                step=tf.cast(t, tf.float32), catch_up=catch_up, decay_1=decay_1, decay_2=decay_2, beta_1=self.beta_1,
+                beta_2=self.beta_2, one_minus_beta_1=1.0 - self.beta_1, one_minus_beta_2=1.0 - self.beta_2,
+                epsilon=self.epsilon)
+            return
+        catch_up, decay_1, decay_2 = (tf.expand_dims(x, 1) for x in (catch_up, decay_1, decay_2))
         m0, v0 = gather(slots["m"], rows), gather(slots["v"], rows)
         moved = catch_up * m0 / (tf.sqrt(v0) + self.epsilon)
         m = self.beta_1 * decay_1 * m0 + (1.0 - self.beta_1) * gradient
         v = self.beta_2 * decay_2 * v0 + (1.0 - self.beta_2) * tf.square(gradient)
-        alpha = tf.cast(rate * tf.sqrt(1.0 - self.beta_2**t) / (1.0 - self.beta_1**t), tf.float32)
         scatter_update(slots["m"], rows, m)
         scatter_update(slots["v"], rows, v)
         scatter_update(slots["last_step"], rows, tf.fill(tf.shape(m), tf.cast(t, tf.float32)))
