@@ -41,7 +41,10 @@ is next touched, so a lookup sees the row as it was at its last update (dense Ad
 it moved); and rows never touched again keep their pending moves. Per row the step of its last update
 is kept (slot ``last_step``, float32, exact up to ``2^24`` steps; beyond, ``k`` may be off by a few
 steps, whose weight ``r^k`` is then negligible). The slot has the variable's width so that a column
-slice carries its own copy (every state slot of a non-row-wise optimizer has that shape).
+slice carries its own copy (every state slot of a non-row-wise optimizer has that shape). With
+``--hot_row_sync_every`` > 1 a merge adds up every rank's change of ``last_step`` like any state, so a
+row several ranks touched gets a ``last_step`` past the current step: its next catch-up is then empty
+(``k`` is clamped at 0) and it moves as under lazy Adam; with the default of 1 hot rows are exact.
 """
 
 from __future__ import annotations
