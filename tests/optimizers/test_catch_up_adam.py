@@ -133,3 +133,16 @@ def test_skipped_step_tails_match_a_direct_sum():
 def test_bad_betas_are_refused_naming_them():
     with pytest.raises(ValueError, match=r"beta_1=0.9, beta_2=0.5"):
         CatchUpAdam(beta_1=0.9, beta_2=0.5)
+
+
+def test_one_optimizer_serves_two_traced_functions():
+    """The same optimizer object is traced into two ``tf.function`` graphs (a train step and, e.g., a
+    hot-row merge): a tensor cached from the first trace would be refused by the second."""
+    optimizer = CatchUpAdam(BETA_1, BETA_2, EPSILON)
+    tables = [tf.Variable(tf.zeros([ROWS, WIDTH])) for _ in range(2)]
+    slots = [optimizer.create_slots(table) for table in tables]
+    for table, state in zip(tables, slots):
+        update = tf.function(lambda t=table, s=state: optimizer.apply(
+            t, s, tf.constant([1, 3], tf.int64), tf.ones([2, WIDTH]), tf.constant(RATE), tf.constant(2, tf.int64)))
+        update()
+        assert np.abs(table.numpy()[[1, 3]]).min() > 0 and not table.numpy()[[0, 2]].any()

@@ -596,9 +596,11 @@ class SparseApplyLazyAdamOp : public OpKernel {
 
 // Catch-up Adam on distinct rows (tf_dlrm/optimizers/catch_up_adam.py has the derivation): inputs
 // table, m, v, last_step (resources of one shape), rows [U], gradient [U, width], alpha (the
-// bias-corrected rate of this step), step (this step's number, written to last_step), and per row
-// catch_up [U] (the learning rate times the closed-form sum of the skipped steps), decay_1 [U] and
-// decay_2 [U] (beta^skipped); one pass per row, rows sharded over the threads.
+// bias-corrected rate of this step), step (this step's number, written to last_step), tails (Q(n) of
+// the derivation, n = 0 .. N: Q(N) holds for every later n) and constants [log beta_1, log beta_2,
+// log(beta_1 / sqrt(beta_2)), learning rate], all double; one pass per row, rows sharded over the
+// threads. A row reads its last update's step from its own last_step entry, so the catch-up costs no
+// access beyond the row's.
 template <typename Index>
 class SparseApplyCatchUpAdamOp : public OpKernel {
  public:
@@ -615,13 +617,15 @@ class SparseApplyCatchUpAdamOp : public OpKernel {
     const Tensor& gradient = context->input(5);
     const Tensor& alpha_tensor = context->input(6);
     const Tensor& step_tensor = context->input(7);
-    const Tensor& catch_up = context->input(8);
-    const Tensor& decay_1 = context->input(9);
-    const Tensor& decay_2 = context->input(10);
+    const Tensor& tails_tensor = context->input(8);
+    const Tensor& constants_tensor = context->input(9);
     OP_REQUIRES(context, ::tensorflow::TensorShapeUtils::IsScalar(alpha_tensor.shape()) &&
-                             ::tensorflow::TensorShapeUtils::IsScalar(step_tensor.shape()),
-                InvalidArgument("Expected a scalar alpha and step. Received: ", alpha_tensor.shape().DebugString(), ", ",
-                                step_tensor.shape().DebugString()));
+                             ::tensorflow::TensorShapeUtils::IsScalar(step_tensor.shape()) &&
+                             tails_tensor.dims() == 1 && tails_tensor.NumElements() > 0 &&
+                             constants_tensor.NumElements() == 4,
+                InvalidArgument("Expected scalars alpha and step, tails [N + 1] and 4 constants. Received: ",
+                                alpha_tensor.shape().DebugString(), ", ", step_tensor.shape().DebugString(), ", ",
+                                tails_tensor.shape().DebugString(), ", ", constants_tensor.shape().DebugString()));
     ::tensorflow::core::RefCountPtr<Var> variables[4];
     for (int i = 0; i < 4; ++i) OP_REQUIRES_OK(context, LookupTable(context, i, &variables[i]));
     std::vector<::tensorflow::mutex*> order;
@@ -638,26 +642,29 @@ class SparseApplyCatchUpAdamOp : public OpKernel {
     }
     const int64_t count = rows.NumElements(), width = shape.dim_size(1), limit = shape.dim_size(0);
     OP_REQUIRES(context, rows.dims() == 1 && gradient.dims() == 2 && gradient.dim_size(0) == count &&
-                             gradient.dim_size(1) == width && catch_up.NumElements() == count &&
-                             decay_1.NumElements() == count && decay_2.NumElements() == count,
-                InvalidArgument("Expected rows [U], a gradient [U, ", width, "] and per-row factors [U]. Received: ",
-                                rows.shape().DebugString(), ", ", gradient.shape().DebugString(), ", ",
-                                catch_up.shape().DebugString()));
+                             gradient.dim_size(1) == width && width > 0,
+                InvalidArgument("Expected rows [U] and a gradient [U, ", width, "]. Received: ",
+                                rows.shape().DebugString(), ", ", gradient.shape().DebugString()));
     const Index* row = rows.flat<Index>().data();
     for (int64_t u = 0; u < count; ++u) {
       OP_REQUIRES(context, static_cast<uint64_t>(static_cast<int64_t>(row[u])) < static_cast<uint64_t>(limit),
                   InvalidArgument("row ", static_cast<int64_t>(row[u]), " at position ", u, " is outside [0, ", limit, ")"));
     }
-    const float alpha = alpha_tensor.scalar<float>()(), step = step_tensor.scalar<float>()();
+    const float alpha = alpha_tensor.scalar<float>()();
+    const double step = step_tensor.scalar<double>()();
+    const double* tails = tails_tensor.flat<double>().data();
+    const int64_t last_tail = tails_tensor.NumElements() - 1;
+    const double* constants = constants_tensor.flat<double>().data();
+    const double log_beta_1 = constants[0], log_beta_2 = constants[1], log_ratio = constants[2], rate = constants[3];
+    auto tail = [&](double n) { return tails[n >= static_cast<double>(last_tail) ? last_tail : static_cast<int64_t>(n)]; };
+    const double tail_before = tail(step - 1.0);
     const float beta_1 = beta_1_, beta_2 = beta_2_, epsilon = epsilon_, keep_1 = keep_1_, keep_2 = keep_2_;
+    const float now = static_cast<float>(step);
     float* table = variables[0]->tensor()->flat<float>().data();
     float* m = variables[1]->tensor()->flat<float>().data();
     float* v = variables[2]->tensor()->flat<float>().data();
     float* last = variables[3]->tensor()->flat<float>().data();
     const float* values = gradient.flat<float>().data();
-    const float* moved = catch_up.flat<float>().data();
-    const float* fade_1 = decay_1.flat<float>().data();
-    const float* fade_2 = decay_2.flat<float>().data();
     auto work = [&](int64_t begin, int64_t end) {
       for (int64_t u = begin; u < end; ++u) {
         if (u + kPrefetch < end) {
@@ -665,6 +672,7 @@ class SparseApplyCatchUpAdamOp : public OpKernel {
           PrefetchRow(table + ahead, width);
           PrefetchRow(m + ahead, width);
           PrefetchRow(v + ahead, width);
+          PrefetchRow(last + ahead, 1);
         }
         const int64_t at = static_cast<int64_t>(row[u]) * width;
         const float* __restrict g = values + u * width;
@@ -672,26 +680,29 @@ class SparseApplyCatchUpAdamOp : public OpKernel {
         float* __restrict mu = m + at;
         float* __restrict nu = v + at;
         float* __restrict seen = last + at;
-        const float skipped = moved[u], first_decay = beta_1 * fade_1[u], second_decay = beta_2 * fade_2[u];
-        if (skipped == 0.0f) {  // touched in the previous step, or never before: lazy Adam's pass
+        const double previous = seen[0], skipped = step - 1.0 - previous;
+        if (previous <= 0.0 || skipped <= 0.0) {  // never touched (no moments) or touched in the previous step
           for (int64_t j = 0; j < width; ++j) {
-            const float first = first_decay * mu[j] + keep_1 * g[j];
-            const float second = second_decay * nu[j] + keep_2 * (g[j] * g[j]);
+            const float first = beta_1 * mu[j] + keep_1 * g[j];
+            const float second = beta_2 * nu[j] + keep_2 * (g[j] * g[j]);
             mu[j] = first;
             nu[j] = second;
             w[j] -= alpha * first / (std::sqrt(second) + epsilon);
-            seen[j] = step;
+            seen[j] = now;
           }
           continue;
         }
+        const float pending = static_cast<float>(rate * (tail(previous) - std::exp(skipped * log_ratio) * tail_before));
+        const float first_decay = beta_1 * static_cast<float>(std::exp(skipped * log_beta_1));
+        const float second_decay = beta_2 * static_cast<float>(std::exp(skipped * log_beta_2));
         for (int64_t j = 0; j < width; ++j) {
-          const float pending = skipped * mu[j] / (std::sqrt(nu[j]) + epsilon);
+          const float moved = pending * mu[j] / (std::sqrt(nu[j]) + epsilon);
           const float first = first_decay * mu[j] + keep_1 * g[j];
           const float second = second_decay * nu[j] + keep_2 * (g[j] * g[j]);
           mu[j] = first;
           nu[j] = second;
-          w[j] -= pending + alpha * first / (std::sqrt(second) + epsilon);
-          seen[j] = step;
+          w[j] -= moved + alpha * first / (std::sqrt(second) + epsilon);
+          seen[j] = now;
         }
       }
     };
@@ -862,10 +873,9 @@ REGISTER_OP("TfDlrmSparseApplyCatchUpAdam")
     .Input("rows: Tindices")
     .Input("gradient: float")
     .Input("alpha: float")
-    .Input("step: float")
-    .Input("catch_up: float")
-    .Input("decay_1: float")
-    .Input("decay_2: float")
+    .Input("step: double")
+    .Input("tails: double")
+    .Input("constants: double")
     .Attr("Tindices: {int32, int64}")
     .Attr("beta_1: float")
     .Attr("beta_2: float")

@@ -99,12 +99,10 @@ class CatchUpAdam(SparseOptimizer):
         self.beta_1, self.beta_2, self.epsilon = float(beta_1), float(beta_2), float(epsilon)
         self.ratio = self.beta_1 / math.sqrt(self.beta_2)
         self._tails_values = skipped_step_tails(self.beta_1, self.beta_2)
-        self._tails = None
 
     def tails(self) -> tf.Tensor:
-        if self._tails is None:
-            self._tails = tf.constant(self._tails_values, tf.float64)
-        return self._tails
+        # A new constant per call: a tensor kept from one traced function cannot be used in another.
+        return tf.constant(self._tails_values, tf.float64)
 
     def skipped_sum(self, last_step: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
         """``S(s, k)`` for rows last updated at ``last_step`` [U] (float64), touched at ``step``."""
@@ -119,28 +117,30 @@ class CatchUpAdam(SparseOptimizer):
 
     def apply(self, variable, slots, rows, gradient, learning_rate, step, row_mean_squares=None) -> None:
         t = tf.cast(step, tf.float64)
-        # Every column of a row's last_step holds the same value: read one.
-        first_column = tf.stack([tf.cast(rows, tf.int64), tf.zeros_like(rows, tf.int64)], axis=1)
-        last = tf.cast(tf.gather_nd(tf_variable(slots["last_step"]), first_column), tf.float64)  # [U]
-        skipped = tf.maximum(t - 1.0 - last, 0.0)
         rate = tf.cast(learning_rate, tf.float64)
-        # A row never touched has no momentum to catch up on (and the kernel skips rows whose factor is 0).
-        catch_up = tf.cast(tf.where(last > 0.0, rate * self.skipped_sum(last, t), 0.0), tf.float32)
-        decay_1 = tf.cast(tf.pow(tf.constant(self.beta_1, tf.float64), skipped), tf.float32)
-        decay_2 = tf.cast(tf.pow(tf.constant(self.beta_2, tf.float64), skipped), tf.float32)
         alpha = tf.cast(rate * tf.sqrt(1.0 - self.beta_2**t) / (1.0 - self.beta_1**t), tf.float32)
         library = bag_kernel()
         if library is not None:
             # ``rows`` are distinct (the caller summed repeated ids): one pass over the table, both
-            # moments and last_step on all threads; the ops below are the fallback without the library.
+            # moments and last_step on all threads, each row's catch-up computed from its own
+            # last_step; the ops below are the fallback without the library.
+            logs = [math.log(self.beta_1) if self.beta_1 else -math.inf, math.log(self.beta_2),
+                    math.log(self.ratio) if self.ratio else -math.inf]
             library.tf_dlrm_sparse_apply_catch_up_adam(
                 table=tf_variable(variable).handle, m=tf_variable(slots["m"]).handle, v=tf_variable(slots["v"]).handle,
-                last_step=tf_variable(slots["last_step"]).handle, rows=rows, gradient=gradient, alpha=alpha,
-                step=tf.cast(t, tf.float32), catch_up=catch_up, decay_1=decay_1, decay_2=decay_2, beta_1=self.beta_1,
-                beta_2=self.beta_2, one_minus_beta_1=1.0 - self.beta_1, one_minus_beta_2=1.0 - self.beta_2,
-                epsilon=self.epsilon)
+                last_step=tf_variable(slots["last_step"]).handle, rows=rows, gradient=gradient, alpha=alpha, step=t,
+                tails=self.tails(), constants=tf.concat([tf.constant(logs, tf.float64), tf.reshape(rate, [1])], axis=0),
+                beta_1=self.beta_1, beta_2=self.beta_2, one_minus_beta_1=1.0 - self.beta_1,
+                one_minus_beta_2=1.0 - self.beta_2, epsilon=self.epsilon)
             return
-        catch_up, decay_1, decay_2 = (tf.expand_dims(x, 1) for x in (catch_up, decay_1, decay_2))
+        # Every column of a row's last_step holds the same value: read one.
+        first_column = tf.stack([tf.cast(rows, tf.int64), tf.zeros_like(rows, tf.int64)], axis=1)
+        last = tf.cast(tf_variable(slots["last_step"]).gather_nd(first_column), tf.float64)  # [U]
+        skipped = tf.maximum(t - 1.0 - last, 0.0)
+        # A row never touched has no momentum to catch up on.
+        catch_up = tf.cast(tf.where(last > 0.0, rate * self.skipped_sum(last, t), 0.0), tf.float32)[:, None]
+        decay_1 = tf.cast(tf.pow(tf.constant(self.beta_1, tf.float64), skipped), tf.float32)[:, None]
+        decay_2 = tf.cast(tf.pow(tf.constant(self.beta_2, tf.float64), skipped), tf.float32)[:, None]
         m0, v0 = gather(slots["m"], rows), gather(slots["v"], rows)
         moved = catch_up * m0 / (tf.sqrt(v0) + self.epsilon)
         m = self.beta_1 * decay_1 * m0 + (1.0 - self.beta_1) * gradient
