@@ -8,7 +8,9 @@ zero ``[rows, width]`` gradient and the ordinary Adam update runs on the whole v
     m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2,   w -= lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps)
 
 For large tables use :mod:`tf_dlrm.optimizers.catch_up_adam`, which applies the same zero-gradient
-steps to a row only when it is next touched.
+steps to a row only when it is next touched. Split bfloat16 tables (``--split_embedding_tables``) run
+the optimizer on a scratch copy of the touched rows only, where this is lazy Adam: use catch-up Adam
+there.
 """
 
 from __future__ import annotations
