@@ -71,7 +71,7 @@ def train(optimizer: str, kernel: bool, monkeypatch):
 
 
 @pytest.mark.skipif(bag_kernel() is None, reason="the kernel library is not built")
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad", "lazy_adam", "ftrl"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad", "lazy_adam", "ftrl", "catch_up_adam", "dense_adam"])
 def test_kernel_steps_equal_the_tensorflow_path(optimizer, monkeypatch):
     with_kernel, marked = train(optimizer, True, monkeypatch)
     without, unmarked = train(optimizer, False, monkeypatch)

@@ -594,6 +594,126 @@ class SparseApplyLazyAdamOp : public OpKernel {
   float beta_1_, beta_2_, keep_1_, keep_2_, epsilon_;
 };
 
+// Catch-up Adam on distinct rows (tf_dlrm/optimizers/catch_up_adam.py has the derivation): inputs
+// table, m, v, last_step (resources of one shape), rows [U], gradient [U, width], alpha (the
+// bias-corrected rate of this step), step (this step's number, written to last_step), tails (Q(n) of
+// the derivation, n = 0 .. N: Q(N) holds for every later n) and constants [log beta_1, log beta_2,
+// log(beta_1 / sqrt(beta_2)), learning rate], all double; one pass per row, rows sharded over the
+// threads. A row reads its last update's step from its own last_step entry, so the catch-up costs no
+// access beyond the row's.
+template <typename Index>
+class SparseApplyCatchUpAdamOp : public OpKernel {
+ public:
+  explicit SparseApplyCatchUpAdamOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("beta_1", &beta_1_));
+    OP_REQUIRES_OK(context, context->GetAttr("beta_2", &beta_2_));
+    OP_REQUIRES_OK(context, context->GetAttr("one_minus_beta_1", &keep_1_));
+    OP_REQUIRES_OK(context, context->GetAttr("one_minus_beta_2", &keep_2_));
+    OP_REQUIRES_OK(context, context->GetAttr("epsilon", &epsilon_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& rows = context->input(4);
+    const Tensor& gradient = context->input(5);
+    const Tensor& alpha_tensor = context->input(6);
+    const Tensor& step_tensor = context->input(7);
+    const Tensor& tails_tensor = context->input(8);
+    const Tensor& constants_tensor = context->input(9);
+    OP_REQUIRES(context, ::tensorflow::TensorShapeUtils::IsScalar(alpha_tensor.shape()) &&
+                             ::tensorflow::TensorShapeUtils::IsScalar(step_tensor.shape()) &&
+                             tails_tensor.dims() == 1 && tails_tensor.NumElements() > 0 &&
+                             constants_tensor.NumElements() == 4,
+                InvalidArgument("Expected scalars alpha and step, tails [N + 1] and 4 constants. Received: ",
+                                alpha_tensor.shape().DebugString(), ", ", step_tensor.shape().DebugString(), ", ",
+                                tails_tensor.shape().DebugString(), ", ", constants_tensor.shape().DebugString()));
+    ::tensorflow::core::RefCountPtr<Var> variables[4];
+    for (int i = 0; i < 4; ++i) OP_REQUIRES_OK(context, LookupTable(context, i, &variables[i]));
+    std::vector<::tensorflow::mutex*> order;
+    for (auto& variable : variables) order.push_back(variable->mu());
+    std::sort(order.begin(), order.end());
+    order.erase(std::unique(order.begin(), order.end()), order.end());
+    std::vector<std::unique_ptr<::tensorflow::mutex_lock>> locks;
+    for (auto* mu : order) locks.push_back(std::make_unique<::tensorflow::mutex_lock>(*mu));
+    for (int i = 0; i < 4; ++i) OP_REQUIRES_OK(context, PrepareSparseWrite(context, variables[i].get()));
+    const TensorShape& shape = variables[0]->tensor()->shape();
+    for (int i = 1; i < 4; ++i) {
+      OP_REQUIRES(context, variables[i]->tensor()->shape() == shape,
+                  InvalidArgument("Expected m, v and last_step shaped like the table ", shape.DebugString()));
+    }
+    const int64_t count = rows.NumElements(), width = shape.dim_size(1), limit = shape.dim_size(0);
+    OP_REQUIRES(context, rows.dims() == 1 && gradient.dims() == 2 && gradient.dim_size(0) == count &&
+                             gradient.dim_size(1) == width && width > 0,
+                InvalidArgument("Expected rows [U] and a gradient [U, ", width, "]. Received: ",
+                                rows.shape().DebugString(), ", ", gradient.shape().DebugString()));
+    const Index* row = rows.flat<Index>().data();
+    for (int64_t u = 0; u < count; ++u) {
+      OP_REQUIRES(context, static_cast<uint64_t>(static_cast<int64_t>(row[u])) < static_cast<uint64_t>(limit),
+                  InvalidArgument("row ", static_cast<int64_t>(row[u]), " at position ", u, " is outside [0, ", limit, ")"));
+    }
+    const float alpha = alpha_tensor.scalar<float>()();
+    const double step = step_tensor.scalar<double>()();
+    const double* tails = tails_tensor.flat<double>().data();
+    const int64_t last_tail = tails_tensor.NumElements() - 1;
+    const double* constants = constants_tensor.flat<double>().data();
+    const double log_beta_1 = constants[0], log_beta_2 = constants[1], log_ratio = constants[2], rate = constants[3];
+    auto tail = [&](double n) { return tails[n >= static_cast<double>(last_tail) ? last_tail : static_cast<int64_t>(n)]; };
+    const double tail_before = tail(step - 1.0);
+    const float beta_1 = beta_1_, beta_2 = beta_2_, epsilon = epsilon_, keep_1 = keep_1_, keep_2 = keep_2_;
+    const float now = static_cast<float>(step);
+    float* table = variables[0]->tensor()->flat<float>().data();
+    float* m = variables[1]->tensor()->flat<float>().data();
+    float* v = variables[2]->tensor()->flat<float>().data();
+    float* last = variables[3]->tensor()->flat<float>().data();
+    const float* values = gradient.flat<float>().data();
+    auto work = [&](int64_t begin, int64_t end) {
+      for (int64_t u = begin; u < end; ++u) {
+        if (u + kPrefetch < end) {
+          const int64_t ahead = static_cast<int64_t>(row[u + kPrefetch]) * width;
+          PrefetchRow(table + ahead, width);
+          PrefetchRow(m + ahead, width);
+          PrefetchRow(v + ahead, width);
+          PrefetchRow(last + ahead, 1);
+        }
+        const int64_t at = static_cast<int64_t>(row[u]) * width;
+        const float* __restrict g = values + u * width;
+        float* __restrict w = table + at;
+        float* __restrict mu = m + at;
+        float* __restrict nu = v + at;
+        float* __restrict seen = last + at;
+        const double previous = seen[0], skipped = step - 1.0 - previous;
+        if (previous <= 0.0 || skipped <= 0.0) {  // never touched (no moments) or touched in the previous step
+          for (int64_t j = 0; j < width; ++j) {
+            const float first = beta_1 * mu[j] + keep_1 * g[j];
+            const float second = beta_2 * nu[j] + keep_2 * (g[j] * g[j]);
+            mu[j] = first;
+            nu[j] = second;
+            w[j] -= alpha * first / (std::sqrt(second) + epsilon);
+            seen[j] = now;
+          }
+          continue;
+        }
+        const float pending = static_cast<float>(rate * (tail(previous) - std::exp(skipped * log_ratio) * tail_before));
+        const float first_decay = beta_1 * static_cast<float>(std::exp(skipped * log_beta_1));
+        const float second_decay = beta_2 * static_cast<float>(std::exp(skipped * log_beta_2));
+        for (int64_t j = 0; j < width; ++j) {
+          const float moved = pending * mu[j] / (std::sqrt(nu[j]) + epsilon);
+          const float first = first_decay * mu[j] + keep_1 * g[j];
+          const float second = second_decay * nu[j] + keep_2 * (g[j] * g[j]);
+          mu[j] = first;
+          nu[j] = second;
+          w[j] -= moved + alpha * first / (std::sqrt(second) + epsilon);
+          seen[j] = now;
+        }
+      }
+    };
+    auto* threads = context->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(threads->num_threads, threads->workers, count, 20 * width, work);
+  }
+
+ private:
+  float beta_1_, beta_2_, keep_1_, keep_2_, epsilon_;
+};
+
 template <typename Index>
 class SparseApplySgdOp : public OpKernel {
  public:
@@ -745,6 +865,29 @@ REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplyLazyAdam").Device(::tensorflow::D
                         SparseApplyLazyAdamOp<int32_t>);
 REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplyLazyAdam").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tindices"),
                         SparseApplyLazyAdamOp<int64_t>);
+REGISTER_OP("TfDlrmSparseApplyCatchUpAdam")
+    .Input("table: resource")
+    .Input("m: resource")
+    .Input("v: resource")
+    .Input("last_step: resource")
+    .Input("rows: Tindices")
+    .Input("gradient: float")
+    .Input("alpha: float")
+    .Input("step: double")
+    .Input("tails: double")
+    .Input("constants: double")
+    .Attr("Tindices: {int32, int64}")
+    .Attr("beta_1: float")
+    .Attr("beta_2: float")
+    .Attr("one_minus_beta_1: float")
+    .Attr("one_minus_beta_2: float")
+    .Attr("epsilon: float")
+    .SetShapeFn([](InferenceContext* c) { return ::tensorflow::OkStatus(); });
+
+REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplyCatchUpAdam").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int32_t>("Tindices"),
+                        SparseApplyCatchUpAdamOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplyCatchUpAdam").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tindices"),
+                        SparseApplyCatchUpAdamOp<int64_t>);
 REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplySgd").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int32_t>("Tindices"),
                         SparseApplySgdOp<int32_t>);
 REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplySgd").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tindices"),

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import keras
 
-from tf_dlrm.optimizers.settings import OptimizerConfig
+# The config lives in a TF-free module (flags parse into it); kept importable from here.
+from tf_dlrm.config.training import EMBEDDING_OPTIMIZERS, OPTIMIZERS, OptimizerConfig  # noqa: F401
+from tf_dlrm.optimizers.catch_up_adam import CatchUpAdam
+from tf_dlrm.optimizers.dense_adam import DenseAdam
 from tf_dlrm.optimizers.lamb import Lamb
 from tf_dlrm.optimizers.lazy_adam import LazyAdam
 from tf_dlrm.optimizers.rowwise_adagrad import RowwiseAdagrad
@@ -37,6 +40,10 @@ def make_sparse_optimizer(config: OptimizerConfig) -> SparseOptimizer:
         return SparseFtrl(config.adagrad_initial_accumulator)
     if name == "lazy_adam":
         return LazyAdam(config.adam_beta1, config.adam_beta2, config.adam_epsilon)
+    if name == "catch_up_adam":
+        return CatchUpAdam(config.adam_beta1, config.adam_beta2, config.adam_epsilon)
+    if name == "dense_adam":
+        return DenseAdam(config.adam_beta1, config.adam_beta2, config.adam_epsilon)
     return SparseSGD()
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 OPTIMIZERS = ("sgd", "adam", "adagrad", "lamb")
-EMBEDDING_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "lazy_adam", "ftrl")
+EMBEDDING_OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "lazy_adam", "ftrl", "catch_up_adam", "dense_adam")
 
 
 def check_adam_arguments(beta_1: float, beta_2: float, epsilon: float) -> None:

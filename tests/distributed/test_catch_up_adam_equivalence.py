@@ -1,0 +1,50 @@
+"""N Horovod ranks train the same DLRM as one process with the Adam variants of the table-optimizer
+study (``catch_up_adam``, ``dense_adam``): tables, MLP weights and both optimizers' state match.
+
+The cases are :mod:`test_equivalence`'s stateful ones (4 steps with a warmup, Adam on the MLPs,
+table-wise and column-wise, hot rows) with these optimizers, run by the same worker in one launch per
+world size; the tolerances are that module's, derived there (only the order of float32 sums differs
+between the runs). ``catch_up_adam``'s ``last_step`` slot is per element like its moments, so a column
+slice carries its own copy and the state comparison covers it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import launch_cases
+from test_equivalence import BASE, HOT, STATEFUL, WORKER, references_dir
+
+OPTIMIZERS = ("catch_up_adam", "dense_adam")
+COMMON = {"optimizer": "adam", "dense_learning_rate": 0.01, "adam_epsilon": 1e-4, "magnitude_floor": BASE["learning_rate"]}
+CASES = [{**STATEFUL, **COMMON, "name": f"{optimizer}_{strategy}", "strategy": strategy, "embedding_optimizer": optimizer}
+         for optimizer in OPTIMIZERS for strategy in ("table_wise", "column_wise")]
+CASES += [{**HOT, **COMMON, "name": f"hot_catch_up_adam_{strategy}", "strategy": strategy, "embedding_optimizer": "catch_up_adam"}
+          for strategy in ("table_wise", "column_wise")]
+SLOTS = {"catch_up_adam": ["m", "v", "last_step"], "dense_adam": ["m", "v"]}
+_results: dict[int, list[dict]] = {}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("world_size", (2, 3))
+def test_n_ranks_equal_one_process(world_size, tmp_path_factory, monkeypatch):
+    import test_equivalence
+
+    monkeypatch.setattr(test_equivalence, "CASES", CASES)  # the one-process references of these cases
+    monkeypatch.setattr(test_equivalence, "_references", _references)
+    directory = tmp_path_factory.mktemp(f"catch_up_np{world_size}")
+    env = {"EQUIVALENCE_REFERENCE_DIR": references_dir(tmp_path_factory), "HOROVOD_CYCLE_TIME": "5"}
+    records = launch_cases(world_size, WORKER, CASES, directory, env=env)
+    assert sorted({r["case"] for r in records}) == sorted(c["name"] for c in CASES)
+    for record in records:
+        where = f"{record['case']} at N={world_size}, rank {record['rank']} owning {record['rank_slices']}"
+        case = next(c for c in CASES if c["name"] == record["case"])
+        assert record["forward"]["abs"] <= 1e-6, f"{where}: forward differs {record['forward']}"
+        assert record["tables"]["rel"] <= 1e-5, f"{where}: tables differ {record['tables']}"
+        assert record["mlp"]["rel"] <= 1e-5, f"{where}: MLP weights differ {record['mlp']}"
+        assert record["embedding_state"]["rel"] <= 1e-5, f"{where}: embedding optimizer state differs {record['embedding_state']}"
+        assert record["tables_moved"] > 1e-4, f"{where}: training did not change the tables"
+        assert record["state_slots"] == SLOTS[case["embedding_optimizer"]], where
+
+
+_references: dict[str, str] = {}
