@@ -246,7 +246,7 @@ def load_split(spec, split: str):
 
 
 def split_rows(path: str, split: str) -> int:
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.spec.feature_spec import FeatureSpec
 
     spec = FeatureSpec.load(os.path.join(path, "feature_spec.yaml"))
     return len(load_split(spec, split)[2])
@@ -469,7 +469,7 @@ def main():
         parser.error("--raw_dir is required (the directory holding ml-100k/ and frappe/)")
     if args.deepctr_path:
         sys.path.insert(0, args.deepctr_path)
-    from tf_dlrm.feature_spec import FeatureSpec
+    from tf_dlrm.spec.feature_spec import FeatureSpec
 
     seeds = [int(s) for s in args.seeds.split(",")]
     for dataset in args.datasets.split(","):

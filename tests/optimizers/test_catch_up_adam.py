@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_dlrm.distributed.env import DistributedEnv
-from tf_dlrm.model.variable_kind import SliceLayout, set_layout
+from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.embedding.variable_kind import SliceLayout, set_layout
 from tf_dlrm.optimizers import catch_up_adam
 from tf_dlrm.optimizers.catch_up_adam import CatchUpAdam, skipped_step_tails
 from tf_dlrm.optimizers.dense_adam import DenseAdam
 from tf_dlrm.optimizers.lazy_adam import LazyAdam
-from tf_dlrm.train.sparse_update import SparseUpdater
+from tf_dlrm.embedding.sparse_update import SparseUpdater
 
 ROWS, WIDTH, STEPS, RATE = 8, 3, 60, 0.05
 BETA_1, BETA_2, EPSILON = 0.9, 0.999, 1e-8

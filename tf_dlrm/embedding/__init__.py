@@ -3,7 +3,8 @@
 - :class:`TableConfig` / :class:`FeatureConfig`: tables (rows, width, initializer, optimizer,
   placement) apart from the features that read them (hotness, ragged, combiner); a feature holds
   its table object, so features can share a table. :mod:`tf_dlrm.embedding.optimizers` holds the
-  table optimizers (``SGD``, ``Adagrad``, ``RowWiseAdagrad``, ``LazyAdam``, ``FTRL``);
+  table optimizers (``SGD``, ``Adagrad``, ``RowWiseAdagrad``, ``LazyAdam``, ``CatchUpAdam``, ``DenseAdam``,
+  ``FTRL``);
   :class:`Placement` asks for a sharding, hot rows or split bfloat16 storage.
 - :class:`DistributedEmbedding`: a Keras layer, ``{feature: ids} -> {feature: [batch, dim]}``; under
   Horovod each rank passes its local batch, tables are sharded table-wise / column-wise or

@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from tf_dlrm.optimizers.catch_up_adam import CatchUpAdam as _CatchUpAdam
+from tf_dlrm.optimizers.dense_adam import DenseAdam as _DenseAdam
 from tf_dlrm.optimizers.lazy_adam import LazyAdam as _LazyAdam
 from tf_dlrm.optimizers.rowwise_adagrad import RowwiseAdagrad as _RowwiseAdagrad
 from tf_dlrm.optimizers.sparse_adagrad import SparseAdagrad as _SparseAdagrad
@@ -103,6 +105,28 @@ class LazyAdam:
 
 
 @dataclasses.dataclass(frozen=True)
+class CatchUpAdam(LazyAdam):
+    """Lazy Adam that, when a row is touched again, first applies in closed form the steps it skipped
+    (its moments decay, its momentum keeps moving it), so the row ends where dense Adam would put it;
+    one more state slot (each row's last step) than lazy Adam."""
+
+    name = "catch_up_adam"
+
+    def make(self) -> SparseOptimizer:
+        return _CatchUpAdam(self.beta_1, self.beta_2, self.epsilon)
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseAdam(LazyAdam):
+    """Adam on the whole table every step (Keras' dense Adam): for small tables only."""
+
+    name = "dense_adam"
+
+    def make(self) -> SparseOptimizer:
+        return _DenseAdam(self.beta_1, self.beta_2, self.epsilon)
+
+
+@dataclasses.dataclass(frozen=True)
 class FTRL:
     """FTRL-Proximal without regularisation (the wide part of Wide & Deep)."""
 
@@ -118,8 +142,8 @@ class FTRL:
         return _SparseFtrl(self.initial_accumulator_value)
 
 
-OPTIMIZERS = {cls.name: cls for cls in (SGD, Adagrad, RowWiseAdagrad, LazyAdam, FTRL)}
-TableOptimizer = SGD | Adagrad | RowWiseAdagrad | LazyAdam | FTRL
+OPTIMIZERS = {cls.name: cls for cls in (SGD, Adagrad, RowWiseAdagrad, LazyAdam, CatchUpAdam, DenseAdam, FTRL)}
+TableOptimizer = SGD | Adagrad | RowWiseAdagrad | LazyAdam | CatchUpAdam | DenseAdam | FTRL
 
 
 def get(identifier, owner: str = "a table") -> TableOptimizer | None:

@@ -54,8 +54,8 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tf_dlrm.config.training import check_adam_arguments
-from tf_dlrm.distributed.embedding_bag import bag_kernel
+from tf_dlrm.optimizers.settings import check_adam_arguments
+from tf_dlrm.ops.embedding_bag import bag_kernel
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, gather, scatter_sub, scatter_update, tf_variable
 
 # Q is tabulated up to the step where c_n equals 1 in float64; a beta_2 that close to 1 would need a

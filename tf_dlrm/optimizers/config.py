@@ -17,7 +17,7 @@ from __future__ import annotations
 import keras
 
 # The config lives in a TF-free module (flags parse into it); kept importable from here.
-from tf_dlrm.config.training import EMBEDDING_OPTIMIZERS, OPTIMIZERS, OptimizerConfig  # noqa: F401
+from tf_dlrm.optimizers.settings import EMBEDDING_OPTIMIZERS, OPTIMIZERS, OptimizerConfig  # noqa: F401
 from tf_dlrm.optimizers.catch_up_adam import CatchUpAdam
 from tf_dlrm.optimizers.dense_adam import DenseAdam
 from tf_dlrm.optimizers.lamb import Lamb

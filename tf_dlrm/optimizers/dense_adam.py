@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tf_dlrm.config.training import check_adam_arguments
+from tf_dlrm.optimizers.settings import check_adam_arguments
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, tf_variable
 
 

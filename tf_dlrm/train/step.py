@@ -118,7 +118,7 @@ class Trainer(TrainingStep):
         tables = [v.value for v in self.shards + self.replicated + self.padding + self.hot]
         with tf.GradientTape() as tape:
             tape.watch(tables)
-            # training=True: a dynamic table (tf_dlrm.dynamic) inserts new keys only in training.
+            # training=True: a dynamic table (tf_dlrm.embedding.dynamic) inserts new keys only in training.
             embeddings = self.model.embedding(categorical, local_batch=tf.shape(numerical)[0], training=True)
         loss, embedding_gradient, mlp_gradients = self._dense_gradients(numerical, embeddings, y)
         table_gradients = tape.gradient(embeddings, tables, output_gradients=embedding_gradient)
@@ -156,8 +156,9 @@ def table_optimizer_of(config: OptimizerConfig, name: str | None = None, learnin
         return kind(rate, initial_accumulator_value=config.adagrad_initial_accumulator, epsilon=config.adagrad_epsilon)
     if name == "ftrl":
         return table_optimizers.FTRL(rate, initial_accumulator_value=config.adagrad_initial_accumulator)
-    if name == "lazy_adam":
-        return table_optimizers.LazyAdam(rate, beta_1=config.adam_beta1, beta_2=config.adam_beta2, epsilon=config.adam_epsilon)
+    if name in ("lazy_adam", "catch_up_adam", "dense_adam"):
+        kind = table_optimizers.OPTIMIZERS[name]
+        return kind(rate, beta_1=config.adam_beta1, beta_2=config.adam_beta2, epsilon=config.adam_epsilon)
     if name == "sgd":
         return table_optimizers.SGD(rate)
     raise ValueError(f"Expected --embedding_optimizer in {sorted(table_optimizers.OPTIMIZERS)}. Received: {name!r}")
