@@ -90,8 +90,8 @@ def check_milliseconds(pair, batches: int, repeats: int = 5) -> float:
 
 def build_trainer(config, spec, seed):
     from tf_dlrm.distributed.env import DistributedEnv
-    from tf_dlrm.train import builder
     from tf_dlrm.models.dlrm import DLRMConfig
+    from tf_dlrm.train import builder
     from tf_dlrm.train.schedule import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 

@@ -56,8 +56,8 @@ def main():
     from tf_dlrm.dynamic.routing import DynamicTableConfig
     from tf_dlrm.feature_spec import FeatureSpec
     from tf_dlrm.models.dlrm import DLRM
-    from tf_dlrm.train import builder
     from tf_dlrm.models.dlrm import DLRMConfig
+    from tf_dlrm.train import builder
     from tf_dlrm.train.schedule import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 

@@ -47,8 +47,8 @@ def split_paths(spec, split: str = "train") -> list[str]:
 def make_reader(spec, config, seed: int):
     """The reader of rank 0 of one process, with the plan's global/local categorical split."""
     from tf_dlrm.data.reader import SplitBinaryReader
-    from tf_dlrm.train import builder
     from tf_dlrm.models.dlrm import DLRMConfig
+    from tf_dlrm.train import builder
 
     model = builder.ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
     plan = builder.make_sharding_plan(spec, model, builder.ShardingConfig(), 1)

@@ -66,8 +66,8 @@ class ModelCase:
             self.batches = [(tf.constant(n), tuple(tf.constant(i) for i in ids), tf.constant(l)) for n, ids, l in batches]
         else:
             from tf_dlrm.distributed.env import DistributedEnv
-            from tf_dlrm.train import builder
             from tf_dlrm.models import registry
+            from tf_dlrm.train import builder
             from tf_dlrm.train.schedule import LearningRateSchedule
             from tf_dlrm.train.step import OptimizerConfig, Trainer
 

@@ -72,8 +72,8 @@ def main(argv=None) -> None:
     from tf_dlrm.data.reader import SplitBinaryReader
     from tf_dlrm.distributed.pooling import pooled_lookup
     from tf_dlrm.feature_spec import FeatureSpec
-    from tf_dlrm.train import builder
     from tf_dlrm.models.dlrm import DLRMConfig
+    from tf_dlrm.train import builder
     from tf_dlrm.train.schedule import LearningRateSchedule
     from tf_dlrm.train.step import OptimizerConfig, Trainer
 

@@ -134,7 +134,6 @@ class Case:
         import tensorflow as tf
 
         from tf_dlrm.train import builder
-        from tf_dlrm.models.dlrm import DLRMConfig
 
         self.name = name
         self.impl, self.amp, self.xla = ALL_CASES[name]
@@ -203,6 +202,7 @@ class Case:
         import tensorflow as tf
 
         from tf_dlrm.distributed.env import DistributedEnv
+        from tf_dlrm.models.dlrm import DLRMConfig
         from tf_dlrm.train import builder
         from tf_dlrm.train.schedule import LearningRateSchedule
         from tf_dlrm.train.step import OptimizerConfig, Trainer
