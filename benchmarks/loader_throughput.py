@@ -50,7 +50,6 @@ def make_reader(spec, config, seed: int):
     from tf_dlrm.cli import builder
     from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
     from tf_dlrm.models.dlrm import DLRMConfig
-    from tf_dlrm.train import builder
 
     model = ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
     plan = builder.make_sharding_plan(spec, model, ShardingConfig(), 1)
