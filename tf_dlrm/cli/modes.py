@@ -384,7 +384,7 @@ def run_export(config) -> dict:
             manifest = checkpoint_store.read_manifest(directory)
             checkpoint_store.verify_files(directory, manifest)
             export.check_kind(directory, manifest, spec)  # before the spec comparison: the clearer error
-            checkpoint.check_compatible(directory, manifest, spec, config.model, builder.model_identity(config.model))
+            checkpoint_store.check_compatible(directory, manifest, spec, config.model, builder.model_identity(config.model))
             info = export.export_checkpoint(directory, manifest, config.saved_model_path, spec, config.model)
             outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started}
         except (ValueError, TypeError, KeyError, OSError) as error:  # every rank raises it below
