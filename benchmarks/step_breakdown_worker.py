@@ -135,7 +135,7 @@ def main(argv=None) -> None:
 
     @tf.function
     def gradients(numerical, categorical, label):
-        loss, tables, mlp = trainer._gradients(numerical, categorical, label)
+        loss, _, tables, mlp = trainer._gradients((numerical, categorical), label, None)
         shards = tables[:len(trainer.shards)]
         replicated = [trainer.sparse.pack_replicated(g, v) for g, v in
                       zip(tables[len(trainer.shards):len(trainer.shards) + len(trainer.replicated)], trainer.replicated)]

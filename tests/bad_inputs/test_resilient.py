@@ -26,7 +26,11 @@ def events(log) -> list[dict]:
 
 
 def rank_process(root: psutil.Process, rank: str):
-    for child in root.children(recursive=True):
+    try:
+        children = root.children(recursive=True)
+    except psutil.NoSuchProcess:  # a process of the tree exited while it was walked: look again later
+        return None
+    for child in children:
         try:
             if "main.py" in " ".join(child.cmdline()) and child.environ().get("HOROVOD_RANK") == rank:
                 return child

@@ -134,7 +134,8 @@ def test_dot_interaction_gradient_matches_autodiff(include_diagonal):
 def test_float16_dynamic_loss_scale_skips_overflowing_steps():
     from tf_dlrm.parallel.env import DistributedEnv
     from tf_dlrm.optimizers.settings import LearningRateSchedule
-    from tf_dlrm.train.step import LossScale, Trainer
+    from tf_dlrm.embedding.training_step import LossScale
+    from tf_dlrm.train.step import Trainer
     from tf_dlrm.optimizers.settings import OptimizerConfig
 
     model = small_model(policy="mixed_float16")

@@ -39,10 +39,14 @@ def _faults(extra: dict) -> int:
 
 def test_the_pool_is_the_default_and_large_tensors_stop_faulting():
     pooled, malloc = _faults({}), _faults({cpu_allocator.VARIABLE: "false"})
-    # Each step's two 64 MiB temporaries are 32,768 fresh 4 KiB pages under malloc (mmap'd and
-    # unmapped again); the pool reuses the same blocks. Measured here (the script alone): 0 and 655,400.
-    assert malloc > 40 * 16384, (pooled, malloc)
-    assert pooled * 20 < malloc, (pooled, malloc)
+    # Each step's two 64 MiB temporaries are 32,768 fresh 4 KiB pages when they are mapped anew each
+    # step; the pool reuses the same blocks, so its 40 steps fault far fewer pages than one step's worth.
+    assert pooled < 16384, (pooled, malloc)
+    # Where malloc hands large blocks back to the system (glibc on the EPYC machines: 655,400 faults for
+    # the script alone), the pool must do 20 times better. Some machines' malloc keeps them (a Xeon
+    # here faulted 1-3 pages either way): then there is nothing to compare.
+    if malloc > 40 * 16384:
+        assert pooled * 20 < malloc, (pooled, malloc)
 
 
 def test_an_explicit_setting_wins_and_the_line_says_which(monkeypatch):
