@@ -35,7 +35,7 @@ from tf_dlrm.preprocessing.input_blocks import Block
 from tf_dlrm.preprocessing.splits import TRAIN, InputFile, SplitPlan
 from tf_dlrm.preprocessing.vocabulary import CountAccumulator, CountTable, Vocabulary
 
-DEFAULT_BLOCK_BYTES = 1 << 20  # numpy temporaries of a 1 MiB block stay in the CPU's L2 cache
+DEFAULT_BLOCK_BYTES = 1 << 20  # small, so that a block's numpy temporaries fit a CPU's L2 cache
 COUNT_TASK_BYTES = 32 << 20
 TRANSFORM_TASK_BYTES = 8 << 20
 
