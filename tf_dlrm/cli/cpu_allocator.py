@@ -4,7 +4,7 @@ TensorFlow's default CPU allocator passes every tensor to malloc, and glibc serv
 (above its mmap threshold, 32 MiB at most) with fresh pages from the kernel and returns them when
 the tensor dies: every step then page-faults its big activations and exchange buffers in again,
 and a rank spends a large share of its CPU time in the kernel. TensorFlow's BFC allocator keeps
-freed blocks for reuse, so a step's buffers are faulted in once (README, *The CPU allocator*, has
+freed blocks for reuse, so a step's buffers are faulted in once (benchmarks/results/performance.md, *The CPU allocator*, has
 the measurements).
 
 TensorFlow reads ``TF_CPU_ALLOCATOR_USE_BFC`` when it creates the allocator, at the process's first

@@ -2,7 +2,7 @@
 
 Every cycle (Horovod's default is short) each rank's Horovod background thread wakes and coordinates
 with the others over Gloo, whether or not a collective is waiting. Ranks that share a machine's cores
-pay for those wake-ups in compute, so a long step gains from a longer cycle (README, "Where a -np 2
+pay for those wake-ups in compute, so a long step gains from a longer cycle (benchmarks/results/performance.md, "Where a -np 2
 step's time goes", has the measurements). A longer cycle delays each collective by up to one cycle,
 which a step of a tiny model feels, and a step of seconds does not.
 

@@ -58,7 +58,7 @@ def define_flags(argv=None) -> None:
     f.DEFINE_float("learning_rate", 0.001, "Base of the learning-rate schedule. Given on the command line, it is also the "
                    "rate of each optimizer whose own rate flag (--dense_learning_rate, --embedding_learning_rate) is "
                    "not given (or 0); else those flags' tuned defaults apply.")
-    # Defaults chosen by benchmarks/sweep_defaults.py (README, "Model quality").
+    # Defaults chosen by benchmarks/sweep_defaults.py (benchmarks/results/model_quality.md).
     f.DEFINE_enum("optimizer", "adam", list(OPTIMIZERS), "Optimizer of the MLPs, on the gradient averaged over ranks.")
     f.DEFINE_float("dense_learning_rate", 0.001, "Base learning rate of the MLPs' optimizer, on the schedule of "
                    "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. Adam wants about 1e-3, SGD about 0.5.")
@@ -88,7 +88,7 @@ def define_flags(argv=None) -> None:
     f.DEFINE_float("loss_scale", 0.0, "Loss scale for mixed_float16: > 0 static, 0 dynamic (ignored for float32 and bfloat16).")
     f.DEFINE_bool("xla", False, "Compile the dense part of the step with XLA.")
     f.DEFINE_bool("bf16_dense_allreduce", False, "Under --amp (bfloat16) with several ranks: average the MLP gradients as "
-                  "bfloat16 (half the bytes, two collectives instead of one; slower over a loopback, see the README).")
+                  "bfloat16 (half the bytes, two collectives instead of one; slower over a loopback, see benchmarks/results/performance.md).")
     f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise"], "How embedding tables are sharded.")
     f.DEFINE_integer("column_slice_threshold", None, "Tables with more elements than this are column-sliced.")
     f.DEFINE_integer("data_parallel_threshold", 2048, "Tables with fewer rows are replicated (data-parallel).")

@@ -9,7 +9,7 @@ from typing import Sequence
 from tf_dlrm.embedding.table_init import check_init_bound
 from tf_dlrm.sharding.plan import Strategy
 
-# Keras's Embedding draws from [-0.05, 0.05]; see the README's "Model quality" for the measurement
+# Keras's Embedding draws from [-0.05, 0.05]; see benchmarks/results/model_quality.md for the measurement
 # that made it the default over the DLRM reference's 1/sqrt(rows).
 DEFAULT_EMBEDDING_INIT_BOUND = 0.05
 

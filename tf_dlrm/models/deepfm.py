@@ -36,7 +36,7 @@ class DeepFM(RankingModel):
     Config = DeepFMConfig
     # Its embeddings reach the logit only through the deep MLP's first layer and the FM term, where
     # one step of a D-wide embedding moves the logit about as much as one step of a width-1 weight:
-    # at the flag's 0.003 they learn too slowly in a short run (README "Model quality": on
+    # at the flag's 0.003 they learn too slowly in a short run (benchmarks/results/model_quality.md: on
     # synthetic_small 0.01 raised DeepFM from 0.8101 to 0.8173 at 100k rows, 0.8196 to 0.8223 at
     # 300k; measured with lazy_adam, and applied with it only).
     embedding_learning_rates = {"lazy_adam": 0.01}

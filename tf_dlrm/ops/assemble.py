@@ -4,7 +4,7 @@ After the exchange a rank holds what every source sent (one flat tensor: source 
 block after source s-1's) and the ``[b, R]`` lookups of its replicated tables. The layer's output
 is their columns in feature order. Without the kernel that is split + concat, concat and a column
 permutation: three copies of every row forward and four backward, each a pass over memory as long
-as the lookups themselves (README "Where a -np 2 step's time goes" has the timings).
+as the lookups themselves (benchmarks/results/performance.md, "Where a -np 2 step's time goes", has the timings).
 :func:`assemble_columns` writes each output row once from where its columns lie, and its gradient
 writes each part's gradient once, in the part's own shape (the flat one goes straight back into the
 alltoall's gradient).

@@ -3,7 +3,7 @@
 bfloat16 pays off on a CPU only where TensorFlow's oneDNN kernels run it natively: AVX-512 BF16
 (``vdpbf16ps``) or AMX-BF16 tiles. Elsewhere (AVX2-only CPUs such as many AMD EPYCs) TensorFlow's
 Eigen kernels convert every operand to float32, multiply, and round back: the same work as fp32 plus
-the conversions, so ``--amp`` is faster than fp32 only where bf16 is native (README, *bf16 and the CPU*,
+the conversions, so ``--amp`` is faster than fp32 only where bf16 is native (benchmarks/results/performance.md, *bf16 and the CPU*,
 has the measurements).
 
 ``--amp`` takes three values: ``true`` (bf16 on CPU whatever the CPU, with a notice where it is
