@@ -79,21 +79,22 @@ def horovodrun():
 
 # Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) a test file is one unit of work, so
 # module- and session-level caches (a launch whose records many tests read) run once, not once per
-# worker; the files below share `tests/train/checkpoint_runs.py`'s cached launches and form one unit.
-SHARED_RUN_FILES = {"tests/train/" + name for name in (
-    "test_checkpoint.py", "test_export.py", "test_modes.py", "test_resume.py", "test_model_family_runs.py")}
+# worker; the files below share `tests/checkpoint/checkpoint_runs.py`'s cached launches and form one unit.
+SHARED_RUN_FILES = {
+    "tests/checkpoint/test_checkpoint.py", "tests/cli/test_export.py", "tests/cli/test_modes.py",
+    "tests/checkpoint/test_resume.py", "tests/train/test_model_family_runs.py"}
 # Slowest first (from `pytest --durations=0` on the 2-core CI machine's kind), so that the last unit
 # a worker picks up is a short one and the two workers end together.
 SLOWEST_UNITS = (
-    "tests/distributed/test_equivalence.py", "tests/train/test_main_training.py",
-    "tests/distributed/test_split_tables.py", "checkpoint_runs", "tests/dynamic/test_dynamic_main_checkpoint.py",
-    "tests/dynamic/test_dynamic_equivalence.py", "tests/train/test_amp_xla.py", "tests/distributed/test_hot_row_sync.py",
-    "tests/distributed/test_model_family_equivalence.py", "tests/test_dockerfile.py", "tests/bad_inputs/test_bad_inputs.py",
-    "tests/embedding/test_two_layers.py", "tests/train/test_table_larger_than_a_process.py",
-    "tests/dynamic/test_dynamic_main.py", "tests/train/test_multi_hot_training.py", "tests/bad_inputs/test_resilient.py",
-    "tests/benchmarks/test_benchmarks_smoke.py", "tests/dynamic/test_dynamic_checkpoint.py",
+    "tests/embedding/test_equivalence.py", "tests/train/test_main_training.py",
+    "tests/embedding/test_split_tables.py", "checkpoint_runs", "tests/embedding/dynamic/test_dynamic_main_checkpoint.py",
+    "tests/embedding/dynamic/test_dynamic_equivalence.py", "tests/train/test_amp_xla.py", "tests/embedding/test_hot_row_sync.py",
+    "tests/models/test_model_family_equivalence.py", "tests/test_dockerfile.py", "tests/bad_inputs/test_bad_inputs.py",
+    "tests/embedding/test_two_layers.py", "tests/checkpoint/test_table_larger_than_a_process.py",
+    "tests/embedding/dynamic/test_dynamic_main.py", "tests/train/test_multi_hot_training.py", "tests/bad_inputs/test_resilient.py",
+    "tests/benchmarks/test_benchmarks_smoke.py", "tests/embedding/dynamic/test_dynamic_checkpoint.py",
     "tests/benchmarks/test_step_breakdown.py", "tests/bad_inputs/test_signals.py",
-    "tests/distributed/test_dedup_exchange.py", "tests/bad_inputs/test_checkpoint_safety.py",
+    "tests/embedding/test_dedup_exchange.py", "tests/bad_inputs/test_checkpoint_safety.py",
 )
 
 

@@ -47,7 +47,7 @@ def events(log, name) -> list[dict]:
 def test_user_model_through_main(tmp_path_factory):
     import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "train"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoint"))
     from checkpoint_runs import dataset
 
     data = dataset(tmp_path_factory)
@@ -85,7 +85,7 @@ def test_user_model_through_main(tmp_path_factory):
         assert json.load(handle)["model"] == MODEL
     batch, labels = validation_split(data, str(out / "valid.npz"))
     served = str(out / "served.npy")
-    run_python(["tests/train/serve_saved_model.py", saved, batch, served])
+    run_python(["tests/cli/serve_saved_model.py", saved, batch, served])
     from tf_dlrm.metrics import exact_auc
 
     assert abs(exact_auc(labels, np.load(served)) - restored["auc"]) <= 1e-6

@@ -276,7 +276,7 @@ def _reference_weights(reference, num_tables: int) -> list:
 
 def worker(cases_path: str, out_dir: str) -> None:
     """Under horovodrun: every case at N ranks vs the single-process reference, both in ``policy``."""
-    sys.path.insert(0, os.path.join(REPO, "tests", "distributed"))
+    sys.path.insert(0, os.path.join(REPO, "tests", "embedding"))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
 import yaml
 
-from checkpoint_runs import dataset, model_flags, run_worker
-from conftest import run_python
+# checkpoint_runs (beside test_checkpoint.py) caches the launches these files share.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoint"))
+from checkpoint_runs import dataset, model_flags, run_worker  # noqa: E402
+from conftest import run_python  # noqa: E402
 
 pytestmark = pytest.mark.multirank
 
@@ -96,5 +99,5 @@ def test_model_checkpoint_reshards_and_exports(model, tmp_path_factory, tmp_path
     with open(os.path.join(saved, "tf_dlrm_serving.json")) as handle:
         assert json.load(handle)["model"] == model
     served = str(tmp_path / "served.npy")
-    run_python(["tests/train/serve_saved_model.py", saved, os.path.join(run["out"], f"predict_{model}_batch.npz"), served])
+    run_python(["tests/cli/serve_saved_model.py", saved, os.path.join(run["out"], f"predict_{model}_batch.npz"), served])
     np.testing.assert_allclose(np.load(served), one_process, rtol=0, atol=1e-6)

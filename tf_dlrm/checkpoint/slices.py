@@ -30,7 +30,7 @@ from tf_dlrm.checkpoint import store
 from tf_dlrm.checkpoint.store import CheckpointError
 
 # A save's or restore's memory overhead grows with the chunk (likely freed chunks the allocator keeps), and
-# tests/train/test_table_larger_than_a_process.py bounds that overhead: a few MiB keep it small while each
+# tests/checkpoint/test_table_larger_than_a_process.py bounds that overhead: a few MiB keep it small while each
 # write stays large.
 CHUNK_BYTES = 4 << 20
 

@@ -16,7 +16,7 @@ LIMIT_SECONDS = 60
 
 
 def start(args):
-    command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "tests/distributed/failure_worker.py", *args]
+    command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "tests/parallel/failure_worker.py", *args]
     return subprocess.Popen(command, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -1,6 +1,6 @@
 """Checkpoints across table forms: split bf16 tables <-> float32 tables (``--split_embedding_tables``).
 
-Usage: ``[horovodrun -np N] python tests/train/split_checkpoint_worker.py DATA OUT_DIR``. Under ``--amp``:
+Usage: ``[horovodrun -np N] python tests/checkpoint/split_checkpoint_worker.py DATA OUT_DIR``. Under ``--amp``:
 
 1. trains 3 steps with split tables and saves ``OUT_DIR/split/ckpt-3`` (through ``main.py``'s code);
 2. trains 3 steps with float32 tables and saves ``OUT_DIR/float32/ckpt-3``;

@@ -1,6 +1,6 @@
 """Run under horovodrun: an N-rank DLRM on dynamic tables vs one process on the same keys and seed.
 
-Usage: ``horovodrun -np N python tests/dynamic/dynamic_equivalence_worker.py CASES.json OUT_DIR``.
+Usage: ``horovodrun -np N python tests/embedding/dynamic/dynamic_equivalence_worker.py CASES.json OUT_DIR``.
 The reference is one process holding ``reference_shards`` shards ("world": N shards, the same
 row-wise ownership and so the same per-shard capacity and evictions; 1: one plain table, for cases
 whose capacity never fills). Every rank writes ``OUT_DIR/rank<r>.json`` with, per case:

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "preprocessing"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "preprocessing"))
 from criteo_reference import TSV_SAMPLE, files_of  # noqa: E402
 
 from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess  # noqa: E402

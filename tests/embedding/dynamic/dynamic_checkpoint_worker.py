@@ -1,6 +1,6 @@
 """Save at N ranks, restore at M, continue; or train uninterrupted (issue #16 checkpoints).
 
-Usage: ``[horovodrun -np N] python tests/dynamic/dynamic_checkpoint_worker.py MODE CASE.json DIR``
+Usage: ``[horovodrun -np N] python tests/embedding/dynamic/dynamic_checkpoint_worker.py MODE CASE.json DIR``
 
 - ``save``: trains ``first_steps`` steps, saves the dynamic tables (``DIR/dynamic``) and the dense
   state (``DIR/dense.npz``: MLP weights, dense optimizer variables, trainer step) from rank 0;

@@ -39,7 +39,7 @@ _results: dict[int, list[dict]] = {}
 def results_for(world_size: int, tmp_path_factory) -> list[dict]:
     if world_size not in _results:
         directory = tmp_path_factory.mktemp(f"model_family_np{world_size}")
-        _results[world_size] = launch_cases(world_size, "tests/distributed/model_family_worker.py", CASES, directory)
+        _results[world_size] = launch_cases(world_size, "tests/models/model_family_worker.py", CASES, directory)
     return _results[world_size]
 
 

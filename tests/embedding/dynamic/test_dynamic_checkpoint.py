@@ -3,7 +3,7 @@ training continued: equal to one uninterrupted run (rows, optimizer state, MLP, 
 
 Tolerances: rows, state and MLP within 1e-5 absolute, logits within 1e-6 (the same float32
 reduction-order argument as test_dynamic_equivalence.py; the restore itself copies exact values).
-Adam's epsilon is 1e-4 here, as in tests/distributed/test_equivalence.py: these embedding gradients
+Adam's epsilon is 1e-4 here, as in tests/embedding/test_equivalence.py: these embedding gradients
 are ~1e-5 (sqrt(v) ~ 1e-5), and with epsilon 1e-8 lazy Adam's step lr * m / sqrt(v) does not depend on
 the gradient's size, so a gradient that cancels to a few units of roundoff moves a weight by up to
 lr times its *relative* rounding noise (seen: 1.16e-5 after 6 steps at lr 0.1, from 2 ranks then 3
@@ -23,7 +23,7 @@ CASE = {"seed": 5, "global_batch": 24, "learning_rate": 0.1, "new_keys_per_step"
         "embedding_optimizer": "lazy_adam", "adam_epsilon": 1e-4,
         "tables": [{"name": "a", "capacity": 300, "width": 4, "eviction": "lru"},
                    {"name": "b", "capacity": 300, "width": 4, "min_count": 2}]}
-WORKER = "tests/dynamic/dynamic_checkpoint_worker.py"
+WORKER = "tests/embedding/dynamic/dynamic_checkpoint_worker.py"
 
 
 @pytest.mark.multirank

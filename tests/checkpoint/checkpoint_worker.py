@@ -1,6 +1,6 @@
 """Runs several ``main.py``-style tasks in one process (one horovodrun launch), for the checkpoint tests.
 
-Usage: ``[horovodrun -np N] python tests/train/checkpoint_worker.py TASKS.json OUT_DIR``. Each task is
+Usage: ``[horovodrun -np N] python tests/checkpoint/checkpoint_worker.py TASKS.json OUT_DIR``. Each task is
 ``{"name", "action", "argv", "expect_error"?}`` with ``argv`` the flags of ``main.py``:
 
 - ``train`` / ``mode``: what ``main.py`` does with those flags (training, or eval/inference/export);

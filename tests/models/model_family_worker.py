@@ -1,6 +1,6 @@
 """Run under horovodrun: DCNv2, DeepFM and Wide & Deep on N ranks vs the same model in one process.
 
-Usage: ``horovodrun -np N python tests/distributed/model_family_worker.py CASES.json OUT_DIR``.
+Usage: ``horovodrun -np N python tests/models/model_family_worker.py CASES.json OUT_DIR``.
 The reference is the same model class built on a one-process plan (every table whole and local);
 the records are those of :mod:`equivalence_worker` (forward, pooled embeddings, gathered tables,
 dense weights and optimizer state after a few steps).
@@ -15,7 +15,7 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "embedding"))
 from equivalence_worker import (  # noqa: E402
     FLOOR, NUM_NUMERICAL, local_inputs, make_batches, max_differences, reference_inputs, worst,
 )

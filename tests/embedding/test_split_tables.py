@@ -150,7 +150,7 @@ def test_unsupported_combinations_are_refused_naming_the_flag():
 
 
 def test_flag_reaches_the_config():
-    sys.path.insert(0, os.path.join(REPO, "tests", "train"))
+    sys.path.insert(0, os.path.join(REPO, "tests", "checkpoint"))
     from checkpoint_worker import parse
 
     assert parse(["--dataset_path=x", "--amp", "--split_embedding_tables"]).sharding.split_embedding_tables is True
@@ -162,7 +162,7 @@ def results_for(world_size: int, path: str, tmp_path_factory) -> list[dict]:
 
     if (world_size, path) not in _results:
         directory = tmp_path_factory.mktemp(f"split_tables_np{world_size}_{path}")
-        _results[(world_size, path)] = launch_cases(world_size, "tests/distributed/split_tables_worker.py", CASES, directory,
+        _results[(world_size, path)] = launch_cases(world_size, "tests/embedding/split_tables_worker.py", CASES, directory,
                                                     env=ARITHMETIC_PATHS[path])
     return _results[(world_size, path)]
 
@@ -202,7 +202,7 @@ def test_checkpoints_move_between_split_and_float32_tables(world_size, tmp_path_
     spec = FeatureSpec.load(os.path.join(REPO, "feature_specs", "synthetic_small.yaml"), check_files=False)
     generate(spec, data, num_train_samples=1536, num_valid_samples=768, seed=1)
     out = str(tmp_path_factory.mktemp(f"split_checkpoint_np{world_size}"))
-    worker = "tests/train/split_checkpoint_worker.py"
+    worker = "tests/checkpoint/split_checkpoint_worker.py"
     if world_size == 1:
         subprocess.run([sys.executable, worker, data, out], cwd=REPO, env=worker_env(), check=True, capture_output=True, timeout=600)
     else:

@@ -1,7 +1,7 @@
 """A table larger than one process's memory limit trains, checkpoints and restores (N=2 -> N=3).
 
 One table of 8,388,608 rows x 64 float32 values (2 GiB) and every rank in a memory cgroup of its
-own limited to 1.8 GiB (``tests/train/limited_main.py``; resident memory and page cache, no swap;
+own limited to 1.8 GiB (``tests/checkpoint/limited_main.py``; resident memory and page cache, no swap;
 ``ulimit -v`` is no use here: TensorFlow reserves gigabytes of address space it never touches): one
 process cannot hold the model (the planner refuses it by the numbers, and without the budget flag the
 kernel kills it), while two ranks holding 32 of its 64 columns each train, save a sharded checkpoint (every rank

@@ -14,7 +14,7 @@ from conftest import launch
 @pytest.mark.multirank
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_deduplicated_exchange_equals_the_plain_one(world_size, tmp_path):
-    launch(world_size, ["tests/distributed/dedup_worker.py", str(tmp_path)], timeout=600)
+    launch(world_size, ["tests/embedding/dedup_worker.py", str(tmp_path)], timeout=600)
     for strategy in ("table_wise", "column_wise", "auto"):
         for rank in range(world_size):
             record = json.loads((tmp_path / f"{strategy}_rank{rank}.json").read_text())

@@ -1,7 +1,7 @@
 """``--hot_row_sync_every=S``: hot-row replicas updated locally, merged every S steps (tf_dlrm/embedding/hot_row_sync.py).
 
 One ``horovodrun`` launch per world size (2 and 3) runs every case of :data:`CASES`
-(``tests/distributed/hot_row_sync_worker.py`` says what each measures). Rows 0, 2 and 4 of every
+(``tests/embedding/hot_row_sync_worker.py`` says what each measures). Rows 0, 2 and 4 of every
 model-parallel table are hot and ids are drawn from 0..5, so about half the lookups are hot and
 every rank touches hot rows in every step.
 
@@ -57,7 +57,7 @@ def results_for(world_size, tmp_path_factory, dataset) -> list[dict]:
     if world_size not in _results:
         directory = tmp_path_factory.mktemp(f"hot_sync_np{world_size}")
         cases = CASES + [checkpoint_case(dataset, directory, world_size)]
-        _results[world_size] = launch_cases(world_size, os.path.join(REPO, "tests/distributed/hot_row_sync_worker.py"),
+        _results[world_size] = launch_cases(world_size, os.path.join(REPO, "tests/embedding/hot_row_sync_worker.py"),
                                             cases, directory)
     return _results[world_size]
 

@@ -7,7 +7,7 @@ where capacity never fills; where it does (evictions, rejections, admission by c
 holding the same N shards (capacity and eviction are per shard, and a key's shard is fixed by its
 hash, so this is the only single-process run that can take the same decisions).
 
-Tolerances as tests/distributed/test_equivalence.py: logits within 1e-6 absolute (sums of at most
+Tolerances as tests/embedding/test_equivalence.py: logits within 1e-6 absolute (sums of at most
 16 float32 terms of order 1: gamma_16 ~ 9.5e-7), rows, optimizer state and MLP weights within 1e-5
 absolute after 4-5 steps (only the order of float32 sums differs: the exchange sums each key's
 gradient over ranks before the shard's own deduplication, gamma_24 ~ 1.4e-6 per step of lr 0.1).
@@ -44,7 +44,7 @@ _results: dict[int, list[dict]] = {}
 def results_for(world_size, tmp_path_factory):
     if world_size not in _results:
         directory = tmp_path_factory.mktemp(f"dynamic_np{world_size}")
-        _results[world_size] = launch_cases(world_size, "tests/dynamic/dynamic_equivalence_worker.py", CASES, directory)
+        _results[world_size] = launch_cases(world_size, "tests/embedding/dynamic/dynamic_equivalence_worker.py", CASES, directory)
     return _results[world_size]
 
 

@@ -1,6 +1,6 @@
 """Run under horovodrun: hot-row replicas with bounded staleness (``--hot_row_sync_every``).
 
-Usage: ``horovodrun -np N python tests/distributed/hot_row_sync_worker.py CASES.json OUT_DIR``; every
+Usage: ``horovodrun -np N python tests/embedding/hot_row_sync_worker.py CASES.json OUT_DIR``; every
 rank writes one record per case to ``OUT_DIR/rank<r>.json``. Cases (``kind``):
 
 - ``exact_vs_merge``: SGD; a trainer combining the hot rows' gradients every step (the exact path)
@@ -26,7 +26,7 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
-from tests.distributed.equivalence_worker import local_inputs, make_batches, make_model  # noqa: E402
+from tests.embedding.equivalence_worker import local_inputs, make_batches, make_model  # noqa: E402
 from tf_dlrm.parallel import collectives  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
 from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
@@ -137,7 +137,7 @@ def state_merge(case, env):
 
 
 def checkpoint(case, env):
-    from tests.train.checkpoint_worker import parse
+    from tests.checkpoint.checkpoint_worker import parse
     from tf_dlrm.cli import builder, modes
     from tf_dlrm.checkpoint.slices import read_table
     from tf_dlrm.checkpoint.store import read_manifest

@@ -1,6 +1,6 @@
 """Run under horovodrun: split bf16 tables vs a float32 master-weight reference (``--split_embedding_tables``).
 
-Usage: ``horovodrun -np N python tests/distributed/split_tables_worker.py CASES.json OUT_DIR``.
+Usage: ``horovodrun -np N python tests/embedding/split_tables_worker.py CASES.json OUT_DIR``.
 
 Three DLRMs under ``mixed_bfloat16``, same seed, same batches, each case's optimizers:
 

@@ -32,7 +32,7 @@ import yaml
 from conftest import HOROVODRUN, REPO, launch, run_python, worker_env
 
 STEPS, EVERY = 10, 5
-WORKER = "tests/train/checkpoint_worker.py"
+WORKER = "tests/checkpoint/checkpoint_worker.py"
 SAVE_DELAY_S = 0.4  # per table: a save takes ~3 s, a window to kill it in
 _cache: dict = {}
 

@@ -1,6 +1,6 @@
 """Run under horovodrun: N-rank DLRM vs the single-process reference on the same data and seed.
 
-Usage: ``horovodrun -np N python tests/distributed/equivalence_worker.py CASES.json OUT_DIR``.
+Usage: ``horovodrun -np N python tests/embedding/equivalence_worker.py CASES.json OUT_DIR``.
 For each case every rank writes the largest differences it saw into ``OUT_DIR/rank<r>.json``:
 
 - ``initial_tables``: gathered full tables (on rank 0) vs the reference's initial tables;

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
 
-from checkpoint_runs import STEPS, single, straight
-from conftest import run_python
+# checkpoint_runs (beside test_checkpoint.py) caches the launches these files share.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoint"))
+from checkpoint_runs import STEPS, single, straight  # noqa: E402
+from conftest import run_python  # noqa: E402
 
 pytestmark = pytest.mark.multirank
 
@@ -19,7 +22,7 @@ def test_saved_model_predicts_like_the_training_model(tmp_path_factory, tmp_path
     batch = os.path.join(run["out"], "predict_batch.npz")
     served = str(tmp_path / "served.npy")
     # A fresh interpreter that never imports tf_dlrm (the script checks) loads it with tf.saved_model.load.
-    run_python(["tests/train/serve_saved_model.py", run["saved_model"], batch, served])
+    run_python(["tests/cli/serve_saved_model.py", run["saved_model"], batch, served])
     probabilities = np.load(served)
     one_process = np.load(os.path.join(run["out"], "predict_predictions.npy"))
     two_ranks = np.load(os.path.join(straight(tmp_path_factory)["out"], "predict_predictions.npy"))

@@ -12,7 +12,7 @@ from tf_dlrm.data.synthetic import generate
 from tf_dlrm.sharding.dynamic_routing import mix64
 from tf_dlrm.spec.feature_spec import FeatureSpec
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def test_hashed_keys_replace_ids_one_to_one(tmp_path):

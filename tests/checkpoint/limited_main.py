@@ -1,6 +1,6 @@
 """``main.py`` in a memory cgroup of its own, for the big-table test.
 
-    python tests/train/limited_main.py LIMIT_BYTES GROUP_PREFIX [main.py flags...]
+    python tests/checkpoint/limited_main.py LIMIT_BYTES GROUP_PREFIX [main.py flags...]
 
 Creates the memory cgroup ``GROUP_PREFIX<rank>`` (cgroup v2, or v1's memory hierarchy) limited to
 LIMIT_BYTES of resident memory (page cache included, as the kernel charges it; no swap), moves this

@@ -14,7 +14,7 @@ from conftest import launch
 @pytest.mark.multirank
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_bfloat16_mean_equals_the_exact_mean_within_two_roundings(world_size, tmp_path):
-    launch(world_size, ["tests/distributed/compressed_mean_worker.py", str(tmp_path)], timeout=300)
+    launch(world_size, ["tests/parallel/compressed_mean_worker.py", str(tmp_path)], timeout=300)
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
     assert all(r["values"] == records[0]["values"] for r in records)  # identical on every rank
     worst = max(r["worst_relative"] for r in records)

@@ -108,7 +108,7 @@ CASES += [
 ]
 CASE_BY_NAME = {c["name"]: c for c in CASES}
 WORLD_SIZES = (2, 3, 4)
-WORKER = "tests/distributed/equivalence_worker.py"
+WORKER = "tests/embedding/equivalence_worker.py"
 _results: dict[int, list[dict]] = {}
 _references: dict[str, str] = {}
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
-from checkpoint_runs import STEPS, single
+# checkpoint_runs (beside test_checkpoint.py) caches the launches these files share.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoint"))
+from checkpoint_runs import STEPS, single  # noqa: E402
 
 pytestmark = pytest.mark.multirank
 

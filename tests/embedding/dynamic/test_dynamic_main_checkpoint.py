@@ -38,7 +38,7 @@ def datasets(tmp_path_factory):
     from tf_dlrm.spec.feature_spec import FeatureSpec
 
     root = tmp_path_factory.mktemp("dynamic_main_checkpoint")
-    spec = FeatureSpec.load(os.path.join(os.path.dirname(__file__), "..", "..", "feature_specs", "synthetic_small.yaml"),
+    spec = FeatureSpec.load(os.path.join(os.path.dirname(__file__), "..", "..", "..", "feature_specs", "synthetic_small.yaml"),
                             check_files=False)
     generate(spec, str(root / "keys"), TRAIN, VALID, seed=3, config=GeneratorConfig(hashed_keys=True))
     generate(spec, str(root / "ids"), TRAIN, VALID, seed=3)
