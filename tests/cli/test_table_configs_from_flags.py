@@ -52,3 +52,36 @@ def test_hot_rows_and_split_storage_become_placements():
     assert tables[first].placement.hot_rows == (1, 5)
     assert {tables[t].placement.storage for t in plan.model_parallel} == {"split_bfloat16"}
     assert {tables[t].placement.storage for t in plan.replicated} <= {"float32"}
+
+
+def test_dynamic_spec_builds_the_same_layer_with_dynamic_placements():
+    """--keys=hashed data (every table dynamic) runs on DistributedEmbedding like every other spec: each
+    table a dynamic placement holding the spec's capacity, eviction, min_count and capacity scope."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_dlrm.embedding import DistributedEmbedding
+
+    raw = {"feature_spec": {"label": {"dtype": "bool"}, "num_0": {"dtype": "float16"},
+                            "user": {"dtype": "int64", "dynamic": True, "capacity": 300, "eviction": "lfu",
+                                     "min_count": 2, "capacity_scope": "total"},
+                            "item": {"dtype": "int64", "dynamic": True, "capacity": 200}},
+           "channel_spec": {"label": ["label"], "numerical": ["num_0"], "categorical": ["user", "item"]}}
+    spec = FeatureSpec.from_dict(raw, source="s.yaml")
+    from tf_dlrm.models.dlrm import DLRMConfig
+
+    config = ModelConfig(embedding_dim=4, params=DLRMConfig(bottom_mlp_dims=(4,), top_mlp_dims=(1,)))
+    model = builder.build_model(spec, None, config, DistributedEnv(), seed=1, optimizer=RUN)
+    embedding = model.embedding
+    assert isinstance(embedding, DistributedEmbedding) and embedding.dynamic_only
+    storage = {f.name: f.table.placement.dynamic for f in embedding.features}
+    assert (storage["user"].capacity, storage["user"].eviction, storage["user"].min_count,
+            storage["user"].capacity_scope) == (300, "lfu", 2, "total")
+    assert (storage["item"].capacity, storage["item"].eviction, storage["item"].min_count) == (200, "none", 1)
+    keys = [tf.constant([7, 10**12, 7], tf.int64), tf.constant([-3, 5, 5], tf.int64)]
+    seen = embedding(keys, training=True)
+    assert seen.shape == (3, 2, 4)
+    # min_count=2: user key 7 (seen twice in this batch) has a row now; the key seen once reads zeros.
+    again = embedding(keys, training=False).numpy()
+    assert np.any(again[0, 0] != 0) and np.all(again[1, 0] == 0)
+    assert embedding.get_config()["feature_configs"][0]["table"]["placement"]["dynamic"]["capacity_scope"] == "total"

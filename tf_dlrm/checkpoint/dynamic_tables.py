@@ -218,7 +218,8 @@ MANIFEST_KEY = "dynamic_tables"
 
 
 def is_dynamic(embedding) -> bool:
-    return bool(getattr(embedding, "dynamic", False))
+    """Whether ``main.py``'s embedding holds dynamic tables only (a checkpoint then holds key -> row maps)."""
+    return bool(getattr(embedding, "dynamic_only", False))
 
 
 def _describe(path: str) -> dict:
@@ -242,7 +243,7 @@ def save(trainer, env, root: str | None, files: dict, refusal) -> tuple[dict | N
     every rank; None when rank 0 already failed: nothing is written then); rank 0 adds the files to
     ``files``. Returns the manifest record and the first error, the same on every rank: a failed
     write, or ``refusal(what)`` for NaN rows."""
-    layer = trainer.model.embedding
+    layer = trainer.model.embedding.dynamic_layer
     if root is None:
         return None, None
     arrays = rank_arrays(layer, trainer.sparse)
@@ -299,7 +300,7 @@ def check(directory: str, manifest: dict, embedding, slot_names) -> None:
     check_kind(directory, manifest, is_dynamic(embedding))
     if is_dynamic(embedding):
         try:
-            check_rows(folder_of(directory, manifest), embedding, slot_names)
+            check_rows(folder_of(directory, manifest), embedding.dynamic_layer, slot_names)
         except ValueError as error:
             raise CheckpointError(str(error)) from error
 
@@ -310,5 +311,5 @@ def folder_of(directory: str, manifest: dict) -> str:
 
 def restore(trainer, env, directory: str, manifest_record: dict, for_training: bool) -> None:
     """Collective: every rank loads the keys it owns now (and, for training, their optimizer state)."""
-    restore_rows(os.path.join(directory, manifest_record["folder"]), trainer.model.embedding,
+    restore_rows(os.path.join(directory, manifest_record["folder"]), trainer.model.embedding.dynamic_layer,
                                trainer.sparse if for_training else None, env)

@@ -1,24 +1,23 @@
 """The embedding of dynamic tables from a feature spec (``main.py`` builds it through
-:func:`tf_dlrm.cli.builder.make_embedding` when the spec has ``dynamic: true`` features)."""
+:func:`tf_dlrm.cli.builder.make_embedding` when the spec has ``dynamic: true`` features): the same
+:class:`DistributedEmbedding` as every other run, its tables placed as dynamic."""
 
 from __future__ import annotations
 
+from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
+from tf_dlrm.embedding.table_config import DynamicStorage, FeatureConfig, Placement, TableConfig
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.spec import dynamic as dynamic_spec
-from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
 
 
 def has_dynamic_tables(spec) -> bool:
     return bool(dynamic_spec.dynamic_features(spec))
 
 
-def make_dynamic_embedding(spec, init_bound, env: DistributedEnv, seed: int, widths, num_shards: int | None = None
-                           ) -> DynamicEmbedding:
-    """The (unbuilt) embedding; ``init_bound``: ``--embedding_init``'s bound (None: 1/sqrt(rows));
-    ``widths``: each table's width; ``num_shards``: shards of every table (default:
-    the world size; export holds a checkpoint's shards in one process). Every categorical feature must be dynamic
-    and one-hot (mixing fixed and dynamic tables in one model is not supported yet: the error names
-    the fixed ones)."""
+def dynamic_table_configs(spec, init_bound, widths) -> list[TableConfig]:
+    """One dynamic :class:`TableConfig` per categorical feature, named after it; ``init_bound``:
+    ``--embedding_init``'s bound (None: ``1/sqrt(capacity)``); ``widths``: each table's width. Every
+    categorical feature must be dynamic and one-hot (the error names the others)."""
     names = spec.categorical_features
     fixed = [n for n in names if not dynamic_spec.is_dynamic(spec.feature_spec[n])]
     if fixed:
@@ -27,5 +26,19 @@ def make_dynamic_embedding(spec, init_bound, env: DistributedEnv, seed: int, wid
     multi_hot = [n for n in names if spec.hotness(n) != 1]
     if multi_hot:
         raise ValueError(f"Expected one-hot dynamic features. Received: hotness > 1 for {multi_hot}")
-    tables = [dynamic_spec.table_config(n, spec.feature_spec[n], w, init_bound) for n, w in zip(names, widths)]
-    return DynamicEmbedding(tables, rank=env.rank, world_size=env.world_size, num_shards=num_shards, seed=seed, name="embedding")
+    tables = []
+    for name, width in zip(names, widths):
+        table = dynamic_spec.table_config(name, spec.feature_spec[name], width, init_bound)
+        storage = DynamicStorage(capacity=table.capacity, eviction=table.eviction.value, min_count=table.min_count,
+                                 capacity_scope=table.capacity_scope.value)
+        tables.append(TableConfig(name, table.capacity, table.width, initializer=init_bound,
+                                  placement=Placement(dynamic=storage)))
+    return tables
+
+
+def make_dynamic_embedding(spec, init_bound, env: DistributedEnv, seed: int, widths, num_shards: int | None = None
+                           ) -> DistributedEmbedding:
+    """The (unbuilt) embedding of :func:`dynamic_table_configs`' tables, one feature each; ``num_shards``:
+    shards of every table (default: the world size; export holds a checkpoint's shards in one process)."""
+    features = [FeatureConfig(table.name, table) for table in dynamic_table_configs(spec, init_bound, widths)]
+    return DistributedEmbedding(features, seed=seed, env=env, dynamic_shards=num_shards, name="embedding")

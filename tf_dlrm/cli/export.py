@@ -148,7 +148,7 @@ def dynamic_serving(directory: str, manifest: dict, spec, model_config):
     model = builder.build_model(spec, None, model_config, env, meta["seed"], serving=True, num_shards=meta["num_shards"])
     checkpoint_dynamic.check(directory, manifest, model.embedding, None)
     load_dense_into(model, directory, manifest)
-    checkpoint_dynamic.restore_rows(folder, model.embedding, None, env)
+    checkpoint_dynamic.restore_rows(folder, model.embedding.dynamic_layer, None, env)
     return DynamicServing(model)
 
 

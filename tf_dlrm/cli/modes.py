@@ -242,9 +242,9 @@ def run_train(config, stop=None) -> dict:
         reporter.say(f"keep_best: restored the state of step {keeper.step} (validation AUC {last.auc:.6f})")
     checkpointer.finish(final_step)
     model = session.model
-    if getattr(model.embedding, "dynamic", False):
+    if getattr(model.embedding, "dynamic_only", False):
         # Rows, evictions and rejections of every dynamic table, summed over ranks (collective).
-        counters = model.embedding.global_counters()
+        counters = model.embedding.dynamic_layer.global_counters()
         reporter.event("dynamic_tables", tables=counters)
         reporter.say("dynamic tables: " + ", ".join(
             f"{name} {c['rows']} rows, {c['evictions']} evictions, {c['rejections']} rejections" for name, c in counters.items()))

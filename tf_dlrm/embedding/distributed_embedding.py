@@ -99,7 +99,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
     def __init__(self, feature_configs, *, seed: int = 0, data_parallel_input: bool = True, validate_ids: bool = True,
                  deduplicate_exchange: bool = False, use_kernel: bool = True, strategy: str = "auto",
                  data_parallel_threshold: int = 0, column_slice_threshold: int | None = None, plan=None, env=None,
-                 hot_rows=None, split_embedding_tables: bool = False, init_bound: float | None = None, **kwargs):
+                 hot_rows=None, split_embedding_tables: bool = False, init_bound: float | None = None,
+                 dynamic_shards: int | None = None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(feature_configs, Mapping):
             feature_configs = list(feature_configs.values())
@@ -117,7 +118,10 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             # Tables come from the features (the public form): the plan follows the placements.
             self.table_configs = tables_of(self.features)
             if any(t.dynamic for t in self.table_configs):
-                self._make_dynamic_layer(seed)
+                self._make_dynamic_layer(seed, dynamic_shards)
+                if not self.features:
+                    self._init_dynamic_only(seed, data_parallel_input, validate_ids, deduplicate_exchange, use_kernel)
+                    return
             if plan is None:
                 plan = plan_tables(self.table_configs, self.features, self.env.world_size, strategy=strategy,
                                    data_parallel_threshold=data_parallel_threshold,
@@ -193,9 +197,10 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if self.split_embedding_tables:
             check_split_options(self.compute_dtype, bool(self.hot_rows), self.deduplicate_exchange)
 
-    def _make_dynamic_layer(self, seed: int) -> None:
+    def _make_dynamic_layer(self, seed: int, num_shards: int | None) -> None:
         """Dynamic tables (``Placement(dynamic=...)``) live in a :class:`DynamicEmbedding` inside this
-        layer, keyed by raw int64 keys and sharded by key hash; the others follow the plan."""
+        layer, keyed by raw int64 keys and sharded by key hash (``num_shards`` shards, default one per
+        rank); the others follow the plan."""
         dynamic = [t for t in self.table_configs if t.dynamic]
         names = {t.name for t in dynamic}
         readers = [f for f in self.features if f.table_name in names]
@@ -205,18 +210,38 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
                              f"features {[(f.name, f.table_name, f.hotness) for f in readers]} for dynamic tables "
                              f"{sorted(names)}")
         static = [f for f in self.features if f.table_name not in names]
-        if not static:
-            raise ValueError("Expected at least one table that is not dynamic beside the dynamic ones")
         configs = [DynamicTableConfig(name=f.table.name, capacity=f.table.placement.dynamic.capacity,
                                       width=f.table.embedding_dim, eviction=f.table.placement.dynamic.eviction,
                                       min_count=f.table.placement.dynamic.min_count,
+                                      capacity_scope=f.table.placement.dynamic.capacity_scope,
                                       initial_bound=f.table.init_bound or None) for f in readers]
         self.dynamic_features = tuple(readers)
-        self.dynamic_layer = DynamicEmbedding(configs, rank=self.env.rank, world_size=self.env.world_size, seed=seed,
-                                              name=f"{self.name}_dynamic")
+        self.dynamic_layer = DynamicEmbedding(configs, rank=self.env.rank, world_size=self.env.world_size,
+                                              num_shards=num_shards, seed=seed, name=f"{self.name}_dynamic")
         self.features = tuple(static)
         self.table_configs = tables_of(self.features)
         self.dynamic_table_configs = tuple(f.table for f in readers)
+
+    def _init_dynamic_only(self, seed: int, data_parallel_input: bool, validate_ids: bool, deduplicate_exchange: bool,
+                           use_kernel: bool) -> None:
+        """Every table dynamic (``main.py --keys=hashed``): the layer is its inner :class:`DynamicEmbedding`
+        (no plan, no fixed variables); the list form of :meth:`call` takes the features' keys in order."""
+        layer = self.dynamic_layer
+        self.features = self.dynamic_features
+        self.plan, self.seed, self.init_bound = None, int(seed), None
+        self.data_parallel_input, self.validate_ids = bool(data_parallel_input), bool(validate_ids)
+        self.deduplicate_exchange, self.use_kernel = bool(deduplicate_exchange), bool(use_kernel)
+        self.feature_widths, self.embedding_dim = tuple(layer.feature_widths), layer.embedding_dim
+        self.num_features = len(self.features)
+        self.global_categorical, self.local_categorical = (), tuple(range(self.num_features))
+        self.shard_variables, self.replicated_variables, self.padding_variables = [], [], []
+        self.hot_rows, self.hot_tables, self.hot_variables = {}, (), []
+        self.split_embedding_tables = False
+
+    @property
+    def dynamic_only(self) -> bool:
+        """Whether every table is dynamic (the layer then runs its :attr:`dynamic_layer` alone)."""
+        return self.dynamic_layer is not None and self.plan is None
 
     @classmethod
     def from_plan(cls, plan, rank: int = 0, features=None, **options):
@@ -260,6 +285,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
     def build(self, input_shape=None):
         if self.dynamic_layer is not None and not self.dynamic_layer.built:
             self.dynamic_layer.build()
+        if self.dynamic_only:
+            return
         self.group_offsets, self.replicated_offsets = [], []
         self.group_kernel, self.replicated_kernel = [], []
         for (width, slices), entries in zip(self.groups, self.entries):
@@ -341,6 +368,9 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if isinstance(categorical, Mapping):
             return self._call_features(categorical, self.training_default if training is None else training)
         categorical = list(categorical)
+        if self.dynamic_only:
+            training = self.training_default if training is None else training
+            return self.dynamic_layer(categorical, local_batch=local_batch, training=bool(training))
         if local_batch is None:
             local_batch = self._local_batch_from(categorical)
         ids = self._normalized(self._input_features(), categorical)
@@ -382,7 +412,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         missing = [f.name for f in self.output_features if f.name not in inputs]
         if missing:
             raise ValueError(f"Expected ids of every feature {[f.name for f in self.output_features]}. Missing: {missing}")
-        pooled = self.split_features(self.call([inputs[self.features[f].name] for f in self._input_features()]))
+        pooled = {} if self.dynamic_only else self.split_features(
+            self.call([inputs[self.features[f].name] for f in self._input_features()]))
         if self.dynamic_layer is not None:
             vectors = self.dynamic_layer([inputs[f.name] for f in self.dynamic_features], training=bool(training))
             for index, feature in enumerate(self.dynamic_features):

@@ -63,6 +63,7 @@ class Storage(str, enum.Enum):
 
 
 EVICTIONS = ("none", "lru", "lfu")
+CAPACITY_SCOPES = ("per_rank", "total")
 
 
 def _check_positive_int(owner: str, name: str, value) -> None:
@@ -78,18 +79,23 @@ def _check_name(kind: str, name) -> None:
 @dataclasses.dataclass(frozen=True)
 class DynamicStorage:
     """A dynamic table: raw int64 keys get rows on first sight in training, up to ``capacity`` rows
-    per rank; when full, ``eviction`` (``none``, ``lru``, ``lfu``) decides; a key gets a row after
-    ``min_count`` sightings. Unseen keys read zeros. The table's ``vocabulary_size`` is ignored."""
+    per rank (``capacity_scope="total"``: over all ranks); when full, ``eviction`` (``none``, ``lru``,
+    ``lfu``) decides; a key gets a row after ``min_count`` sightings. Unseen keys read zeros. The
+    table's ``vocabulary_size`` is ignored."""
 
     capacity: int
     eviction: str = "none"
     min_count: int = 1
+    capacity_scope: str = "per_rank"
 
     def __post_init__(self):
         _check_positive_int("a dynamic table", "capacity", self.capacity)
         _check_positive_int("a dynamic table", "min_count", self.min_count)
         if self.eviction not in EVICTIONS:
             raise ValueError(f"Expected eviction in {list(EVICTIONS)}. Received: eviction={self.eviction!r}")
+        if self.capacity_scope not in CAPACITY_SCOPES:
+            raise ValueError(f"Expected capacity_scope in {list(CAPACITY_SCOPES)}. "
+                             f"Received: capacity_scope={self.capacity_scope!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,11 +20,12 @@ import tensorflow as tf
 
 
 class DynamicServing(tf.Module):
-    """Args: model: a built model whose embedding is a one-process :class:`DynamicEmbedding`."""
+    """Args: model: a built model whose embedding is a one-process :class:`DynamicEmbedding`, or a
+    ``DistributedEmbedding`` of dynamic tables only (it holds one)."""
 
     def __init__(self, model):
         super().__init__()
-        embedding = model.embedding
+        embedding = getattr(model.embedding, "dynamic_layer", None) or model.embedding
         if embedding.env.world_size != 1:
             raise ValueError("Expected a one-process model to export (restore the checkpoint with world_size=1 first). "
                              f"Received: world_size={embedding.env.world_size}")
