@@ -39,11 +39,16 @@ def _layer_of(model):
     return layers[0]
 
 
+def _fixed_tables(layer) -> tuple:
+    """The plan's tables (none when every table is dynamic)."""
+    return () if layer.plan is None else tuple(layer.plan.tables)
+
+
 def _arrays(step, layer) -> list[tuple]:
     """``(key, table, state_of, row_wise)`` of every table and every piece of its optimizer state."""
     sparse = step.sparse
-    arrays = [("table", table, None, False) for table in range(len(layer.plan.tables))]
-    for slot, table in sparse.state_entries(len(layer.plan.tables)):
+    arrays = [("table", table, None, False) for table in range(len(_fixed_tables(layer)))]
+    for slot, table in sparse.state_entries(len(_fixed_tables(layer))):
         arrays.append((slot, table, lambda v, s=slot, t=table: sparse.slot(v, s, t), sparse.table_optimizer(table).row_wise))
     return arrays
 
@@ -86,7 +91,7 @@ def save(model, directory: str, keep: int = 2) -> str:
             for name, variable in _dense(model, step):
                 files[f"{name}.npy"] = store.write_npy(temporary, f"{name}.npy", np.asarray(variable.numpy()))
                 dense.append({"name": name, "file": f"{name}.npy"})
-            tables = layer.plan.tables
+            tables = _fixed_tables(layer)
             manifest = {
                 "format": FORMAT, "version": VERSION, "step": number, "saved_world_size": env.world_size,
                 "layer": layer.get_config(),
@@ -118,7 +123,7 @@ def restore(model, path: str) -> int:
         manifest = json.load(handle)
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{directory}: not a model checkpoint (format {manifest.get('format')!r}, expected {FORMAT!r})")
-    tables = layer.plan.tables
+    tables = _fixed_tables(layer)
     saved = {entry["name"]: entry for entry in manifest["tables"]}
     for table in tables:
         entry = saved.get(table.name)

@@ -96,9 +96,9 @@ def table_optimizer_groups(embeddings, default=None) -> tuple[SparseOptimizer | 
                 raise ValueError("Expected one DistributedEmbedding per model when tables use different optimizers "
                                  "(table indices are per layer): put every feature in one layer")
         per_table.update(chosen)
-    if not per_table:
-        return None, {}, None
     dynamic = {default if o is None else o for layer in embeddings for o in getattr(layer, "dynamic_optimizers", list)()}
+    if not per_table and not dynamic:
+        return None, {}, None
     row_wise = {o for o in list(per_table.values()) + list(dynamic) if o.make().row_wise}
     if len(row_wise) > 1:
         raise ValueError(f"Expected at most one row-wise optimizer setting per model. Received: {sorted(map(repr, row_wise))}")
