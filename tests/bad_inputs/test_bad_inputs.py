@@ -50,6 +50,22 @@ def _empty_test_split(data, tmp):
         open(os.path.join(data, "test", name), "wb").close()
 
 
+def _huge_table(data, tmp):
+    """cat_1.bin indexes a table of 2**40 rows (16 TiB of float32 at width 4): more than any host here."""
+    import numpy as np
+    import yaml
+
+    for split in ("train", "test"):
+        path = os.path.join(data, split, "cat_1.bin")
+        np.fromfile(path, np.int16).astype(np.int64).tofile(path)
+    spec_path = os.path.join(data, "feature_spec.yaml")
+    with open(spec_path) as handle:
+        spec = yaml.safe_load(handle)
+    spec["feature_spec"]["cat_1.bin"].update(cardinality=2**40, dtype="int64")
+    with open(spec_path, "w") as handle:
+        yaml.safe_dump(spec, handle)
+
+
 ID_MESSAGE = r"split 'train', feature '{feature}', file \S*train/{feature}: sample {sample} has id {value} outside \[0, {cardinality}\)"
 
 CASES = [
@@ -84,6 +100,10 @@ CASES = [
          r"--log_path=\S+/logs is a directory; expected a file name"),
     Case("--tensorboard_dir is a file", _make_file("board"), ("--tensorboard_dir={tmp}/board",),
          r"--tensorboard_dir=\S+/board is a file; expected a directory"),
+    Case("a table larger than the host's memory, no --memory_per_rank", _huge_table, (),
+         r"the sharding plan does not fit in memory: rank 0 needs 16.00 TiB for embedding tables .* more than the "
+         r"\S+ \S+ left by (MemAvailable of host|the limit of memory cgroup).* Largest tables on rank 0 \(with their "
+         r"optimizer state\): 'cat_1.bin' 16.00 TiB"),
     Case("inf numerical value", lambda d, t: poke_numerical(d, "train", 2047, 0, float("inf")), (),
          r"split 'train', file \S*train/numerical.bin: sample 2047, feature 'num_0' is inf"),
 ]

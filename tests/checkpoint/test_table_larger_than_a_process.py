@@ -3,8 +3,8 @@
 One table of 8,388,608 rows x 64 float32 values (2 GiB) and every rank in a memory cgroup of its
 own limited to 1.8 GiB (``tests/checkpoint/limited_main.py``; resident memory and page cache, no swap;
 ``ulimit -v`` is no use here: TensorFlow reserves gigabytes of address space it never touches): one
-process cannot hold the model (the planner refuses it by the numbers, and without the budget flag the
-kernel kills it), while two ranks holding 32 of its 64 columns each train, save a sharded checkpoint (every rank
+process cannot hold the model (the planner refuses it by the numbers: the budget flag's, and without
+it the cgroup's own limit), while two ranks holding 32 of its 64 columns each train, save a sharded checkpoint (every rank
 writes its own slice), and three ranks (22/21/21 columns) restore it, evaluate it to the same
 AUC as the two ranks' final evaluation and save it again, sharded three ways. Each rank's peak resident memory
 during a save or restore stays within 10% of what it held before (its training footprint), because
@@ -76,7 +76,7 @@ GROUP = f"tf_dlrm_test_{os.getpid()}_rank"
 
 def _run(num_ranks: int, flags: list[str], check: bool = True) -> subprocess.CompletedProcess:
     command = [HOROVODRUN, "-np", str(num_ranks), "-H", f"localhost:{num_ranks}", "--gloo", sys.executable,
-               os.path.join("tests", "train", "limited_main.py"), str(LIMIT), GROUP, *flags]
+               os.path.join("tests", "checkpoint", "limited_main.py"), str(LIMIT), GROUP, *flags]
     completed = subprocess.run(command, cwd=REPO, env=worker_env({"MALLOC_ARENA_MAX": "2"}), capture_output=True,
                                text=True, timeout=900)
     if "limited_main: cannot create a memory cgroup" in completed.stderr + completed.stdout:
@@ -125,8 +125,11 @@ def test_a_table_larger_than_a_process_trains_checkpoints_and_restores_on_other_
     refused = _run(1, _flags(directory, f"{directory}/one.jsonl") + ["--max_steps=1", "--memory_per_rank=1.8GiB"], check=False)
     assert refused.returncode != 0 and "--memory_per_rank=1.80 GiB" in refused.stdout + refused.stderr
     assert "rank 0: 2.00 GiB (tables 2.00 GiB" in refused.stdout + refused.stderr
+    # Without the flag, the memory cgroup's own limit refuses it, naming the table, before any table exists.
     failed = _run(1, _flags(directory, f"{directory}/one.jsonl") + ["--max_steps=1"], check=False)
-    assert failed.returncode != 0
+    output = failed.stdout + failed.stderr
+    assert failed.returncode != 0 and "the sharding plan does not fit in memory: rank 0 needs 2.00 GiB" in output, output[-3000:]
+    assert "left by the limit of memory cgroup" in output and "'cat_0.bin' 2.00 GiB" in output, output[-3000:]
 
     # Two ranks: 1 GiB of the table each; train, save (sharded), final evaluation.
     log2 = f"{directory}/two.jsonl"

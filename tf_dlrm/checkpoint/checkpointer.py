@@ -31,8 +31,6 @@ import re
 import shutil
 import time
 
-import numpy as np
-import tensorflow as tf
 import yaml
 
 from tf_dlrm.parallel import collectives
@@ -49,33 +47,6 @@ from tf_dlrm.checkpoint.store import (
 
 # Test-only: seconds rank 0 sleeps after writing each table, to kill a run in the middle of a save.
 DELAY_ENV = "TF_DLRM_TEST_CHECKPOINT_DELAY_S"
-
-
-# ---------------------------------------------------------------------- collective helpers
-
-
-def broadcast_json(env, value, name: str):
-    """Rank 0's JSON-serialisable ``value`` on every rank (others pass anything, e.g. None)."""
-    if not env.distributed:
-        return value
-    data = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8) if env.is_chief else np.zeros(0, np.uint8)
-    length = collectives.broadcast(env, tf.constant([data.size], tf.int64), name=f"{name}_length")
-    count = int(length.numpy()[0])
-    buffer = data if env.is_chief else np.zeros(count, np.uint8)
-    received = collectives.broadcast(env, tf.constant(buffer), name=f"{name}_bytes")
-    return json.loads(bytes(received.numpy()).decode("utf-8"))
-
-
-def allgather_json(env, value, name: str) -> list:
-    """Every rank's JSON-serialisable ``value``, in rank order, on every rank."""
-    data = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8)
-    if not env.distributed:
-        return [value]
-    lengths = collectives.allgather(env, tf.constant([data.size], tf.int64), name=f"{name}_lengths").numpy()
-    # Horovod's allgather of an empty tensor is fine, but a JSON text is never empty.
-    joined = bytes(collectives.allgather(env, tf.constant(data), name=f"{name}_bytes").numpy())
-    bounds = np.concatenate([[0], np.cumsum(lengths)])
-    return [json.loads(joined[bounds[r]:bounds[r + 1]].decode("utf-8")) for r in range(env.world_size)]
 
 
 # ---------------------------------------------------------------------- save and restore a run
@@ -192,20 +163,20 @@ class Checkpointer(RestoreChecks):
                     temporary, final = store.prepare(self.save_path, step)
                 except (OSError, CheckpointError) as failure:
                     error = f"cannot save a checkpoint under {self.save_path}: {failure}"
-            root = broadcast_json(self.env, temporary if error is None else None, "checkpoint_root")
+            root = collectives.broadcast_json(self.env, temporary if error is None else None, "checkpoint_root")
             records, piece_error = [], None
             if root is not None and self.fixed_tables:
                 arrays = [("table", table, None, False) for table in range(len(self.fixed_tables))]
                 arrays += embedding_state.arrays(self.trainer, len(self.fixed_tables))
                 records, piece_error = slices.save_pieces(self.embedding, self.env.rank, root, arrays, files,
                                                           delay if self.env.is_chief else 0.0)
-            pieces = allgather_json(self.env, {"records": records, "files": files, "error": piece_error}, "checkpoint_pieces")
+            pieces = collectives.allgather_json(self.env, {"records": records, "files": files, "error": piece_error}, "checkpoint_pieces")
             failed = next((f"rank {rank}: {p['error']}" for rank, p in enumerate(pieces) if p["error"]), None)
             if failed and error is None:
                 error = self._refusal(step, failed.split(": ", 1)[1]) if "NaN or inf" in failed else failed
             dynamic_record = None
             if self.dynamic:  # collective; rank 0's error or the rows' own
-                shared_root = broadcast_json(self.env, temporary if self.env.is_chief and error is None else None,
+                shared_root = collectives.broadcast_json(self.env, temporary if self.env.is_chief and error is None else None,
                                              "dynamic_checkpoint_root")
                 dynamic_record, dynamic_error = dynamic_tables.save(self.trainer, self.env, shared_root, files,
                                                                     lambda what: self._refusal(step, what))
@@ -226,7 +197,7 @@ class Checkpointer(RestoreChecks):
                     error = f"{'published' if published else 'cannot complete'} checkpoint {final}, then failed: {failure}"
             if self.env.is_chief and error is not None and temporary is not None:
                 shutil.rmtree(temporary, ignore_errors=True)
-        status = broadcast_json(self.env, {"error": error, "path": final}, "checkpoint_save_status")
+        status = collectives.broadcast_json(self.env, {"error": error, "path": final}, "checkpoint_save_status")
         figures = memory.gathered(self.env)
         if status["error"]:
             raise CheckpointError(status["error"])
@@ -311,7 +282,7 @@ class Checkpointer(RestoreChecks):
                 except (ValueError, TypeError, KeyError, OSError) as failure:  # CheckpointError is a ValueError
                     # Rank 0 must not fail alone: every rank raises the same error below.
                     header = {"error": str(failure) if isinstance(failure, CheckpointError) else f"checkpoint {restore_path or self.save_path} is malformed: {failure!r}"}
-            header = broadcast_json(self.env, header, "checkpoint_restore_header")
+            header = collectives.broadcast_json(self.env, header, "checkpoint_restore_header")
             for line in header.get("skipped", []):
                 self.reporter.say(line)
             if "error" in header:

@@ -23,7 +23,7 @@ import shutil
 import numpy as np
 
 from tf_dlrm.checkpoint import dynamic_tables, slices, store
-from tf_dlrm.checkpoint.checkpointer import allgather_json, broadcast_json
+from tf_dlrm.parallel.collectives import allgather_json, broadcast_json
 from tf_dlrm.checkpoint.store import CheckpointError
 from tf_dlrm.embedding.training_step import embedding_layers
 

@@ -95,12 +95,14 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
     )
 
 
-def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: int = 0, hot_row_sync_every: int = 1) -> list:
+def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: int = 0, hot_row_sync_every: int = 1,
+                      limits=()) -> list:
     """Every rank's planned bytes (:func:`tf_dlrm.sharding.memory_plan.plan_memory`) under the
     embedding optimizer of ``optimizer_config``; raises ValueError naming ``--memory_per_rank`` when a
-    rank needs more than ``budget`` (0: no budget). Per-table optimizers (Wide & Deep's wide part)
-    are counted as the embedding optimizer."""
-    from tf_dlrm.sharding.memory_plan import check_budget, plan_memory
+    rank needs more than ``budget`` (0: no budget), and naming the limit when the ranks sharing one of
+    ``limits`` (:func:`tf_dlrm.parallel.host_memory.groups`: hosts' RAM, memory cgroups) need more than
+    it has. Per-table optimizers (Wide & Deep's wide part) are counted as the embedding optimizer."""
+    from tf_dlrm.sharding.memory_plan import check_budget, check_limits, plan_memory
     from tf_dlrm.optimizers.config import make_sparse_optimizer
 
     optimizer = make_sparse_optimizer(optimizer_config)
@@ -109,6 +111,7 @@ def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: in
     memory = plan_memory(plan, 0 if optimizer.row_wise else slots, slots if optimizer.row_wise else 0, hot_counts,
                          hot_copies=2 if hot_row_sync_every > 1 else 1)
     check_budget(memory, budget)
+    check_limits(memory, limits)
     return memory
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from tf_dlrm.checkpoint import checkpointer as checkpoint
 from tf_dlrm.checkpoint import store as checkpoint_store
+from tf_dlrm.parallel import collectives, host_memory
 
 
 @dataclasses.dataclass
@@ -110,8 +111,10 @@ def open_session(config, started=None) -> Session:
     report_precision(reporter, config, choice)
     plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
     hot = hot_rows_setup.hot_row_plan(spec, plan, config.sharding, env, config.train_split, config.batch_size)
+    # Every rank's host RAM and cgroup headroom, so that all ranks refuse a plan together, before any table exists.
+    limits = host_memory.groups(collectives.allgather_json(env, host_memory.this_process(), "memory_limits"))
     memory = builder.check_memory_plan(plan, config.optimizer, hot, config.sharding.memory_per_rank,
-                                       config.sharding.hot_row_sync_every)  # before any table exists
+                                       config.sharding.hot_row_sync_every, limits)
     model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input,
                                 deduplicate_exchange=config.sharding.deduplicate_exchange,
                                 hot_rows=hot_rows_setup.as_layer_option(hot),
@@ -389,7 +392,7 @@ def run_export(config) -> dict:
             outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started}
         except (ValueError, TypeError, KeyError, OSError) as error:  # every rank raises it below
             outcome = {"error": str(error)}
-    outcome = checkpoint.broadcast_json(env, outcome, "export_status")
+    outcome = collectives.broadcast_json(env, outcome, "export_status")
     if "error" in outcome:
         raise checkpoint_store.CheckpointError(outcome["error"])
     record = {"mode": "export", "saved_model_path": config.saved_model_path, **outcome, "world_size": env.world_size}

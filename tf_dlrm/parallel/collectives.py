@@ -5,9 +5,11 @@ Every function is a no-op (identity) with one rank. All ranks must call them in 
 
 from __future__ import annotations
 
+import json
 import zlib
 from typing import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.parallel.env import DistributedEnv
@@ -97,3 +99,27 @@ def sum_over_ranks(env: DistributedEnv, tensor: tf.Tensor, name: str | None = No
         return tensor
     hvd = _hvd()
     return hvd.grouped_allreduce([tensor, _tag(name, tensor.dtype)], op=hvd.Sum, name=name)[0]
+
+
+def broadcast_json(env, value, name: str):
+    """Rank 0's JSON-serialisable ``value`` on every rank (others pass anything, e.g. None)."""
+    if not env.distributed:
+        return value
+    data = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8) if env.is_chief else np.zeros(0, np.uint8)
+    length = broadcast(env, tf.constant([data.size], tf.int64), name=f"{name}_length")
+    count = int(length.numpy()[0])
+    buffer = data if env.is_chief else np.zeros(count, np.uint8)
+    received = broadcast(env, tf.constant(buffer), name=f"{name}_bytes")
+    return json.loads(bytes(received.numpy()).decode("utf-8"))
+
+
+def allgather_json(env, value, name: str) -> list:
+    """Every rank's JSON-serialisable ``value``, in rank order, on every rank."""
+    data = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8)
+    if not env.distributed:
+        return [value]
+    lengths = allgather(env, tf.constant([data.size], tf.int64), name=f"{name}_lengths").numpy()
+    # Horovod's allgather of an empty tensor is fine, but a JSON text is never empty.
+    joined = bytes(allgather(env, tf.constant(data), name=f"{name}_bytes").numpy())
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    return [json.loads(joined[bounds[r]:bounds[r + 1]].decode("utf-8")) for r in range(env.world_size)]

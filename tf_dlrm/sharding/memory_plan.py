@@ -24,6 +24,7 @@ import re
 from tf_dlrm.sharding.plan import ShardingPlan, _format_bytes
 
 BYTES = 4
+LARGEST = 3  # tables named per rank when a plan does not fit
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
 
@@ -49,6 +50,7 @@ class RankMemory:
     tables: int
     optimizer_state: int
     hot_rows: int
+    largest: tuple[tuple[str, int], ...] = ()  # (table, bytes with its state) of its largest tables, largest first
 
     @property
     def total(self) -> int:
@@ -79,10 +81,17 @@ def plan_memory(plan: ShardingPlan, element_slots: int = 0, row_slots: int = 0, 
     for rank, slices in enumerate(plan.rank_slices):
         values = sum(plan.tables[s.table].rows * s.width for s in slices) + replicated_values
         rows = sum(plan.tables[s.table].rows for s in slices) + replicated_rows
+        per_table = {}
+        for table, width in [(s.table, s.width) for s in slices] + [(t, plan.tables[t].dim) for t in plan.replicated]:
+            table_rows = plan.tables[table].rows
+            held = (table_rows * width * (1 + element_slots) + table_rows * row_slots) * BYTES
+            per_table[plan.tables[table].name] = per_table.get(plan.tables[table].name, 0) + held
+        largest = tuple(sorted(per_table.items(), key=lambda item: (-item[1], item[0]))[:LARGEST])
         found.append(RankMemory(
             rank=rank, tables=values * BYTES,
             optimizer_state=(values * element_slots + rows * row_slots) * BYTES,
-            hot_rows=(hot_values * (1 + element_slots) + hot_row_count * row_slots) * BYTES * hot_copies))
+            hot_rows=(hot_values * (1 + element_slots) + hot_row_count * row_slots) * BYTES * hot_copies,
+            largest=largest))
     return found
 
 
@@ -92,8 +101,32 @@ def check_budget(memory: list[RankMemory], budget: int, flag: str = "--memory_pe
         return
     over = [m for m in memory if m.total > budget]
     if over:
-        raise ValueError(
-            f"{flag}={_format_bytes(budget)}: the sharding plan does not fit: "
-            + "; ".join(m.describe() for m in over)
-            + f". Use more ranks, --dist_strategy=column_wise (spreads a large table over ranks), a smaller "
-              "--hot_rows_budget, or an embedding optimizer with less state (sgd: none, rowwise_adagrad: one value per row)")
+        raise ValueError(f"{flag}={_format_bytes(budget)}: the sharding plan does not fit: "
+                         + "; ".join(m.describe() for m in over) + ". " + _largest(over) + REMEDIES)
+
+
+REMEDIES = ("Use more ranks, --dist_strategy=column_wise (spreads a large table over ranks), a smaller --hot_rows_budget, "
+            "or an embedding optimizer with less state (sgd: none, rowwise_adagrad: one value per row)")
+
+
+def _largest(over: list[RankMemory]) -> str:
+    worst = max(over, key=lambda m: m.total)
+    if not worst.largest:
+        return ""
+    return (f"Largest tables on rank {worst.rank} (with their optimizer state): "
+            + ", ".join(f"{name!r} {_format_bytes(size)}" for name, size in worst.largest) + ". ")
+
+
+def check_limits(memory: list[RankMemory], limits) -> None:
+    """Raises ValueError when the ranks sharing a limit (``(ranks, limit)`` pairs: a host's available
+    RAM, a memory cgroup's headroom; :func:`tf_dlrm.parallel.host_memory.groups`) plan more bytes than it
+    has: names the limit, the ranks' bytes, the largest tables and the remedies."""
+    for ranks, limit in limits:
+        members = [memory[r] for r in ranks]
+        needed = sum(m.total for m in members)
+        if needed > limit.available:
+            who = f"rank {ranks[0]} needs" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))} need"
+            raise ValueError(
+                f"the sharding plan does not fit in memory: {who} {_format_bytes(needed)} for embedding tables and "
+                f"their optimizer state ({'; '.join(m.describe() for m in members)}), more than the "
+                f"{_format_bytes(limit.available)} left by {limit.source}. " + _largest(members) + REMEDIES)

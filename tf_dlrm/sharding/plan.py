@@ -92,7 +92,7 @@ def _check_tables(tables: tuple) -> None:
 
 
 def _format_bytes(count: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if count >= size:
             return f"{count / size:.2f} {unit}"
     return f"{count} B"
