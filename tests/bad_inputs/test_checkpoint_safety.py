@@ -95,3 +95,41 @@ def test_resume_with_another_batch_size_or_dataset_is_refused(tmp_path):
     assert refused.returncode == 2
     assert "was trained on a different training split (file fingerprint" in refused.stderr, refused.stderr[-3000:]
     assert [step for step, _ in checkpoint_store.list_checkpoints(str(save))] == [2]
+
+
+@pytest.mark.slow
+def test_a_second_trainer_on_the_same_directory_is_refused_naming_the_first(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, worker_env
+
+    data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
+    args = ["main.py", f"--dataset_path={data}", *TINY_MODEL, f"--save_checkpoint_path={save}", "--epochs=1000",
+            "--checkpoint_every_steps=5", "--keep_checkpoints=1", "--print_freq=5"]
+    first = subprocess.Popen([sys.executable, *args], cwd=REPO, env=worker_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while not checkpoint_store.list_checkpoints(str(save)) and time.time() < deadline and first.poll() is None:
+            time.sleep(0.2)
+        assert checkpoint_store.list_checkpoints(str(save)), "the first run saved no checkpoint"
+        second = run_python(args + ["--resume"], check=False)
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert (f"--save_checkpoint_path={save} is in use by another training run (pid {first.pid} on host "
+                in second.stderr), second.stderr[-3000:]
+        assert "Traceback" not in second.stderr
+        assert first.poll() is None, "the second run stopped the first"
+        first.send_signal(signal.SIGTERM)
+        output, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 143, output[-3000:]
+    interrupted = re.search(r"interrupted at step (\d+); last checkpoint: (\S+)", output)
+    assert interrupted, output[-3000:]
+    assert checkpoint_store.list_checkpoints(str(save))[-1][1] == interrupted.group(2)
+    checkpoint_store.verify_files(interrupted.group(2), checkpoint_store.read_manifest(interrupted.group(2)))
+    assert not [n for n in os.listdir(save) if n.startswith(".ckpt-")]  # no temporary left by either run

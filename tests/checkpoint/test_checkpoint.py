@@ -202,4 +202,4 @@ def test_latest_ignores_unpublished_and_incomplete_directories(tmp_path_factory,
 def test_only_the_newest_checkpoints_are_kept(tmp_path_factory):
     """The -np 3 run saved at steps 6, 8 and 10 with --keep_checkpoints=2."""
     run = table_wise(tmp_path_factory)
-    assert sorted(os.listdir(run["save"])) == ["ckpt-00000008", "ckpt-00000010", "latest"]
+    assert sorted(os.listdir(run["save"])) == [".lock", "ckpt-00000008", "ckpt-00000010", "latest"]  # .lock: the run's own (lock.py)

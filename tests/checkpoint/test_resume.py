@@ -34,7 +34,7 @@ def test_a_run_killed_in_the_middle_of_a_save_resumes_from_the_previous_checkpoi
     final = run["events"][-1]
     assert final["event"] == "final" and final["steps"] == STEPS
     # The resumed run cleaned the temporary directory and published a complete step 10.
-    assert sorted(os.listdir(run["save"])) == [f"ckpt-{EVERY:08d}", f"ckpt-{STEPS:08d}", "latest"]
+    assert sorted(os.listdir(run["save"])) == [".lock", f"ckpt-{EVERY:08d}", f"ckpt-{STEPS:08d}", "latest"]
     directory = ckpt(run["save"], STEPS)
     checkpoint_store.verify_files(directory, checkpoint_store.read_manifest(directory))
 

@@ -25,6 +25,7 @@ the same temporary directory (:mod:`tf_dlrm.checkpoint.dynamic_tables`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,7 +35,7 @@ import time
 import yaml
 
 from tf_dlrm.parallel import collectives
-from tf_dlrm.checkpoint import dynamic_tables
+from tf_dlrm.checkpoint import dynamic_tables, lock
 from tf_dlrm.checkpoint import embedding_state
 from tf_dlrm.checkpoint import slices
 from tf_dlrm.checkpoint import store
@@ -95,6 +96,8 @@ class Checkpointer(RestoreChecks):
         self.steps_per_epoch = None
         self.data = None  # checks.data_record of the training split, when training
         self.last_saved_step = None
+        self.directory_lock = None  # rank 0's lock.DirectoryLock on save_path, once training restores
+        self._held = None
         self.embedding = trainer.model.embedding
         # Dynamic tables (tf_dlrm.embedding.dynamic) have no full-table layout: checkpoint_dynamic saves their rows.
         self.dynamic = dynamic_tables.is_dynamic(self.embedding)
@@ -274,11 +277,19 @@ class Checkpointer(RestoreChecks):
         ``for_training`` also restores the optimizer state and checks the data position.
         """
         started = time.time()
-        with MemoryWatch() as memory:
+        # Rank 0 holds the chosen checkpoint against retention until every rank has read it.
+        with MemoryWatch() as memory, contextlib.ExitStack() as self._held:
             header = None
             if self.env.is_chief:
                 try:
+                    # Held until this process exits; taken once the checks pass when the directory is new, so
+                    # that a refused run leaves nothing behind.
+                    owned = for_training and self.save_path and self.directory_lock is None
+                    if owned and os.path.isdir(self.save_path):
+                        self.directory_lock = lock.DirectoryLock(self.save_path)
                     header = self._check(restore_path, resume, for_training, required)
+                    if owned and self.directory_lock is None:
+                        self.directory_lock = lock.DirectoryLock(self.save_path)
                 except (ValueError, TypeError, KeyError, OSError) as failure:  # CheckpointError is a ValueError
                     # Rank 0 must not fail alone: every rank raises the same error below.
                     header = {"error": str(failure) if isinstance(failure, CheckpointError) else f"checkpoint {restore_path or self.save_path} is malformed: {failure!r}"}

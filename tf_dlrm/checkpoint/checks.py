@@ -10,7 +10,8 @@ Which checkpoint a run may continue from, and whether its data still matches (pl
 - :func:`newest_intact`: ``--resume`` takes the newest checkpoint whose manifest parses and whose
   files pass their size and sha256 checks; newer ones that fail are skipped with the reason and, when
   training, renamed aside (``ckpt-<step>.corrupt``, never deleted) so that the run can save that step
-  again.
+  again. The checkpoint chosen is held against its run's retention until every rank has read it
+  (:mod:`tf_dlrm.checkpoint.lock`).
 - :func:`data_record` / :func:`check_same_data`: a checkpoint records the global batch size, the
   training split's sample count and a fingerprint of its files; ``--resume`` refuses a different
   batch size or dataset, because the data position (``step`` batches of the seeded order) would then
@@ -19,10 +20,11 @@ Which checkpoint a run may continue from, and whether its data still matches (pl
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 
-from tf_dlrm.checkpoint import dynamic_tables
+from tf_dlrm.checkpoint import dynamic_tables, lock
 from tf_dlrm.checkpoint import embedding_state
 from tf_dlrm.checkpoint.slices import open_slices
 from tf_dlrm.checkpoint.store import (
@@ -33,22 +35,44 @@ from tf_dlrm.checkpoint.store import (
 _EDGE_BYTES = 1 << 16  # bytes hashed at each end of every data file
 
 
-def newest_intact(save_path: str, move_aside: bool) -> tuple[str | None, list[str]]:
-    """The newest checkpoint under ``save_path`` that verifies, and one line per newer one skipped."""
+def newest_intact(save_path: str, move_aside: bool, held: contextlib.ExitStack | None = None
+                  ) -> tuple[str | None, list[str]]:
+    """The newest checkpoint under ``save_path`` that verifies, and one line per newer one skipped.
+    With ``held``, the one returned stays held against retention (:func:`tf_dlrm.checkpoint.lock.reading`)
+    until ``held`` closes: each candidate is held before its files are read, so a checkpoint deleted
+    by its run's retention meanwhile is skipped as such, never taken for a corrupt one."""
     skipped = []
     for _, path in reversed(list_checkpoints(save_path)):
+        candidate = contextlib.ExitStack()
         try:
+            if held is not None:
+                candidate.enter_context(lock.reading(path))
             verify_files(path, read_manifest(path))
+        except lock.CheckpointVanished as gone:
+            skipped.append(f"skipped checkpoint {path}: {gone} (by its run's retention)")
+            continue
         except CheckpointError as error:
+            candidate.close()
             line = f"skipped checkpoint {path}: {error}"
             if move_aside:
-                aside = f"{path}.corrupt"
+                aside = _aside_name(path)
                 os.rename(path, aside)
                 line += f"; moved it aside to {aside}"
             skipped.append(line)
             continue
+        if held is not None:
+            held.enter_context(candidate)
         return path, skipped
     return None, skipped
+
+
+def _aside_name(path: str) -> str:
+    """``ckpt-N.corrupt``, or ``ckpt-N.corrupt-2``, ... when a run before this one moved one aside already."""
+    aside, number = f"{path}.corrupt", 1
+    while os.path.lexists(aside):
+        number += 1
+        aside = f"{path}.corrupt-{number}"
+    return aside
 
 
 def latest(save_path: str | None) -> str | None:
@@ -105,12 +129,23 @@ class RestoreChecks:
         """The checkpoint to load, the lines saying which newer ones were skipped and why, and whether
         its files' checksums were verified already (the search for the newest intact one did)."""
         skipped = []
+        held = getattr(self, "_held", None)
         if resume and self.save_path:
-            latest, skipped = newest_intact(self.save_path, move_aside=for_training)
+            latest, skipped = newest_intact(self.save_path, move_aside=for_training, held=held)
             if latest:
                 return latest, skipped, True
         if restore_path:
-            return resolve(restore_path), skipped, False
+            for attempt in range(3):
+                directory = resolve(restore_path)
+                try:
+                    if held is not None:
+                        held.enter_context(lock.reading(directory))
+                    return directory, skipped, False
+                except lock.CheckpointVanished as gone:
+                    # A directory of checkpoints: its newest was deleted as it was chosen; the next one.
+                    if attempt == 2 or os.path.abspath(directory) == os.path.abspath(restore_path):
+                        raise
+                    skipped.append(f"{gone} (by its run's retention); taking the newest one left")
         return None, skipped, False
 
     def _is_own(self, directory: str) -> bool:

@@ -368,8 +368,18 @@ def remove_stale(directory: str) -> None:
 
 
 def retain(directory: str, keep: int) -> None:
-    """Deletes all but the newest ``keep`` checkpoints (hidden by a rename before the slow delete)."""
+    """Deletes all but the newest ``keep`` checkpoints (hidden by a rename before the slow delete),
+    except one that a reader holds (:mod:`tf_dlrm.checkpoint.lock`): a later save deletes it."""
+    from tf_dlrm.checkpoint import lock
+
     for _, path in list_checkpoints(directory)[:-keep]:
-        doomed = os.path.join(directory, f".{os.path.basename(path)}.deleting")
-        os.rename(path, doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
+        held = lock.deletable(path)
+        if held is None:
+            continue
+        try:
+            doomed = os.path.join(directory, f".{os.path.basename(path)}.deleting")
+            os.rename(path, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+        finally:
+            if held >= 0:
+                os.close(held)

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from tf_dlrm.checkpoint import checkpointer as checkpoint
+from tf_dlrm.checkpoint import lock as checkpoint_lock
 from tf_dlrm.checkpoint import store as checkpoint_store
 from tf_dlrm.parallel import collectives, host_memory
 
@@ -384,11 +385,12 @@ def run_export(config) -> dict:
         try:
             directory = checkpoint_store.latest_checkpoint(config.save_checkpoint_path) if config.resume else None
             directory = directory or checkpoint_store.resolve(config.restore_checkpoint_path)
-            manifest = checkpoint_store.read_manifest(directory)
-            checkpoint_store.verify_files(directory, manifest)
-            export.check_kind(directory, manifest, spec)  # before the spec comparison: the clearer error
-            checkpoint_store.check_compatible(directory, manifest, spec, config.model, builder.model_identity(config.model))
-            info = export.export_checkpoint(directory, manifest, config.saved_model_path, spec, config.model)
+            with checkpoint_lock.reading(directory):  # a training run's retention keeps it meanwhile
+                manifest = checkpoint_store.read_manifest(directory)
+                checkpoint_store.verify_files(directory, manifest)
+                export.check_kind(directory, manifest, spec)  # before the spec comparison: the clearer error
+                checkpoint_store.check_compatible(directory, manifest, spec, config.model, builder.model_identity(config.model))
+                info = export.export_checkpoint(directory, manifest, config.saved_model_path, spec, config.model)
             outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started}
         except (ValueError, TypeError, KeyError, OSError) as error:  # every rank raises it below
             outcome = {"error": str(error)}

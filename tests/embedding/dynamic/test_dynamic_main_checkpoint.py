@@ -95,7 +95,7 @@ def test_save_on_2_resume_on_3_eval_and_export(datasets, tmp_path):
     launch(2, [*common, "--max_steps=12", f"--save_checkpoint_path={reference}", f"--log_path={tmp_path / 'reference.jsonl'}"])
     launch(2, [*common, "--max_steps=6", f"--save_checkpoint_path={run}", f"--log_path={tmp_path / 'first.jsonl'}"])
     # Published atomically: no temporary directory left, every rank's rows listed with its checksum.
-    assert sorted(os.listdir(run)) == ["ckpt-00000006", "latest"]
+    assert sorted(os.listdir(run)) == [".lock", "ckpt-00000006", "latest"]
     assert sorted(os.listdir(os.path.join(ckpt(run, 6), "dynamic"))) == [
         "dynamic_rank0.npz", "dynamic_rank1.npz", "dynamic_tables.json"]
     launch(3, [*common, "--max_steps=12", f"--save_checkpoint_path={run}", "--resume",
@@ -199,11 +199,11 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_and_resumes(datas
     finally:
         process.kill()
         process.wait()
-    assert sorted(os.listdir(save)) == [".ckpt-00000004.tmp", "ckpt-00000002", "latest"]
+    assert sorted(os.listdir(save)) == [".ckpt-00000004.tmp", ".lock", "ckpt-00000002", "latest"]
     log = tmp_path / "resumed.jsonl"
     run_python([*args, "--resume", f"--log_path={log}"])
     assert [e["step"] for e in events(log, "checkpoint_restored")] == [2] and events(log, "final")[-1]["steps"] == 4
-    assert sorted(os.listdir(save)) == ["ckpt-00000002", "ckpt-00000004", "latest"]
+    assert sorted(os.listdir(save)) == [".lock", "ckpt-00000002", "ckpt-00000004", "latest"]
     assert len(dynamic_rows(ckpt(save, 4))[("t7", "keys")]) > 0
     # Inference from it; a spec of fixed tables refuses it.
     inference = tmp_path / "inference.jsonl"
