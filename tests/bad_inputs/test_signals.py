@@ -90,3 +90,61 @@ def test_under_horovodrun_every_rank_stops_after_the_same_step_and_saves(tmp_pat
     rank_lines = [line for line in output.splitlines() if re.match(r"\[\d\]<std(err|out)>:", line)]
     assert not [line for line in rank_lines if "Traceback" in line], output[-5000:]
     check_checkpoint_of_line(output, save)
+
+
+SLOW_SAVE = {"TF_DLRM_TEST_CHECKPOINT_DELAY_S": "4"}  # rank 0 sleeps 4 s after each of the 2 tables: 8 s > 5 s
+
+
+def run_with_env_until_training_then_signal(command, number, env, timeout=240):
+    """:func:`run_until_training_then_signal` with extra environment ``env``."""
+    process = subprocess.Popen(command, cwd=REPO, env=worker_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    lines, started = [], threading.Event()
+
+    def collect():
+        for line in process.stdout:
+            lines.append(line)
+            if " loss " in line:
+                started.set()
+
+    reader = threading.Thread(target=collect, daemon=True)
+    reader.start()
+    assert started.wait(timeout), "".join(lines)[-3000:]
+    time.sleep(0.5)
+    process.send_signal(number)
+    code = process.wait(timeout=180)
+    reader.join(timeout=10)
+    return code, "".join(lines)
+
+
+@pytest.mark.multirank
+def test_the_launcher_gives_a_slow_save_its_time(tmp_path):
+    """SIGTERM to ``python -m tf_dlrm.cli.launch`` (horovodrun's arguments) while a save takes longer than
+    horovodrun's 5 s: every rank exits 143 after saving, one line, a checkpoint of that step."""
+    data, save, codes = write_tiny(tmp_path / "data"), tmp_path / "save", tmp_path / "exit_codes"
+    codes.mkdir()
+    command = [sys.executable, "-m", "tf_dlrm.cli.launch", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+               EXIT_RECORDER, str(codes), sys.executable, "main.py", f"--dataset_path={data}", *TINY_MODEL, *LONG_RUN,
+               f"--save_checkpoint_path={save}"]
+    code, output = run_with_env_until_training_then_signal(command, signal.SIGTERM, SLOW_SAVE)
+    assert code == 143, output[-3000:]
+    assert {path.name: path.read_text().strip() for path in codes.iterdir()} == {"rank0": "143", "rank1": "143"}, \
+        output[-3000:]
+    assert re.search(r"tf_dlrm launch: SIGTERM: SIGTERM to the ranks on this host \(rank 0 pid \d+, rank 1 pid \d+\)",
+                     output), output[-3000:]
+    assert "horovodrun kills the ranks" not in output  # no warning: the launcher's ranks have the time
+    check_checkpoint_of_line(output, save)
+
+
+@pytest.mark.multirank
+def test_plain_horovodrun_warns_that_a_slow_save_may_be_cut_short(tmp_path):
+    """The same under horovodrun itself: rank 0 says at once that horovodrun may kill the save and names the
+    launcher; whatever survives, a checkpoint directory is either complete or not published."""
+    data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
+    command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "main.py", f"--dataset_path={data}",
+               *TINY_MODEL, *LONG_RUN, f"--save_checkpoint_path={save}"]
+    _, output = run_with_env_until_training_then_signal(command, signal.SIGTERM, SLOW_SAVE)
+    assert output.count("horovodrun kills the ranks 5 s after it passes a signal on") == 1, output[-3000:]
+    assert "python -m tf_dlrm.cli.launch" in output
+    for _, path in checkpoint_store.list_checkpoints(str(save)):
+        checkpoint_store.verify_files(path, checkpoint_store.read_manifest(path))

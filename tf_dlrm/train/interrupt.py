@@ -16,11 +16,19 @@ sends SIGTERM to every rank and SIGKILLs them 5 s later. Either way:
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Set by tf_dlrm.cli.launch for the ranks it starts: it gives them the time a save needs.
+LAUNCHER_ENV = "TF_DLRM_LAUNCHER"
+HOROVODRUN_WARNING = (
+    "signal received: every rank stops after the same step and saves a checkpoint; horovodrun kills the ranks "
+    "5 s after it passes a signal on, which the save of a large model may not survive (then the last periodic "
+    "checkpoint stands). Launch with `python -m tf_dlrm.cli.launch` instead of horovodrun to give the save its "
+    "time (docs/training.md, Preemption)\n")
 
 
 class Interrupted(Exception):
@@ -60,6 +68,9 @@ class SignalStop:
         if not self.training and first:
             # Nothing to save yet: leave now, quietly (a traceback would tell the user nothing).
             raise Interrupted(0, number)
+        if first and os.environ.get("HOROVOD_RANK") == "0" and not os.environ.get(LAUNCHER_ENV):
+            # Under plain horovodrun the save may be cut short: say so now, while there is time.
+            os.write(2, HOROVODRUN_WARNING.encode())
 
     def poll(self, trainer, env, step: int) -> None:
         """After each step: raises Interrupted when this rank, or (several ranks) any rank, was signalled."""

@@ -1,0 +1,115 @@
+"""``python -m tf_dlrm.cli.launch -np N -H ... python main.py ...``: horovodrun that a preemption
+does not cut short.
+
+horovodrun (0.28.1) answers SIGTERM or SIGINT by terminating every rank and SIGKILLing those still
+alive 5 s later (``GRACEFUL_TERMINATION_TIME_S``): a rank saving the checkpoint of a large model is
+killed half-way, and the run ends with no ``interrupted at step N`` line and no checkpoint of that
+step. This launcher takes the same arguments as horovodrun and runs it in a session of its own, so
+a signal meant for the job (``kill PID``, Ctrl-C, a scheduler signalling the launcher's process
+group) reaches the launcher only. The launcher then sends SIGTERM to each rank on this host
+directly and leaves horovodrun alone: the ranks agree on a step, save, print one line and exit 143,
+and horovodrun ends with them. A second signal is passed to horovodrun itself (its own quick stop).
+
+Exit status: ``128 + signal`` after a signal, else horovodrun's. Ranks on other hosts are reached
+only through horovodrun (a scheduler signals them there: each rank acts on SIGTERM itself).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+from tf_dlrm.train.interrupt import LAUNCHER_ENV
+
+SHELLS = {"sh", "bash", "dash", "zsh", "env"}
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def _rank_of(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            variables = handle.read().split(b"\0")
+    except OSError:
+        return None
+    for variable in variables:
+        if variable.startswith(b"HOROVOD_RANK="):
+            return variable.split(b"=", 1)[1].decode()
+    return None
+
+
+def _is_shell(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            first = handle.read().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return True
+    return os.path.basename(first) in SHELLS
+
+
+def rank_processes(root: int) -> dict[str, int]:
+    """``{rank: pid}`` of the ranks under process ``root`` on this host: for each ``HOROVOD_RANK``, the
+    topmost process holding it that is not a shell (horovodrun runs each rank through ``sh -c``)."""
+    ranks: dict[str, int] = {}
+    pending = [root]
+    while pending:
+        pid = pending.pop(0)  # breadth first: a rank's process is found before its children
+        rank = _rank_of(pid) if pid != root else None
+        if rank is not None and rank not in ranks and not _is_shell(pid):
+            ranks[rank] = pid
+            continue
+        pending.extend(_children(pid))
+    return ranks
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    horovodrun = os.environ.get("HOROVODRUN") or shutil.which("horovodrun") or \
+        os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    job = subprocess.Popen([horovodrun, *argv], env={**os.environ, LAUNCHER_ENV: "1"}, start_new_session=True)
+    received: list[int] = []
+
+    def on_signal(number, frame):
+        del frame
+        received.append(number)
+        if len(received) == 1:
+            ranks = rank_processes(job.pid)
+            print(f"tf_dlrm launch: {signal.Signals(number).name}: SIGTERM to the ranks on this host "
+                  f"({', '.join(f'rank {r} pid {p}' for r, p in sorted(ranks.items())) or 'none yet'}); they save "
+                  "and stop (a second signal stops horovodrun at once)", file=sys.stderr, flush=True)
+            for pid in ranks.values():
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            if not ranks:  # nothing started yet: horovodrun's own stop is quick and loses nothing
+                job.send_signal(signal.SIGTERM)
+        else:
+            job.send_signal(signal.SIGTERM)
+
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, on_signal)
+    code = job.wait()
+    return 128 + received[0] if received else code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
