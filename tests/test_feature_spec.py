@@ -130,6 +130,15 @@ def test_files_of_one_split_with_different_counts(tmp_path):
     assert "different sample counts" in message and "cat_1.bin=6" in message and "label.bin=5" in message
 
 
+def test_a_file_written_in_another_dtype_gets_a_hint(tmp_path):
+    path = _write(tmp_path, _raw_spec(), num_samples=5)
+    np.zeros(5, np.int32).tofile(os.path.join(tmp_path, "train", "cat_1.bin"))  # the spec says int16
+    with pytest.raises(FeatureSpecError) as caught:
+        FeatureSpec.load(path)
+    assert ("cat_1.bin holds exactly 5 samples of 4-byte values, and the spec declares 'cat_1.bin' as int16 (2 bytes): "
+            "is it int32 or float32?") in str(caught.value)
+
+
 def test_missing_yaml_and_bad_yaml(tmp_path):
     with pytest.raises(FeatureSpecError, match="not found"):
         FeatureSpec.load(str(tmp_path / "absent.yaml"))

@@ -90,6 +90,10 @@ def test_resume_with_another_batch_size_or_dataset_is_refused(tmp_path):
     assert other_batch.returncode == 2
     assert ("was trained with --batch_size=256; the flags give --batch_size=512, with which step 2 would point at "
             "other samples") in other_batch.stderr, other_batch.stderr[-3000:]
+    other_seed = train(data, save, "--resume", "--seed=777", "--max_steps=4", check=False)
+    assert other_seed.returncode == 2
+    assert re.search(r"was trained with --seed=\d+; the flags give --seed=777, with which the batches after its step "
+                     r"would come in another order", other_seed.stderr), other_seed.stderr[-3000:]
     other_data = write_tiny(tmp_path / "other", seed=1)  # same sizes, other samples
     refused = train(other_data, save, "--resume", "--max_steps=4", check=False)
     assert refused.returncode == 2

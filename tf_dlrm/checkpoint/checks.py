@@ -179,6 +179,12 @@ class RestoreChecks:
             self._check_training(directory, manifest)
             if resume and self.data and self._is_own(directory):
                 check_same_data(directory, manifest, self.data, self.spec.source)
+            saved_seed = manifest.get("rng", {}).get("seed")
+            if resume and self._is_own(directory) and saved_seed is not None and saved_seed != self.seed:
+                raise CheckpointError(
+                    f"checkpoint {directory} was trained with --seed={saved_seed}; the flags give --seed={self.seed}, "
+                    "with which the batches after its step would come in another order than the run's: resume with "
+                    f"--seed={saved_seed}, or start a new --save_checkpoint_path")
         # Every array's header (and the small arrays whole) before any collective: rank 0 must not
         # fail half-way through a restore while the other ranks wait for it.
         widths, cardinalities = self._table_shapes()

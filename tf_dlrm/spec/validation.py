@@ -181,12 +181,35 @@ def check_files_exist(spec, split: str) -> None:
                 _fail(spec, f"source_spec.{split}[{index}]: data file not found: {path} (features {chunk['features']})")
 
 
+_DTYPES_OF_SIZE = {1: "int8, uint8 or bool", 2: "int16 or float16", 4: "int32 or float32", 8: "int64 or float64"}
+
+
+def _dtype_hint(spec, counts: dict, chunks: dict) -> str:
+    """When a one-feature file holds the other files' sample count in values of another size, the
+    spec's dtype is the likely mistake (e.g. int16 declared, int32 written): say so."""
+    values = list(counts.values())
+    reference = max(set(values), key=values.count)
+    hints = []
+    for path, count in counts.items():
+        features = chunks[path]["features"]
+        if count == reference or len(features) != 1:
+            continue
+        size, hotness = os.path.getsize(path), spec.hotness(features[0])
+        width, remainder = divmod(size, reference * hotness) if reference else (0, 1)
+        declared = spec.dtype(features[0])
+        if not remainder and width in _DTYPES_OF_SIZE and width != declared.itemsize:
+            hints.append(f"{os.path.basename(path)} holds exactly {reference} samples of {width}-byte values, and "
+                         f"the spec declares {features[0]!r} as {declared.name} ({declared.itemsize} bytes): is it "
+                         f"{_DTYPES_OF_SIZE[width]}?")
+    return ("; " + " ".join(hints)) if hints else ""
+
+
 def split_binary_problems(spec, split: str, prefix=None) -> tuple[list[str], int | None]:
     """Every missing or wrongly sized file of a split_binary split, and its sample count when all
     files hold the same whole number of records (else None). ``prefix(index)`` names chunk
     ``index`` (None: the whole split) in the messages; default ``source_spec.<split>[<index>]``."""
     prefix = prefix or (lambda index: f"source_spec.{split}" + ("" if index is None else f"[{index}]"))
-    problems, counts = [], {}
+    problems, counts, chunks = [], {}, {}
     for index, chunk in enumerate(spec.chunks(split)):
         path = spec.resolve(chunk["files"][0])
         if not os.path.isfile(path):
@@ -196,10 +219,11 @@ def split_binary_problems(spec, split: str, prefix=None) -> tuple[list[str], int
         if size % record:
             problems.append(f"{prefix(index)}: file {path} has {size} bytes, not a whole number of {record}-byte "
                             f"records (features {chunk['features']}); it may be truncated")
-        counts[path] = size // record
+        counts[path], chunks[path] = size // record, chunk
     if len(set(counts.values())) > 1:
         detail = ", ".join(f"{os.path.basename(p)}={n}" for p, n in counts.items())
-        problems.append(f"{prefix(None)}: files hold different sample counts: {detail}")
+        problems.append(f"{prefix(None)}: files hold different sample counts: {detail}"
+                        + _dtype_hint(spec, counts, chunks))
     return problems, (next(iter(counts.values()), 0) if not problems else None)
 
 
