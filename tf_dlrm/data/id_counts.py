@@ -126,4 +126,7 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from tf_dlrm.io.stop_signals import stopping_cleanly
+
+    with stopping_cleanly("tf_dlrm.data.id_counts"):
+        main()

@@ -196,8 +196,11 @@ def run() -> None:
     """Console script entry point ``tf-dlrm-synthetic``."""
     from absl import app
 
+    from tf_dlrm.io.stop_signals import stopping_cleanly
+
     _define_flags()
-    app.run(main)
+    with stopping_cleanly("tf_dlrm.data.synthetic"):
+        app.run(main)
 
 
 if __name__ == "__main__":

@@ -308,8 +308,11 @@ def run() -> None:
     """Console script entry point ``tf-dlrm-transcode``."""
     from absl import app
 
+    from tf_dlrm.io.stop_signals import stopping_cleanly
+
     _define_flags()
-    app.run(main)
+    with stopping_cleanly("tf_dlrm.data.transcode"):
+        app.run(main)
 
 
 if __name__ == "__main__":

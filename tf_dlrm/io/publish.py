@@ -3,7 +3,9 @@
 The rules, so that no run ever loses a user's file:
 
 1. The output is written into a fresh temporary sibling ``.<name>.tmp-XXXX`` and published with a
-   rename once complete: an interrupted or failed run leaves the earlier output as it was.
+   rename once complete: an interrupted or failed run leaves the earlier output as it was. The
+   temporary output names its writer (host, pid); the next run removes those whose writer died
+   without cleaning up (SIGKILL).
 2. A manifest (``.tf_dlrm_output.json``) lists every file the writer put there. An existing
    ``output_dir`` is replaced only when it is empty, or holds nothing but the files its manifest
    lists and was written by the same tool; anything else (a user's notes, a checkpoint, files of
@@ -22,10 +24,12 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 from typing import Iterable, Iterator
 
 MANIFEST = ".tf_dlrm_output.json"
+OWNER = ".tf_dlrm_writer.json"  # in a temporary output only: who writes it (host, pid)
 
 
 class OutputDirectoryError(FileExistsError, ValueError):
@@ -88,6 +92,35 @@ def check_replaceable(output_dir: str, flag: str, writer: str, inputs: Iterable[
         )
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_abandoned(parent: str, name: str) -> list[str]:
+    """Removes the temporary outputs ``.<name>.tmp-*`` in ``parent`` that a writer on this host left
+    when it was killed (SIGKILL, a crash: no ``finally`` ran); a live writer's are kept. Returns them."""
+    removed = []
+    for entry in os.listdir(parent):
+        if not entry.startswith(f".{name}.tmp-"):
+            continue
+        path = os.path.join(parent, entry)
+        try:
+            with open(os.path.join(path, OWNER), encoding="utf-8") as handle:
+                owner = json.load(handle)
+        except (OSError, ValueError):
+            continue  # not ours, or its writer is between creating it and naming itself
+        if owner.get("host") == socket.gethostname() and not _alive(int(owner.get("pid", 0))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 def _publish(workspace: str, output_dir: str) -> None:
     """Swaps the finished workspace in; an earlier output is removed only after the swap."""
     if not os.path.lexists(output_dir):
@@ -118,12 +151,17 @@ def staged_output(output_dir: str, flag: str, writer: str, inputs: Iterable[str]
     check_replaceable(output_dir, flag, writer, inputs)
     parent, name = os.path.split(output_dir)
     os.makedirs(parent, exist_ok=True)
+    remove_abandoned(parent, name)
     workspace = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(workspace, 0o777 & ~umask)  # mkdtemp makes it private; the output is not
+    owner = os.path.join(workspace, OWNER)
+    with open(owner, "w", encoding="utf-8") as handle:
+        json.dump({"host": socket.gethostname(), "pid": os.getpid()}, handle)
     try:
         yield workspace
+        os.remove(owner)
         with open(os.path.join(workspace, MANIFEST), "w", encoding="utf-8") as handle:
             json.dump({"writer": writer, "files": _files(workspace)}, handle, indent=1)
         check_replaceable(output_dir, flag, writer, inputs)

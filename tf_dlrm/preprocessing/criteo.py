@@ -304,8 +304,11 @@ def run() -> None:
     """Console script ``tf-dlrm-preprocess-criteo``."""
     from absl import app
 
+    from tf_dlrm.io.stop_signals import stopping_cleanly
+
     _define_flags()
-    app.run(main)
+    with stopping_cleanly("tf_dlrm.preprocessing.criteo"):
+        app.run(main)
 
 
 if __name__ == "__main__":

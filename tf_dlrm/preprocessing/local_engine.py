@@ -23,6 +23,7 @@ import ctypes
 import dataclasses
 import gc
 import multiprocessing
+import signal
 import os
 from typing import Callable, Sequence
 
@@ -98,8 +99,21 @@ _VOCABULARY: Vocabulary | None = None
 _DTYPES: list[np.dtype] | None = None
 
 
+def _start_worker() -> None:
+    """Every worker's start: it ends with its parent (SIGTERM when the parent dies, even by SIGKILL, so
+    no worker is left waiting for tasks), dies at once on SIGTERM, and leaves Ctrl-C to the parent
+    (which stops the pass and its workers)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if _LIBC is not None and hasattr(_LIBC, "prctl"):
+        _LIBC.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before the prctl: nothing will signal this worker
+            os._exit(0)
+    _tune_malloc()
+
+
 def _tune_malloc() -> None:
-    """Worker start: keep freed block-sized buffers in the heap instead of returning them to the OS.
+    """Keep freed block-sized buffers in the heap instead of returning them to the OS.
 
     Every block allocates and frees the same few MiB of numpy temporaries; with glibc's default
     trim and mmap thresholds each round trip to the kernel costs page faults, which took about as
@@ -114,7 +128,7 @@ def _tune_malloc() -> None:
 
 def _start_count_worker(barrier) -> None:
     global _COUNTS, _FLUSH_BARRIER
-    _tune_malloc()
+    _start_worker()
     _COUNTS, _FLUSH_BARRIER = CountAccumulator(), barrier
 
 
@@ -144,7 +158,7 @@ def _flush_counts() -> CountTable:
 
 def _start_transform_worker(vocabulary: Vocabulary, dtypes: list[np.dtype]) -> None:
     global _VOCABULARY, _DTYPES
-    _tune_malloc()
+    _start_worker()
     _VOCABULARY, _DTYPES = vocabulary, dtypes
 
 
@@ -176,7 +190,7 @@ class LocalEngine:
         """Nothing to release: worker pools live only during a pass."""
 
     @contextlib.contextmanager
-    def _executor(self, initializer=_tune_malloc, initargs=()):
+    def _executor(self, initializer=_start_worker, initargs=()):
         """A pool of forked workers for one pass.
 
         A forked worker has one thread; a TensorFlow object of the caller's (a tf.data iterator of
@@ -187,10 +201,18 @@ class LocalEngine:
         gc.collect()
         gc.freeze()
         try:
-            with concurrent.futures.ProcessPoolExecutor(
-                self.num_workers, mp_context=self._context, initializer=initializer, initargs=initargs
-            ) as executor:
+            executor = concurrent.futures.ProcessPoolExecutor(
+                self.num_workers, mp_context=self._context, initializer=initializer, initargs=initargs)
+            try:
                 yield executor
+            except BaseException:
+                # Failed or interrupted: end the workers now (one may wait at the flush barrier for
+                # tasks that will never come), then reap them.
+                for process in list((getattr(executor, "_processes", None) or {}).values()):
+                    process.terminate()
+                executor.shutdown(wait=True, cancel_futures=True)
+                raise
+            executor.shutdown(wait=True)
         finally:
             gc.unfreeze()
 
