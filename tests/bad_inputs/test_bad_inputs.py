@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 
 from conftest import launch, run_python
-from tiny_dataset import TINY_MODEL, poke_id, poke_numerical, write_tiny
+from tiny_dataset import TINY_MODEL, poke_id, poke_label, poke_numerical, write_tiny
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +84,11 @@ CASES = [
          r"--log_path=\S+/logs is a directory; expected a file name"),
     Case("--tensorboard_dir is a file", _make_file("board"), ("--tensorboard_dir={tmp}/board",),
          r"--tensorboard_dir=\S+/board is a file; expected a directory"),
+    # numpy reads a bool byte 2 or 255 as True: the reader reads the label file as bytes to refuse them.
+    Case("label byte 2", lambda d, t: poke_label(d, "train", 1030, 2), (),
+         r"split 'train', feature 'label', file \S*train/label.bin: sample 1030 has label 2; expected 0 or 1"),
+    Case("label byte 255 in the validation split, 2 ranks", lambda d, t: poke_label(d, "test", 300, 255), (),
+         r"split 'test', feature 'label', file \S*test/label.bin: sample 300 has label 255; expected 0 or 1", ranks=2),
     Case("inf numerical value", lambda d, t: poke_numerical(d, "train", 2047, 0, float("inf")), (),
          r"split 'train', file \S*train/numerical.bin: sample 2047, feature 'num_0' is inf"),
 ]
