@@ -23,7 +23,7 @@ import numpy as np
 
 # tf.data wraps an exception raised in the reader's numpy_function into its own error text; the
 # marker lets the command line recover this message alone (see :func:`message_of`).
-_MARKER = "BadDataError: "
+MARKER = "BadDataError: "
 
 
 class BadDataError(ValueError):
@@ -111,5 +111,10 @@ def message_of(error: BaseException) -> str | None:
     """The BadDataError message inside a TensorFlow error raised through tf.data, or None."""
     if isinstance(error, BadDataError):
         return str(error)
-    match = re.search(re.escape(_MARKER) + r"(.*)", str(error))
-    return match.group(1).strip() if match else None
+    match = re.search(re.escape(MARKER) + r"(.*)", str(error))
+    if not match:
+        return None
+    message = match.group(1).strip()
+    # A tf.debugging.Assert inside tf.data prints its message and values as "[text] [value] [text]".
+    message = re.sub(r"\] \[", " ", message).rstrip("]").strip()
+    return message.replace("\\'", "'")

@@ -193,6 +193,12 @@ class FeatureSpec:
         """Ids per sample of a categorical feature (1: one-hot)."""
         return int(self.feature_spec[feature].get("hotness", 1))
 
+    def ragged(self, feature: str) -> bool:
+        """Whether a sample of a categorical feature holds any number of ids from 0 to its hotness
+        (``ragged: true``; NVIDIA's split_tfrecords multi-hot features are, see
+        :func:`tf_dlrm.data.split_tfrecords.ragged_by_default`), not exactly ``hotness``."""
+        return self.feature_spec[feature].get("ragged", False) is True
+
     def combiner(self, feature: str) -> str:
         return str(self.feature_spec[feature].get("combiner", "sum"))
 

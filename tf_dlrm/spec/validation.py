@@ -124,6 +124,8 @@ def _validate_categorical(spec, name: str, properties: Mapping[str, Any]) -> Non
         value = properties.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             _fail(spec, f"{where}.{key}: expected a positive integer. Received: {value!r}")
+    if not isinstance(properties.get("ragged", False), bool):
+        _fail(spec, f"{where}.ragged: expected true or false. Received: {properties.get('ragged')!r}")
     if properties.get("combiner", "sum") not in COMBINERS:
         _fail(spec, f"{where}.combiner: expected one of {list(COMBINERS)}. Received: {properties.get('combiner')!r}")
     if cardinality - 1 > np.iinfo(np.dtype(dtype)).max:
