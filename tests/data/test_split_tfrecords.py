@@ -50,9 +50,9 @@ def power_law_lengths(rng, count: int, hotness: int, alpha: float = 1.2) -> np.n
     return np.minimum(lengths.astype(np.int32), hotness)
 
 
-def write_dataset(root, num_prebatches=40, seed=0, bad_row=False, variable=False, too_long=None):
+def write_dataset(root, num_prebatches=40, seed=0, bad_row=False, variable=False, too_long=None, bad_label=None):
     """``variable``: multi-hot rows of 1 to hotness ids (power law); ``too_long``: ``(feature, sample)``
-    given hotness + 1 ids."""
+    given hotness + 1 ids; ``bad_label``: ``(sample, value)``."""
     rng = np.random.default_rng(seed)
     samples = num_prebatches * PREBATCH
     written = {}  # multi-hot feature -> ids of each sample
@@ -60,6 +60,8 @@ def write_dataset(root, num_prebatches=40, seed=0, bad_row=False, variable=False
     ids = [rng.integers(0, c, (samples, h)) for c, h in zip(CARDINALITIES, HOTNESS)]
     # Labels the ids decide: a model that reads them learns.
     label = ((ids[0][:, 0] % 2 == 0) & (ids[1][:, 0] < 150)).astype(np.int8)[:, None]
+    if bad_label is not None:
+        label[bad_label[0], 0] = bad_label[1]
     for i, hotness in enumerate(HOTNESS):
         if hotness > 1:  # the same rows in both splits
             written[i] = power_law_lengths(rng, samples, hotness) if variable else np.full(samples, hotness)
@@ -208,3 +210,15 @@ def test_main_refuses_a_row_longer_than_hotness_in_one_line(tmp_path):
     assert "Traceback" not in completed.stderr, completed.stderr[-3000:]
     assert (f"error (rank 0): split 'train', feature 'cat_1.bin', directory {tmp_path}/train/categorical_1: "
             "sample 100 holds 4 ids, more than its hotness 3\n") in completed.stderr, completed.stderr[-3000:]
+
+
+@pytest.mark.parametrize("value", [2, -1])  # -1: the byte 255 of NVIDIA's int8 labels
+def test_a_label_other_than_0_or_1_is_named_with_its_sample(tmp_path, value):
+    from tf_dlrm.data.validation import message_of
+
+    write_dataset(str(tmp_path), num_prebatches=4, bad_label=(77, value))
+    reader = SplitTFRecordsReader(FeatureSpec.load(str(tmp_path / "feature_spec.yaml"), check_files=False), "test", 32)
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        list(reader.dataset())
+    assert message_of(caught.value) == (
+        f"split 'test', feature 'label', directory {tmp_path}/test/label: sample 77 has label {value} (expected 0 or 1)")

@@ -143,6 +143,21 @@ class SplitTFRecordsReader:
         with tf.control_dependencies([check]):
             return ids.with_values(tf.identity(ids.values))
 
+    def _checked_labels(self, prebatch, labels):
+        """A label pre-batch once every value is 0 or 1 (NVIDIA writes int8 labels: 2 or 255 would train as
+        a positive once cast)."""
+        flat = tf.reshape(labels, [-1])
+        bad = tf.concat([tf.logical_and(tf.not_equal(flat, 0), tf.not_equal(flat, 1)), [True]], axis=0)
+        row = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
+        count = tf.size(flat, out_type=tf.int64)
+        check = tf.debugging.Assert(
+            tf.equal(row, count),
+            [f"{MARKER}split '{self.split}', feature 'label', directory {self.label.directory}: sample",
+             tf.cast(prebatch, tf.int64) * count + row, "has label",
+             tf.gather(tf.concat([tf.cast(flat, tf.float32), [0.0]], axis=0), row), "(expected 0 or 1)"])
+        with tf.control_dependencies([check]):
+            return tf.identity(labels)
+
     def _fixed(self, index: int, ids):
         """A multi-hot feature's ragged ids as the layer's ``[n, hotness]`` (every row full)."""
         hotness = self.hotness[index]
@@ -162,7 +177,7 @@ class SplitTFRecordsReader:
         """The global batches in file order (no shuffle: the pre-batches are already mixed)."""
         order = list(self.global_categorical + self.local_categorical)
         out_types = [tf.int64 if self.cardinalities[i] > np.iinfo(np.int32).max else tf.int32 for i in order]
-        inputs = [self.label.prebatches()]
+        inputs = [self.label.prebatches().enumerate().map(self._checked_labels)]
         inputs.append(self.numerical.prebatches() if self.numerical else self.label.prebatches().map(lambda l: tf.zeros([tf.shape(l)[0], 0])))
         # Fixed multi-hot pre-batches become dense [P, hotness] before they are cut into samples; ragged
         # ones stay ragged (a sample is then a [None] row, batched back into a RaggedTensor).
