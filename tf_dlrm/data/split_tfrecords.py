@@ -126,20 +126,26 @@ class SplitTFRecordsReader:
     def num_batches(self) -> int:
         return self.num_samples // self.global_batch_size
 
+    def _length_check(self, index: int, prebatch, lengths, bad, what: str):
+        """Asserts no row of a pre-batch is ``bad`` (a ``[P]`` mask over its ``lengths``), naming the first
+        one by its sample in the split: pre-batch index times the pre-batch size, plus the row."""
+        flags = tf.concat([bad, [True]], axis=0)  # a sentinel: the first bad row is P when none is
+        row = tf.argmax(tf.cast(flags, tf.int32), output_type=tf.int64)
+        count = tf.size(lengths, out_type=tf.int64)
+        return tf.debugging.Assert(
+            tf.equal(row, count),
+            [f"{MARKER}split '{self.split}', feature '{self.names[index]}', directory {self.directory}/categorical_{index}: "
+             "sample", tf.cast(prebatch, tf.int64) * count + row, "holds",
+             tf.gather(tf.concat([tf.cast(lengths, tf.int64), [0]], axis=0), row), what])
+
     def _ragged(self, index: int, prebatch, ids):
-        """A ragged feature's pre-batch ``prebatch`` as it was written, once no row holds more than ``hotness`` ids."""
+        """A ragged feature's pre-batch as it was written, once no row holds more than ``hotness`` ids."""
         hotness = self.hotness[index]
         if not isinstance(ids, tf.RaggedTensor):  # written dense (NVIDIA writes hotness 1 so): every row full
             ids = tf.RaggedTensor.from_tensor(tf.reshape(ids, [tf.shape(ids)[0], -1]))
         lengths = ids.row_lengths()
-        # The first row too long, located in the split: pre-batch index times its size, plus the row.
-        too_long = tf.concat([lengths > tf.cast(hotness, lengths.dtype), [True]], axis=0)
-        row = tf.argmax(tf.cast(too_long, tf.int32), output_type=tf.int64)
-        check = tf.debugging.Assert(
-            tf.equal(row, tf.size(lengths, out_type=tf.int64)),
-            [f"{MARKER}split '{self.split}', feature '{self.names[index]}', directory {self.directory}/categorical_{index}: "
-             "sample", tf.cast(prebatch, tf.int64) * tf.size(lengths, out_type=tf.int64) + row, "holds",
-             tf.gather(tf.concat([lengths, [0]], axis=0), row), f"ids, more than its hotness {hotness}"])
+        check = self._length_check(index, prebatch, lengths, lengths > tf.cast(hotness, lengths.dtype),
+                                   f"ids, more than its hotness {hotness}")
         with tf.control_dependencies([check]):
             return ids.with_values(tf.identity(ids.values))
 
@@ -158,17 +164,16 @@ class SplitTFRecordsReader:
         with tf.control_dependencies([check]):
             return tf.identity(labels)
 
-    def _fixed(self, index: int, ids):
+    def _fixed(self, index: int, prebatch, ids):
         """A multi-hot feature's ragged ids as the layer's ``[n, hotness]`` (every row full)."""
         hotness = self.hotness[index]
         if not isinstance(ids, tf.RaggedTensor):
             ids = tf.reshape(ids, [-1]) if hotness == 1 else tf.reshape(ids, [-1, hotness])
         else:
             lengths = ids.row_lengths()
-            check = tf.debugging.assert_equal(
-                lengths, tf.cast(hotness, lengths.dtype),
-                message=f"{self.directory}/categorical_{index} (feature {self.names[index]!r}): a sample does not hold "
-                        f"exactly hotness={hotness} ids")
+            check = self._length_check(
+                index, prebatch, lengths, tf.not_equal(lengths, tf.cast(hotness, lengths.dtype)),
+                f"ids, not exactly its hotness {hotness} (a fixed-hotness feature: ragged: true allows 0 to {hotness})")
             with tf.control_dependencies([check]):
                 ids = tf.reshape(tf.identity(ids.values), [-1] if hotness == 1 else [-1, hotness])
         return ids
@@ -182,11 +187,9 @@ class SplitTFRecordsReader:
         # Fixed multi-hot pre-batches become dense [P, hotness] before they are cut into samples; ragged
         # ones stay ragged (a sample is then a [None] row, batched back into a RaggedTensor).
         for i, t in zip(order, out_types):
-            if self.ragged[i]:
-                inputs.append(self.categorical[i].prebatches().enumerate().map(
-                    lambda prebatch, ids, i=i, t=t: tf.cast(self._ragged(i, prebatch, ids), t)))
-            else:
-                inputs.append(self.categorical[i].prebatches().map(lambda ids, i=i, t=t: tf.cast(self._fixed(i, ids), t)))
+            shape = self._ragged if self.ragged[i] else self._fixed
+            inputs.append(self.categorical[i].prebatches().enumerate().map(
+                lambda prebatch, ids, i=i, t=t, shape=shape: tf.cast(shape(i, prebatch, ids), t)))
         samples = tf.data.Dataset.zip(tuple(inputs)).unbatch()
         batches = samples.batch(self.global_batch_size, drop_remainder=True).skip(start_batch)
         local = slice(self.rank * self.local_batch_size, (self.rank + 1) * self.local_batch_size)
