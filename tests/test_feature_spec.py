@@ -212,3 +212,54 @@ def test_with_split_binary_sources_layout(tmp_path):
         ["test/label.bin"], ["test/numerical.bin"], ["test/cat_0.bin"], ["test/cat_1.bin"]
     ]
     spec.validate(check_files=False)
+
+
+@pytest.mark.parametrize("feature, key, nearest", [
+    ("cat_0.bin", "embeding_dim", "embedding_dim"),
+    ("cat_1.bin", "hotnes", "hotness"),
+    ("cat_1.bin", "combinr", "combiner"),
+    ("cat_0.bin", "cardinalty", "cardinality"),  # beside a correct cardinality: ignored before
+    ("num_0", "dtyp", "dtype"),
+    ("cat_1.bin", "capacty", "capacity"),
+])
+def test_misspelt_feature_key_is_refused_with_the_nearest_key(feature, key, nearest):
+    raw = _raw_spec()
+    raw["feature_spec"][feature][key] = 4
+    message = _expect_error(raw, f"feature_spec.{feature} (feature '{feature}'): unknown key '{key}'; "
+                                 f"did you mean '{nearest}'?")
+    assert "\n" not in message
+
+
+def test_misspelt_top_level_and_chunk_keys_name_the_nearest_key():
+    raw = _raw_spec()
+    raw["chanel_spec"] = raw.pop("channel_spec")
+    _expect_error(raw, "top level: unknown key 'chanel_spec'; did you mean 'channel_spec'?")
+    raw = _raw_spec()
+    raw["source_spec"]["train"][0]["file"] = raw["source_spec"]["train"][0].pop("files")
+    _expect_error(raw, "source_spec.train[0]: unknown key 'file'; did you mean 'files'?")
+
+
+def test_every_key_of_nvidia_and_tf_dlrm_specs_is_accepted(tmp_path):
+    """No valid spec is refused: DLE's DLRM_and_DCNv2 keys (their synthetic specs carry hotness and
+    alpha), tf_dlrm's embedding_dim/combiner, dynamic tables' keys and transcode's records."""
+    import glob
+
+    repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # byo_raw_example is transcode's input (cardinalities come from its vocabulary), not a training spec.
+    paths = [p for p in glob.glob(os.path.join(repository, "feature_specs", "**", "*.yaml"), recursive=True)
+             if not p.endswith(os.path.join("byo_raw_example", "feature_spec.yaml"))]
+    assert len(paths) >= 6
+    for path in paths:
+        FeatureSpec.load(path, check_files=False)
+    raw = _raw_spec()
+    # Shaped as DLE's generate_feature_spec.py writes it (int32 ids, int8 label, hotness and alpha).
+    raw["feature_spec"]["cat_0.bin"].update({"dtype": "int32", "hotness": 3, "alpha": 1.45})
+    raw["feature_spec"]["label"] = {"dtype": "int8"}
+    raw["feature_spec"]["cat_1.bin"].update({"embedding_dim": 8, "combiner": "mean", "encoded": "vocabulary",
+                                             "vocabulary": "vocabulary/cat_1.txt", "oov_id": 0,
+                                             "transform": {"steps": []}})
+    raw["source_spec"] = {}
+    FeatureSpec.from_dict(raw)
+    raw["feature_spec"]["cat_0.bin"] = {"dtype": "int64", "dynamic": True, "capacity": 100, "capacity_scope": "total",
+                                        "eviction": "lru", "min_count": 2}
+    FeatureSpec.from_dict(raw)

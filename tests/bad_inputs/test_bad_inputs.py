@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 
 from conftest import launch, run_python
-from tiny_dataset import TINY_MODEL, poke_id, poke_numerical, write_tiny
+from tiny_dataset import TINY_MODEL, poke_id, poke_label, poke_numerical, write_tiny
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +104,11 @@ CASES = [
          r"the sharding plan does not fit in memory: rank 0 needs 16.00 TiB for embedding tables .* more than the "
          r"\S+ \S+ left by (MemAvailable of host|the limit of memory cgroup).* Largest tables on rank 0 \(with their "
          r"optimizer state\): 'cat_1.bin' 16.00 TiB"),
+    # numpy reads a bool byte 2 or 255 as True: the reader reads the label file as bytes to refuse them.
+    Case("label byte 2", lambda d, t: poke_label(d, "train", 1030, 2), (),
+         r"split 'train', feature 'label', file \S*train/label.bin: sample 1030 has label 2; expected 0 or 1"),
+    Case("label byte 255 in the validation split, 2 ranks", lambda d, t: poke_label(d, "test", 300, 255), (),
+         r"split 'test', feature 'label', file \S*test/label.bin: sample 300 has label 255; expected 0 or 1", ranks=2),
     Case("inf numerical value", lambda d, t: poke_numerical(d, "train", 2047, 0, float("inf")), (),
          r"split 'train', file \S*train/numerical.bin: sample 2047, feature 'num_0' is inf"),
 ]

@@ -60,3 +60,11 @@ def poke_numerical(directory, split: str, sample: int, column: int, value: float
     values = np.fromfile(path, np.float16).reshape(-1, NUM_NUMERICAL)
     values[sample, column] = value
     values.tofile(path)
+
+
+def poke_label(directory, split: str, sample: int, byte: int) -> None:
+    """Overwrites one label with a raw byte (the file holds one ``bool`` byte per sample)."""
+    path = os.path.join(str(directory), split, "label.bin")
+    labels = np.fromfile(path, np.uint8)
+    labels[sample] = byte
+    labels.tofile(path)

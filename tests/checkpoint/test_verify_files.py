@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
 from checkpoint_files import write_checkpoint  # noqa: E402

@@ -45,3 +45,29 @@ def test_export_never_overwrites_a_saved_model(tmp_path_factory):
     run = single(tmp_path_factory)
     assert "exists and is not empty" in run["results"]["export_again"]["error"]
     assert os.path.isfile(os.path.join(run["saved_model"], "saved_model.pb"))
+
+
+def test_saved_model_refuses_a_wrong_batch_with_its_message(tmp_path_factory, tmp_path):
+    """A signature checks dtypes, not shapes: without the served function's own asserts a 9th
+    categorical column was dropped and the batch scored. Loaded with TensorFlow alone."""
+    run = single(tmp_path_factory)
+    report = str(tmp_path / "bad.json")
+    run_python(["tests/cli/serve_saved_model.py", run["saved_model"], os.path.join(run["out"], "predict_batch.npz"),
+                str(tmp_path / "served.npy"), report])
+    with open(report) as handle:
+        found = json.load(handle)
+    columns = [f"cat_{i}.bin" for i in range(8)]
+    expected = {
+        "categorical_9_columns": f"serving input 'categorical': expected shape [batch, 8] (one id per categorical "
+                                 f"feature {columns}). Received shape:] [384 9]",
+        "numerical_12_columns": "serving input 'numerical': expected shape [batch, 13]",
+        "batch_sizes_differ": "serving inputs 'numerical' and 'categorical' must hold the same number of samples "
+                              "(one row each). Received: 'numerical'] [384] [rows, 'categorical'] [383] [rows]",
+        "id_outside": "ids must lie in [0, cardinality) of their column",
+        "categorical_rank_1": "Received shape:] [384]",
+    }
+    for case, fragment in expected.items():
+        assert fragment in found[case], (case, found[case])
+    with open(os.path.join(run["saved_model"], "tf_dlrm_serving.json")) as handle:
+        cardinality = json.load(handle)["cardinalities"]
+    assert f"sample] [5] [feature] [cat_2.bin] [holds id] [{cardinality[2]}]" in found["id_outside"], found["id_outside"]

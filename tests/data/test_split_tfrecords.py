@@ -41,13 +41,35 @@ def write_input(directory, prebatches, dtype, multihot=False, num_features=1):
                 writer.write(example.SerializeToString())
 
 
-def write_dataset(root, num_prebatches=40, seed=0, bad_row=False):
+def power_law_lengths(rng, count: int, hotness: int, alpha: float = 1.2) -> np.ndarray:
+    """Row lengths as NVIDIA's synthetic generator draws them (``variable_hotness``): the inverse CDF of a
+    power law on ``[1, hotness]`` applied to uniform draws, truncated to integers (mostly short rows)."""
+    gamma = 1.0 - alpha
+    low, high = 1.0, float(hotness) + 1.0  # + 1: let truncation reach hotness itself
+    lengths = (rng.random(count) * (high ** gamma - low ** gamma) + low ** gamma) ** (1.0 / gamma)
+    return np.minimum(lengths.astype(np.int32), hotness)
+
+
+def write_dataset(root, num_prebatches=40, seed=0, bad_row=False, variable=False, too_long=None, bad_label=None):
+    """``variable``: multi-hot rows of 1 to hotness ids (power law); ``too_long``: ``(feature, sample)``
+    given hotness + 1 ids; ``bad_label``: ``(sample, value)``."""
     rng = np.random.default_rng(seed)
     samples = num_prebatches * PREBATCH
+    written = {}  # multi-hot feature -> ids of each sample
     numerical = rng.normal(size=(samples, 4)).astype(np.float16)
     ids = [rng.integers(0, c, (samples, h)) for c, h in zip(CARDINALITIES, HOTNESS)]
     # Labels the ids decide: a model that reads them learns.
     label = ((ids[0][:, 0] % 2 == 0) & (ids[1][:, 0] < 150)).astype(np.int8)[:, None]
+    if bad_label is not None:
+        label[bad_label[0], 0] = bad_label[1]
+    for i, hotness in enumerate(HOTNESS):
+        if hotness > 1:  # the same rows in both splits
+            written[i] = power_law_lengths(rng, samples, hotness) if variable else np.full(samples, hotness)
+            if bad_row:
+                written[i][5] = hotness - 1
+            if too_long is not None and too_long[0] == i:
+                ids[i] = np.concatenate([ids[i], ids[i][:, :1]], axis=1)
+                written[i][too_long[1]] = hotness + 1
     for split in ("train", "test"):
         directory = os.path.join(root, split)
         chunks = lambda array: [array[k * PREBATCH:(k + 1) * PREBATCH] for k in range(num_prebatches)]  # noqa: E731
@@ -57,9 +79,7 @@ def write_dataset(root, num_prebatches=40, seed=0, bad_row=False):
             if hotness == 1:
                 write_input(os.path.join(directory, f"categorical_{i}"), chunks(values), "int32")
                 continue
-            lengths = np.full(samples, hotness)
-            if bad_row:
-                lengths[5] = hotness - 1
+            lengths = written[i]
             flat = [v[:n] for v, n in zip(values, lengths)]
             batches = [(np.concatenate(flat[k * PREBATCH:(k + 1) * PREBATCH]), lengths[k * PREBATCH:(k + 1) * PREBATCH])
                        for k in range(num_prebatches)]
@@ -73,6 +93,9 @@ def write_dataset(root, num_prebatches=40, seed=0, bad_row=False):
                                                        "categorical": [f"cat_{i}.bin" for i in range(3)]}}
     with open(os.path.join(root, "feature_spec.yaml"), "w") as handle:
         yaml.safe_dump(spec, handle)
+    if variable:  # what each sample holds: its first `length` ids
+        return numerical, [v if i not in written else [row[:n] for row, n in zip(v, written[i])]
+                           for i, v in enumerate(ids)], label
     return numerical, ids, label
 
 
@@ -96,8 +119,13 @@ def test_a_row_of_the_wrong_hotness_is_named(tmp_path):
     write_dataset(str(tmp_path), num_prebatches=2, bad_row=True)
     spec = FeatureSpec.load(str(tmp_path / "feature_spec.yaml"), check_files=False)
     reader = SplitTFRecordsReader(spec, "train", 32)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"categorical_1 \(feature .+cat_1.bin.+hotness=3"):
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
         list(reader.dataset())
+    from tf_dlrm.data.validation import message_of
+
+    assert message_of(caught.value) == (
+        f"split 'train', feature 'cat_1.bin', directory {tmp_path}/train/categorical_1: sample 5 holds 2 ids, "
+        "not exactly its hotness 3 (a fixed-hotness feature: ragged: true allows 0 to 3)")
 
 
 @pytest.mark.multirank
@@ -110,3 +138,92 @@ def test_trains_under_two_ranks(tmp_path):
     final = json.loads(open(log).read().splitlines()[-1])
     assert final["world_size"] == 2 and final["steps"] == 6 * (60 * PREBATCH // 96)
     assert final["auc"] > 0.8, final  # the labels are a function of the ids (test split = train split)
+
+
+def _rows(ragged: tf.RaggedTensor) -> list[list[int]]:
+    return [list(row) for row in ragged.to_list()]
+
+
+def test_variable_length_rows_load_as_ragged_ids(tmp_path):
+    """Rows of 1 to hotness ids, as NVIDIA's generator draws them, come out as they were written."""
+    from tf_dlrm.data.split_tfrecords import ragged_by_default
+
+    numerical, ids, label = write_dataset(str(tmp_path), variable=True)
+    lengths = np.array([len(row) for row in ids[1]])
+    assert lengths.min() == 1 and lengths.max() == HOTNESS[1] and (lengths < HOTNESS[1]).mean() > 0.5
+    spec = ragged_by_default(FeatureSpec.load(str(tmp_path / "feature_spec.yaml"), check_files=False))
+    assert [spec.ragged(name) for name in spec.categorical_features] == [False, True, True]
+    reader = SplitTFRecordsReader(spec, "train", 48, rank=1, world_size=2, global_categorical=[1], local_categorical=[0, 2])
+    dense, categorical, labels = list(reader.dataset())[3]
+    start = 3 * 48
+    assert isinstance(categorical[0], tf.RaggedTensor) and isinstance(categorical[2], tf.RaggedTensor)
+    assert _rows(categorical[0]) == [list(row) for row in ids[1][start:start + 48]]  # global: all 48 samples
+    np.testing.assert_array_equal(categorical[1].numpy(), ids[0][start + 24:start + 48, 0])
+    assert _rows(categorical[2]) == [list(row) for row in ids[2][start + 24:start + 48]]
+    np.testing.assert_array_equal(labels.numpy()[:, 0], label[start + 24:start + 48, 0])
+
+
+def test_a_row_longer_than_hotness_is_named_with_its_sample(tmp_path):
+    from tf_dlrm.data.split_tfrecords import ragged_by_default
+    from tf_dlrm.data.validation import message_of
+
+    write_dataset(str(tmp_path), num_prebatches=4, variable=True, too_long=(2, 70))
+    spec = ragged_by_default(FeatureSpec.load(str(tmp_path / "feature_spec.yaml"), check_files=False))
+    reader = SplitTFRecordsReader(spec, "train", 32)
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        list(reader.dataset())
+    assert message_of(caught.value) == (
+        f"split 'train', feature 'cat_2.bin', directory {tmp_path}/train/categorical_2: sample 70 holds 3 ids, "
+        "more than its hotness 2")
+
+
+TRAIN_FLAGS = ["--dataset_type=split_tfrecords", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1",
+               "--batch_size=96", "--epochs=2", "--learning_rate=0.5", "--optimizer=sgd", "--embedding_optimizer=sgd",
+               "--data_parallel_threshold=100", "--print_freq=1000"]
+
+
+@pytest.mark.multirank
+def test_variable_length_rows_train_column_wise_on_two_ranks_like_one_process(tmp_path):
+    """NVIDIA's layout with rows of 1 to hotness ids (hotness the maximum) trains from the files:
+    the two multi-hot tables sliced by columns over 2 ranks give what one process gives.
+
+    Tolerance: both runs add the same float32 numbers in other orders (the allreduce, the pooled sums
+    of column slices), a few units of 2**-24 per step over 40 SGD steps; 1e-5 on the final loss is
+    far above that and far below the change a dropped or repeated id makes."""
+    from conftest import run_python
+
+    write_dataset(str(tmp_path), num_prebatches=60, variable=True)
+    logs = {ranks: tmp_path / f"log{ranks}.jsonl" for ranks in (1, 2)}
+    completed = launch(2, ["main.py", f"--dataset_path={tmp_path}", *TRAIN_FLAGS, "--dist_strategy=column_wise",
+                           f"--log_path={logs[2]}"], timeout=600)
+    assert "t1[0:4] t2[0:4]" in completed.stdout + completed.stderr  # both multi-hot tables split by columns
+    run_python(["main.py", f"--dataset_path={tmp_path}", *TRAIN_FLAGS, f"--log_path={logs[1]}"], timeout=600)
+    final = {ranks: json.loads(open(path).read().splitlines()[-1]) for ranks, path in logs.items()}
+    assert final[2]["world_size"] == 2 and final[2]["steps"] == final[1]["steps"] == 2 * (60 * PREBATCH // 96)
+    assert abs(final[2]["logloss"] - final[1]["logloss"]) <= 1e-5, final
+    assert abs(final[2]["auc"] - final[1]["auc"]) <= 1e-5, final
+    assert final[1]["auc"] > 0.75, final  # the labels are a function of the ids (test split = train split)
+
+
+def test_main_refuses_a_row_longer_than_hotness_in_one_line(tmp_path):
+    from conftest import run_python
+
+    write_dataset(str(tmp_path), num_prebatches=4, variable=True, too_long=(1, 100))
+    completed = run_python(["main.py", f"--dataset_path={tmp_path}", *TRAIN_FLAGS, "--batch_size=32"], check=False,
+                           timeout=300)
+    assert completed.returncode == 2, completed.stderr[-3000:]
+    assert "Traceback" not in completed.stderr, completed.stderr[-3000:]
+    assert (f"error (rank 0): split 'train', feature 'cat_1.bin', directory {tmp_path}/train/categorical_1: "
+            "sample 100 holds 4 ids, more than its hotness 3\n") in completed.stderr, completed.stderr[-3000:]
+
+
+@pytest.mark.parametrize("value", [2, -1])  # -1: the byte 255 of NVIDIA's int8 labels
+def test_a_label_other_than_0_or_1_is_named_with_its_sample(tmp_path, value):
+    from tf_dlrm.data.validation import message_of
+
+    write_dataset(str(tmp_path), num_prebatches=4, bad_label=(77, value))
+    reader = SplitTFRecordsReader(FeatureSpec.load(str(tmp_path / "feature_spec.yaml"), check_files=False), "test", 32)
+    with pytest.raises(tf.errors.InvalidArgumentError) as caught:
+        list(reader.dataset())
+    assert message_of(caught.value) == (
+        f"split 'test', feature 'label', directory {tmp_path}/test/label: sample 77 has label {value} (expected 0 or 1)")

@@ -75,7 +75,8 @@ def model_features(spec: FeatureSpec, model: ModelConfig) -> tuple[tuple[Feature
 
 def make_features(spec: FeatureSpec) -> tuple[FeatureConfig, ...]:
     """One feature per categorical feature of the spec, reading its own table."""
-    return tuple(FeatureConfig(name=name, table=name, hotness=spec.hotness(name), combiner=spec.combiner(name))
+    return tuple(FeatureConfig(name=name, table=name, hotness=spec.hotness(name), ragged=spec.ragged(name),
+                               combiner=spec.combiner(name))
                  for name in spec.categorical_features)
 
 

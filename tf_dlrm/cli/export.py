@@ -12,7 +12,11 @@ SavedModel holds plain variables and TensorFlow ops, so serving needs TensorFlow
 
 Inputs: ``numerical`` float32 ``[batch, num_numerical]`` (the values the training reader yields)
 and ``categorical`` int64 ``[batch, num_categorical]`` (one id per one-hot feature, columns in
-feature-spec order). ``tf_dlrm_serving.json`` beside it names the features in column order.
+feature-spec order). ``tf_dlrm_serving.json`` beside it names the features in column order. A batch
+of another width, numerical and categorical batches of different sizes, or an id outside its
+feature's ``[0, cardinality)`` stop the call with ``InvalidArgumentError: assertion failed: [...]``
+naming the input, the expected shape and what was received, rather than scoring (signatures check
+dtypes, not shapes: a 9th column would otherwise be dropped in silence).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from absl import logging as absl_logging
 
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.io.publish import check_replaceable, staged_output
+from tf_dlrm.embedding.serving import checked_batch
 from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.checkpoint import store as checkpoint_store
 from tf_dlrm.ops import kernels_off
@@ -42,24 +47,30 @@ class ServingModule(tf.Module):
 
     Args:
         model: a built tf_dlrm model whose embedding holds every table whole.
-        num_numerical: width of the numerical input.
-        num_categorical: categorical columns (one-hot features, spec order).
+        numerical_features: the numerical input's columns (spec order).
+        categorical_features: the categorical input's columns (one-hot features, spec order).
+        cardinalities: rows of each categorical feature's table; a served id outside its
+            ``[0, cardinality)`` is refused (:func:`tf_dlrm.embedding.serving.checked_batch`), as
+            are widths and batch sizes that do not match.
     """
 
-    def __init__(self, model, num_numerical: int, num_categorical: int):
+    def __init__(self, model, numerical_features, categorical_features, cardinalities):
         super().__init__(name="tf_dlrm_serving")
         self.model = model
-        self.num_categorical = int(num_categorical)
+        self.numerical_features, self.categorical_features = list(numerical_features), list(categorical_features)
+        self.cardinalities = [int(c) for c in cardinalities]
         self.serve = tf.function(
             self._serve,
             input_signature=[
-                tf.TensorSpec([None, num_numerical], tf.float32, name="numerical"),
-                tf.TensorSpec([None, num_categorical], tf.int64, name="categorical"),
+                tf.TensorSpec([None, len(self.numerical_features)], tf.float32, name="numerical"),
+                tf.TensorSpec([None, len(self.categorical_features)], tf.int64, name="categorical"),
             ],
         )
 
     def _serve(self, numerical, categorical):
-        columns = tuple(categorical[:, column] for column in range(self.num_categorical))
+        numerical, categorical = checked_batch(numerical, categorical, self.numerical_features, self.categorical_features,
+                                               self.cardinalities)
+        columns = tuple(categorical[:, column] for column in range(len(self.categorical_features)))
         logits = self.model((numerical, columns), training=False)
         return {"probability": tf.reshape(tf.sigmoid(tf.cast(logits, tf.float32)), [-1])}
 
@@ -119,7 +130,7 @@ def export_checkpoint(directory: str, manifest: dict, saved_model_path: str, spe
     else:
         model = rebuild_for_serving(spec, model_config)
         load_checkpoint_into(model, directory, manifest)
-        module = ServingModule(model, len(spec.numerical_features), len(spec.categorical_features))
+        module = ServingModule(model, spec.numerical_features, spec.categorical_features, spec.cardinalities())
     with staged_output(saved_model_path, "--saved_model_path", WRITER, [directory]) as temporary:
         _save(module, temporary, _serving_info(directory, manifest))
     return _serving_info(directory, manifest)
@@ -149,7 +160,7 @@ def dynamic_serving(directory: str, manifest: dict, spec, model_config):
     checkpoint_dynamic.check(directory, manifest, model.embedding, None)
     load_dense_into(model, directory, manifest)
     checkpoint_dynamic.restore_rows(folder, model.embedding.dynamic_layer, None, env)
-    return DynamicServing(model)
+    return DynamicServing(model, spec.numerical_features, spec.categorical_features)
 
 
 def _save(module, temporary: str, info: dict) -> None:

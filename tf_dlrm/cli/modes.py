@@ -72,6 +72,10 @@ def start(config, check_spec=None):
     config.check_world_size(env.world_size)
     threads = configure_threads(config, env.local_size)
     spec = FeatureSpec.load(resolve_spec_path(config), check_files=config.dataset_type == "tf_raw")
+    if config.dataset_type == "split_tfrecords":
+        from tf_dlrm.data.split_tfrecords import ragged_by_default
+
+        ragged_by_default(spec)  # NVIDIA's layout stores multi-hot rows ragged: hotness is their maximum
     if check_spec is not None:
         check_spec(spec)
     reporter = Reporter(env.is_chief, config.log_path, config.tensorboard_dir)

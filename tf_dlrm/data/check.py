@@ -21,7 +21,7 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from tf_dlrm.data.validation import id_problem
+from tf_dlrm.data.validation import id_problem, raw_label_dtype
 from tf_dlrm.spec.format import SPLIT_BINARY, FeatureSpecError
 from tf_dlrm.spec.feature_spec import FeatureSpec
 
@@ -51,8 +51,13 @@ def scan_split(spec: FeatureSpec, split: str, block: int = 1 << 20) -> list[str]
         return problems  # sizes disagree: values at a sample index would not line up
     files = spec.split_files(split)
     found: dict = {}
-    for start, labels in _blocks(files.label, spec.dtype(spec.label_feature), 1, count, block):
-        _count_and_first((labels != 0) & (labels != 1), start, found, ("label", spec.label_feature, files.label))
+    first_label = None  # the value of the first bad label, named in its line
+    # A bool file is read as bytes: numpy would read a byte 2 or 255 of a bool array as True.
+    for start, labels in _blocks(files.label, raw_label_dtype(spec.dtype(spec.label_feature)), 1, count, block):
+        bad = ((labels != 0) & (labels != 1)).reshape(-1)
+        if first_label is None and bad.any():
+            first_label = labels.reshape(-1)[np.flatnonzero(bad)[0]].item()
+        _count_and_first(bad, start, found, ("label", spec.label_feature, files.label))
     if files.numerical:
         names = spec.numerical_features
         for start, values in _blocks(files.numerical, spec.numerical_dtype(), len(names), count, block):
@@ -74,8 +79,9 @@ def scan_split(spec: FeatureSpec, split: str, block: int = 1 << 20) -> list[str]
             description = f"id(s) outside [0, {cardinality})"
         else:
             description = what[kind]
+        value = f" holding {first_label}" if kind == "label" else ""
         problems.append(
-            f"split '{split}', feature '{name}', file {path}: {total} {description}, the first at sample {first}"
+            f"split '{split}', feature '{name}', file {path}: {total} {description}, the first at sample {first}{value}"
         )
     if count == 0:
         problems.append(f"split '{split}': no samples (its files are empty)")

@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tf_dlrm.data.validation import BadDataError, id_problem, numerical_problem
+from tf_dlrm.data.validation import BadDataError, id_problem, label_problem, numerical_problem, raw_label_dtype
 from tf_dlrm.spec import dynamic as dynamic_spec
 from tf_dlrm.spec.feature_spec import FeatureSpec
 
@@ -58,9 +58,10 @@ class SplitBinaryReader:
         shuffle: shuffle the order of batches each epoch, from ``seed`` and the epoch number.
         seed: the shuffle seed, the same on every rank.
         parallel_reads: batches read concurrently.
-        validate: refuse a batch holding an id outside ``[0, cardinality)`` or a non-finite
-            numerical value (:class:`BadDataError` naming split, feature, file and sample); costs
-            one reduction per column per batch. False only to measure that cost.
+        validate: refuse a batch holding an id outside ``[0, cardinality)``, a label other than 0
+            or 1 (a ``bool`` file is read as bytes) or a non-finite numerical value
+            (:class:`BadDataError` naming split, feature, file and sample); costs one reduction
+            per column per batch. False only to measure that cost.
 
     Yields:
         ``(numerical float32 [b, n_num], categorical tuple, label float32 [b, 1])`` where
@@ -116,7 +117,8 @@ class SplitBinaryReader:
         self.local_categorical = tuple(local_categorical)
 
         cardinalities = spec.cardinalities()
-        self._label = _Column(self.files.label, spec.dtype(spec.label_feature), 1, "local", np.dtype(np.float32))
+        self._label = _Column(self.files.label, raw_label_dtype(spec.dtype(spec.label_feature)), 1, "local",
+                              np.dtype(np.float32), spec.label_feature)
         self._numerical = None
         if self.files.numerical:
             self._numerical = _Column(
@@ -198,10 +200,13 @@ class SplitBinaryReader:
         categorical = [self._read_rows(c, *spans[c.scope]) for c in self._categorical]
         categorical = [ids.reshape(-1) if c.width == 1 else ids for ids, c in zip(categorical, self._categorical)]
         if self.validate:
-            self._check(numerical, categorical, spans)
+            self._check(numerical, categorical, label, spans)
         return numerical, categorical, label
 
-    def _check(self, numerical: np.ndarray, categorical: list[np.ndarray], spans: dict) -> None:
+    def _check(self, numerical: np.ndarray, categorical: list[np.ndarray], label: np.ndarray, spans: dict) -> None:
+        problem = label_problem(label, spans["local"][0])
+        if problem:
+            raise BadDataError(f"split '{self.split}', feature '{self._label.feature}', file {self._label.path}: {problem}")
         if self._numerical is not None:
             problem = numerical_problem(numerical, self.numerical_features, spans["local"][0])
             if problem:

@@ -11,9 +11,16 @@ ids, then int32 row splits).
 
 Pre-batches are split into samples and batched again, so any global batch size works (not only
 ``P``); rank r keeps its local slice of labels, numerical and local features, and the global batch of
-the features it owns. A multi-hot feature must hold exactly its spec ``hotness`` ids per sample (the
-layer's fixed-hotness input); a row of another length stops the run naming the feature.
-A last incomplete global batch is dropped, in training and evaluation alike.
+the features it owns. A last incomplete global batch is dropped, in training and evaluation alike.
+
+Multi-hot features. NVIDIA's writer (``PrebatchStreamWriter`` with ``multihot = hotness > 1``) stores
+every multi-hot feature as a ragged pre-batch, ``hotness`` being the most ids a sample may hold (their
+synthetic generator draws 1 to ``hotness`` ids per row by default). A ``ragged`` feature
+(:meth:`FeatureSpec.ragged`; :func:`ragged_by_default` makes every multi-hot feature of a spec read
+from this layout ragged unless its entry says ``ragged: false``) is yielded as a ``tf.RaggedTensor``
+``[batch, None]`` with 0 to ``hotness`` ids per sample; a longer row stops the run with one line naming
+the directory, feature and sample. A feature with ``ragged: false`` must hold exactly ``hotness`` ids
+per sample (the layer's fixed-hotness input, the faster path), or the run stops naming it.
 """
 
 from __future__ import annotations
@@ -26,8 +33,18 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
+from tf_dlrm.data.validation import MARKER
 from tf_dlrm.spec.feature_spec import FeatureSpec
 from tf_dlrm.spec.format import FeatureSpecError
+
+
+def ragged_by_default(spec: FeatureSpec) -> FeatureSpec:
+    """``spec`` with ``ragged: true`` on every multi-hot feature whose entry does not say: in NVIDIA's
+    split_tfrecords layout ``hotness`` is the most ids a sample holds (rows are stored ragged)."""
+    for name in spec.categorical_features:
+        if spec.hotness(name) > 1 and "ragged" not in spec.feature_spec[name]:
+            spec.feature_spec[name]["ragged"] = True
+    return spec
 
 
 def _read_json(path: str):
@@ -92,7 +109,9 @@ class SplitTFRecordsReader:
         self.categorical = {i: _Input(os.path.join(self.directory, f"categorical_{i}"))
                             for i in self.global_categorical + self.local_categorical}
         self.names = names
+        self.split = split
         self.hotness = [spec.hotness(name) for name in names]
+        self.ragged = [spec.ragged(name) for name in names]
         self.cardinalities = spec.cardinalities()
         prebatches = int(_read_json(os.path.join(self.directory, "length.json")))
         first = next(iter(self.label.prebatches().take(1)), None)
@@ -107,17 +126,54 @@ class SplitTFRecordsReader:
     def num_batches(self) -> int:
         return self.num_samples // self.global_batch_size
 
-    def _fixed(self, index: int, ids):
+    def _length_check(self, index: int, prebatch, lengths, bad, what: str):
+        """Asserts no row of a pre-batch is ``bad`` (a ``[P]`` mask over its ``lengths``), naming the first
+        one by its sample in the split: pre-batch index times the pre-batch size, plus the row."""
+        flags = tf.concat([bad, [True]], axis=0)  # a sentinel: the first bad row is P when none is
+        row = tf.argmax(tf.cast(flags, tf.int32), output_type=tf.int64)
+        count = tf.size(lengths, out_type=tf.int64)
+        return tf.debugging.Assert(
+            tf.equal(row, count),
+            [f"{MARKER}split '{self.split}', feature '{self.names[index]}', directory {self.directory}/categorical_{index}: "
+             "sample", tf.cast(prebatch, tf.int64) * count + row, "holds",
+             tf.gather(tf.concat([tf.cast(lengths, tf.int64), [0]], axis=0), row), what])
+
+    def _ragged(self, index: int, prebatch, ids):
+        """A ragged feature's pre-batch as it was written, once no row holds more than ``hotness`` ids."""
+        hotness = self.hotness[index]
+        if not isinstance(ids, tf.RaggedTensor):  # written dense (NVIDIA writes hotness 1 so): every row full
+            ids = tf.RaggedTensor.from_tensor(tf.reshape(ids, [tf.shape(ids)[0], -1]))
+        lengths = ids.row_lengths()
+        check = self._length_check(index, prebatch, lengths, lengths > tf.cast(hotness, lengths.dtype),
+                                   f"ids, more than its hotness {hotness}")
+        with tf.control_dependencies([check]):
+            return ids.with_values(tf.identity(ids.values))
+
+    def _checked_labels(self, prebatch, labels):
+        """A label pre-batch once every value is 0 or 1 (NVIDIA writes int8 labels: 2 or 255 would train as
+        a positive once cast)."""
+        flat = tf.reshape(labels, [-1])
+        bad = tf.concat([tf.logical_and(tf.not_equal(flat, 0), tf.not_equal(flat, 1)), [True]], axis=0)
+        row = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
+        count = tf.size(flat, out_type=tf.int64)
+        check = tf.debugging.Assert(
+            tf.equal(row, count),
+            [f"{MARKER}split '{self.split}', feature 'label', directory {self.label.directory}: sample",
+             tf.cast(prebatch, tf.int64) * count + row, "has label",
+             tf.gather(tf.concat([tf.cast(flat, tf.float32), [0.0]], axis=0), row), "(expected 0 or 1)"])
+        with tf.control_dependencies([check]):
+            return tf.identity(labels)
+
+    def _fixed(self, index: int, prebatch, ids):
         """A multi-hot feature's ragged ids as the layer's ``[n, hotness]`` (every row full)."""
         hotness = self.hotness[index]
         if not isinstance(ids, tf.RaggedTensor):
             ids = tf.reshape(ids, [-1]) if hotness == 1 else tf.reshape(ids, [-1, hotness])
         else:
             lengths = ids.row_lengths()
-            check = tf.debugging.assert_equal(
-                lengths, tf.cast(hotness, lengths.dtype),
-                message=f"{self.directory}/categorical_{index} (feature {self.names[index]!r}): a sample does not hold "
-                        f"exactly hotness={hotness} ids")
+            check = self._length_check(
+                index, prebatch, lengths, tf.not_equal(lengths, tf.cast(hotness, lengths.dtype)),
+                f"ids, not exactly its hotness {hotness} (a fixed-hotness feature: ragged: true allows 0 to {hotness})")
             with tf.control_dependencies([check]):
                 ids = tf.reshape(tf.identity(ids.values), [-1] if hotness == 1 else [-1, hotness])
         return ids
@@ -126,11 +182,14 @@ class SplitTFRecordsReader:
         """The global batches in file order (no shuffle: the pre-batches are already mixed)."""
         order = list(self.global_categorical + self.local_categorical)
         out_types = [tf.int64 if self.cardinalities[i] > np.iinfo(np.int32).max else tf.int32 for i in order]
-        inputs = [self.label.prebatches()]
+        inputs = [self.label.prebatches().enumerate().map(self._checked_labels)]
         inputs.append(self.numerical.prebatches() if self.numerical else self.label.prebatches().map(lambda l: tf.zeros([tf.shape(l)[0], 0])))
-        # Multi-hot pre-batches become dense [P, hotness] before they are cut into samples.
-        inputs += [self.categorical[i].prebatches().map(lambda ids, i=i, t=t: tf.cast(self._fixed(i, ids), t))
-                   for i, t in zip(order, out_types)]
+        # Fixed multi-hot pre-batches become dense [P, hotness] before they are cut into samples; ragged
+        # ones stay ragged (a sample is then a [None] row, batched back into a RaggedTensor).
+        for i, t in zip(order, out_types):
+            shape = self._ragged if self.ragged[i] else self._fixed
+            inputs.append(self.categorical[i].prebatches().enumerate().map(
+                lambda prebatch, ids, i=i, t=t, shape=shape: tf.cast(shape(i, prebatch, ids), t)))
         samples = tf.data.Dataset.zip(tuple(inputs)).unbatch()
         batches = samples.batch(self.global_batch_size, drop_remainder=True).skip(start_batch)
         local = slice(self.rank * self.local_batch_size, (self.rank + 1) * self.local_batch_size)

@@ -6,7 +6,12 @@ the same message whichever finds it. An id outside ``[0, cardinality)`` must nev
 embedding: tables share one fused variable with row offsets, so id 5 of a 3-row table would read
 and train the next table's rows without any error.
 
-Cost per batch: one unsigned ``max`` per categorical column and one sum over the numerical block;
+Labels must be 0 or 1 whatever their dtype: a ``bool`` label file is read as raw bytes
+(:func:`raw_label_dtype`), since numpy reads any non-zero byte of a ``bool`` array as True and a
+byte 2 or 255 would otherwise train as a positive without a word.
+
+Cost per batch: one unsigned ``max`` per categorical column, one comparison over the labels and one
+sum over the numerical block;
 ``benchmarks/check_overhead.py`` measures it, checked against unchecked in the same run.
 """
 
@@ -18,7 +23,7 @@ import numpy as np
 
 # tf.data wraps an exception raised in the reader's numpy_function into its own error text; the
 # marker lets the command line recover this message alone (see :func:`message_of`).
-_MARKER = "BadDataError: "
+MARKER = "BadDataError: "
 
 
 class BadDataError(ValueError):
@@ -45,6 +50,35 @@ def id_problem(ids: np.ndarray, cardinality: int, first_sample: int) -> str | No
     return (
         f"sample {first_sample + int(bad[0])} has id {first} outside [0, {cardinality}) "
         f"({bad.size} such sample(s) among samples {first_sample}..{first_sample + samples.shape[0] - 1})"
+    )
+
+
+def raw_label_dtype(dtype) -> np.dtype:
+    """The dtype to read a label file with: ``bool`` as ``uint8``, so bytes other than 0/1 stay visible."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.uint8) if dtype == np.bool_ else dtype
+
+
+def label_problem(labels: np.ndarray, first_sample: int) -> str | None:
+    """None when every label is 0 or 1; else which sample holds the first other value.
+
+    Args:
+        labels: ``[n]`` or ``[n, 1]`` labels of consecutive samples, read with :func:`raw_label_dtype`.
+        first_sample: index in the split of ``labels[0]``.
+    """
+    labels = labels.reshape(-1)
+    if labels.size == 0:
+        return None
+    bad = (labels != 0) & (labels != 1)
+    if not bad.any():
+        return None
+    rows = np.flatnonzero(bad)
+    value = labels[rows[0]].item()
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # the reader's float32 labels: a byte 2 reads as "2", not "2.0"
+    return (
+        f"sample {first_sample + int(rows[0])} has label {value}; expected 0 or 1 "
+        f"({rows.size} such sample(s) among samples {first_sample}..{first_sample + labels.shape[0] - 1})"
     )
 
 
@@ -77,5 +111,10 @@ def message_of(error: BaseException) -> str | None:
     """The BadDataError message inside a TensorFlow error raised through tf.data, or None."""
     if isinstance(error, BadDataError):
         return str(error)
-    match = re.search(re.escape(_MARKER) + r"(.*)", str(error))
-    return match.group(1).strip() if match else None
+    match = re.search(re.escape(MARKER) + r"(.*)", str(error))
+    if not match:
+        return None
+    message = match.group(1).strip()
+    # A tf.debugging.Assert inside tf.data prints its message and values as "[text] [value] [text]".
+    message = re.sub(r"\] \[", " ", message).rstrip("]").strip()
+    return message.replace("\\'", "'")

@@ -13,6 +13,13 @@ The serving signature takes one tensor per dense input; a ragged input ``name`` 
 returns ``{"output": model(inputs)}``. The model must live in one process (every table whole) and
 use TensorFlow's own ops: tf_dlrm's CPU kernels are not part of TensorFlow, so build the serving
 model in a process started with ``TF_DLRM_DISABLE_KERNELS=1`` (a graph holding one is refused).
+
+A signature checks dtypes but not shapes: a ``[batch, 9]`` tensor binds to a ``[None, 8]`` input
+and its extra column would be dropped in silence. So the served function asserts, inside the
+graph (a plain ``tf.saved_model.load`` user gets the message), every known width, one batch size
+across its inputs, and ``sum(row_lengths) == size(values)`` of a ragged input
+(:func:`checked_inputs`; :func:`checked_batch` for the ``(numerical, categorical)`` signature of
+``--mode=export``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,88 @@ import os
 import shutil
 
 import tensorflow as tf
+
+
+def _shape_check(name: str, tensor, expected: tf.TensorShape, what: str):
+    """``(assert, batch size)`` of one serving input: every known dimension past the batch axis, and the rank.
+
+    The rank cannot be read from the graph: a signature input's static shape is the signature's, so
+    TensorFlow folds ``tf.rank`` to it whatever is fed. The runtime shape is read instead, padded with
+    zeros (a missing axis reads 0), and when every dimension past the batch axis is known the element
+    count must be ``batch * width`` (an extra axis changes it)."""
+    shape = tf.shape(tensor, out_type=tf.int64)
+    padded = tf.concat([shape, tf.zeros([max(expected.rank, 1)], tf.int64)], axis=0)
+    conditions = [tf.equal(padded[axis], expected[axis]) for axis in range(1, expected.rank) if expected[axis] is not None]
+    if expected.rank >= 1 and expected[1:].is_fully_defined():
+        conditions.append(tf.equal(tf.size(tensor, out_type=tf.int64), padded[0] * expected[1:].num_elements()))
+    layout = "[" + ", ".join(["batch"] + ["?" if d is None else str(d) for d in expected.as_list()[1:]]) + "]"
+    check = tf.debugging.Assert(tf.reduce_all(tf.stack(conditions)) if conditions else True,
+                                [f"serving input {name!r}: expected shape {layout} ({what}). Received shape:", shape])
+    return check, padded[0]
+
+
+def _batch_asserts(sizes: dict) -> list:
+    """Every input holds the same number of samples as the first."""
+    names = list(sizes)
+    return [tf.debugging.Assert(tf.equal(sizes[name], sizes[names[0]]),
+                                [f"serving inputs {names[0]!r} and {name!r} must hold the same number of samples (one "
+                                 f"row each). Received: {names[0]!r}", sizes[names[0]], f"rows, {name!r}", sizes[name],
+                                 "rows"])
+            for name in names[1:]]
+
+
+def checked_batch(numerical, categorical, numerical_features, categorical_features, cardinalities=None):
+    """``(numerical, categorical)`` once the served batch is checked: ``numerical`` ``[b, len(numerical_features)]``,
+    ``categorical`` ``[b, len(categorical_features)]``, the same ``b``, and with ``cardinalities`` every id of
+    column ``j`` in ``[0, cardinalities[j])`` (tables share one fused variable: an id past its table would read
+    the next table's rows). A wrong batch stops with ``InvalidArgumentError: assertion failed: [<message>]``."""
+    numerical_features, categorical_features = list(numerical_features), list(categorical_features)
+    numerical_check, numerical_rows = _shape_check("numerical", numerical, tf.TensorShape([None, len(numerical_features)]),
+                                                   f"one float per numerical feature {numerical_features}")
+    categorical_check, categorical_rows = _shape_check(
+        "categorical", categorical, tf.TensorShape([None, len(categorical_features)]),
+        f"one id per categorical feature {categorical_features}")
+    shapes = [numerical_check, categorical_check]
+    shapes += _batch_asserts({"numerical": numerical_rows, "categorical": categorical_rows})
+    with tf.control_dependencies(shapes):  # widths first: the range check below broadcasts per column
+        ranges = []
+        if cardinalities is not None and categorical_features:
+            ranges = [_range_assert(categorical, categorical_features, list(cardinalities))]
+        with tf.control_dependencies(ranges):
+            return tf.identity(numerical), tf.identity(categorical)
+
+
+def _range_assert(categorical, features: list, cardinalities: list):
+    """Asserts every id of column ``j`` lies in ``[0, cardinalities[j])``, naming the first sample, feature and id
+    that does not."""
+    bad = tf.logical_or(categorical < 0, categorical >= tf.constant([cardinalities], categorical.dtype))
+    # A sentinel past the end makes the first bad position well defined (it is the sentinel when none is bad).
+    flat_bad = tf.concat([tf.reshape(bad, [-1]), [True]], axis=0)
+    flat_ids = tf.concat([tf.reshape(categorical, [-1]), tf.constant([-1], categorical.dtype)], axis=0)
+    first = tf.argmax(tf.cast(flat_bad, tf.int32), output_type=tf.int64)
+    width = len(features)
+    return tf.debugging.Assert(
+        tf.equal(first, tf.size(categorical, out_type=tf.int64)),
+        [f"serving input 'categorical': ids must lie in [0, cardinality) of their column (cardinalities {cardinalities}); "
+         "sample", first // width, "feature", tf.gather(tf.constant(features), first % width), "holds id",
+         tf.gather(flat_ids, first)])
+
+
+def checked_inputs(inputs: dict, input_signature: dict) -> dict:
+    """``inputs`` (dense tensors and ragged ones, by name) once their shapes match ``input_signature`` and
+    they hold one batch size."""
+    asserts, sizes = [], {}
+    for name, spec in input_signature.items():
+        tensor = inputs[name]
+        if isinstance(tensor, tf.RaggedTensor):
+            sizes[name] = tensor.nrows(out_type=tf.int64)
+        else:
+            check, sizes[name] = _shape_check(name, tensor, spec.shape, f"{spec.dtype.name} values")
+            asserts.append(check)
+    asserts += _batch_asserts(sizes)
+    with tf.control_dependencies(asserts):
+        return {name: tensor.with_values(tf.identity(tensor.values)) if isinstance(tensor, tf.RaggedTensor)
+                else tf.identity(tensor) for name, tensor in inputs.items()}
 
 
 class _Serving(tf.Module):
@@ -52,10 +141,16 @@ class _Serving(tf.Module):
             inputs, given = {}, dict(zip(self.flat_names, tensors))
             for name in self.names:
                 if name in self.ragged:
-                    inputs[name] = tf.RaggedTensor.from_row_lengths(given[f"{name}_values"], given[f"{name}_row_lengths"])
+                    values, lengths = given[f"{name}_values"], given[f"{name}_row_lengths"]
+                    check = tf.debugging.assert_equal(
+                        tf.reduce_sum(lengths), tf.size(values, out_type=tf.int64),
+                        message=f"serving inputs '{name}_row_lengths' and '{name}_values': the row lengths must sum "
+                                f"to the number of values. Received: the sum and the number below")
+                    with tf.control_dependencies([check]):
+                        inputs[name] = tf.RaggedTensor.from_row_lengths(tf.identity(values), lengths)
                 else:
                     inputs[name] = given[name]
-            return {"output": call(inputs, training=False)}
+            return {"output": call(checked_inputs(inputs, input_signature), training=False)}
 
         self.serve = tf.function(serve, input_signature=flat)
 

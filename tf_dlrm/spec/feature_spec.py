@@ -46,6 +46,7 @@ from tf_dlrm.spec.validation import (
     check_files_exist,
     check_split_binary_files,
     split_binary_problems,
+    unknown_key_message,
     validate_structure,
 )
 
@@ -109,12 +110,10 @@ class FeatureSpec:
     ) -> "FeatureSpec":
         if not isinstance(raw, Mapping):
             raise FeatureSpecError(f"{source}: expected a mapping at the top level. Received: {type(raw).__name__}")
-        allowed = {"feature_spec", "channel_spec", "source_spec", "metadata", "crossed_features"}
-        unknown = sorted(set(raw) - allowed)
+        allowed = ("feature_spec", "channel_spec", "source_spec", "metadata", "crossed_features")
+        unknown = unknown_key_message("top level", raw, allowed)
         if unknown:
-            raise FeatureSpecError(
-                f"{source}: unknown top-level key(s) {unknown}. Allowed: {sorted(allowed)}"
-            )
+            raise FeatureSpecError(f"{source}: {unknown}")
         for key in ("feature_spec", "channel_spec"):
             if not isinstance(raw.get(key), Mapping):
                 raise FeatureSpecError(f"{source}: key '{key}' is missing or is not a mapping")
@@ -193,6 +192,12 @@ class FeatureSpec:
     def hotness(self, feature: str) -> int:
         """Ids per sample of a categorical feature (1: one-hot)."""
         return int(self.feature_spec[feature].get("hotness", 1))
+
+    def ragged(self, feature: str) -> bool:
+        """Whether a sample of a categorical feature holds any number of ids from 0 to its hotness
+        (``ragged: true``; NVIDIA's split_tfrecords multi-hot features are, see
+        :func:`tf_dlrm.data.split_tfrecords.ragged_by_default`), not exactly ``hotness``."""
+        return self.feature_spec[feature].get("ragged", False) is True
 
     def combiner(self, feature: str) -> str:
         return str(self.feature_spec[feature].get("combiner", "sum"))

@@ -23,6 +23,14 @@ CHUNK_TYPES = (SPLIT_BINARY, CSV)
 # tf_dlrm.data.transcode) only mean something for csv chunks.
 CHUNK_KEYS = ("type", "features", "files", "header", "delimiter", "encode", "transform")
 
+# The keys a feature entry may hold besides a dynamic table's (tf_dlrm.spec.dynamic.KEYS). NVIDIA's
+# DLRM_and_DCNv2 specs hold dtype, cardinality, hotness (the most ids a sample holds) and alpha (the
+# power-law exponent of their synthetic generator, unused here); tf_dlrm adds embedding_dim and
+# combiner and ragged (a sample holds 0 to hotness ids), and transcode records how it encoded a
+# feature (encoded, vocabulary, oov_id, transform).
+FEATURE_KEYS = ("dtype", "cardinality", "hotness", "alpha", "embedding_dim", "combiner", "ragged",
+                "encoded", "vocabulary", "oov_id", "transform")
+
 COMBINERS = ("sum", "mean", "sqrtn")
 SUPPORTED_DTYPES = ("bool", "float16", "float32", "int8", "int16", "int32", "int64")
 INTEGER_DTYPES = ("int8", "int16", "int32", "int64")

@@ -11,8 +11,9 @@ whose message names the spec file, the key, the feature and the data file at fau
 
 from __future__ import annotations
 
+import difflib
 import os
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from tf_dlrm.spec.format import (
     CHUNK_KEYS,
     CHUNK_TYPES,
     COMBINERS,
+    FEATURE_KEYS,
     FLOAT_DTYPES,
     INTEGER_DTYPES,
     LABEL_CHANNEL,
@@ -33,6 +35,19 @@ from tf_dlrm.spec.format import (
 
 def _fail(spec, message: str) -> None:
     raise FeatureSpecError(f"{spec.source}: {message}")
+
+
+def unknown_key_message(where: str, keys: Iterable[str], allowed: Iterable[str]) -> str | None:
+    """None when every key is allowed; else one line naming the first unknown key and the nearest
+    allowed one (a misspelt key would otherwise be ignored and its default used in silence)."""
+    allowed = list(allowed)
+    unknown = [key for key in keys if key not in allowed]
+    if not unknown:
+        return None
+    key = unknown[0]
+    nearest = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.0)
+    hint = f"; did you mean '{nearest[0]}'?" if nearest else ""
+    return f"{where}: unknown key '{key}'{hint} Allowed keys: {allowed}"
 
 
 # ------------------------------------------------------------------ structure
@@ -48,7 +63,7 @@ def validate_structure(spec) -> None:
 def _validate_channels(spec) -> None:
     for channel, names in spec.channel_spec.items():
         if channel not in CHANNELS:
-            _fail(spec, f"channel_spec: unknown channel '{channel}'. Allowed channels: {list(CHANNELS)}")
+            _fail(spec, unknown_key_message("channel_spec", [channel], CHANNELS))
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             _fail(spec, f"channel_spec.{channel}: expected a list of feature names. Received: {names!r}")
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -77,6 +92,9 @@ def _validate_features(spec) -> None:
         where = f"feature_spec.{name}"
         if not isinstance(properties, Mapping):
             _fail(spec, f"{where}: expected a mapping with 'dtype'. Received: {properties!r}")
+        unknown = unknown_key_message(f"{where} (feature '{name}')", properties, FEATURE_KEYS + dynamic_spec.KEYS)
+        if unknown:
+            _fail(spec, unknown)
         dtype = properties.get("dtype")
         if dtype not in SUPPORTED_DTYPES:
             _fail(spec, f"{where}.dtype: unsupported dtype {dtype!r}. Supported: {list(SUPPORTED_DTYPES)}")
@@ -106,6 +124,8 @@ def _validate_categorical(spec, name: str, properties: Mapping[str, Any]) -> Non
         value = properties.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             _fail(spec, f"{where}.{key}: expected a positive integer. Received: {value!r}")
+    if not isinstance(properties.get("ragged", False), bool):
+        _fail(spec, f"{where}.ragged: expected true or false. Received: {properties.get('ragged')!r}")
     if properties.get("combiner", "sum") not in COMBINERS:
         _fail(spec, f"{where}.combiner: expected one of {list(COMBINERS)}. Received: {properties.get('combiner')!r}")
     if cardinality - 1 > np.iinfo(np.dtype(dtype)).max:
@@ -140,9 +160,9 @@ def _validate_sources(spec) -> None:
 def _validate_chunk(spec, where: str, chunk) -> None:
     if not isinstance(chunk, Mapping):
         _fail(spec, f"{where}: expected a mapping with type, features, files")
-    unknown = sorted(set(chunk) - set(CHUNK_KEYS))
+    unknown = unknown_key_message(where, chunk, CHUNK_KEYS)
     if unknown:
-        _fail(spec, f"{where}: unknown key(s) {unknown}. Allowed: {list(CHUNK_KEYS)}")
+        _fail(spec, unknown)
     if chunk.get("type") not in CHUNK_TYPES:
         _fail(spec, f"{where}.type: unknown chunk type {chunk.get('type')!r}. Allowed: {list(CHUNK_TYPES)}")
     features, files = chunk.get("features"), chunk.get("files")

@@ -18,12 +18,18 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tf_dlrm.embedding.serving import checked_batch
+
 
 class DynamicServing(tf.Module):
-    """Args: model: a built model whose embedding is a one-process :class:`DynamicEmbedding`, or a
-    ``DistributedEmbedding`` of dynamic tables only (it holds one)."""
+    """Args:
+        model: a built model whose embedding is a one-process :class:`DynamicEmbedding`, or a
+            ``DistributedEmbedding`` of dynamic tables only (it holds one).
+        numerical_features, categorical_features: the inputs' column names, named when a served batch
+            has another width (default ``num_<i>`` and ``table <i>``); raw keys have no range to check.
+    """
 
-    def __init__(self, model):
+    def __init__(self, model, numerical_features=None, categorical_features=None):
         super().__init__()
         embedding = getattr(model.embedding, "dynamic_layer", None) or model.embedding
         if embedding.env.world_size != 1:
@@ -39,12 +45,15 @@ class DynamicServing(tf.Module):
         self.row_metadata = [v for state in states for v in (state.occupied, state.row_key)]
         self.num_numerical = model.num_numerical
         self.num_tables = len(embedding.table_configs)
+        self.numerical_features = list(numerical_features or [f"num_{i}" for i in range(self.num_numerical)])
+        self.categorical_features = list(categorical_features or [f"table {t}" for t in range(self.num_tables)])
         self.serve = tf.function(self._serve, input_signature=[
             tf.TensorSpec([None, self.num_numerical], tf.float32, name="numerical"),
             tf.TensorSpec([None, self.num_tables], tf.int64, name="categorical"),
         ])
 
     def _serve(self, numerical, categorical):
+        numerical, categorical = checked_batch(numerical, categorical, self.numerical_features, self.categorical_features)
         keys = tuple(categorical[:, t] for t in range(self.num_tables))
         logits = self._forward((numerical, keys))
         return {"probability": tf.reshape(tf.sigmoid(logits), [-1])}
