@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from tf_dlrm.preprocessing.criteo_format import NUM_CATEGORICAL, NUM_INTEGER
-from tf_dlrm.preprocessing.splits import SPLIT_RULES, make_plan
+from tf_dlrm.preprocessing.splits import SPLIT_RULES, TRAIN, make_plan
 from tf_dlrm.preprocessing.vocabulary import Vocabulary, VocabularyError
 from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.data.layout import nvidia_spec
@@ -71,7 +71,8 @@ class PreprocessConfig:
     spark_master: str = "local[*]"
     block_bytes: int = 1 << 20  # bytes parsed at a time (tests use small blocks)
     keys: str = "vocabulary"  # or "hashed": raw int64 keys for dynamic tables (tf_dlrm.preprocessing.hashed_keys)
-    dynamic_capacity: int = 1_000_000  # --keys=hashed: each dynamic table's capacity (rows per rank)
+    # --keys=hashed: each dynamic table's capacity in rows per rank; None: from the data (dynamic_capacity_of)
+    dynamic_capacity: int | None = None
 
     def __post_init__(self):
         if not self.inputs:
@@ -91,7 +92,7 @@ class PreprocessConfig:
         if self.keys == "hashed" and (self.vocab_dir or self.frequency_threshold is not None):
             raise ValueError("--keys=hashed builds no vocabulary: leave out --vocab_dir and --frequency_threshold. "
                              f"Received: vocab_dir={self.vocab_dir!r}, frequency_threshold={self.frequency_threshold}")
-        if self.dynamic_capacity <= 0:
+        if self.dynamic_capacity is not None and self.dynamic_capacity <= 0:
             raise ValueError(f"--dynamic_capacity must be > 0. Received: dynamic_capacity={self.dynamic_capacity}")
 
 
@@ -178,7 +179,7 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
                 )
             vocabulary = Vocabulary.from_counts(counts, NUM_CATEGORICAL, threshold)
             log.info("pass 1 (counts over %d training rows): %.1fs", counted_rows, time.perf_counter() - started)
-        cardinalities = [config.dynamic_capacity] * NUM_CATEGORICAL if hashed else vocabulary.cardinalities
+        cardinalities = [1] * NUM_CATEGORICAL if hashed else vocabulary.cardinalities  # hashed: replaced below
         dtypes = [np.dtype(np.int64)] * NUM_CATEGORICAL if hashed else [categorical_dtype_for(c) for c in cardinalities]
         spec = nvidia_spec(
             NUM_INTEGER, cardinalities, splits=plan.names, base_directory=workspace,
@@ -192,7 +193,7 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
             },
         )
         if hashed:
-            _make_dynamic(spec, config.dynamic_capacity)
+            _make_dynamic(spec, config.dynamic_capacity or 1)  # capacity None: sized once the keys are written
         started = time.perf_counter()
         with contextlib.ExitStack() as stack:
             writers = {split: stack.enter_context(SplitBinaryWriter(spec, split)) for split in plan.names}
@@ -204,6 +205,8 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
             rows = {split: writer.num_samples for split, writer in writers.items()}
         log.info("pass 2 (transform, %s rows): %.1fs", rows, time.perf_counter() - started)
         spec.metadata["num_samples"] = rows
+        if hashed and config.dynamic_capacity is None:
+            log.info("dynamic tables sized from the training keys: %s", _size_dynamic_tables(spec))
         if not hashed:
             vocabulary.save(os.path.join(workspace, VOCABULARY_DIR))
         spec.save(os.path.join(workspace, SPEC_FILE))
@@ -230,6 +233,20 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
     finally:
         if engine is not None:
             engine.close()
+
+
+def _size_dynamic_tables(spec) -> dict:
+    """Each dynamic table's capacity from the distinct keys of its training file
+    (:func:`tf_dlrm.preprocessing.hashed_keys.capacity_from_keys`); returns them by feature."""
+    from tf_dlrm.preprocessing.hashed_keys import capacity_from_keys
+
+    sized = {}
+    for chunk in spec.chunks(TRAIN):
+        name = chunk["features"][0]
+        if spec.feature_spec[name].get("dynamic"):
+            spec.feature_spec[name].update(capacity_from_keys(spec.resolve(chunk["files"][0])))
+            sized[name] = spec.feature_spec[name]["capacity"]
+    return sized
 
 
 def _make_dynamic(spec, capacity: int) -> None:
@@ -263,7 +280,8 @@ def _define_flags():
     flags.DEFINE_string("spark_master", "local[*]", "--engine=spark: the Spark master URL.")
     flags.DEFINE_enum("keys", "vocabulary", ["vocabulary", "hashed"], "vocabulary: ids by training frequency "
                       "(fixed tables); hashed: raw 64-bit keys per feature, no vocabulary pass (dynamic tables).")
-    flags.DEFINE_integer("dynamic_capacity", 1_000_000, "--keys=hashed: capacity (rows per rank) of every dynamic table.")
+    flags.DEFINE_integer("dynamic_capacity", None, "--keys=hashed: capacity (rows per rank) of every dynamic table; "
+                         "default: from the data (its distinct training keys with a quarter more, shared by all ranks).")
     flags.mark_flags_as_required(["input", "output_dir"])
     return flags.FLAGS
 

@@ -13,6 +13,8 @@ write the same bytes.
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Sequence
 
 import numpy as np
@@ -36,3 +38,23 @@ class HashedKeys:
             words = np.where(column < 0, MISSING_WORD, column) | np.int64(index << FEATURE_SHIFT)
             keys.append(mix64(words).view(np.int64))
         return keys
+
+
+HEADROOM = 1.25  # rows per distinct training key: keys of other splits, and the uneven share of each rank
+MIN_CAPACITY = 64
+MAX_COUNTED = 1_000_000  # past this many distinct keys, the table is sized as that many rows per rank
+CHUNK = 1 << 22  # keys read at a time
+
+
+def capacity_from_keys(path: str) -> dict:
+    """The dynamic-table entry (``capacity``, ``capacity_scope``) for the training keys in ``path``
+    (int64): ``ceil(HEADROOM * distinct) + MIN_CAPACITY`` rows over all ranks (``total``), or, past
+    ``MAX_COUNTED`` distinct keys, ``MAX_COUNTED`` rows per rank (counting stops there). A dataset of a
+    few thousand rows then plans kilobytes, not gigabytes."""
+    seen = np.zeros(0, np.int64)
+    keys = np.memmap(path, dtype=np.int64, mode="r") if os.path.getsize(path) else np.zeros(0, np.int64)
+    for start in range(0, len(keys), CHUNK):
+        seen = np.union1d(seen, np.asarray(keys[start:start + CHUNK]))
+        if len(seen) > MAX_COUNTED:
+            return {"capacity": MAX_COUNTED, "capacity_scope": "per_rank"}
+    return {"capacity": int(math.ceil(HEADROOM * len(seen))) + MIN_CAPACITY, "capacity_scope": "total"}

@@ -51,6 +51,25 @@ def test_hashed_keys_follow_the_formula_and_load_as_a_dynamic_spec(tmp_path):
         assert keys.tolist() == expected
 
 
+def test_capacity_comes_from_the_training_keys(tmp_path, monkeypatch):
+    """Without --dynamic_capacity each table holds its distinct training keys with a quarter more, over
+    all ranks: 900 training rows plan a few kilobytes, not the 26 million rows of a fixed default."""
+    import math
+
+    from tf_dlrm.preprocessing import hashed_keys
+
+    output = tmp_path / "sized"
+    preprocess(PreprocessConfig(inputs=(TSV_SAMPLE,), output_dir=str(output), keys="hashed", num_workers=1))
+    spec = FeatureSpec.load(str(output / "feature_spec.yaml"))
+    rows = [line.rstrip("\n").split("\t") for line in open(TSV_SAMPLE, encoding="utf-8")][:900]
+    for feature, name in enumerate(spec.categorical_features):
+        distinct = len({row[14 + feature] for row in rows})  # a missing value is one key of its own
+        assert spec.feature_spec[name]["capacity"] == math.ceil(1.25 * distinct) + 64, name
+        assert spec.feature_spec[name]["capacity_scope"] == "total"
+    monkeypatch.setattr(hashed_keys, "MAX_COUNTED", 50)  # past it: counting stops, rows per rank
+    assert hashed_keys.capacity_from_keys(str(output / "train" / "cat_2.bin")) == {"capacity": 50, "capacity_scope": "per_rank"}
+
+
 def test_hashed_keys_refuse_vocabulary_flags(tmp_path):
     with pytest.raises(ValueError, match="--keys=hashed builds no vocabulary: leave out --vocab_dir and --frequency_threshold"):
         PreprocessConfig(inputs=(TSV_SAMPLE,), output_dir=str(tmp_path / "x"), keys="hashed", frequency_threshold=3)
