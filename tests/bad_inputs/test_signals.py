@@ -22,9 +22,10 @@ EXIT_RECORDER = os.path.join(REPO, "tests", "bad_inputs", "exit_recorder.py")
 LINE = re.compile(r"interrupted at step (\d+); last checkpoint: (\S+)")
 
 
-def run_until_training_then_signal(command, number, timeout=240):
-    """Starts ``command``, waits for its first progress line, sends ``number``; returns (exit code, output)."""
-    process = subprocess.Popen(command, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+def run_until_training_then_signal(command, number, timeout=240, env=None):
+    """Starts ``command`` (``env``: extra environment), waits for its first progress line, sends
+    ``number``; returns (exit code, output)."""
+    process = subprocess.Popen(command, cwd=REPO, env=worker_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     lines, started = [], threading.Event()
 
@@ -39,7 +40,7 @@ def run_until_training_then_signal(command, number, timeout=240):
     assert started.wait(timeout), "".join(lines)[-3000:]
     time.sleep(0.5)  # a few more steps
     process.send_signal(number)
-    code = process.wait(timeout=60)
+    code = process.wait(timeout=180)
     reader.join(timeout=10)
     return code, "".join(lines)
 
@@ -95,28 +96,6 @@ def test_under_horovodrun_every_rank_stops_after_the_same_step_and_saves(tmp_pat
 SLOW_SAVE = {"TF_DLRM_TEST_CHECKPOINT_DELAY_S": "4"}  # rank 0 sleeps 4 s after each of the 2 tables: 8 s > 5 s
 
 
-def run_with_env_until_training_then_signal(command, number, env, timeout=240):
-    """:func:`run_until_training_then_signal` with extra environment ``env``."""
-    process = subprocess.Popen(command, cwd=REPO, env=worker_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
-    lines, started = [], threading.Event()
-
-    def collect():
-        for line in process.stdout:
-            lines.append(line)
-            if " loss " in line:
-                started.set()
-
-    reader = threading.Thread(target=collect, daemon=True)
-    reader.start()
-    assert started.wait(timeout), "".join(lines)[-3000:]
-    time.sleep(0.5)
-    process.send_signal(number)
-    code = process.wait(timeout=180)
-    reader.join(timeout=10)
-    return code, "".join(lines)
-
-
 @pytest.mark.multirank
 def test_the_launcher_gives_a_slow_save_its_time(tmp_path):
     """SIGTERM to ``python -m tf_dlrm.cli.launch`` (horovodrun's arguments) while a save takes longer than
@@ -126,7 +105,7 @@ def test_the_launcher_gives_a_slow_save_its_time(tmp_path):
     command = [sys.executable, "-m", "tf_dlrm.cli.launch", "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
                EXIT_RECORDER, str(codes), sys.executable, "main.py", f"--dataset_path={data}", *TINY_MODEL, *LONG_RUN,
                f"--save_checkpoint_path={save}"]
-    code, output = run_with_env_until_training_then_signal(command, signal.SIGTERM, SLOW_SAVE)
+    code, output = run_until_training_then_signal(command, signal.SIGTERM, env=SLOW_SAVE)
     assert code == 143, output[-3000:]
     assert {path.name: path.read_text().strip() for path in codes.iterdir()} == {"rank0": "143", "rank1": "143"}, \
         output[-3000:]
@@ -143,7 +122,7 @@ def test_plain_horovodrun_warns_that_a_slow_save_may_be_cut_short(tmp_path):
     data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
     command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "main.py", f"--dataset_path={data}",
                *TINY_MODEL, *LONG_RUN, f"--save_checkpoint_path={save}"]
-    _, output = run_with_env_until_training_then_signal(command, signal.SIGTERM, SLOW_SAVE)
+    _, output = run_until_training_then_signal(command, signal.SIGTERM, env=SLOW_SAVE)
     assert output.count("horovodrun kills the ranks 5 s after it passes a signal on") == 1, output[-3000:]
     assert "python -m tf_dlrm.cli.launch" in output
     for _, path in checkpoint_store.list_checkpoints(str(save)):
