@@ -1,7 +1,8 @@
 """The modes of ``main.py``: ``--mode=train`` and what a checkpoint is for besides training.
 
 - train: the training loop with periodic evaluation, checkpoints, signals and ``--keep_best``;
-- eval: exact AUC and logloss of a checkpoint on the validation split, on any world size and plan;
+- eval: exact AUC, logloss, NE, calibration and positive rate of a checkpoint on the validation split,
+  on any world size and plan;
 - inference: latency (mean, p50, p90, p99) and throughput of the forward pass per global batch
   size, from a checkpoint (or the initial weights when none is given);
 - export: a TF SavedModel with full tables and a serving signature (:mod:`tf_dlrm.cli.export`;
@@ -157,8 +158,9 @@ def step_traffic_of(trainer, global_batch_size: int, world_size: int):
 
 
 def run_train(config, stop=None) -> dict:
-    """Trains on this rank; returns the final record (``auc``, ``logloss``, ``train_samples_per_s``,
-    ``steps``, ``world_size`` and, with ``--keep_best``, ``best_step``)."""
+    """Trains on this rank; returns the final record (``auc``, ``logloss``, ``ne``, ``calibration``,
+    ``positive_rate``, ``train_samples_per_s``, ``steps``, ``world_size``; with ``--keep_best``
+    ``best_step``)."""
     from tf_dlrm.sharding.traffic import describe as describe_traffic
     from tf_dlrm.train.precision import read_cpu_info
     from tf_dlrm.cli import builder, hot_rows_setup, preflight
@@ -251,8 +253,8 @@ def run_train(config, stop=None) -> dict:
 
     hot_rows_setup.report_measured(reporter, model.embedding, session.trainer)
     record = {
-        "auc": last.auc if last else None,
-        "logloss": last.logloss if last else None,
+        **(last.metrics.as_dict() if last else {"auc": None, "logloss": None, "ne": None, "calibration": None,
+                                                  "positive_rate": None}),
         "train_samples_per_s": result.train_samples_per_s,
         "steps": result.steps,
         "world_size": env.world_size,
@@ -261,7 +263,7 @@ def run_train(config, stop=None) -> dict:
         record["best_step"] = final_step
     summary = {
         "steps": result.steps, "world size": env.world_size, "precision": session.policy,
-        "validation AUC": record["auc"], "validation logloss": record["logloss"],
+        **_metric_lines("validation", last),
         "train samples/s": record["train_samples_per_s"], "stopped early": result.stopped_early,
     }
     return _finish(session, record, summary)
@@ -271,6 +273,7 @@ def run_train(config, stop=None) -> dict:
 
 
 def run_eval(config) -> dict:
+    """The metrics of a checkpoint on ``--valid_split``."""
     from tf_dlrm.cli import builder
     from tf_dlrm.train.loop import evaluate
 
@@ -284,16 +287,23 @@ def run_eval(config) -> dict:
     )
     result = evaluate(session.trainer, reader)
     record = {
-        "mode": "eval", "auc": result.auc, "logloss": result.logloss, "samples": result.samples,
+        "mode": "eval", **result.metrics.as_dict(), "samples": result.samples,
         "checkpoint": header["path"], "steps": header["step"], "world_size": session.env.world_size,
         "train_samples_per_s": None,
     }
     summary = {
         "checkpoint": header["path"], "step": header["step"], "world size": session.env.world_size,
-        "validation samples": result.samples, "validation AUC": result.auc, "validation logloss": result.logloss,
+        "validation samples": result.samples, **_metric_lines("validation", result),
         "eval seconds": result.seconds,
     }
     return _finish(session, record, summary)
+
+
+def _metric_lines(label: str, result) -> dict:
+    """Summary lines of one evaluation (None when there was none)."""
+    names = {"auc": "AUC", "logloss": "logloss", "ne": "NE", "calibration": "calibration", "positive_rate": "positive rate"}
+    values = result.metrics.as_dict() if result is not None else dict.fromkeys(names)
+    return {f"{label} {names[name]}": value for name, value in values.items()}
 
 
 # ---------------------------------------------------------------------- inference
