@@ -159,8 +159,8 @@ def step_traffic_of(trainer, global_batch_size: int, world_size: int):
 
 def run_train(config, stop=None) -> dict:
     """Trains on this rank; returns the final record (``auc``, ``logloss``, ``ne``, ``calibration``,
-    ``positive_rate``, ``train_samples_per_s``, ``steps``, ``world_size``; with ``--keep_best``
-    ``best_step``)."""
+    ``positive_rate``, ``train_samples_per_s``, ``steps``, ``world_size``; with ``--keep_best`` or
+    early stopping ``best_step``)."""
     from tf_dlrm.sharding.traffic import describe as describe_traffic
     from tf_dlrm.train.precision import read_cpu_info
     from tf_dlrm.cli import builder, hot_rows_setup, preflight
@@ -218,7 +218,7 @@ def run_train(config, stop=None) -> dict:
     if config.keep_best and valid_reader is not None:
         from tf_dlrm.train.keep_best import BestKeeper
 
-        keeper = BestKeeper(trainer)
+        keeper = BestKeeper(trainer, config.loop.early_stopping_min_delta)
 
     def on_step(step, epoch, batch_in_epoch):
         checkpointer.on_step(step, epoch, batch_in_epoch)
@@ -261,6 +261,8 @@ def run_train(config, stop=None) -> dict:
     }
     if keeper is not None:
         record["best_step"] = final_step
+    if last is not None and last.partial:
+        record["partial"] = True
     summary = {
         "steps": result.steps, "world size": env.world_size, "precision": session.policy,
         **_metric_lines("validation", last),
@@ -273,7 +275,7 @@ def run_train(config, stop=None) -> dict:
 
 
 def run_eval(config) -> dict:
-    """The metrics of a checkpoint on ``--valid_split``."""
+    """The metrics of a checkpoint on ``--valid_split`` (its first ``--eval_max_batches`` batches when given)."""
     from tf_dlrm.cli import builder
     from tf_dlrm.train.loop import evaluate
 
@@ -285,12 +287,14 @@ def run_eval(config) -> dict:
         session.spec, config.valid_split, config.valid_batch_size, session.env, session.model.embedding, False, config.seed,
         dataset_type=config.dataset_type,
     )
-    result = evaluate(session.trainer, reader)
+    result = evaluate(session.trainer, reader, max_batches=config.loop.eval_max_batches)
     record = {
         "mode": "eval", **result.metrics.as_dict(), "samples": result.samples,
         "checkpoint": header["path"], "steps": header["step"], "world_size": session.env.world_size,
         "train_samples_per_s": None,
     }
+    if result.partial:
+        record["partial"] = True
     summary = {
         "checkpoint": header["path"], "step": header["step"], "world size": session.env.world_size,
         "validation samples": result.samples, **_metric_lines("validation", result),

@@ -1,4 +1,4 @@
-"""The training loop: epochs of steps, periodic exact evaluation, early stop, logs and summary."""
+"""The training loop: epochs of steps, periodic exact evaluation, early stopping, logs and summary."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 from tf_dlrm.train.loop_config import LoopConfig
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.metrics import ClickMetrics
+from tf_dlrm.train.early_stopping import EarlyStopping
 from tf_dlrm.train.guards import LossWatch, check_score_count
 from tf_dlrm.train.reporting import Reporter
 from tf_dlrm.train.step import Trainer
@@ -131,7 +132,12 @@ def train(
     total_steps = int(math.ceil(config.epochs * steps_per_epoch))
     if config.max_steps >= 0:
         total_steps = min(total_steps, config.max_steps)
-    eval_every = max(1, steps_per_epoch // config.evals_per_epoch) if config.evals_per_epoch else 0
+    if config.eval_every_steps:
+        eval_every = config.eval_every_steps
+    else:
+        eval_every = max(1, steps_per_epoch // config.evals_per_epoch) if config.evals_per_epoch else 0
+    stopper = EarlyStopping(config.early_stopping_patience, config.early_stopping_min_delta) \
+        if config.early_stopping_patience else None
     global_batch = train_reader.global_batch_size
 
     evals: list[EvalResult] = []
@@ -144,7 +150,7 @@ def train(
 
     def run_eval():
         nonlocal last_eval_step
-        result = evaluate(trainer, valid_reader, where=f"evaluation at step {step}")
+        result = evaluate(trainer, valid_reader, where=f"evaluation at step {step}", max_batches=config.eval_max_batches)
         evals.append(result)
         last_eval_step = step
         part = f", partial: the first {result.batches} of {valid_reader.num_batches} batches" if result.partial else ""
@@ -188,6 +194,14 @@ def train(
                 window_start, window_steps = time.time(), 0
                 if config.auc_threshold is not None and result.auc >= config.auc_threshold:
                     reporter.say(f"AUC {result.auc:.6f} reached the threshold {config.auc_threshold}: stopping")
+                    stopped_early = True
+                    break
+                if stopper is not None and stopper.update(step, result.auc):
+                    reporter.say(
+                        f"early stopping: the validation AUC did not improve by more than {config.early_stopping_min_delta} "
+                        f"in {stopper.patience} evaluations since step {stopper.best_step} (AUC {stopper.best:.6f}): stopping")
+                    reporter.event("early_stop", step=step, best_step=stopper.best_step, best_auc=stopper.best,
+                                   patience=stopper.patience, min_delta=config.early_stopping_min_delta)
                     stopped_early = True
                     break
         epoch += 1
