@@ -78,13 +78,14 @@ def parse(*argv):
         return str(error)
     loop = config.loop
     return [loop.evals_per_epoch, loop.eval_every_steps, loop.eval_max_batches, loop.early_stopping_patience,
-            loop.early_stopping_min_delta, config.keep_best]
+            loop.early_stopping_min_delta, config.keep_best, config.test_split]
 
 print(json.dumps({
     "default": parse(),
     "stopping": parse("--eval_every_steps=7", "--eval_max_batches=3", "--early_stopping_patience=2",
-                      "--early_stopping_min_delta=0.001"),
+                      "--early_stopping_min_delta=0.001", "--valid_split=valid", "--test_split=test"),
     "both": parse("--evals_per_epoch=1", "--eval_every_steps=7"),
+    "same_split": parse("--test_split=test"),
     "negative": parse("--early_stopping_patience=-1"),
 }))
 """
@@ -92,10 +93,12 @@ print(json.dumps({
 
 def test_evaluation_and_early_stopping_flags_parse_and_refuse():
     result = run_fresh(EVALUATION_FLAGS)
-    assert result["default"] == [1, 0, 0, 0, 0.0, False]
+    assert result["default"] == [1, 0, 0, 0, 0.0, False, ""]
     # --eval_every_steps replaces the per-epoch schedule; early stopping keeps the best state.
-    assert result["stopping"] == [0, 7, 3, 2, 0.001, True]
+    assert result["stopping"] == [0, 7, 3, 2, 0.001, True, "test"]
     # Given both, even --evals_per_epoch at its default value: one line naming both.
     assert result["both"] == ("Expected one of --evals_per_epoch and --eval_every_steps. "
                               "Received: --evals_per_epoch=1 --eval_every_steps=7")
+    assert result["same_split"].startswith("Expected --test_split to differ from --valid_split")
+    assert result["same_split"].endswith("Received: --test_split=test --valid_split=test")
     assert result["negative"] == "Expected early_stopping_patience >= 0. Received: early_stopping_patience=-1"

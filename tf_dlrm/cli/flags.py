@@ -148,6 +148,8 @@ def define_flags(argv=None) -> None:
     f.DEFINE_string("train_split", "train", "source_spec split to train on.")
     f.DEFINE_string("valid_split", "test", "source_spec split to evaluate on ('' or none: no evaluation); a split the "
                     "spec does not have, or an empty one, is refused before training.")
+    f.DEFINE_string("test_split", "", "source_spec split evaluated once at the end, at the state --valid_split chose "
+                    "(--keep_best, --early_stopping_patience); reported as test_auc etc., never used to select ('': none).")
 
 
 def family_rate(values: flags.FlagValues, name: str, model_default: float | None = None) -> float:
@@ -227,6 +229,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         inference_batch_sizes=parse_dims(values.inference_batch_sizes, "inference_batch_sizes"),
         # Early stopping ends with the best state: it keeps it as --keep_best does.
         keep_best=values.keep_best or values.early_stopping_patience > 0,
+        test_split="" if values.test_split in ("", "none") else values.test_split,
         horovod_cycle_time_ms=parse_cycle_time(values.horovod_cycle_time_ms),
     )
 

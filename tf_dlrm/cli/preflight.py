@@ -8,7 +8,8 @@ the same way. What is checked:
   ``--save_checkpoint_path`` failed only after all training, losing the trained model;
 - splits: ``--valid_split`` must name a split of the spec (a typo used to train without ever
   evaluating) and hold at least one sample; ``--valid_split=''`` (or ``none``, unless the spec has a
-  split of that name) trains without evaluation, and ``--early_stopping_patience`` needs a validation split.
+  split of that name) trains without evaluation; ``--test_split`` likewise (none by default), and
+  ``--early_stopping_patience`` needs a validation split.
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ def check_valid_split(config, spec) -> bool:
                              f"the validation split, and --valid_split='{config.valid_split}' names none: give one")
         return False
     return _check_split(config, spec, "valid_split", config.valid_split, "or give --valid_split='' to train without evaluation")
+
+
+def check_test_split(config, spec) -> bool:
+    """Whether a ``--test_split`` is evaluated at the end; raises ValueError on one the spec does not have."""
+    if not config.test_split:
+        return False
+    return _check_split(config, spec, "test_split", config.test_split, "or leave --test_split out")
 
 
 def _check_split(config, spec, flag: str, split: str, otherwise: str) -> bool:
