@@ -33,7 +33,8 @@ import time
 import numpy as np
 
 from tf_dlrm.preprocessing.criteo_format import NUM_CATEGORICAL, NUM_INTEGER
-from tf_dlrm.preprocessing.splits import SPLIT_RULES, check_fractions, make_plan
+from tf_dlrm.data.fractions import check_fractions
+from tf_dlrm.preprocessing.splits import SPLIT_RULES, make_plan
 from tf_dlrm.preprocessing.vocabulary import Vocabulary, VocabularyError
 from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.data.layout import nvidia_spec

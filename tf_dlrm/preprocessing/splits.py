@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tf_dlrm.data.fractions import fraction_ranges
 from tf_dlrm.preprocessing.criteo_format import InputFormat
 
 TRAIN = "train"
@@ -113,31 +114,16 @@ def make_plan(files: Sequence[InputFile], rule: str, test_fraction: float, valid
     raise ValueError(f"--split must be one of {list(SPLIT_RULES)}. Received: split={rule!r}")
 
 
-def check_fractions(test_fraction: float, valid_fraction: float) -> None:
-    """Raises ValueError unless both fractions lie in [0, 1) and leave some rows to train on."""
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"--test_fraction must lie in [0, 1). Received: test_fraction={test_fraction}")
-    if not 0.0 <= valid_fraction < 1.0 or test_fraction + valid_fraction >= 1.0:
-        raise ValueError(f"--valid_fraction must lie in [0, 1 - test_fraction). Received: valid_fraction={valid_fraction}, "
-                         f"test_fraction={test_fraction}")
-
-
 def _fraction_plan(files: Sequence[InputFile], test_fraction: float, valid_fraction: float) -> SplitPlan:
     """train, then (``valid_fraction`` > 0) validation, then test, by row order over all files."""
-    check_fractions(test_fraction, valid_fraction)
-    total = sum(f.data_lines for f in files)
-    num_test = int(np.floor(total * test_fraction + 0.5))
-    num_valid = int(np.floor(total * valid_fraction + 0.5))
-    names = (TRAIN, VALIDATION, TEST) if valid_fraction > 0 else (TRAIN, TEST)
-    # Where each split starts, counted over all files in order.
-    bounds = (0, total - num_test - num_valid, total - num_test) if valid_fraction > 0 else (0, total - num_test)
-    ends = bounds[1:] + (total,)
+    ranges = fraction_ranges(sum(f.data_lines for f in files), test_fraction, valid_fraction)
+    names = tuple(name for name, _, _ in ranges)
     starts, codes, offset = [], [], 0
     for f in files:
-        spans = [(max(begin - offset, 0), code) for code, (begin, end) in enumerate(zip(bounds, ends))
+        spans = [(max(begin - offset, 0), code) for code, (_, begin, end) in enumerate(ranges)
                  if begin < end and begin < offset + f.data_lines and end > offset]
         if not spans:  # no data line: the split the file's position falls in
-            spans = [(0, max(code for code, begin in enumerate(bounds) if begin <= offset))]
+            spans = [(0, max(code for code, (_, begin, _) in enumerate(ranges) if begin <= offset))]
         starts.append(tuple(start for start, _ in spans)), codes.append(tuple(code for _, code in spans))
         offset += f.data_lines
     details = {"test_fraction": test_fraction} | ({"valid_fraction": valid_fraction} if valid_fraction > 0 else {})
