@@ -13,7 +13,7 @@ import json
 
 from conftest import make_synthetic_small, run_python
 
-PATIENCE, EVERY, MAX_BATCHES, VALID_BATCH, MIN_DELTA = 2, 5, 4, 256, 0.001
+PATIENCE, EVERY, MAX_BATCHES, VALID_BATCH, MIN_DELTA = 2, 5, 4, 256, 0.002
 
 
 def events(path) -> list[dict]:
@@ -55,6 +55,9 @@ def test_early_stopping_every_k_steps_on_partial_evaluations(tmp_path):
     stop, best = reference_stop(evals)
     assert stop == len(evals) - 1, ([e["auc"] for e in evals], stop)
     assert stop - best == PATIENCE
+    # An evaluation after the best beat its AUC by less than MIN_DELTA: not an improvement, neither for
+    # the count nor for the state kept (a plain maximum would have kept that later one).
+    assert any(evals[best]["auc"] < e["auc"] <= evals[best]["auc"] + MIN_DELTA for e in evals[best + 1:]), evals
     stopped = [e for e in log if e["event"] == "early_stop"]
     assert len(stopped) == 1 and stopped[0]["step"] == evals[-1]["step"] and stopped[0]["best_step"] == evals[best]["step"]
     final = log[-1]

@@ -81,7 +81,7 @@ def _metrics_on_root(env, mine: np.ndarray, sizes: np.ndarray, samples: int) -> 
     batch_sizes, _ = collectives.gather_to_root(env, tf.constant(sizes), name="eval_batch_sizes")
     values = np.zeros(len(dataclasses.fields(ClickMetrics)) + 2, np.float64)
     if env.is_chief:
-        ordered = _split_order(gathered.numpy(), rows_per_rank.numpy(), batch_sizes.numpy(), env.world_size)[:samples]
+        ordered = restore_split_order(gathered.numpy(), rows_per_rank.numpy(), batch_sizes.numpy(), env.world_size)[:samples]
         scores, labels = ordered[:, 0], ordered[:, 1]
         bad = int(np.count_nonzero(~np.isfinite(scores)))
         metrics = ClickMetrics.of(labels, scores) if not bad else ClickMetrics(*[math.nan] * (values.size - 2))
@@ -89,7 +89,7 @@ def _metrics_on_root(env, mine: np.ndarray, sizes: np.ndarray, samples: int) -> 
     return collectives.broadcast(env, tf.constant(values), name="eval_metrics").numpy() if env.distributed else values
 
 
-def _split_order(rows: np.ndarray, rows_per_rank: np.ndarray, batch_sizes: np.ndarray, world_size: int) -> np.ndarray:
+def restore_split_order(rows: np.ndarray, rows_per_rank: np.ndarray, batch_sizes: np.ndarray, world_size: int) -> np.ndarray:
     """Rows gathered rank after rank (each rank's batches in turn) put back batch after batch, each
     global batch being rank 0's local rows, then rank 1's, and so on."""
     if world_size == 1 or rows.shape[0] == 0:
