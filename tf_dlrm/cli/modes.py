@@ -167,6 +167,7 @@ def run_train(config, stop=None) -> dict:
     from tf_dlrm.cli import builder, hot_rows_setup, preflight
     from tf_dlrm.checkpoint import checks as checkpoint_checks
     from tf_dlrm.train import interrupt
+    from tf_dlrm.metrics import ClickMetrics
     from tf_dlrm.train.loop import evaluate, train
 
     preflight.check_output_paths(config)  # before anything costly: no mistake in a path costs a run
@@ -267,8 +268,7 @@ def run_train(config, stop=None) -> dict:
 
     hot_rows_setup.report_measured(reporter, model.embedding, session.trainer)
     record = {
-        **(last.metrics.as_dict() if last else {"auc": None, "logloss": None, "ne": None, "calibration": None,
-                                                  "positive_rate": None}),
+        **(last.metrics.as_dict() if last else dict.fromkeys(f.name for f in dataclasses.fields(ClickMetrics))),
         "train_samples_per_s": result.train_samples_per_s,
         "steps": result.steps,
         "world_size": env.world_size,

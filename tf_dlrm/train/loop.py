@@ -7,7 +7,9 @@ import math
 import time
 
 import numpy as np
+import tensorflow as tf
 
+from tf_dlrm.parallel import collectives
 from tf_dlrm.train.loop_config import LoopConfig
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.metrics import ClickMetrics
@@ -73,10 +75,6 @@ def _metrics_on_root(env, mine: np.ndarray, sizes: np.ndarray, samples: int) -> 
     """Rank 0 gathers every rank's ``(probability, label)`` rows, restores the split's order, trims
     the padding and computes the metrics; every rank gets them back (with the count of non-finite
     scores and of scores) as one float64 vector."""
-    import tensorflow as tf
-
-    from tf_dlrm.parallel import collectives
-
     gathered, rows_per_rank = collectives.gather_to_root(env, tf.constant(mine), name="eval_scores")
     batch_sizes, _ = collectives.gather_to_root(env, tf.constant(sizes), name="eval_batch_sizes")
     values = np.zeros(len(dataclasses.fields(ClickMetrics)) + 2, np.float64)
