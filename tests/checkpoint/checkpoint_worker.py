@@ -41,6 +41,7 @@ def predict(config, name, out_dir):
     embedding = session.model.embedding
     reader = builder.make_reader(session.spec, config.valid_split, config.valid_batch_size, session.env, embedding, False, config.seed)
     result = evaluate(session.trainer, reader)
+    every_rank = every_rank_metrics(session.trainer, reader)
     numerical, categorical, label = reader.read_batch(0)
     probabilities, _ = session.trainer.predict_step(numerical, tuple(categorical), label)
     if session.env.is_chief:
@@ -49,7 +50,22 @@ def predict(config, name, out_dir):
             columns = dict(zip(list(embedding.global_categorical) + list(embedding.local_categorical), categorical))
             ids = np.stack([columns[t].astype(np.int64) for t in range(len(columns))], axis=1)
             np.savez(os.path.join(out_dir, f"{name}_batch.npz"), numerical=numerical, categorical=ids)
-    return {"auc": result.auc, "logloss": result.logloss, "samples": result.samples, "step": header["step"], "checkpoint": header["path"]}
+    return {"auc": result.auc, "logloss": result.logloss, "samples": result.samples, "step": header["step"],
+            "checkpoint": header["path"], "metrics": result.metrics.as_dict(), "every_rank_metrics": every_rank}
+
+
+def every_rank_metrics(trainer, reader) -> dict:
+    """The metrics as evaluation computed them before it gathered to rank 0: every rank allgathers
+    every global batch's scores and labels (``predict_step``) and computes them all."""
+    from tf_dlrm.metrics import ClickMetrics
+
+    scores, labels = [], []
+    for numerical, categorical, label in reader.dataset(epoch=0):
+        probability, truth = trainer.predict_step(numerical, categorical, label)
+        scores.append(probability.numpy())
+        labels.append(truth.numpy())
+    scores, labels = np.concatenate(scores)[: reader.num_samples], np.concatenate(labels)[: reader.num_samples]
+    return ClickMetrics.of(labels, scores).as_dict()
 
 
 def run_task(task, out_dir):

@@ -61,3 +61,44 @@ def test_each_config_module_imports_no_tensorflow(module):
     result = run_fresh(f"import json, sys, {module}\n"
                        "print(json.dumps({'imported': sorted(m for m in ('tensorflow', 'keras') if m in sys.modules)}))")
     assert result["imported"] == []
+
+
+EVALUATION_FLAGS = """
+import json
+from absl import flags
+import tf_dlrm.cli.flags as run_flags
+run_flags.define_flags()
+
+def parse(*argv):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["main.py", "--dataset_path=/nowhere", *argv])
+    try:
+        config = run_flags.config_from_flags(flags.FLAGS)
+    except ValueError as error:
+        return str(error)
+    loop = config.loop
+    return [loop.evals_per_epoch, loop.eval_every_steps, loop.eval_max_batches, loop.early_stopping_patience,
+            loop.early_stopping_min_delta, config.keep_best, config.test_split]
+
+print(json.dumps({
+    "default": parse(),
+    "stopping": parse("--eval_every_steps=7", "--eval_max_batches=3", "--early_stopping_patience=2",
+                      "--early_stopping_min_delta=0.001", "--valid_split=valid", "--test_split=test"),
+    "both": parse("--evals_per_epoch=1", "--eval_every_steps=7"),
+    "same_split": parse("--test_split=test"),
+    "negative": parse("--early_stopping_patience=-1"),
+}))
+"""
+
+
+def test_evaluation_and_early_stopping_flags_parse_and_refuse():
+    result = run_fresh(EVALUATION_FLAGS)
+    assert result["default"] == [1, 0, 0, 0, 0.0, False, ""]
+    # --eval_every_steps replaces the per-epoch schedule; early stopping keeps the best state.
+    assert result["stopping"] == [0, 7, 3, 2, 0.001, True, "test"]
+    # Given both, even --evals_per_epoch at its default value: one line naming both.
+    assert result["both"] == ("Expected one of --evals_per_epoch and --eval_every_steps. "
+                              "Received: --evals_per_epoch=1 --eval_every_steps=7")
+    assert result["same_split"].startswith("Expected --test_split to differ from --valid_split")
+    assert result["same_split"].endswith("Received: --test_split=test --valid_split=test")
+    assert result["negative"] == "Expected early_stopping_patience >= 0. Received: early_stopping_patience=-1"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 
@@ -20,7 +21,7 @@ def _events(path):
         return [json.loads(line) for line in handle]
 
 
-def test_eval_mode_reports_auc_and_logloss_of_the_latest_checkpoint(tmp_path_factory):
+def test_eval_mode_reports_the_metrics_of_the_latest_checkpoint(tmp_path_factory):
     run = single(tmp_path_factory)
     final = _events(os.path.join(run["out"], "eval.jsonl"))[-1]
     predicted = run["results"]["predict"]
@@ -29,6 +30,11 @@ def test_eval_mode_reports_auc_and_logloss_of_the_latest_checkpoint(tmp_path_fac
     assert final["samples"] == 1500
     assert final["auc"] == pytest.approx(predicted["auc"], abs=1e-9)
     assert final["logloss"] == pytest.approx(predicted["logloss"], abs=1e-9)
+    # NE, calibration and the positive rate of the same evaluation, as the training loop reports them.
+    assert {k: final[k] for k in ("ne", "calibration", "positive_rate")} == {
+        k: predicted["metrics"][k] for k in ("ne", "calibration", "positive_rate")}
+    rate = final["positive_rate"]
+    assert final["ne"] == pytest.approx(final["logloss"] / -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate)), rel=1e-12)
 
 
 def test_inference_mode_logs_latency_percentiles_and_throughput(tmp_path_factory):

@@ -202,3 +202,53 @@ def test_command_line(tmp_path):
     assert failed.returncode != 0
     assert f"{tmp_path / 'data.csv'}, line 3:" in failed.stderr and "label must be 0 or 1" in failed.stderr
     assert not (tmp_path / "out2").exists()
+
+
+def test_fractions_divide_the_train_split_in_row_order(tmp_path):
+    """--valid_fraction / --test_fraction: train, validation, test by row order across files and
+    blocks; a vocabulary counts only the rows left in train; other splits stay as they are."""
+    rng = np.random.default_rng(3)
+    parts = [_rows(rng, 13), _rows(rng, 27)]
+    extra = _rows(rng, 4)
+    for index, rows in enumerate(parts):
+        _write_csv(tmp_path / f"part{index}.csv", rows, header=True)
+    _write_csv(tmp_path / "extra.csv", extra, header=True)
+    raw = _raw_spec({"train": ["part0.csv", "part1.csv"], "later": ["extra.csv"]}, header=True)
+    out = tmp_path / "binary"
+    written = transcode(_write_spec(tmp_path, raw), str(out), block_lines=5, valid_fraction=0.2, test_fraction=0.25)
+    rows = parts[0] + parts[1]  # 40 rows: the last 10 test, the 8 before them validation
+    _check_output(out, "train", rows[:22])
+    _check_output(out, "validation", rows[22:30])
+    spec = _check_output(out, "test", rows[30:])
+    _check_output(out, "later", extra)
+    assert spec.splits == ["train", "validation", "test", "later"]
+    assert written.metadata["num_samples"] == {"train": 22, "validation": 8, "test": 10, "later": 4}
+    assert written.metadata["split"] == {"rule": "fraction", "valid_fraction": 0.2, "test_fraction": 0.25}
+
+    # A vocabulary-encoded column: ids by frequency over the 22 train rows only.
+    raw["source_spec"]["train"][0]["encode"] = {"site": "vocabulary"}
+    raw["source_spec"]["later"][0]["encode"] = {"site": "vocabulary"}
+    del raw["feature_spec"]["site"]["cardinality"]
+    for number, row in enumerate(rows):
+        if number >= 22:
+            row[4] = "9" if number < 30 else "7"  # values seen in validation and test only
+    for index, part in enumerate(parts):
+        _write_csv(tmp_path / f"part{index}.csv", part, header=True)
+    encoded = transcode(_write_spec(tmp_path, raw), str(tmp_path / "encoded"), valid_fraction=0.2, test_fraction=0.25)
+    vocabulary = (tmp_path / "encoded" / encoded.feature_spec["site"]["vocabulary"]).read_text().splitlines()
+    values = {line.split("\t")[2] for line in vocabulary[2:]}
+    assert values == {r[4] for r in rows[:22]}, vocabulary
+    assert encoded.feature_spec["site"]["cardinality"] == len(values) + 1
+
+
+def test_fraction_refusals(tmp_path):
+    _write_csv(tmp_path / "data.csv", _rows(np.random.default_rng(1), 10))
+    spec_path = _write_spec(tmp_path, _raw_spec({"train": ["data.csv"], "test": ["data.csv"]}))
+    with pytest.raises(TranscodeError, match=r"already has the split\(s\) \['test'\]"):
+        transcode(spec_path, str(tmp_path / "out"), test_fraction=0.1)
+    with pytest.raises(ValueError, match=r"--valid_fraction must lie in \[0, 1 - test_fraction\)"):
+        transcode(spec_path, str(tmp_path / "out"), valid_fraction=0.6, test_fraction=0.5)
+    only_test = _write_spec(tmp_path, _raw_spec({"test": ["data.csv"]}))
+    with pytest.raises(TranscodeError, match="divide the 'train' split, which source_spec lacks"):
+        transcode(only_test, str(tmp_path / "out"), valid_fraction=0.1)
+    assert not (tmp_path / "out").exists()

@@ -59,6 +59,24 @@ def test_matches_independent_reference(tmp_path, sample, threshold, test_fractio
     assert report["bad_rows"]["total"] == 0
 
 
+def test_three_splits_by_fraction_match_the_reference(tmp_path):
+    """train, then validation, then test, by row order; the vocabulary counts the train rows only."""
+    report = run_local([CSV_SAMPLE], tmp_path / "out", frequency_threshold=2, test_fraction=0.2, valid_fraction=0.15)
+    rows, _ = read_rows(CSV_SAMPLE)
+    num_test, num_valid = int(np.floor(len(rows) * 0.2 + 0.5)), int(np.floor(len(rows) * 0.15 + 0.5))
+    first_valid, first_test = len(rows) - num_test - num_valid, len(rows) - num_test
+    reference = Reference(
+        rows, lambda number: "train" if number < first_valid else "validation" if number < first_test else "test", 2)
+    spec = FeatureSpec.load(str(tmp_path / "out" / "feature_spec.yaml"))
+    assert spec.splits == ["train", "validation", "test"]
+    assert spec.cardinalities() == reference.cardinalities
+    for split in ("train", "validation", "test"):
+        expected = reference.split(split)
+        assert len(expected["label"]) > 0
+        assert spec.split_files(split).num_samples == len(expected["label"]) == report["rows"][split]
+        assert_split_equal(read_split(str(tmp_path / "out"), split, reference.cardinalities), expected, split)
+
+
 def test_thresholding_and_tie_breaking(tmp_path):
     """Hand-made counts: ids follow descending count, ties by hash ascending; rare and unseen share id 1."""
     base = ["0"] + ["1"] * 13 + ["0000000a"] * 26
@@ -182,6 +200,8 @@ def test_refuses_to_replace_a_foreign_directory(tmp_path):
         ({"split": "random"}, "--split must be one of"),
         ({"test_fraction": 1.0}, "--test_fraction must lie in"),
         ({"frequency_threshold": -1}, "--frequency_threshold must be >= 0"),
+        ({"test_fraction": 0.5, "valid_fraction": 0.5}, r"--valid_fraction must lie in \[0, 1 - test_fraction\)"),
+        ({"split": "days", "valid_fraction": 0.1}, "--valid_fraction applies to --split=fraction only"),
     ],
 )
 def test_config_errors_name_the_flag(tmp_path, settings, message):
@@ -209,3 +229,23 @@ def test_command_line(tmp_path):
         cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
     )
     assert missing.returncode != 0 and "file not found" in missing.stderr
+
+
+@pytest.mark.parametrize("sizes", [(40, 0, 35, 25), (100,), (5, 5, 5, 85)])
+def test_fraction_plan_across_files_follows_the_row_order(sizes):
+    """Boundaries falling inside files, on file edges and across an empty file: every data line's
+    split is the one its position in the whole sequence gives."""
+    from tf_dlrm.preprocessing.criteo_format import InputFormat
+    from tf_dlrm.preprocessing.splits import InputFile, make_plan
+
+    files = [InputFile(i, f"f{i}", False, InputFormat(b"\t", False), n) for i, n in enumerate(sizes)]
+    plan = make_plan(files, "fraction", test_fraction=0.2, valid_fraction=0.15)
+    assert plan.names == ("train", "validation", "test") and plan.metadata()["valid_fraction"] == 0.15
+    total = sum(sizes)
+    expected = np.array([0] * (total - 20 - 15) + [1] * 15 + [2] * 20, np.int8)
+    actual = np.concatenate([plan.split_of(i, 0, n) for i, n in enumerate(sizes)])
+    np.testing.assert_array_equal(actual, expected)
+    two = make_plan(files, "fraction", test_fraction=0.2)
+    assert two.names == ("train", "test") and "valid_fraction" not in two.metadata()
+    np.testing.assert_array_equal(np.concatenate([two.split_of(i, 0, n) for i, n in enumerate(sizes)]),
+                                  np.array([0] * (total - 20) + [1] * 20, np.int8))

@@ -53,8 +53,9 @@ def assert_identical(tmp_path):
 
 @pytest.mark.parametrize(
     "sample, settings",
-    [(TSV_SAMPLE, {"frequency_threshold": 3}), (CSV_SAMPLE, {"frequency_threshold": 2, "test_fraction": 0.25})],
-    ids=["tsv_1tb", "csv_kaggle"],
+    [(TSV_SAMPLE, {"frequency_threshold": 3}), (CSV_SAMPLE, {"frequency_threshold": 2, "test_fraction": 0.25}),
+     (CSV_SAMPLE, {"frequency_threshold": 2, "test_fraction": 0.2, "valid_fraction": 0.15})],
+    ids=["tsv_1tb", "csv_kaggle", "csv_three_splits"],
 )
 def test_identical_bytes_on_the_shared_samples(tmp_path, spark, sample, settings):
     local, distributed = run_both(tmp_path, spark, [sample], **settings)

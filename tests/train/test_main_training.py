@@ -50,11 +50,22 @@ def test_training_reaches_the_oracle_auc(synthetic, single_process_run):
 
 
 def test_final_log_line_follows_the_contract(single_process_run):
-    assert set(single_process_run) - {"log"} == {"event", "auc", "logloss", "train_samples_per_s", "steps", "world_size"}
+    assert set(single_process_run) - {"log"} == {"event", "auc", "logloss", "ne", "calibration", "positive_rate",
+                                                 "train_samples_per_s", "steps", "world_size"}
     assert single_process_run["world_size"] == 1
     assert single_process_run["steps"] == 3 * (200_000 // 1024)
     assert single_process_run["train_samples_per_s"] > 0
     assert 0 < single_process_run["logloss"] < 0.69
+    # NE is the logloss over the entropy of the positive rate (below 1: better than predicting the rate).
+    rate = single_process_run["positive_rate"]
+    entropy = -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate))
+    assert 0.05 < rate < 0.95
+    assert abs(single_process_run["ne"] - single_process_run["logloss"] / entropy) <= 1e-12 and single_process_run["ne"] < 1
+    assert 0.3 < single_process_run["calibration"] < 3  # 0.62 here: this SGD run predicts too few clicks
+    evals = [json.loads(line) for line in open(single_process_run["log"], encoding="utf-8") if '"eval"' in line]
+    assert evals and all({"auc", "logloss", "ne", "calibration", "positive_rate", "samples"} <= set(e) for e in evals)
+    assert {k: evals[-1][k] for k in ("auc", "ne", "calibration", "positive_rate")} == {
+        k: single_process_run[k] for k in ("auc", "ne", "calibration", "positive_rate")}
 
 
 @pytest.mark.multirank

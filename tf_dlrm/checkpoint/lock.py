@@ -7,7 +7,8 @@
 - **Readers keep what they read.** ``--resume``, ``--restore_checkpoint_path``, ``--mode=eval`` and
   export hold a shared ``flock`` on the ``manifest.json`` of the checkpoint they restore until every
   rank has read it; retention (:func:`tf_dlrm.checkpoint.store.retain`) deletes a checkpoint only when
-  it can take that lock exclusively, and otherwise keeps it for the next save's retention.
+  it can take that lock exclusively (:func:`tf_dlrm.checkpoint.store.exclusive_if_unread`), and otherwise
+  keeps it for the next save's retention.
 
 ``flock`` works on local filesystems and on NFS (Linux maps it to NFS byte-range locks).
 """
@@ -85,18 +86,3 @@ def reading(checkpoint: str):
         yield checkpoint
     finally:
         os.close(descriptor)
-
-
-def deletable(checkpoint: str) -> int | None:
-    """An open descriptor holding ``checkpoint``'s manifest exclusively (close it after deleting), or
-    None when a reader holds it (keep the checkpoint)."""
-    try:
-        descriptor = os.open(os.path.join(checkpoint, MANIFEST), os.O_RDONLY)
-    except FileNotFoundError:
-        return -1  # no manifest: nothing reads it
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(descriptor)
-        return None
-    return descriptor

@@ -35,6 +35,7 @@ runs on every rank is :mod:`tf_dlrm.checkpoint.checkpointer`.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -367,13 +368,26 @@ def remove_stale(directory: str) -> None:
             shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
+def exclusive_if_unread(checkpoint: str) -> int | None:
+    """An open descriptor holding ``checkpoint``'s manifest exclusively (close it after deleting), -1
+    when it has no manifest, or None when a reader holds it (:func:`tf_dlrm.checkpoint.lock.reading`)."""
+    try:
+        descriptor = os.open(os.path.join(checkpoint, MANIFEST), os.O_RDONLY)
+    except FileNotFoundError:
+        return -1
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
 def retain(directory: str, keep: int) -> None:
     """Deletes all but the newest ``keep`` checkpoints (hidden by a rename before the slow delete),
     except one that a reader holds (:mod:`tf_dlrm.checkpoint.lock`): a later save deletes it."""
-    from tf_dlrm.checkpoint import lock
-
     for _, path in list_checkpoints(directory)[:-keep]:
-        held = lock.deletable(path)
+        held = exclusive_if_unread(path)
         if held is None:
             continue
         try:

@@ -124,6 +124,15 @@ def define_flags(argv=None) -> None:
     f.DEFINE_string("inference_batch_sizes", "1,64,1024,4096", "--mode=inference: global batch sizes to time.")
     f.DEFINE_enum("mode", "train", list(MODES), "What to do.")
     f.DEFINE_integer("evals_per_epoch", 1, "Evaluations per epoch (0: only at the end).")
+    f.DEFINE_integer("eval_every_steps", 0, "Evaluate every this many steps instead (0: use --evals_per_epoch; "
+                     "not both).")
+    f.DEFINE_integer("eval_max_batches", 0, "Evaluate only the first this many global batches of the validation "
+                     "split (a quick partial evaluation, marked partial in the log; 0: the whole split).")
+    f.DEFINE_integer("early_stopping_patience", 0, "Stop after this many evaluations without an improvement of the "
+                     "validation AUC by more than --early_stopping_min_delta, and end with the best state "
+                     "(implies --keep_best); 0: off.")
+    f.DEFINE_float("early_stopping_min_delta", 0.0, "With --early_stopping_patience: the AUC gain an evaluation "
+                   "must exceed to count as an improvement.")
     f.DEFINE_float("auc_threshold", None, "Stop training once validation AUC reaches this.")
     f.DEFINE_bool("keep_best", False, "Keep the state of the evaluation with the best validation AUC; restore, report "
                   "(final JSON: best_step) and save it at the end.")
@@ -139,6 +148,8 @@ def define_flags(argv=None) -> None:
     f.DEFINE_string("train_split", "train", "source_spec split to train on.")
     f.DEFINE_string("valid_split", "test", "source_spec split to evaluate on ('' or none: no evaluation); a split the "
                     "spec does not have, or an empty one, is refused before training.")
+    f.DEFINE_string("test_split", "", "source_spec split evaluated once at the end, at the state --valid_split chose "
+                    "(--keep_best, --early_stopping_patience); reported as test_auc etc., never used to select ('': none).")
 
 
 def family_rate(values: flags.FlagValues, name: str, model_default: float | None = None) -> float:
@@ -210,18 +221,32 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
             adam_beta1=values.adam_beta1, adam_beta2=values.adam_beta2, adam_epsilon=values.adam_epsilon,
             embedding_weight_decay=values.embedding_weight_decay, dense_weight_decay=values.dense_weight_decay,
         ),
-        loop=LoopConfig(
-            epochs=values.epochs,
-            max_steps=values.max_steps,
-            evals_per_epoch=values.evals_per_epoch,
-            auc_threshold=values.auc_threshold,
-            print_freq=values.print_freq,
-        ),
+        loop=loop_from_flags(values),
         checkpoint_every_steps=values.checkpoint_every_steps,
         keep_checkpoints=values.keep_checkpoints,
         resume=values.resume,
         saved_model_path=values.saved_model_path,
         inference_batch_sizes=parse_dims(values.inference_batch_sizes, "inference_batch_sizes"),
-        keep_best=values.keep_best,
+        # Early stopping ends with the best state: it keeps it as --keep_best does.
+        keep_best=values.keep_best or values.early_stopping_patience > 0,
+        test_split="" if values.test_split in ("", "none") else values.test_split,
         horovod_cycle_time_ms=parse_cycle_time(values.horovod_cycle_time_ms),
+    )
+
+
+def loop_from_flags(values: flags.FlagValues) -> LoopConfig:
+    """The loop's settings; ``--eval_every_steps`` replaces ``--evals_per_epoch`` (both given: refused)."""
+    if values.eval_every_steps and values["evals_per_epoch"].present:
+        raise ValueError(f"Expected one of --evals_per_epoch and --eval_every_steps. Received: "
+                         f"--evals_per_epoch={values.evals_per_epoch} --eval_every_steps={values.eval_every_steps}")
+    return LoopConfig(
+        epochs=values.epochs,
+        max_steps=values.max_steps,
+        evals_per_epoch=0 if values.eval_every_steps else values.evals_per_epoch,
+        auc_threshold=values.auc_threshold,
+        print_freq=values.print_freq,
+        eval_every_steps=values.eval_every_steps,
+        eval_max_batches=values.eval_max_batches,
+        early_stopping_patience=values.early_stopping_patience,
+        early_stopping_min_delta=values.early_stopping_min_delta,
     )

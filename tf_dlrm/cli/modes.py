@@ -1,7 +1,8 @@
 """The modes of ``main.py``: ``--mode=train`` and what a checkpoint is for besides training.
 
 - train: the training loop with periodic evaluation, checkpoints, signals and ``--keep_best``;
-- eval: exact AUC and logloss of a checkpoint on the validation split, on any world size and plan;
+- eval: exact AUC, logloss, NE, calibration and positive rate of a checkpoint on the validation split
+  (and ``--test_split``), on any world size and plan;
 - inference: latency (mean, p50, p90, p99) and throughput of the forward pass per global batch
   size, from a checkpoint (or the initial weights when none is given);
 - export: a TF SavedModel with full tables and a serving signature (:mod:`tf_dlrm.cli.export`;
@@ -165,18 +166,22 @@ def step_traffic_of(trainer, global_batch_size: int, world_size: int):
 
 
 def run_train(config, stop=None) -> dict:
-    """Trains on this rank; returns the final record (``auc``, ``logloss``, ``train_samples_per_s``,
-    ``steps``, ``world_size`` and, with ``--keep_best``, ``best_step``)."""
+    """Trains on this rank; returns the final record (``auc``, ``logloss``, ``ne``, ``calibration``,
+    ``positive_rate``, ``train_samples_per_s``, ``steps``, ``world_size``; with ``--keep_best`` or
+    early stopping ``best_step``; with ``--test_split`` ``test_auc``, ``test_logloss``, ``test_ne``,
+    ``test_calibration`` and ``test_positive_rate``)."""
     from tf_dlrm.sharding.traffic import describe as describe_traffic
     from tf_dlrm.train.precision import read_cpu_info
     from tf_dlrm.cli import builder, hot_rows_setup, preflight
     from tf_dlrm.checkpoint import checks as checkpoint_checks
     from tf_dlrm.train import interrupt
-    from tf_dlrm.train.loop import train
+    from tf_dlrm.metrics import ClickMetrics
+    from tf_dlrm.train.loop import evaluate, train
 
     preflight.check_output_paths(config)  # before anything costly: no mistake in a path costs a run
-    evaluating = []  # whether a validation split is read: checked before the model is built
-    session = open_session(config, start(config, lambda spec: evaluating.append(preflight.check_valid_split(config, spec))))
+    evaluating = []  # whether a validation split and a test split are read: checked before the model is built
+    session = open_session(config, start(config, lambda spec: evaluating.extend(
+        [preflight.check_valid_split(config, spec), preflight.check_test_split(config, spec)])))
     env, spec, plan, trainer, reporter = session.env, session.spec, session.plan, session.trainer, session.reporter
     intra, inter = session.threads
     rank_bytes = [plan.rank_bytes(r) for r in range(env.world_size)]
@@ -211,12 +216,17 @@ def run_train(config, stop=None) -> dict:
     train_reader = builder.make_reader(spec, config.train_split, config.batch_size, env, embedding, True, config.seed,
                                        config.dataset_type)
     valid_reader = None
+    # Random in-memory batches (--dataset_type=synthetic) are evaluated on the spec's split files.
+    valid_type = "split_tfrecords" if config.dataset_type == "split_tfrecords" else "tf_raw"
     if evaluating[0]:
-        # Random in-memory batches (--dataset_type=synthetic) are evaluated on the spec's split files.
-        valid_type = "split_tfrecords" if config.dataset_type == "split_tfrecords" else "tf_raw"
         valid_reader = builder.make_reader(spec, config.valid_split, config.valid_batch_size, env, embedding, False,
                                            config.seed, valid_type)
         preflight.check_not_empty(config.valid_split, valid_reader)
+    test_reader = None
+    if evaluating[1]:
+        test_reader = builder.make_reader(spec, config.test_split, config.valid_batch_size, env, embedding, False,
+                                          config.seed, valid_type)
+        preflight.check_not_empty(config.test_split, test_reader, "test_split")
     checkpointer = session.checkpointer
     data = checkpoint_checks.data_record(train_reader, config.batch_size)
     start_step = checkpointer.restore_for_training(config, train_reader.num_batches, data)
@@ -224,7 +234,7 @@ def run_train(config, stop=None) -> dict:
     if config.keep_best and valid_reader is not None:
         from tf_dlrm.train.keep_best import BestKeeper
 
-        keeper = BestKeeper(trainer)
+        keeper = BestKeeper(trainer, config.loop.early_stopping_min_delta)
 
     def on_step(step, epoch, batch_in_epoch):
         checkpointer.on_step(step, epoch, batch_in_epoch)
@@ -249,6 +259,13 @@ def run_train(config, stop=None) -> dict:
         last, final_step = keeper.best, keeper.step
         reporter.say(f"keep_best: restored the state of step {keeper.step} (validation AUC {last.auc:.6f})")
     checkpointer.finish(final_step)
+    tested = None
+    if test_reader is not None:
+        # Once, at the state selection chose: this figure never chose anything.
+        tested = evaluate(trainer, test_reader, where=f"test evaluation at step {final_step}")
+        reporter.say(f"test ({config.test_split}) at step {final_step}: {tested.metrics.describe()}  ({tested.samples} samples)")
+        reporter.event("final_test", step=final_step, split=config.test_split, **tested.record())
+        reporter.scalars(final_step, **{f"test_{name}": value for name, value in tested.metrics.as_dict().items()})
     model = session.model
     if getattr(model.embedding, "dynamic_only", False):
         # Rows, evictions and rejections of every dynamic table, summed over ranks (collective).
@@ -259,19 +276,23 @@ def run_train(config, stop=None) -> dict:
 
     hot_rows_setup.report_measured(reporter, model.embedding, session.trainer)
     record = {
-        "auc": last.auc if last else None,
-        "logloss": last.logloss if last else None,
+        **(last.metrics.as_dict() if last else dict.fromkeys(f.name for f in dataclasses.fields(ClickMetrics))),
         "train_samples_per_s": result.train_samples_per_s,
         "steps": result.steps,
         "world_size": env.world_size,
     }
     if keeper is not None:
         record["best_step"] = final_step
+    if last is not None and last.partial:
+        record["partial"] = True
     summary = {
         "steps": result.steps, "world size": env.world_size, "precision": session.policy,
-        "validation AUC": record["auc"], "validation logloss": record["logloss"],
+        **_metric_lines("validation", last),
         "train samples/s": record["train_samples_per_s"], "stopped early": result.stopped_early,
     }
+    if tested is not None:
+        record.update({f"test_{name}": value for name, value in tested.metrics.as_dict().items()})
+        summary.update(_metric_lines(f"test ({config.test_split})", tested))
     return _finish(session, record, summary)
 
 
@@ -279,29 +300,49 @@ def run_train(config, stop=None) -> dict:
 
 
 def run_eval(config) -> dict:
+    """The metrics of a checkpoint on ``--valid_split`` (its first ``--eval_max_batches`` batches when
+    given) and, with ``--test_split``, on that split too (``test_auc`` etc.)."""
     from tf_dlrm.cli import builder
     from tf_dlrm.train.loop import evaluate
 
     session = open_session(config)
     header = restore(session)
-    if config.valid_split not in session.spec.splits:
-        raise ValueError(f"--valid_split={config.valid_split} is not a split of {session.spec.source}: {session.spec.splits}")
-    reader = builder.make_reader(
-        session.spec, config.valid_split, config.valid_batch_size, session.env, session.model.embedding, False, config.seed,
-        dataset_type=config.dataset_type,
-    )
-    result = evaluate(session.trainer, reader)
+    splits = [config.valid_split] + ([config.test_split] if config.test_split else [])
+    for flag, split in zip(("valid_split", "test_split"), splits):
+        if split not in session.spec.splits:
+            raise ValueError(f"--{flag}={split} is not a split of {session.spec.source}: {session.spec.splits}")
+    results = []
+    for index, split in enumerate(splits):
+        reader = builder.make_reader(
+            session.spec, split, config.valid_batch_size, session.env, session.model.embedding, False, config.seed,
+            dataset_type=config.dataset_type,
+        )
+        results.append(evaluate(session.trainer, reader, max_batches=0 if index else config.loop.eval_max_batches))
+    result = results[0]
     record = {
-        "mode": "eval", "auc": result.auc, "logloss": result.logloss, "samples": result.samples,
+        "mode": "eval", **result.metrics.as_dict(), "samples": result.samples,
         "checkpoint": header["path"], "steps": header["step"], "world_size": session.env.world_size,
         "train_samples_per_s": None,
     }
+    if result.partial:
+        record["partial"] = True
     summary = {
         "checkpoint": header["path"], "step": header["step"], "world size": session.env.world_size,
-        "validation samples": result.samples, "validation AUC": result.auc, "validation logloss": result.logloss,
+        "validation samples": result.samples, **_metric_lines("validation", result),
         "eval seconds": result.seconds,
     }
+    if len(results) > 1:
+        record.update({f"test_{name}": value for name, value in results[1].metrics.as_dict().items()})
+        record["test_samples"] = results[1].samples
+        summary.update({"test samples": results[1].samples, **_metric_lines(f"test ({config.test_split})", results[1])})
     return _finish(session, record, summary)
+
+
+def _metric_lines(label: str, result) -> dict:
+    """Summary lines of one evaluation (None when there was none)."""
+    names = {"auc": "AUC", "logloss": "logloss", "ne": "NE", "calibration": "calibration", "positive_rate": "positive rate"}
+    values = result.metrics.as_dict() if result is not None else dict.fromkeys(names)
+    return {f"{label} {names[name]}": value for name, value in values.items()}
 
 
 # ---------------------------------------------------------------------- inference

@@ -8,7 +8,8 @@ the same way. What is checked:
   ``--save_checkpoint_path`` failed only after all training, losing the trained model;
 - splits: ``--valid_split`` must name a split of the spec (a typo used to train without ever
   evaluating) and hold at least one sample; ``--valid_split=''`` (or ``none``, unless the spec has a
-  split of that name) trains without evaluation.
+  split of that name) trains without evaluation; ``--test_split`` likewise (none by default), and
+  ``--early_stopping_patience`` needs a validation split.
 """
 
 from __future__ import annotations
@@ -58,30 +59,45 @@ def check_output_paths(config) -> None:
 
 
 def check_valid_split(config, spec) -> bool:
-    """Whether to evaluate; raises ValueError on a ``--valid_split`` that the spec does not have."""
+    """Whether to evaluate; raises ValueError on a ``--valid_split`` that the spec does not have, or
+    on ``--early_stopping_patience`` without a validation split."""
     if not config.valid_split or (config.valid_split == "none" and "none" not in spec.splits):
+        if config.loop.early_stopping_patience:
+            raise ValueError(f"--early_stopping_patience={config.loop.early_stopping_patience} counts evaluations of "
+                             f"the validation split, and --valid_split='{config.valid_split}' names none: give one")
         return False
+    return _check_split(config, spec, "valid_split", config.valid_split, "or give --valid_split='' to train without evaluation")
+
+
+def check_test_split(config, spec) -> bool:
+    """Whether a ``--test_split`` is evaluated at the end; raises ValueError on one the spec does not have."""
+    if not config.test_split:
+        return False
+    return _check_split(config, spec, "test_split", config.test_split, "or leave --test_split out")
+
+
+def _check_split(config, spec, flag: str, split: str, otherwise: str) -> bool:
     if config.dataset_type == "synthetic":
-        return config.valid_split in spec.splits  # random in-memory batches: evaluated as before
+        return split in spec.splits  # random in-memory batches: evaluated as before
     if config.dataset_type == "split_tfrecords":
         # Pre-batched TFRecords sit in <dataset>/<split>/, whatever the spec's source_spec says.
-        directory = os.path.join(spec.base_directory, config.valid_split)
+        directory = os.path.join(spec.base_directory, split)
         if not os.path.isdir(directory):
-            raise ValueError(f"--valid_split={config.valid_split}: no directory {directory} of pre-batched TFRecords; "
-                             "name an existing split, or give --valid_split='' to train without evaluation")
+            raise ValueError(f"--{flag}={split}: no directory {directory} of pre-batched TFRecords; "
+                             f"name an existing split, {otherwise}")
         return True
-    if config.valid_split not in spec.splits:
+    if split not in spec.splits:
         raise ValueError(
-            f"--valid_split={config.valid_split} is not a split of {spec.source} (its splits: {spec.splits}); "
-            "name one of them, or give --valid_split='' to train without evaluation"
+            f"--{flag}={split} is not a split of {spec.source} (its splits: {spec.splits}); "
+            f"name one of them, {otherwise}"
         )
     return True
 
 
-def check_not_empty(split: str, reader) -> None:
-    """Raises ValueError when the validation split ``split`` holds no sample."""
+def check_not_empty(split: str, reader, flag: str = "valid_split") -> None:
+    """Raises ValueError when the evaluated split ``split`` (of ``--flag``) holds no sample."""
     if reader.num_samples == 0:
         raise ValueError(
-            f"--valid_split={split}: the split holds no samples, so nothing can be evaluated on it; "
-            "give another split, or --valid_split='' to train without evaluation"
+            f"--{flag}={split}: the split holds no samples, so nothing can be evaluated on it; "
+            f"give another split, or --{flag}='' to {'train without evaluation' if flag == 'valid_split' else 'skip it'}"
         )

@@ -44,6 +44,8 @@ class RunConfig:
     keep_best: bool = False
     # --horovod_cycle_time_ms: None is auto (tf_dlrm.cli.cycle_time).
     horovod_cycle_time_ms: float | None = None
+    # --test_split: evaluated once at the end, at the state selection chose ('': none).
+    test_split: str = ""
 
     def __post_init__(self):
         if self.batch_size <= 0:
@@ -52,6 +54,10 @@ class RunConfig:
             raise ValueError(f"Expected --valid_batch_size > 0. Received: --valid_batch_size={self.valid_batch_size}")
         if self.dataset_type != "synthetic" and not self.dataset_path:
             raise ValueError(f"--dataset_path is required with --dataset_type={self.dataset_type}")
+        if self.test_split and self.test_split == self.valid_split:
+            raise ValueError(
+                f"Expected --test_split to differ from --valid_split (the validation split selects, the test split "
+                f"reports). Received: --test_split={self.test_split} --valid_split={self.valid_split}")
         self._check_checkpoint_flags()
 
     def _check_checkpoint_flags(self) -> None:

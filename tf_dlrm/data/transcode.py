@@ -39,6 +39,10 @@ itself (transcoding in place), is refused.
 Usage::
 
     python -m tf_dlrm.data.transcode --input_spec=my_data/feature_spec.yaml --output_dir=my_data/binary [--engine=spark]
+    python -m tf_dlrm.data.transcode --input_spec=... --output_dir=... --valid_fraction=0.1 --test_fraction=0.1
+
+The second divides the ``train`` split's rows in row order into train, ``validation`` and ``test``
+(:mod:`tf_dlrm.data.fractions`; local engine), counting vocabularies over the rows left in train.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from tf_dlrm.data.csv_declarations import HASH, Declarations, read_declarations,
 from tf_dlrm.data.csv_values import (CATEGORICAL, HASHED, LABEL, NUMERICAL, VOCABULARY, Column, CsvLayout, TranscodeError,
                                      count_block, parse_block)
 from tf_dlrm.data.csv_vocabulary import Vocabulary, build_vocabulary
+from tf_dlrm.data.fractions import TEST, check_fractions, fraction_ranges
 from tf_dlrm.data.layout import categorical_file_name, with_split_binary_sources
 from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.spec.format import CSV, TRAIN_SPLIT
@@ -75,6 +80,8 @@ class CsvSource:
     features: tuple[str, ...]
     header: bool
     delimiter: str
+    # Data lines [first, end) over the files read in order (--valid_fraction, --test_fraction); None: all.
+    rows: tuple[int, int] | None = None
 
     def check_header(self, path: str, first: str | None) -> None:
         """The first line of ``path`` (no newline; None for an empty file) must name the chunk's features."""
@@ -103,7 +110,25 @@ class LocalEngine:
         for path, first_line, lines in self._blocks(source):
             writer.append(*parse_block(layout, path, first_line, lines))
 
+    def count_rows(self, source: CsvSource) -> int:
+        """Data lines (after any header) of the source's files, as :meth:`_blocks` reads them."""
+        return sum(len(lines) for _, _, lines in self._blocks(dataclasses.replace(source, rows=None)))
+
     def _blocks(self, source: CsvSource) -> Iterator[tuple[str, int, list[str]]]:
+        if source.rows is None:
+            yield from self._file_blocks(source)
+            return
+        first, end = source.rows
+        seen = 0  # data lines before the block
+        for path, line_number, lines in self._file_blocks(source):
+            begin, stop = max(first - seen, 0), min(end - seen, len(lines))
+            if begin < stop:
+                yield path, line_number + begin, lines[begin:stop]
+            seen += len(lines)
+            if seen >= end:
+                return
+
+    def _file_blocks(self, source: CsvSource) -> Iterator[tuple[str, int, list[str]]]:
         for path in source.paths:
             with open(path, "r", encoding="utf-8", newline=None) as handle:
                 line_number = 1  # of the next line read
@@ -192,12 +217,37 @@ def _layout(spec: FeatureSpec, source: CsvSource, declarations: Declarations,
     return CsvLayout(source.features, source.delimiter, label, numerical, tuple(categorical))
 
 
+def _by_fraction(input_spec_path: str, spec: FeatureSpec, sources: dict[str, CsvSource], engine, valid_fraction: float,
+                 test_fraction: float) -> dict[str, CsvSource]:
+    """The sources with the train split's rows divided into train, validation and test."""
+    check_fractions(test_fraction, valid_fraction)
+    if TRAIN_SPLIT not in sources:
+        raise TranscodeError(f"{input_spec_path}: --valid_fraction and --test_fraction divide the '{TRAIN_SPLIT}' split, "
+                             f"which source_spec lacks. Received splits: {spec.splits}")
+    if not hasattr(engine, "count_rows"):
+        raise TranscodeError("--valid_fraction and --test_fraction need --engine=local (the Spark engine reads whole splits)")
+    # A test split only when asked for (fraction_ranges always names one, as preprocessing.criteo writes).
+    ranges = [r for r in fraction_ranges(engine.count_rows(sources[TRAIN_SPLIT]), test_fraction, valid_fraction)
+              if r[0] != TEST or test_fraction]
+    clashes = sorted({name for name, _, _ in ranges if name != TRAIN_SPLIT} & set(sources))
+    if clashes:
+        raise TranscodeError(f"{input_spec_path}: source_spec already has the split(s) {clashes} that --valid_fraction and "
+                             f"--test_fraction write; remove them or the flags")
+    divided = {name: dataclasses.replace(sources[TRAIN_SPLIT], split=name, rows=(first, end)) for name, first, end in ranges}
+    return divided | {name: source for name, source in sources.items() if name != TRAIN_SPLIT}
+
+
 def vocabulary_file_name(feature: str, index: int) -> str:
     return f"{VOCABULARY_DIRECTORY}/{categorical_file_name(feature, index)[:-len('.bin')]}.tsv"
 
 
-def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_BLOCK_LINES, engine=None) -> FeatureSpec:
+def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_BLOCK_LINES, engine=None,
+              valid_fraction: float = 0.0, test_fraction: float = 0.0) -> FeatureSpec:
     """Converts every split of a csv FeatureSpec to split_binary under ``output_dir``.
+
+    With ``valid_fraction`` or ``test_fraction`` > 0, the ``train`` split's rows are divided in row
+    order (:mod:`tf_dlrm.data.fractions`): train, then ``validation``, then ``test``; vocabularies
+    count the rows left in train only. The input spec must not name those splits already.
 
     Args:
         input_spec_path: a FeatureSpec yaml whose splits are csv chunks (paths relative to the yaml).
@@ -221,6 +271,9 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
     for split in spec.splits:
         sources[split], declared[split] = _source(spec, split)
     declarations = _same_declarations(spec, declared)
+    if valid_fraction or test_fraction:
+        sources = _by_fraction(input_spec_path, spec, sources, engine, valid_fraction, test_fraction)
+    splits = list(sources)
     options = declarations.vocabulary_features()
     vocabularies: dict[str, Vocabulary | None] = {}
     if options:
@@ -239,23 +292,25 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
         spec.feature_spec[feature]["encoded"] = HASH if encoding == HASH else "vocabulary"
     for feature, steps in declarations.transform.items():
         spec.feature_spec[feature]["transform"] = transform_entry(steps)
-    layouts = {split: _layout(spec, sources[split], declarations, vocabularies) for split in spec.splits}
+    layouts = {split: _layout(spec, sources[split], declarations, vocabularies) for split in splits}
     output_dir = os.path.abspath(output_dir)
-    inputs = [input_spec_path] + [path for source in sources.values() for path in source.paths]
+    inputs = [input_spec_path] + sorted({path for source in sources.values() for path in source.paths})
     # Staged in a temporary sibling and published by one rename once every split is read without error.
     with staged_output(output_dir, "--output_dir", "tf_dlrm.data.transcode", inputs) as workspace:
-        out_spec = with_split_binary_sources(spec, spec.splits, workspace)
+        out_spec = with_split_binary_sources(spec, splits, workspace)
         for feature, vocabulary in vocabularies.items():
             path = os.path.join(workspace, spec.feature_spec[feature]["vocabulary"])
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w", encoding="utf-8", newline="\n") as handle:
                 handle.write(vocabulary.to_text())
         counts = {}
-        for split in spec.splits:
+        for split in splits:
             with SplitBinaryWriter(out_spec, split) as writer:
                 engine.write(sources[split], layouts[split], writer)
                 counts[split] = writer.num_samples
         out_spec.metadata.update({"transcoded_from": os.path.abspath(input_spec_path), "num_samples": counts})
+        if valid_fraction or test_fraction:
+            out_spec.metadata["split"] = {"rule": "fraction", "valid_fraction": valid_fraction, "test_fraction": test_fraction}
         out_spec.save(os.path.join(workspace, "feature_spec.yaml"))
     out_spec.base_directory = output_dir
     out_spec.source = os.path.join(output_dir, "feature_spec.yaml")
@@ -274,6 +329,10 @@ def _define_flags() -> None:
     flags.DEFINE_integer("block_lines", DEFAULT_BLOCK_LINES, "Lines parsed at a time (bounds memory).", lower_bound=1)
     flags.DEFINE_enum("engine", "local", list(ENGINES), "local: this process; spark: PySpark (same bytes).")
     flags.DEFINE_string("spark_master", "local[*]", "Spark master URL (--engine=spark).")
+    flags.DEFINE_float("valid_fraction", 0.0, "Divide the train split in row order: this share of its rows, just "
+                       "before the test rows, becomes a 'validation' split (0: none).")
+    flags.DEFINE_float("test_fraction", 0.0, "Divide the train split in row order: its last rows, this share, become "
+                       "a 'test' split (0: none).")
     flags.mark_flags_as_required(["input_spec", "output_dir"])
 
 
@@ -289,7 +348,8 @@ def main(argv: Sequence[str]) -> None:
             from tf_dlrm.data.transcode_spark import SparkEngine
 
             engine = SparkEngine(master=options.spark_master)
-        spec = transcode(options.input_spec, options.output_dir, block_lines=options.block_lines, engine=engine)
+        spec = transcode(options.input_spec, options.output_dir, block_lines=options.block_lines, engine=engine,
+                         valid_fraction=options.valid_fraction, test_fraction=options.test_fraction)
     except (ValueError, OSError, ImportError, RuntimeError) as error:  # TranscodeError, FeatureSpecError: ValueErrors
         sys.exit(f"error: {error}")
     finally:

@@ -72,6 +72,21 @@ def allgather(env: DistributedEnv, tensor: tf.Tensor, name: str | None = None) -
     return _hvd().allgather(tensor, name=name)
 
 
+def gather_to_root(env: DistributedEnv, tensor: tf.Tensor, name: str | None = None):
+    """Every rank's ``tensor`` (any number of rows) concatenated along axis 0 in rank order on rank 0
+    only; the other ranks receive nothing. Returns ``(rows, rows_per_rank)``: on rank 0 the whole
+    concatenation and how many rows came from each rank, elsewhere an empty tensor and zeros.
+
+    One alltoall in which every rank sends all its rows to rank 0 (Horovod has no gather), so the
+    memory of the whole is spent on rank 0 alone, unlike :func:`allgather`.
+    """
+    if not env.distributed:
+        return tensor, tf.constant([int(tensor.shape[0])], tf.int32)
+    splits = tf.constant([int(tensor.shape[0])] + [0] * (env.world_size - 1), tf.int32)
+    received, received_splits = _hvd().alltoall(tensor, splits=splits, name=name)
+    return received, received_splits
+
+
 def broadcast(env: DistributedEnv, tensor: tf.Tensor, root_rank: int = 0, name: str | None = None) -> tf.Tensor:
     if not env.distributed:
         return tensor

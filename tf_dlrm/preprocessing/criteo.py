@@ -3,6 +3,8 @@ r"""Criteo click logs -> split_binary dataset + ``feature_spec.yaml`` (what ``ma
     python -m tf_dlrm.preprocessing.criteo --input=day_0.gz,...,day_23.gz --output_dir=DIR \
         --frequency_threshold=3 --split=days [--engine=local|spark] [--spark_master=URL]
     python -m tf_dlrm.preprocessing.criteo --input=train.txt --output_dir=DIR --split=fraction --test_fraction=0.1
+    python -m tf_dlrm.preprocessing.criteo --input=train.txt --output_dir=DIR --split=fraction --valid_fraction=0.1 \
+        --test_fraction=0.1    # three splits: train, validation (select on it), test (report it)
 
 Inputs: TSV without header (1TB days, Kaggle ``train.txt``) or CSV with the Criteo header, plain
 or ``.gz``. The transform (label as bool; integers ``log(1 + max(x, 0))`` as float16, missing 0;
@@ -31,6 +33,7 @@ import time
 import numpy as np
 
 from tf_dlrm.preprocessing.criteo_format import NUM_CATEGORICAL, NUM_INTEGER
+from tf_dlrm.data.fractions import check_fractions
 from tf_dlrm.preprocessing.splits import SPLIT_RULES, TRAIN, make_plan
 from tf_dlrm.preprocessing.vocabulary import Vocabulary, VocabularyError
 from tf_dlrm.data.split_binary import SplitBinaryWriter
@@ -65,6 +68,7 @@ class PreprocessConfig:
     engine: str = "local"
     split: str = "fraction"
     test_fraction: float = 0.1
+    valid_fraction: float = 0.0  # --split=fraction: > 0 writes a validation split before the test rows
     vocab_dir: str | None = None
     strict: bool = False
     num_workers: int = 0
@@ -85,8 +89,10 @@ class PreprocessConfig:
             raise ValueError(f"--engine must be one of {list(ENGINES)}. Received: engine={self.engine!r}")
         if self.split not in SPLIT_RULES:
             raise ValueError(f"--split must be one of {list(SPLIT_RULES)}. Received: split={self.split!r}")
-        if not 0.0 <= self.test_fraction < 1.0:
-            raise ValueError(f"--test_fraction must lie in [0, 1). Received: test_fraction={self.test_fraction}")
+        check_fractions(self.test_fraction, self.valid_fraction)
+        if self.valid_fraction and self.split != "fraction":
+            raise ValueError(f"--valid_fraction applies to --split=fraction only. Received: split={self.split!r}, "
+                             f"valid_fraction={self.valid_fraction}")
         if self.keys not in ("vocabulary", "hashed"):
             raise ValueError(f"--keys must be vocabulary or hashed. Received: keys={self.keys!r}")
         if self.keys == "hashed" and (self.vocab_dir or self.frequency_threshold is not None):
@@ -161,7 +167,7 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
         engine = _make_engine(config, spark)
         started = time.perf_counter()
         files = engine.describe(paths)
-        plan = make_plan(files, config.split, config.test_fraction)
+        plan = make_plan(files, config.split, config.test_fraction, config.valid_fraction)
         log.info("pass 0 (formats, %d data lines): %.1fs", sum(f.data_lines for f in files), time.perf_counter() - started)
         counted_rows = None
         hashed = config.keys == "hashed"
@@ -274,6 +280,8 @@ def _define_flags():
     flags.DEFINE_enum("split", "fraction", list(SPLIT_RULES), "fraction: last --test_fraction of rows is test; "
                       "days: day_0..22 train, day_23 halves test/validation; none: all train.")
     flags.DEFINE_float("test_fraction", 0.1, "--split=fraction: share of rows (from the end) that go to test.")
+    flags.DEFINE_float("valid_fraction", 0.0, "--split=fraction: share of rows, just before the test rows, that go "
+                       "to a 'validation' split (0: none, two splits).")
     flags.DEFINE_string("vocab_dir", None, "Reuse the vocabulary of an earlier run (its OUTPUT_DIR/vocabulary).")
     flags.DEFINE_bool("strict", False, "Stop at the first bad row instead of skipping and counting it.")
     flags.DEFINE_integer("num_workers", 0, "--engine=local: worker processes (0: all cores).")
@@ -300,6 +308,7 @@ def main(argv) -> None:
             engine=values.engine,
             split=values.split,
             test_fraction=values.test_fraction,
+            valid_fraction=values.valid_fraction,
             vocab_dir=values.vocab_dir,
             strict=values.strict,
             num_workers=values.num_workers,

@@ -5,7 +5,9 @@ rows count, so a split boundary never depends on which rows are valid). Three ru
 
 - ``fraction``: all inputs are read as one sequence in the order given; with ``n`` data lines in
   total, the last ``floor(n * test_fraction + 0.5)`` go to ``test`` and the rest to ``train``
-  (the Kaggle convention: split by row order, never shuffled);
+  (the Kaggle convention: split by row order, never shuffled); with ``valid_fraction`` > 0, the
+  ``floor(n * valid_fraction + 0.5)`` lines before the test lines go to ``validation`` (three
+  splits: train, validation to select on, test to report);
 - ``days``: the Criteo 1TB layout, files named ``day_<N>`` (any extension): days 0-22 are
   ``train``; day 23's first ``ceil(n / 2)`` data lines are ``test`` and the rest ``validation``;
 - ``none``: every row goes to ``train`` (e.g. new days transformed with a saved vocabulary).
@@ -20,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tf_dlrm.data.fractions import fraction_ranges
 from tf_dlrm.preprocessing.criteo_format import InputFormat
 
 TRAIN = "train"
@@ -79,29 +82,14 @@ def day_of(path: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def make_plan(files: Sequence[InputFile], rule: str, test_fraction: float) -> SplitPlan:
+def make_plan(files: Sequence[InputFile], rule: str, test_fraction: float, valid_fraction: float = 0.0) -> SplitPlan:
     """Builds the split plan for ``rule`` (one of :data:`SPLIT_RULES`).
 
     Raises:
-        ValueError: bad ``test_fraction``, or (``days``) a file not named ``day_<0..23>``.
+        ValueError: bad ``test_fraction`` or ``valid_fraction``, or (``days``) a file not named ``day_<0..23>``.
     """
     if rule == "fraction":
-        if not 0.0 <= test_fraction < 1.0:
-            raise ValueError(f"--test_fraction must lie in [0, 1). Received: test_fraction={test_fraction}")
-        total = sum(f.data_lines for f in files)
-        num_test = int(np.floor(total * test_fraction + 0.5))
-        boundary = total - num_test  # first test line, counted over all files in order
-        starts, codes, offset = [], [], 0
-        for f in files:
-            local = boundary - offset
-            if local <= 0:
-                starts.append((0,)), codes.append((1,))
-            elif local >= f.data_lines:
-                starts.append((0,)), codes.append((0,))
-            else:
-                starts.append((0, local)), codes.append((0, 1))
-            offset += f.data_lines
-        return SplitPlan(rule, (TRAIN, TEST), tuple(starts), tuple(codes), {"test_fraction": test_fraction})
+        return _fraction_plan(files, test_fraction, valid_fraction)
     if rule == "days":
         days = []
         for f in files:
@@ -124,3 +112,19 @@ def make_plan(files: Sequence[InputFile], rule: str, test_fraction: float) -> Sp
     if rule == "none":
         return SplitPlan(rule, (TRAIN,), tuple((0,) for _ in files), tuple((0,) for _ in files))
     raise ValueError(f"--split must be one of {list(SPLIT_RULES)}. Received: split={rule!r}")
+
+
+def _fraction_plan(files: Sequence[InputFile], test_fraction: float, valid_fraction: float) -> SplitPlan:
+    """train, then (``valid_fraction`` > 0) validation, then test, by row order over all files."""
+    ranges = fraction_ranges(sum(f.data_lines for f in files), test_fraction, valid_fraction)
+    names = tuple(name for name, _, _ in ranges)
+    starts, codes, offset = [], [], 0
+    for f in files:
+        spans = [(max(begin - offset, 0), code) for code, (_, begin, end) in enumerate(ranges)
+                 if begin < end and begin < offset + f.data_lines and end > offset]
+        if not spans:  # no data line: the split the file's position falls in
+            spans = [(0, max(code for code, (_, begin, _) in enumerate(ranges) if begin <= offset))]
+        starts.append(tuple(start for start, _ in spans)), codes.append(tuple(code for _, code in spans))
+        offset += f.data_lines
+    details = {"test_fraction": test_fraction} | ({"valid_fraction": valid_fraction} if valid_fraction > 0 else {})
+    return SplitPlan("fraction", names, tuple(starts), tuple(codes), details)

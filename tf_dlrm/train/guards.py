@@ -70,10 +70,15 @@ class LossWatch:
 
 def check_scores(scores: np.ndarray, where: str) -> None:
     """Raises NonFiniteError when any predicted score is NaN or inf (no AUC is computed from them)."""
-    bad = int(np.count_nonzero(~np.isfinite(scores)))
+    check_score_count(int(np.count_nonzero(~np.isfinite(scores))), int(np.size(scores)), where)
+
+
+def check_score_count(bad: int, total: int, where: str) -> None:
+    """As :func:`check_scores`, from the count of non-finite scores (what every rank learns from the
+    one rank that held the scores)."""
     if bad:
         raise NonFiniteError(
-            f"{where}: {bad} of {scores.size} predicted scores are NaN or inf: the model's weights are not "
+            f"{where}: {bad} of {total} predicted scores are NaN or inf: the model's weights are not "
             "finite, or so large that its forward pass overflows (a diverged run); no AUC is reported"
         )
 

@@ -1,6 +1,6 @@
 """``--keep_best``: remember the state of the evaluation with the best validation AUC, restore it at the end.
 
-Each evaluation on the ``--evals_per_epoch`` schedule (and the final one) is offered to
+Each evaluation on the ``--evals_per_epoch`` (or ``--eval_every_steps``) schedule, and the final one, is offered to
 :meth:`BestKeeper.on_eval`; when its AUC beats every earlier one, every rank copies its own
 variables to host memory: the model's (its shards, the replicated tables, the MLPs), both
 optimizers' state, the step and the learning rate. So the kept state is a whole training state of
@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from tf_dlrm.train.early_stopping import improves
+
 
 class BestKeeper:
-    """Args: trainer: the run's :class:`tf_dlrm.train.step.Trainer`."""
+    """Args: trainer: the run's :class:`tf_dlrm.train.step.Trainer`; min_delta: an evaluation is kept
+    when its AUC beats the kept one by more than this (``--early_stopping_min_delta``)."""
 
-    def __init__(self, trainer):
+    def __init__(self, trainer, min_delta: float = 0.0):
         self.trainer = trainer
+        self.min_delta = min_delta
         self.variables = (
             list(trainer.model.variables) + list(trainer.sparse.variables) + list(trainer.dense_optimizer.variables)
             + [trainer.step, trainer.learning_rate]
@@ -29,7 +33,7 @@ class BestKeeper:
 
     def on_eval(self, step: int, result) -> None:
         """Every rank sees the same AUC (computed over the gathered predictions), so all keep or none."""
-        if self.best is None or result.auc > self.best.auc:
+        if improves(result.auc, None if self.best is None else self.best.auc, self.min_delta):
             self.best, self.step = result, int(step)
             self._values = [np.array(v.numpy(), copy=True) for v in self.variables]
 

@@ -1,4 +1,4 @@
-"""The training loop: epochs of steps, periodic exact evaluation, early stop, logs and summary."""
+"""The training loop: epochs of steps, periodic exact evaluation, early stopping, logs and summary."""
 
 from __future__ import annotations
 
@@ -7,25 +7,46 @@ import math
 import time
 
 import numpy as np
+import tensorflow as tf
 
+from tf_dlrm.parallel import collectives
 from tf_dlrm.train.loop_config import LoopConfig
 from tf_dlrm.data.reader import SplitBinaryReader
-from tf_dlrm.metrics import exact_auc, logloss
-from tf_dlrm.train.guards import LossWatch, check_scores
+from tf_dlrm.metrics import ClickMetrics
+from tf_dlrm.train.early_stopping import EarlyStopping
+from tf_dlrm.train.guards import LossWatch, check_score_count
 from tf_dlrm.train.reporting import Reporter
 from tf_dlrm.train.step import Trainer
 
 
 @dataclasses.dataclass
 class EvalResult:
-    auc: float
-    logloss: float
+    metrics: ClickMetrics
     samples: int
     seconds: float
+    batches: int = 0  # global batches evaluated
+    partial: bool = False  # only the first --eval_max_batches batches of the split
+
+    @property
+    def auc(self) -> float:
+        return self.metrics.auc
+
+    @property
+    def logloss(self) -> float:
+        return self.metrics.logloss
+
+    def record(self) -> dict:
+        """The fields of a JSON log record: the metrics, the samples and whether the split was cut short."""
+        return {**self.metrics.as_dict(), "samples": self.samples, "partial": self.partial}
 
 
-def evaluate(trainer: Trainer, reader: SplitBinaryReader, where: str = "evaluation") -> EvalResult:
-    """Exact AUC and logloss over the whole split (padded last batch trimmed), same on every rank.
+def evaluate(trainer: Trainer, reader: SplitBinaryReader, where: str = "evaluation", max_batches: int = 0) -> EvalResult:
+    """Exact metrics (:class:`tf_dlrm.metrics.ClickMetrics`) over the split (padded last batch
+    trimmed), or over its first ``max_batches`` global batches (0: all); the same on every rank.
+
+    Each rank keeps the scores of its own rows; at the end they are gathered to rank 0 only, which
+    puts them back in the split's order (the order every rank saw when each held all of them, so the
+    figures are those of the whole split in one process), computes the metrics and broadcasts them.
 
     Raises:
         NonFiniteError: when a score is NaN or inf (no AUC is computed from such scores).
@@ -33,15 +54,50 @@ def evaluate(trainer: Trainer, reader: SplitBinaryReader, where: str = "evaluati
     started = time.time()
     # --hot_row_sync_every > 1: every rank's hot-row replicas merged first (collective; nothing without).
     _synchronize_hot_rows(trainer)
-    predictions, labels = [], []
-    for numerical, categorical, label in reader.dataset(epoch=0):
-        probability, truth = trainer.predict_step(numerical, categorical, label)
-        predictions.append(probability.numpy())
-        labels.append(truth.numpy())
-    predictions = np.concatenate(predictions)[: reader.num_samples]
-    labels = np.concatenate(labels)[: reader.num_samples]
-    check_scores(predictions, where)
-    return EvalResult(exact_auc(labels, predictions), logloss(labels, predictions), len(labels), time.time() - started)
+    batches = reader.num_batches if max_batches <= 0 else min(max_batches, reader.num_batches)
+    dataset = reader.dataset(epoch=0)
+    if batches < reader.num_batches:
+        dataset = dataset.take(batches)
+    rows, sizes = [], []
+    for numerical, categorical, label in dataset:
+        local = trainer.predict_local(numerical, categorical, label).numpy()
+        rows.append(local)
+        sizes.append(local.shape[0])
+    samples = min(batches * reader.global_batch_size, reader.num_samples)
+    mine = np.concatenate(rows) if rows else np.zeros((0, 2), np.float32)
+    values = _metrics_on_root(trainer.env, mine, np.asarray(sizes, np.int32), samples)
+    check_score_count(int(values[-2]), int(values[-1]), where)
+    metrics = ClickMetrics(*(float(v) for v in values[:-2]))
+    return EvalResult(metrics, samples, time.time() - started, batches, batches < reader.num_batches)
+
+
+def _metrics_on_root(env, mine: np.ndarray, sizes: np.ndarray, samples: int) -> np.ndarray:
+    """Rank 0 gathers every rank's ``(probability, label)`` rows, restores the split's order, trims
+    the padding and computes the metrics; every rank gets them back (with the count of non-finite
+    scores and of scores) as one float64 vector."""
+    gathered, rows_per_rank = collectives.gather_to_root(env, tf.constant(mine), name="eval_scores")
+    batch_sizes, _ = collectives.gather_to_root(env, tf.constant(sizes), name="eval_batch_sizes")
+    values = np.zeros(len(dataclasses.fields(ClickMetrics)) + 2, np.float64)
+    if env.is_chief:
+        ordered = restore_split_order(gathered.numpy(), rows_per_rank.numpy(), batch_sizes.numpy(), env.world_size)[:samples]
+        scores, labels = ordered[:, 0], ordered[:, 1]
+        bad = int(np.count_nonzero(~np.isfinite(scores)))
+        metrics = ClickMetrics.of(labels, scores) if not bad else ClickMetrics(*[math.nan] * (values.size - 2))
+        values[:] = [*metrics.as_dict().values(), bad, scores.size]
+    return collectives.broadcast(env, tf.constant(values), name="eval_metrics").numpy() if env.distributed else values
+
+
+def restore_split_order(rows: np.ndarray, rows_per_rank: np.ndarray, batch_sizes: np.ndarray, world_size: int) -> np.ndarray:
+    """Rows gathered rank after rank (each rank's batches in turn) put back batch after batch, each
+    global batch being rank 0's local rows, then rank 1's, and so on."""
+    if world_size == 1 or rows.shape[0] == 0:
+        return rows
+    sizes = batch_sizes.reshape(world_size, -1)  # [rank, batch]
+    if (sizes == sizes[0, 0]).all():
+        return rows.reshape(world_size, sizes.shape[1], sizes[0, 0], -1).transpose(1, 0, 2, 3).reshape(-1, rows.shape[1])
+    blocks = np.split(rows, np.cumsum(rows_per_rank)[:-1])
+    pieces = [np.split(block, np.cumsum(sizes[rank])[:-1]) for rank, block in enumerate(blocks)]
+    return np.concatenate([pieces[rank][batch] for batch in range(sizes.shape[1]) for rank in range(world_size)])
 
 
 @dataclasses.dataclass
@@ -74,7 +130,12 @@ def train(
     total_steps = int(math.ceil(config.epochs * steps_per_epoch))
     if config.max_steps >= 0:
         total_steps = min(total_steps, config.max_steps)
-    eval_every = max(1, steps_per_epoch // config.evals_per_epoch) if config.evals_per_epoch else 0
+    if config.eval_every_steps:
+        eval_every = config.eval_every_steps
+    else:
+        eval_every = max(1, steps_per_epoch // config.evals_per_epoch) if config.evals_per_epoch else 0
+    stopper = EarlyStopping(config.early_stopping_patience, config.early_stopping_min_delta) \
+        if config.early_stopping_patience else None
     global_batch = train_reader.global_batch_size
 
     evals: list[EvalResult] = []
@@ -87,12 +148,13 @@ def train(
 
     def run_eval():
         nonlocal last_eval_step
-        result = evaluate(trainer, valid_reader, where=f"evaluation at step {step}")
+        result = evaluate(trainer, valid_reader, where=f"evaluation at step {step}", max_batches=config.eval_max_batches)
         evals.append(result)
         last_eval_step = step
-        reporter.say(f"eval at step {step}: AUC {result.auc:.6f}  logloss {result.logloss:.6f}  ({result.samples} samples, {result.seconds:.1f} s)")
-        reporter.event("eval", step=step, auc=result.auc, logloss=result.logloss, samples=result.samples)
-        reporter.scalars(step, auc=result.auc, logloss=result.logloss)
+        part = f", partial: the first {result.batches} of {valid_reader.num_batches} batches" if result.partial else ""
+        reporter.say(f"eval at step {step}: {result.metrics.describe()}  ({result.samples} samples{part}, {result.seconds:.1f} s)")
+        reporter.event("eval", step=step, **result.record())
+        reporter.scalars(step, **result.metrics.as_dict())
         if on_eval is not None:
             on_eval(step, result)
         return result
@@ -130,6 +192,14 @@ def train(
                 window_start, window_steps = time.time(), 0
                 if config.auc_threshold is not None and result.auc >= config.auc_threshold:
                     reporter.say(f"AUC {result.auc:.6f} reached the threshold {config.auc_threshold}: stopping")
+                    stopped_early = True
+                    break
+                if stopper is not None and stopper.update(step, result.auc):
+                    reporter.say(
+                        f"early stopping: the validation AUC did not improve by more than {config.early_stopping_min_delta} "
+                        f"in {stopper.patience} evaluations since step {stopper.best_step} (AUC {stopper.best:.6f}): stopping")
+                    reporter.event("early_stop", step=step, best_step=stopper.best_step, best_auc=stopper.best,
+                                   patience=stopper.patience, min_delta=config.early_stopping_min_delta)
                     stopped_early = True
                     break
         epoch += 1

@@ -73,6 +73,7 @@ class Trainer(TrainingStep):
         self.learning_rate = tf.Variable(config.schedule.base, dtype=tf.float32, trainable=False, name="learning_rate")
         self.train_step = tf.function(self._train_step, reduce_retracing=True, autograph=False)
         self.predict_step = tf.function(self._predict_step, reduce_retracing=True, autograph=False)
+        self.predict_local = tf.function(self._predict_local, reduce_retracing=True, autograph=False)
         if self.jit_compile:
             prefer_legacy_xla_cpu_runtime()
             self._dense_gradients = tf.function(self._dense_loss_and_gradients, jit_compile=True, reduce_retracing=True, autograph=False)
@@ -135,6 +136,13 @@ class Trainer(TrainingStep):
             collectives.allgather(self.env, probabilities, name="eval_predictions"),
             collectives.allgather(self.env, label, name="eval_labels"),
         )
+
+    def _predict_local(self, numerical, categorical, label):
+        """This rank's rows of the global batch: ``[rows, 2]`` float32 of (click probability, label).
+        The model's forward still runs collectively (the embedding exchange), the scores stay here."""
+        logits = self.model((numerical, categorical), training=False)
+        probabilities = tf.cast(tf.reshape(tf.sigmoid(logits), [-1]), tf.float32)
+        return tf.stack([probabilities, tf.cast(tf.reshape(label, [-1]), tf.float32)], axis=1)
 
     def mean_over_ranks(self, value) -> float:
         """Collective: the mean of a scalar (the printed loss) over ranks; one small allreduce,

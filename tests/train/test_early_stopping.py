@@ -1,0 +1,78 @@
+"""``--early_stopping_patience``, ``--eval_every_steps`` and ``--eval_max_batches`` in one small run.
+
+The model and data of ``test_keep_best.py`` (a validation AUC that peaks before the end): evaluated
+every 5 steps on the first 4 batches of 256 rows, the run must stop exactly at the evaluation where
+a reference count of evaluations without an improvement of more than ``min_delta`` reaches the
+patience, end with the best evaluation's state (its checkpoint re-evaluates to the same AUC), and
+each evaluation must count 1,024 rows and say it is partial.
+"""
+
+from __future__ import annotations
+
+import json
+
+from conftest import make_synthetic_small, run_python
+
+PATIENCE, EVERY, MAX_BATCHES, VALID_BATCH, MIN_DELTA = 2, 5, 4, 256, 0.002
+
+
+def events(path) -> list[dict]:
+    return [json.loads(line) for line in open(path, encoding="utf-8").read().splitlines()]
+
+
+def reference_stop(evals: list[dict]) -> tuple[int, int]:
+    """(index of the evaluation that stops, index of the best one) by the rule the flags describe."""
+    best, waited = 0, 0
+    for index, record in enumerate(evals[1:], start=1):
+        if record["auc"] > evals[best]["auc"] + MIN_DELTA:
+            best, waited = index, 0
+        else:
+            waited += 1
+            if waited == PATIENCE:
+                return index, best
+    raise AssertionError(f"no early stop by the reference rule: {[e['auc'] for e in evals]}")
+
+
+def test_early_stopping_every_k_steps_on_partial_evaluations(tmp_path):
+    data = make_synthetic_small(tmp_path / "data", seed=3, num_train=4000, num_valid=4000)
+    flags = [
+        f"--dataset_path={data}", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=32,1", "--batch_size=256",
+        f"--valid_batch_size={VALID_BATCH}", "--epochs=4", "--embedding_optimizer=lazy_adam",
+        "--embedding_learning_rate=0.05", "--optimizer=adam", "--dense_learning_rate=0.01", "--seed=5",
+        f"--eval_max_batches={MAX_BATCHES}",
+    ]
+    save = tmp_path / "checkpoints"
+    trained = run_python(["main.py", *flags, f"--eval_every_steps={EVERY}", f"--early_stopping_patience={PATIENCE}",
+                          f"--early_stopping_min_delta={MIN_DELTA}", f"--save_checkpoint_path={save}",
+                          f"--log_path={tmp_path / 'train.jsonl'}"])
+    log = events(tmp_path / "train.jsonl")
+    evals = [e for e in log if e["event"] == "eval"]
+    # Every EVERY steps, from the first, with no end-of-training evaluation (stopped before the end: 60 steps).
+    assert [e["step"] for e in evals] == [EVERY * (i + 1) for i in range(len(evals))]
+    assert evals[-1]["step"] < 4 * (4000 // 256)
+    assert all(e["samples"] == MAX_BATCHES * VALID_BATCH and e["partial"] is True for e in evals), evals
+    assert f"partial: the first {MAX_BATCHES} of 16 batches" in trained.stderr
+    stop, best = reference_stop(evals)
+    assert stop == len(evals) - 1, ([e["auc"] for e in evals], stop)
+    assert stop - best == PATIENCE
+    # An evaluation after the best beat its AUC by less than MIN_DELTA: not an improvement, neither for
+    # the count nor for the state kept (a plain maximum would have kept that later one).
+    assert any(evals[best]["auc"] < e["auc"] <= evals[best]["auc"] + MIN_DELTA for e in evals[best + 1:]), evals
+    stopped = [e for e in log if e["event"] == "early_stop"]
+    assert len(stopped) == 1 and stopped[0]["step"] == evals[-1]["step"] and stopped[0]["best_step"] == evals[best]["step"]
+    final = log[-1]
+    assert final["best_step"] == evals[best]["step"] and final["auc"] == evals[best]["auc"] and final["partial"] is True
+    assert final["steps"] == evals[-1]["step"]
+    # The saved state is the best evaluation's: the same partial evaluation of the checkpoint gives its AUC.
+    run_python(["main.py", *flags, "--mode=eval", f"--restore_checkpoint_path={save}", f"--log_path={tmp_path / 'eval.jsonl'}"])
+    evaluated = events(tmp_path / "eval.jsonl")[-1]
+    assert evaluated["steps"] == evals[best]["step"] and evaluated["samples"] == MAX_BATCHES * VALID_BATCH
+    assert abs(evaluated["auc"] - evals[best]["auc"]) <= 1e-6, (evaluated, evals[best])
+    assert abs(evaluated["ne"] - evals[best]["ne"]) <= 1e-5, (evaluated, evals[best])
+    # Both schedules at once: refused before anything runs, one line naming both flags.
+    both = run_python(["main.py", *flags, "--evals_per_epoch=2", f"--eval_every_steps={EVERY}"], check=False)
+    assert both.returncode == 2 and "Expected one of --evals_per_epoch and --eval_every_steps" in both.stderr, both.stderr[-2000:]
+    assert "Received: --evals_per_epoch=2 --eval_every_steps=5" in both.stderr
+    # Early stopping counts evaluations of a validation split: without one, refused before training.
+    blind = run_python(["main.py", *flags, "--valid_split=", "--early_stopping_patience=2"], check=False)
+    assert blind.returncode == 2 and "--early_stopping_patience=2 counts evaluations of the validation split" in blind.stderr
