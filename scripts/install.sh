@@ -49,8 +49,11 @@ find_python() {
   return 1
 }
 
+gpu_build=""
 if [[ "${TF_DLRM_FORCE_CPU:-0}" != "1" ]] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   tf_requirement="tensorflow[and-cuda]==${tf_version}"
+  # Horovod's GPU collectives need NCCL and a CUDA compiler; without nvcc it is built for CPU tensors only.
+  command -v nvcc >/dev/null 2>&1 && gpu_build="-nccl"
 else
   tf_requirement="tensorflow-cpu==${tf_version}"
 fi
@@ -88,13 +91,21 @@ log "installing ${tf_requirement}"
 
 if ! "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
   py_tag="$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
-  cache_dir="$wheel_cache/horovod-${horovod_version}-tf-${tf_version}-${py_tag}-$(uname -m)"
+  cache_dir="$wheel_cache/horovod-${horovod_version}-tf-${tf_version}-${py_tag}-$(uname -m)${gpu_build}"
   mkdir -p "$cache_dir"
   wheel="$(ls "$cache_dir"/horovod-"${horovod_version}"-*.whl 2>/dev/null | head -n1 || true)"
   if [[ -z "$wheel" ]]; then
     command -v cmake >/dev/null 2>&1 || "${pip[@]}" install --quiet "cmake<4"
     log "building horovod ${horovod_version} against TensorFlow ${tf_version} with Gloo (several minutes, once; cached in $cache_dir)"
     build_dir="$(mktemp -d)"
+    gpu_env=()
+    if [[ -n "$gpu_build" ]]; then
+      # NCCL from the nvidia-nccl wheel that tensorflow[and-cuda] installed, when there is one.
+      nccl_home="$("$venv/bin/python" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)"
+      gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL ${nccl_home:+HOROVOD_NCCL_HOME="$nccl_home"})
+      log "building horovod with NCCL (GPU collectives)${nccl_home:+ from $nccl_home}"
+    fi
+    env "${gpu_env[@]}" \
     HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
     MAKEFLAGS="-j$(nproc)" \

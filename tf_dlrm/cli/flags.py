@@ -87,6 +87,8 @@ def define_flags(argv=None) -> None:
     define_amp_flag()
     f.DEFINE_float("loss_scale", 0.0, "Loss scale for mixed_float16: > 0 static, 0 dynamic (ignored for float32 and bfloat16).")
     f.DEFINE_bool("xla", False, "Compile the dense part of the step with XLA.")
+    f.DEFINE_bool("cpu", False, "Train on the CPU even where the host has GPUs (default: one GPU per rank where "
+                  "there are GPUs; GPU training is not yet verified).")
     f.DEFINE_bool("bf16_dense_allreduce", False, "Under --amp (bfloat16) with several ranks: average the MLP gradients as "
                   "bfloat16 (half the bytes, two collectives instead of one; slower over a loopback, see benchmarks/results/performance.md).")
     f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise"], "How embedding tables are sharded.")
@@ -191,6 +193,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         seed=values.seed,
         amp=AmpMode.parse(values.amp),
         xla=values.xla,
+        cpu=values.cpu,
         bf16_dense_allreduce=values.bf16_dense_allreduce,
         log_path=values.log_path,
         tensorboard_dir=values.tensorboard_dir,

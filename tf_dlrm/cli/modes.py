@@ -61,6 +61,7 @@ def start(config, check_spec=None):
     ``check_spec(spec)``: called before the reporter opens (and so truncates) ``--log_path``.
     """
     from tf_dlrm.parallel import env as env_module
+    from tf_dlrm.parallel.devices import select_devices
     from tf_dlrm.spec.feature_spec import FeatureSpec
     from tf_dlrm.cli import cpu_allocator
     from tf_dlrm.cli.session import configure_threads, resolve_spec_path
@@ -71,6 +72,7 @@ def start(config, check_spec=None):
         cycle_line = set_cycle_time(config)  # read by hvd.init
     env = env_module.initialize()
     config.check_world_size(env.world_size)
+    device_line = select_devices(env, use_gpu=not config.cpu)  # before TensorFlow initialises its devices
     threads = configure_threads(config, env.local_size)
     spec = FeatureSpec.load(resolve_spec_path(config), check_files=config.dataset_type == "tf_raw")
     if config.dataset_type == "split_tfrecords":
@@ -80,6 +82,7 @@ def start(config, check_spec=None):
     if check_spec is not None:
         check_spec(spec)
     reporter = Reporter(env.is_chief, config.log_path, config.tensorboard_dir)
+    reporter.say(device_line)
     reporter.say(cpu_allocator.describe())
     if cycle_line and env.world_size > 1:
         reporter.say(cycle_line)

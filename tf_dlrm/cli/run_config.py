@@ -46,6 +46,8 @@ class RunConfig:
     horovod_cycle_time_ms: float | None = None
     # --test_split: evaluated once at the end, at the state selection chose ('': none).
     test_split: str = ""
+    # --cpu: hide every GPU (tf_dlrm.parallel.devices); else one GPU per rank where a host has them.
+    cpu: bool = False
 
     def __post_init__(self):
         if self.batch_size <= 0:
