@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+import criteo_samples
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 
@@ -75,6 +77,31 @@ def make_synthetic_small(directory, seed: int, num_train: int = 200_000, num_val
 @pytest.fixture
 def horovodrun():
     return launch
+
+
+@pytest.fixture(scope="session")
+def generated_criteo(tmp_path_factory) -> criteo_samples.Samples:
+    """Rows in the Criteo TSV and Kaggle CSV layouts, written by the tests (see tests/criteo_samples.py)."""
+    return criteo_samples.generated_samples(tmp_path_factory.mktemp("criteo_generated"))
+
+
+@pytest.fixture(scope="session")
+def real_criteo() -> criteo_samples.Samples:
+    """The real Criteo samples from $TF_DLRM_CRITEO_SAMPLES; the test skips with one line when absent."""
+    return criteo_samples.real_samples()
+
+
+@pytest.fixture(scope="session", params=["generated", "real"])
+def criteo(request) -> criteo_samples.Samples:
+    """Each test that takes it runs on the generated rows and again on the real samples (skipped when absent)."""
+    return request.getfixturevalue(f"{request.param}_criteo")
+
+
+@pytest.fixture(scope="session", params=[criteo_samples.preferred_source()])
+def criteo_real_or_generated(request) -> criteo_samples.Samples:
+    """For the costly tests (a process or a Spark session each): one run, on the real samples where present
+    (the test id says ``real``), else on the generated rows (``generated``)."""
+    return request.getfixturevalue(f"{request.param}_criteo")
 
 
 # Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) a test file is one unit of work, so
