@@ -128,6 +128,7 @@ SLOWEST_UNITS = (
     "tests/embedding/test_split_tables.py", "checkpoint_runs", "tests/embedding/dynamic/test_dynamic_main_checkpoint.py",
     "tests/embedding/dynamic/test_dynamic_equivalence.py", "tests/train/test_amp_xla.py", "tests/embedding/test_hot_row_sync.py",
     "tests/models/test_model_family_equivalence.py", "tests/test_dockerfile.py", "tests/bad_inputs/test_bad_inputs.py",
+    "tests/test_docs_commands.py",
     "tests/embedding/test_two_layers.py", "tests/checkpoint/test_table_larger_than_a_process.py",
     "tests/embedding/dynamic/test_dynamic_main.py", "tests/train/test_multi_hot_training.py", "tests/bad_inputs/test_resilient.py",
     "tests/benchmarks/test_benchmarks_smoke.py", "tests/embedding/dynamic/test_dynamic_checkpoint.py",
