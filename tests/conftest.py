@@ -194,7 +194,8 @@ def starts_processes(function, seen: set | None = None) -> bool:
 def is_integration(item) -> bool:
     if starts_processes(getattr(item, "function", None)):
         return True
-    for definitions in item._fixtureinfo.name2fixturedefs.values():
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    for definitions in (fixture_info.name2fixturedefs.values() if fixture_info else ()):
         for definition in definitions:
             if definition.argname == "horovodrun" or (_is_helper(definition.func) and starts_processes(definition.func)):
                 return True
