@@ -8,7 +8,7 @@ DEMO_RANKS ?= 2
 TEST_WORKERS ?= 2
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install install-spark demo test test-fast bench clean
+.PHONY: install install-spark demo test test-unit bench clean
 
 install:
 	bash scripts/install.sh
@@ -31,8 +31,11 @@ demo: install
 test: install-spark
 	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
-test-fast: install
-	$(PYTHON) -m pytest -q tests -m "not multirank"
+# The everyday loop (docs/testing.md): tests that start no process (no horovodrun, main.py, python -m or Spark;
+# tests/conftest.py marks the others `integration`), read no real Criteo sample and are not marked slow.
+UNIT_TESTS ?= not integration and not slow and not real_data
+test-unit: install
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "$(UNIT_TESTS)" tests
 
 bench: install
 	$(PYTHON) benchmarks/run_all.py --output=benchmarks/results.json

@@ -1,6 +1,6 @@
-"""Train DLRM: ``python main.py --dataset_path=DIR ...`` or ``horovodrun -np N python main.py ...``.
+"""Train DLRM: python main.py --dataset_path=DIR ... or horovodrun -np N python main.py ...
 
-All flags are described by ``python main.py --helpfull``; see README.md.
+python main.py --help lists the flags by topic (docs/flags.md); README.md and docs/training.md show runs.
 """
 
 from tf_dlrm.cli.main import run

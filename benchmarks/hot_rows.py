@@ -1,7 +1,7 @@
 r"""Alltoall bytes per step with and without hot-row replication, counted on sampled batches (no TF).
 
     python benchmarks/hot_rows.py --source=zipf:1.05 [--world_size=2] [--budget=0.1] [--batch_size=16384]
-    python benchmarks/hot_rows.py --source=criteo:/work/shared/data/criteo_1tb_day0_sample_1k.tsv
+    python benchmarks/hot_rows.py --source=criteo:../shared/data/criteo_1tb_day0_sample_1k.tsv
 
 Tables: the 26 MLPerf Criteo cardinalities capped at ``--max_rows`` (zipf), or for ``criteo:`` one table
 per categorical column with the column's distinct values as rows and ids drawn from their frequencies in

@@ -1,7 +1,7 @@
 r"""tf_dlrm against facebookresearch/dlrm (PyTorch, CPU) on the same model, one rank, taking turns.
 
-    python benchmarks/peer_dlrm.py [--peer_python=/work/peer/venv/bin/python] \
-        [--peer_script=/work/peer/dlrm/dlrm_s_pytorch.py] [--config=criteo_capped] [--rounds=3]
+    python benchmarks/peer_dlrm.py [--peer_python=../peer/venv/bin/python] \
+        [--peer_script=../peer/dlrm/dlrm_s_pytorch.py] [--config=criteo_capped] [--rounds=3]
 
 The peer runs in its own virtual environment, outside this project (nothing here imports torch):
 its ``dlrm_s_pytorch.py`` with random one-hot data (``--data-generation=random``), the config's
@@ -28,6 +28,8 @@ import sys
 import time
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The peer (facebookresearch/dlrm and a torch venv) lives outside the project, beside the repository by default.
+PEER = os.environ.get("TF_DLRM_PEER_DIR") or os.path.join(os.path.dirname(REPOSITORY), "peer")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from emit import emit  # noqa: E402
@@ -92,9 +94,9 @@ def run_tf_dlrm(args) -> dict:
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--peer_python", default="/work/peer/venv/bin/python",
+    parser.add_argument("--peer_python", default=os.path.join(PEER, "venv", "bin", "python"),
                         help="python of a virtual environment with torch (CPU), outside this project")
-    parser.add_argument("--peer_script", default="/work/peer/dlrm/dlrm_s_pytorch.py",
+    parser.add_argument("--peer_script", default=os.path.join(PEER, "dlrm", "dlrm_s_pytorch.py"),
                         help="dlrm_s_pytorch.py of a facebookresearch/dlrm checkout")
     parser.add_argument("--config", default="criteo_capped", choices=sorted(CONFIGS))
     parser.add_argument("--rounds", type=int, default=3)

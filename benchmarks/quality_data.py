@@ -1,5 +1,5 @@
 """Datasets of the quality benchmarks, made the way a user would: synthetic specs with their oracle
-AUC, and the real Criteo sample rows of ``../shared/data`` through ``python -m tf_dlrm.preprocessing.criteo``."""
+AUC, and the real Criteo sample rows of ``$TF_DLRM_CRITEO_SAMPLES`` (default ``../shared/data``) through ``python -m tf_dlrm.preprocessing.criteo``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_DATA = os.path.join(os.path.dirname(REPO), "shared", "data")
+SAMPLES = os.environ.get("TF_DLRM_CRITEO_SAMPLES") or os.path.join(os.path.dirname(REPO), "shared", "data")
 DATASETS = ("synthetic_small", "criteo_sample")
 
 
@@ -29,7 +29,7 @@ def make_dataset(name: str, directory: str, num_train: int, num_valid: int, seed
     elif name == "criteo_sample":
         # The 1,000 real rows of the 1TB day 0 sample (the 200 Kaggle rows come from another distribution),
         # the last 20% by row order as validation: a smoke-sized quality check, not a benchmark of record.
-        inputs = [os.path.join(SHARED_DATA, "criteo_1tb_day0_sample_1k.tsv")]
+        inputs = [os.path.join(SAMPLES, "criteo_1tb_day0_sample_1k.tsv")]
         subprocess.run(
             [sys.executable, "-m", "tf_dlrm.preprocessing.criteo", f"--input={','.join(inputs)}", f"--output_dir={path}",
              "--split=fraction", "--test_fraction=0.2", "--frequency_threshold=2"],

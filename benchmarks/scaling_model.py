@@ -211,7 +211,9 @@ def main(argv=None) -> list[dict]:
                              "step (step_ms, slowest rank) is the measured figure")
     parser.add_argument("--world_sizes", default="8,16,64,256")
     parser.add_argument("--batch_sizes", default="32768,262144")
-    parser.add_argument("--criteo_sample", default="/work/shared/data/criteo_1tb_day0_sample_1k.tsv")
+    samples = os.environ.get("TF_DLRM_CRITEO_SAMPLES") or os.path.join(os.path.dirname(REPOSITORY), "shared", "data")
+    parser.add_argument("--criteo_sample", default=os.path.join(samples, "criteo_1tb_day0_sample_1k.tsv"),
+                        help="Criteo TSV rows to fit Zipf exponents on (skipped when absent)")
     parser.add_argument("--zipf_exponents", default="1.05,1.2", help="synthetic id distributions (Zipf on every table)")
     parser.add_argument("--hot_rows_budget", type=float, default=0.1,
                         help="hot rows' memory as a fraction of the model-parallel tables'")

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+import criteo_samples
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 
@@ -77,6 +79,42 @@ def horovodrun():
     return launch
 
 
+@pytest.fixture(scope="session")
+def generated_criteo(tmp_path_factory) -> criteo_samples.Samples:
+    """Rows in the Criteo TSV and Kaggle CSV layouts, written by the tests (see tests/criteo_samples.py)."""
+    return criteo_samples.generated_samples(tmp_path_factory.mktemp("criteo_generated"))
+
+
+@pytest.fixture(scope="session")
+def real_criteo() -> criteo_samples.Samples:
+    """The real Criteo samples from $TF_DLRM_CRITEO_SAMPLES; the test skips with one line when absent."""
+    return criteo_samples.real_samples()
+
+
+def pytest_configure(config):
+    # Registered here, not in pyproject.toml: scripts/install.sh reinstalls when pyproject.toml changes.
+    config.addinivalue_line("markers", "integration: starts a process (horovodrun, main.py, python -m, Spark); "
+                                       "set by this file's rule (see is_integration), or by hand")
+    config.addinivalue_line("markers", "real_data: reads the real Criteo samples ($TF_DLRM_CRITEO_SAMPLES); "
+                                       "generated rows cover the same code")
+
+
+REAL = pytest.param("real", marks=pytest.mark.real_data)
+
+
+@pytest.fixture(scope="session", params=["generated", REAL])
+def criteo(request) -> criteo_samples.Samples:
+    """Each test that takes it runs on the generated rows and again on the real samples (skipped when absent)."""
+    return request.getfixturevalue(f"{request.param}_criteo")
+
+
+@pytest.fixture(scope="session", params=[REAL if criteo_samples.preferred_source() == "real" else "generated"])
+def criteo_real_or_generated(request) -> criteo_samples.Samples:
+    """For the costly tests (a process or a Spark session each): one run, on the real samples where present
+    (the test id says ``real``), else on the generated rows (``generated``)."""
+    return request.getfixturevalue(f"{request.param}_criteo")
+
+
 # Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) a test file is one unit of work, so
 # module- and session-level caches (a launch whose records many tests read) run once, not once per
 # worker; the files below share `tests/checkpoint/checkpoint_runs.py`'s cached launches and form one unit.
@@ -90,6 +128,7 @@ SLOWEST_UNITS = (
     "tests/embedding/test_split_tables.py", "checkpoint_runs", "tests/embedding/dynamic/test_dynamic_main_checkpoint.py",
     "tests/embedding/dynamic/test_dynamic_equivalence.py", "tests/train/test_amp_xla.py", "tests/embedding/test_hot_row_sync.py",
     "tests/models/test_model_family_equivalence.py", "tests/test_dockerfile.py", "tests/bad_inputs/test_bad_inputs.py",
+    "tests/test_docs_commands.py",
     "tests/embedding/test_two_layers.py", "tests/checkpoint/test_table_larger_than_a_process.py",
     "tests/embedding/dynamic/test_dynamic_main.py", "tests/train/test_multi_hot_training.py", "tests/bad_inputs/test_resilient.py",
     "tests/benchmarks/test_benchmarks_smoke.py", "tests/embedding/dynamic/test_dynamic_checkpoint.py",
@@ -103,9 +142,97 @@ def work_unit(nodeid: str) -> str:
     return "checkpoint_runs" if path in SHARED_RUN_FILES else path
 
 
+# Test tiers. A test is `integration` when it, a fixture it uses, or a helper under tests/ or benchmarks/
+# it calls (followed through the names its code refers to) starts a process: one of the launch helpers
+# above, the subprocess module, or a Spark session (a JVM). The rest is the unit tier (`make test-unit`,
+# `pytest -m "not integration"`); there a test that starts a process anyway fails (see
+# pytest_runtest_protocol), so a classification this rule gets wrong shows up, not a slow unit tier.
+PROCESS_NAMES = frozenset({"subprocess", "launch", "launch_cases", "run_python", "horovodrun", "spark_engine",
+                           "make_session", "pyspark", "Popen"})
+TIER_PROGRAMS = frozenset({"horovodrun", "mpirun", "spark-submit", "java", "bash", "sh", "docker", "hadolint"})
+HELPER_ROOTS = (os.path.join(REPO, "tests") + os.sep, os.path.join(REPO, "benchmarks") + os.sep)
+
+
+def _names(code) -> set[str]:
+    """Global, attribute and imported names that ``code`` and the functions nested in it refer to."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if hasattr(constant, "co_names"):
+            names |= _names(constant)
+    return names
+
+
+def _is_helper(value) -> bool:
+    source = getattr(value, "__file__", None) or getattr(getattr(value, "__code__", None), "co_filename", None)
+    if source is None and isinstance(value, type):
+        source = getattr(sys.modules.get(value.__module__), "__file__", None)
+    return bool(source) and os.path.abspath(source).startswith(HELPER_ROOTS)
+
+
+def starts_processes(function, seen: set | None = None) -> bool:
+    """Whether ``function`` refers, directly or through helpers under tests/ and benchmarks/, to PROCESS_NAMES."""
+    seen = set() if seen is None else seen
+    if id(function) in seen:
+        return False
+    seen.add(id(function))
+    if isinstance(function, type(sys)):  # a helper module: any of its functions or classes
+        members = [v for v in vars(function).values() if callable(v) and _is_helper(v)]
+        return any(starts_processes(member, seen) for member in members)
+    if isinstance(function, type):
+        return any(starts_processes(v, seen) for v in vars(function).values() if callable(v))
+    function = getattr(function, "__wrapped__", function)
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return False
+    names = _names(code)
+    if names & PROCESS_NAMES:
+        return True
+    scope = getattr(function, "__globals__", {})
+    return any(starts_processes(scope[name], seen) for name in names if name in scope and _is_helper(scope[name]))
+
+
+def is_integration(item) -> bool:
+    if starts_processes(getattr(item, "function", None)):
+        return True
+    fixture_info = getattr(item, "_fixtureinfo", None)
+    for definitions in (fixture_info.name2fixturedefs.values() if fixture_info else ()):
+        for definition in definitions:
+            if definition.argname == "horovodrun" or (_is_helper(definition.func) and starts_processes(definition.func)):
+                return True
+    return False
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if is_integration(item):
+            item.add_marker(pytest.mark.integration)
+        if "real_criteo" in item.fixturenames:
+            item.add_marker(pytest.mark.real_data)
     rank = {unit: position for position, unit in enumerate(SLOWEST_UNITS)}
     items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable: file order kept in a unit
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A unit-tier test (not marked integration) that starts a process fails, naming the command."""
+    if item.get_closest_marker("integration") is not None:
+        return (yield)
+    original = subprocess.Popen.__init__
+
+    def refuse(self, args, *rest, **kwargs):
+        # Libraries may run small probes (numpy.testing runs lscpu); what the tier excludes is a test's own
+        # Python, horovodrun, shell or Spark (JVM) process.
+        program = os.path.basename(str(args if isinstance(args, (str, bytes, os.PathLike)) else args[0]).split()[0])
+        if program.startswith("python") or program in TIER_PROGRAMS:
+            raise RuntimeError(f"{item.nodeid} is in the unit tier but started a process: {args!r}. Mark it "
+                               "@pytest.mark.integration (or call a helper that tests/conftest.py recognises).")
+        original(self, args, *rest, **kwargs)
+
+    subprocess.Popen.__init__ = refuse
+    try:
+        return (yield)
+    finally:
+        subprocess.Popen.__init__ = original
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -2,6 +2,8 @@
 
     python feature_specs/byo_example/make_byo_example.py [--sample=../shared/data/criteo_kaggle_sample_200.csv]
 
+(the default sample is in ``$TF_DLRM_CRITEO_SAMPLES``, else ``../shared/data`` beside the repository).
+
 Runs ``tf_dlrm.preprocessing.criteo`` on the sample (frequency threshold 2, last 20% of rows as test), then
 writes the result back out as plain CSV with integer ids: ``train.csv``, ``test.csv`` and the
 ``feature_spec.yaml`` that describes them (``type: csv`` chunks), i.e. the files a user brings.
@@ -21,7 +23,8 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPOSITORY = os.path.dirname(os.path.dirname(HERE))
-DEFAULT_SAMPLE = os.path.join(REPOSITORY, "..", "shared", "data", "criteo_kaggle_sample_200.csv")
+DEFAULT_SAMPLE = os.path.join(os.environ.get("TF_DLRM_CRITEO_SAMPLES") or os.path.join(REPOSITORY, "..", "shared", "data"),
+                              "criteo_kaggle_sample_200.csv")
 LABEL = "clicked"
 NUMERICAL = [f"i{k}" for k in range(1, 14)]
 CATEGORICAL = [f"c{k}" for k in range(1, 27)]

@@ -17,7 +17,11 @@ from tiny_dataset import write_tiny
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BYO = os.path.join(REPO, "feature_specs", "byo_example")
-TSV_SAMPLE = os.path.abspath(os.path.join(REPO, "..", "shared", "data", "criteo_1tb_day0_sample_1k.tsv"))
+
+@pytest.fixture
+def tsv(generated_criteo):
+    """Criteo-format rows: the writers' directory handling, not the data, is under test."""
+    return generated_criteo.tsv
 
 
 def listing(directory) -> dict:
@@ -34,7 +38,7 @@ def criteo(inputs, output_dir):
     return preprocess(PreprocessConfig(inputs=tuple(str(p) for p in inputs), output_dir=str(output_dir), num_workers=1))
 
 
-def test_criteo_refuses_a_directory_with_a_spec_and_a_users_notes(tmp_path):
+def test_criteo_refuses_a_directory_with_a_spec_and_a_users_notes(tmp_path, tsv):
     out = tmp_path / "out"
     out.mkdir()
     (out / "feature_spec.yaml").write_text("feature_spec: {}\n")
@@ -44,37 +48,37 @@ def test_criteo_refuses_a_directory_with_a_spec_and_a_users_notes(tmp_path):
     before = listing(out)
     with pytest.raises(OutputDirectoryError, match=r"--output_dir=\S+out is not empty and was not written by "
                                                    r"tf_dlrm.preprocessing.criteo .*refusing to replace it"):
-        criteo([TSV_SAMPLE], out)
+        criteo([tsv], out)
     assert listing(out) == before
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no temporary sibling left
 
 
-def test_criteo_never_deletes_the_input_it_reads(tmp_path):
+def test_criteo_never_deletes_the_input_it_reads(tmp_path, tsv):
     out = tmp_path / "out"
-    criteo([TSV_SAMPLE], out)  # an earlier output of the tool, with its manifest
-    shutil.copy(TSV_SAMPLE, out / "day_0.tsv")
+    criteo([tsv], out)  # an earlier output of the tool, with its manifest
+    shutil.copy(tsv, out / "day_0.tsv")
     with pytest.raises(OutputDirectoryError, match=r"holds \S+day_0.tsv, an input of this run"):
         criteo([out / "day_0.tsv"], out)
-    assert (out / "day_0.tsv").read_bytes() == open(TSV_SAMPLE, "rb").read()
+    assert (out / "day_0.tsv").read_bytes() == open(tsv, "rb").read()
 
 
-def test_criteo_replaces_its_own_earlier_output_but_not_after_a_user_added_a_file(tmp_path):
+def test_criteo_replaces_its_own_earlier_output_but_not_after_a_user_added_a_file(tmp_path, tsv):
     out = tmp_path / "out"
-    criteo([TSV_SAMPLE], out)
+    criteo([tsv], out)
     assert os.path.isfile(out / MANIFEST)
-    criteo([TSV_SAMPLE], out)  # its own files only: replaced
+    criteo([tsv], out)  # its own files only: replaced
     (out / "README.txt").write_text("what this dataset is")
     with pytest.raises(OutputDirectoryError, match=r"holds 1 file\(s\) that tf_dlrm.preprocessing.criteo did not write, e.g. README.txt"):
-        criteo([TSV_SAMPLE], out)
+        criteo([tsv], out)
     assert (out / "README.txt").read_text() == "what this dataset is"
 
 
-def test_criteo_into_a_copy_of_the_byo_example_keeps_its_csvs_and_script(tmp_path):
+def test_criteo_into_a_copy_of_the_byo_example_keeps_its_csvs_and_script(tmp_path, tsv):
     byo = tmp_path / "byo"
     shutil.copytree(BYO, byo)
     before = listing(byo)
     with pytest.raises(OutputDirectoryError, match="refusing to replace it"):
-        criteo([TSV_SAMPLE], byo)
+        criteo([tsv], byo)
     assert listing(byo) == before
 
 

@@ -16,8 +16,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import peer_dlrm  # noqa: E402
 from train_throughput import CONFIGS  # noqa: E402
 
-PEER_PYTHON = "/work/peer/venv/bin/python"
-PEER_SCRIPT = "/work/peer/dlrm/dlrm_s_pytorch.py"
+PEER_PYTHON = os.path.join(peer_dlrm.PEER, "venv", "bin", "python")
+PEER_SCRIPT = os.path.join(peer_dlrm.PEER, "dlrm", "dlrm_s_pytorch.py")
 
 
 def test_peer_arguments_follow_the_config():

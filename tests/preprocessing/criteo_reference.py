@@ -17,10 +17,6 @@ import shutil
 
 import numpy as np
 
-SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data")
-TSV_SAMPLE = os.path.abspath(os.path.join(SHARED_DATA, "criteo_1tb_day0_sample_1k.tsv"))
-CSV_SAMPLE = os.path.abspath(os.path.join(SHARED_DATA, "criteo_kaggle_sample_200.csv"))
-
 INTEGER = re.compile(r"^-?[0-9]+(\.0*)?$")  # a digit before an optional all-zero fraction
 HASH = re.compile(r"^[0-9a-fA-F]{8}$")
 
@@ -118,7 +114,7 @@ def fraction_split(num_lines: int, test_fraction: float):
 
 
 def corrupt_copy(source: str, target: str) -> dict[str, list[int]]:
-    """Writes a corrupted copy of the 1TB TSV sample; returns the 1-based bad line numbers per reason.
+    """Writes a corrupted copy of a 1,000-row TSV sample (real or generated); returns the 1-based bad line numbers per reason.
 
     Corruptions: a truncated row (line 10), letters in an integer column (line 20, I3 = '12ab'), a
     9-character hash (line 30, C5), a label '2' (line 40), an empty line (line 50), another

@@ -7,8 +7,8 @@ import os
 
 import numpy as np
 import pytest
+import yaml
 
-from criteo_reference import CSV_SAMPLE
 from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess
 from tf_dlrm.spec.feature_spec import FeatureSpec
 
@@ -24,17 +24,20 @@ def load_generator():
     return module
 
 
-def test_checked_in_example_is_what_the_generator_makes(tmp_path):
-    load_generator().build(CSV_SAMPLE, str(tmp_path))
+def test_checked_in_example_is_what_the_generator_makes(tmp_path, real_criteo):
+    load_generator().build(real_criteo.csv, str(tmp_path))
     for name in ("feature_spec.yaml", "train.csv", "test.csv"):
         with open(os.path.join(EXAMPLE, name), "rb") as checked_in, open(tmp_path / name, "rb") as regenerated:
             assert checked_in.read() == regenerated.read(), f"{name} is stale: run {EXAMPLE}/make_byo_example.py"
 
 
-def test_transcoding_the_example_rebuilds_the_preprocessed_files(tmp_path):
+def test_transcoding_the_example_rebuilds_the_preprocessed_files(tmp_path, criteo):
+    """The example made from the samples (on the real one, the checked-in example: see the test above)."""
     transcode = pytest.importorskip("tf_dlrm.data.transcode")
-    written = transcode.transcode(os.path.join(EXAMPLE, "feature_spec.yaml"), str(tmp_path / "byo"))
-    preprocess(PreprocessConfig(inputs=(CSV_SAMPLE,), output_dir=str(tmp_path / "criteo"), frequency_threshold=2,
+    (tmp_path / "example").mkdir()
+    load_generator().build(criteo.csv, str(tmp_path / "example"))
+    written = transcode.transcode(str(tmp_path / "example" / "feature_spec.yaml"), str(tmp_path / "byo"))
+    preprocess(PreprocessConfig(inputs=(criteo.csv,), output_dir=str(tmp_path / "criteo"), frequency_threshold=2,
                                 test_fraction=0.2, num_workers=2))
     reference = FeatureSpec.load(str(tmp_path / "criteo" / "feature_spec.yaml"))
     assert written.cardinalities() == reference.cardinalities()
@@ -49,10 +52,16 @@ def test_transcoding_the_example_rebuilds_the_preprocessed_files(tmp_path):
                 assert a.read() == b.read(), f"{split}: {name}"
 
 
-def test_raw_kaggle_spec_loads_and_transcode_explains_why_it_cannot_convert_it(tmp_path):
-    spec = FeatureSpec.load(RAW_SPEC, check_files=True)
+def test_raw_kaggle_spec_loads_and_transcode_explains_why_it_cannot_convert_it(tmp_path, criteo):
+    """The checked-in spec names ../shared/data's sample; a copy names ``criteo.csv`` (real or generated)."""
+    raw = yaml.safe_load(open(RAW_SPEC, encoding="utf-8"))
+    assert raw["source_spec"]["train"][0]["files"] == ["../../shared/data/criteo_kaggle_sample_200.csv"]
+    raw["source_spec"]["train"][0]["files"] = [criteo.csv]
+    (tmp_path / "raw.yaml").write_text(yaml.safe_dump(raw))
+    spec = FeatureSpec.load(str(tmp_path / "raw.yaml"), check_files=True)
     assert spec.categorical_features == [f"C{i}" for i in range(1, 27)]
-    assert os.path.samefile(spec.resolve(spec.chunks("train")[0]["files"][0]), CSV_SAMPLE)
+    assert os.path.samefile(spec.resolve(spec.chunks("train")[0]["files"][0]), criteo.csv)
     transcode = pytest.importorskip("tf_dlrm.data.transcode")
-    with pytest.raises(transcode.TranscodeError, match=r"criteo_kaggle_sample_200.csv, line 2: missing value in column 2 \('I1'\)"):
-        transcode.transcode(RAW_SPEC, str(tmp_path / "out"))
+    name = os.path.basename(criteo.csv).replace(".", r"\.")
+    with pytest.raises(transcode.TranscodeError, match=name + r", line 2: missing value in column 2 \('I1'\)"):
+        transcode.transcode(str(tmp_path / "raw.yaml"), str(tmp_path / "out"))

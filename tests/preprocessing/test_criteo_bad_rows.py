@@ -7,7 +7,6 @@ import json
 import pytest
 
 from criteo_reference import (
-    TSV_SAMPLE,
     Reference,
     assert_split_equal,
     corrupt_copy,
@@ -23,9 +22,9 @@ def run_local(inputs, output_dir, **settings) -> dict:
     return preprocess(PreprocessConfig(inputs=tuple(inputs), output_dir=str(output_dir), num_workers=2, **settings))
 
 
-def test_report_counts_are_exact(tmp_path):
+def test_report_counts_are_exact(tmp_path, criteo):
     corrupted = tmp_path / "corrupted.tsv"
-    bad_lines = corrupt_copy(TSV_SAMPLE, str(corrupted))
+    bad_lines = corrupt_copy(criteo.tsv, str(corrupted))
     report = run_local([str(corrupted)], tmp_path / "out", frequency_threshold=2, block_bytes=16384)
 
     on_disk = json.loads((tmp_path / "out" / "preprocess_report.json").read_text())
@@ -54,8 +53,8 @@ def test_report_counts_are_exact(tmp_path):
         assert_split_equal(read_split(str(tmp_path / "out"), split, reference.cardinalities), reference.split(split), split)
 
 
-def test_first_rows_listed_are_capped_and_ordered(tmp_path):
-    lines = open(TSV_SAMPLE).read().split("\n")
+def test_first_rows_listed_are_capped_and_ordered(tmp_path, generated_criteo):
+    lines = open(generated_criteo.tsv).read().split("\n")
     for number in range(3, 60, 4):  # 15 truncated rows
         lines[number - 1] = "\t".join(lines[number - 1].split("\t")[:10])
     corrupted = tmp_path / "many.tsv"
@@ -66,18 +65,18 @@ def test_first_rows_listed_are_capped_and_ordered(tmp_path):
     assert [e["line"] for e in entry["first"]] == list(range(3, 60, 4))[:10]
 
 
-def test_strict_stops_at_the_first_bad_row(tmp_path):
+def test_strict_stops_at_the_first_bad_row(tmp_path, criteo):
     corrupted = tmp_path / "corrupted.tsv"
-    corrupt_copy(TSV_SAMPLE, str(corrupted))
+    corrupt_copy(criteo.tsv, str(corrupted))
     (tmp_path / "out").mkdir()
     with pytest.raises(BadRowError, match=rf"^{corrupted}:10: wrong_field_count: 35 fields, expected 40"):
         run_local([str(corrupted)], tmp_path / "out", strict=True, block_bytes=16384)
     assert list((tmp_path / "out").iterdir()) == []
 
 
-def test_strict_finds_bad_rows_outside_training(tmp_path):
+def test_strict_finds_bad_rows_outside_training(tmp_path, criteo):
     """A bad row only in the test part is found by the transform pass."""
-    lines = open(TSV_SAMPLE).read().split("\n")
+    lines = open(criteo.tsv).read().split("\n")
     lines[979] = lines[979].replace("\t", "\tx", 1)  # line 980: I1 gets an "x" prefix
     corrupted = tmp_path / "late.tsv"
     corrupted.write_text("\n".join(lines))
@@ -85,11 +84,9 @@ def test_strict_finds_bad_rows_outside_training(tmp_path):
         run_local([str(corrupted)], tmp_path / "out", strict=True)
 
 
-def test_csv_sample_with_a_fractional_integer(tmp_path):
+def test_csv_sample_with_a_fractional_integer(tmp_path, criteo):
     """In the Kaggle CSV, '260.0' is fine but '260.5' is not an integer."""
-    from criteo_reference import CSV_SAMPLE
-
-    text = open(CSV_SAMPLE).read()
+    text = open(criteo.csv).read()
     assert ",260.0," in text
     corrupted = tmp_path / "kaggle.csv"
     corrupted.write_text(text.replace(",260.0,", ",260.5,", 1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from criteo_reference import CSV_SAMPLE, TSV_SAMPLE, classify, integer, read_rows
+from criteo_reference import classify, integer, read_rows
 from tf_dlrm.preprocessing.criteo_format import REASONS, CriteoFormatError, InputFormat, detect_format, parse_block
 
 TSV = InputFormat(b"\t", header=False)
@@ -128,8 +128,9 @@ def test_randomised_fields_match_the_reference():
     np.testing.assert_array_equal(parsed.categorical, [[int(v, 16) if v else -1 for v in row[14:]] for row in valid_rows])
 
 
-@pytest.mark.parametrize("sample", [TSV_SAMPLE, CSV_SAMPLE])
-def test_detect_format_of_the_samples(sample):
+@pytest.mark.parametrize("layout", ["tsv", "csv"])
+def test_detect_format_of_the_samples(criteo, layout):
+    sample = getattr(criteo, layout)
     with open(sample, "rb") as stream:
         lines = stream.read().split(b"\n")[:101]
     detected = detect_format(sample, lines)

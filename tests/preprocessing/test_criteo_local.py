@@ -13,8 +13,6 @@ import pytest
 import yaml
 
 from criteo_reference import (
-    CSV_SAMPLE,
-    TSV_SAMPLE,
     Reference,
     assert_split_equal,
     copy_days,
@@ -37,11 +35,12 @@ def run_local(inputs, output_dir, **settings) -> dict:
 
 
 @pytest.mark.parametrize(
-    "sample, threshold, test_fraction",
-    [(TSV_SAMPLE, 3, 0.1), (CSV_SAMPLE, 2, 0.25), (TSV_SAMPLE, 1, 0.0)],
+    "layout, threshold, test_fraction",
+    [("tsv", 3, 0.1), ("csv", 2, 0.25), ("tsv", 1, 0.0)],
     ids=["tsv_1tb_t3", "csv_kaggle_t2", "tsv_1tb_t1_no_test"],
 )
-def test_matches_independent_reference(tmp_path, sample, threshold, test_fraction):
+def test_matches_independent_reference(tmp_path, criteo, layout, threshold, test_fraction):
+    sample = getattr(criteo, layout)
     report = run_local([sample], tmp_path / "out", frequency_threshold=threshold, test_fraction=test_fraction)
     rows, header = read_rows(sample)
     reference = Reference(rows, fraction_split(len(rows), test_fraction), threshold)
@@ -59,10 +58,10 @@ def test_matches_independent_reference(tmp_path, sample, threshold, test_fractio
     assert report["bad_rows"]["total"] == 0
 
 
-def test_three_splits_by_fraction_match_the_reference(tmp_path):
+def test_three_splits_by_fraction_match_the_reference(tmp_path, criteo):
     """train, then validation, then test, by row order; the vocabulary counts the train rows only."""
-    report = run_local([CSV_SAMPLE], tmp_path / "out", frequency_threshold=2, test_fraction=0.2, valid_fraction=0.15)
-    rows, _ = read_rows(CSV_SAMPLE)
+    report = run_local([criteo.csv], tmp_path / "out", frequency_threshold=2, test_fraction=0.2, valid_fraction=0.15)
+    rows, _ = read_rows(criteo.csv)
     num_test, num_valid = int(np.floor(len(rows) * 0.2 + 0.5)), int(np.floor(len(rows) * 0.15 + 0.5))
     first_valid, first_test = len(rows) - num_test - num_valid, len(rows) - num_test
     reference = Reference(
@@ -101,12 +100,12 @@ def test_thresholding_and_tie_breaking(tmp_path):
     assert yaml.safe_load((tmp_path / "out" / "feature_spec.yaml").read_text())["feature_spec"]["cat_0.bin"]["cardinality"] == 5
 
 
-def test_days_split_gzip_and_small_blocks(tmp_path):
+def test_days_split_gzip_and_small_blocks(tmp_path, criteo):
     """day_0..day_1 train (one gzipped), day_23 halves test/validation; many small blocks."""
     layout = {"day_0": (0, 500), "day_1": (500, 800), "day_23": (800, 1000)}
-    paths = copy_days(TSV_SAMPLE, str(tmp_path), layout, gzip_names=("day_1",))
+    paths = copy_days(criteo.tsv, str(tmp_path), layout, gzip_names=("day_1",))
     report = run_local(paths, tmp_path / "out", frequency_threshold=2, split="days", block_bytes=8192)
-    rows, _ = read_rows(TSV_SAMPLE)
+    rows, _ = read_rows(criteo.tsv)
     reference = Reference(rows, lambda n: "train" if n < 800 else ("test" if n < 900 else "validation"), 2)
     assert report["rows"] == {"train": 800, "test": 100, "validation": 100}
     spec = FeatureSpec.load(str(tmp_path / "out" / "feature_spec.yaml"))
@@ -117,9 +116,9 @@ def test_days_split_gzip_and_small_blocks(tmp_path):
     assert report["inputs"][1]["compressed"] is True
 
 
-def test_block_size_gzip_and_line_endings_do_not_change_output(tmp_path):
-    run_local([TSV_SAMPLE], tmp_path / "plain", frequency_threshold=2)
-    data = open(TSV_SAMPLE, "rb").read()
+def test_block_size_gzip_and_line_endings_do_not_change_output(tmp_path, criteo):
+    run_local([criteo.tsv], tmp_path / "plain", frequency_threshold=2)
+    data = open(criteo.tsv, "rb").read()
     with gzip.open(tmp_path / "sample.tsv.gz", "wb") as stream:
         stream.write(data)
     (tmp_path / "crlf.tsv").write_bytes(data.replace(b"\n", b"\r\n"))
@@ -138,11 +137,11 @@ def test_block_size_gzip_and_line_endings_do_not_change_output(tmp_path):
         assert spec == expected_spec
 
 
-def test_vocab_dir_transforms_new_days_with_the_same_ids(tmp_path):
-    paths = copy_days(TSV_SAMPLE, str(tmp_path), {"day_0": (0, 700), "day_5": (700, 1000)})
+def test_vocab_dir_transforms_new_days_with_the_same_ids(tmp_path, criteo):
+    paths = copy_days(criteo.tsv, str(tmp_path), {"day_0": (0, 700), "day_5": (700, 1000)})
     run_local(paths[:1], tmp_path / "first", frequency_threshold=2, split="none")
     report = run_local(paths[1:], tmp_path / "second", split="none", vocab_dir=str(tmp_path / "first" / "vocabulary"))
-    rows, _ = read_rows(TSV_SAMPLE)
+    rows, _ = read_rows(criteo.tsv)
     reference = Reference(rows, lambda n: "train" if n < 700 else "later", 2)
     assert report["cardinalities"] == reference.cardinalities
     assert report["training_rows_counted"] is None
@@ -170,8 +169,8 @@ def test_not_criteo_shaped_is_a_clear_error(tmp_path, content, message):
     assert str(path) in str(error.value)
 
 
-def test_failed_run_leaves_existing_output_untouched(tmp_path):
-    run_local([TSV_SAMPLE], tmp_path / "out", frequency_threshold=2)
+def test_failed_run_leaves_existing_output_untouched(tmp_path, generated_criteo):
+    run_local([generated_criteo.tsv], tmp_path / "out", frequency_threshold=2)
     before = files_of(str(tmp_path / "out"))
     bad = tmp_path / "bad.tsv"
     bad.write_bytes(b"not\tcriteo\n")
@@ -180,16 +179,16 @@ def test_failed_run_leaves_existing_output_untouched(tmp_path):
     assert files_of(str(tmp_path / "out")) == before
     assert sorted(os.listdir(tmp_path)) == ["bad.tsv", "out"]  # no temporary directory left behind
     # A successful run replaces the earlier output.
-    run_local([CSV_SAMPLE], tmp_path / "out", frequency_threshold=1)
+    run_local([generated_criteo.csv], tmp_path / "out", frequency_threshold=1)
     assert json.loads((tmp_path / "out" / "preprocess_report.json").read_text())["inputs"][0]["format"] == "csv"
     assert sorted(os.listdir(tmp_path)) == ["bad.tsv", "out"]
 
 
-def test_refuses_to_replace_a_foreign_directory(tmp_path):
+def test_refuses_to_replace_a_foreign_directory(tmp_path, generated_criteo):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "precious.txt").write_text("keep me")
     with pytest.raises(FileExistsError, match="refusing to replace"):
-        run_local([TSV_SAMPLE], tmp_path / "out")
+        run_local([generated_criteo.tsv], tmp_path / "out")
     assert (tmp_path / "out" / "precious.txt").read_text() == "keep me"
 
 
@@ -204,19 +203,19 @@ def test_refuses_to_replace_a_foreign_directory(tmp_path):
         ({"split": "days", "valid_fraction": 0.1}, "--valid_fraction applies to --split=fraction only"),
     ],
 )
-def test_config_errors_name_the_flag(tmp_path, settings, message):
+def test_config_errors_name_the_flag(tmp_path, settings, message, generated_criteo):
     with pytest.raises(ValueError, match=message):
-        PreprocessConfig(inputs=(TSV_SAMPLE,), output_dir=str(tmp_path / "out"), **settings)
+        PreprocessConfig(inputs=(generated_criteo.tsv,), output_dir=str(tmp_path / "out"), **settings)
 
 
-def test_days_split_needs_day_names(tmp_path):
+def test_days_split_needs_day_names(tmp_path, generated_criteo):
     with pytest.raises(ValueError, match="--split=days expects files named day_0"):
-        run_local([TSV_SAMPLE], tmp_path / "out", split="days")
+        run_local([generated_criteo.tsv], tmp_path / "out", split="days")
 
 
-def test_command_line(tmp_path):
+def test_command_line(tmp_path, generated_criteo):
     command = [
-        sys.executable, "-m", "tf_dlrm.preprocessing.criteo", f"--input={CSV_SAMPLE}", f"--output_dir={tmp_path / 'out'}",
+        sys.executable, "-m", "tf_dlrm.preprocessing.criteo", f"--input={generated_criteo.csv}", f"--output_dir={tmp_path / 'out'}",
         "--frequency_threshold=2", "--test_fraction=0.2", "--num_workers=2",
     ]
     result = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=120)

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the Spark engine needs PySpark: TF_DLRM_EXTRAS=test,spark bash scripts/install.sh")
 
-from criteo_reference import CSV_SAMPLE, TSV_SAMPLE, copy_days, corrupt_copy, files_of  # noqa: E402
+from criteo_reference import copy_days, corrupt_copy, files_of  # noqa: E402
 from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess  # noqa: E402
 from tf_dlrm.preprocessing.criteo_format import BadRowError  # noqa: E402
 
@@ -52,39 +52,39 @@ def assert_identical(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "sample, settings",
-    [(TSV_SAMPLE, {"frequency_threshold": 3}), (CSV_SAMPLE, {"frequency_threshold": 2, "test_fraction": 0.25}),
-     (CSV_SAMPLE, {"frequency_threshold": 2, "test_fraction": 0.2, "valid_fraction": 0.15})],
+    "layout, settings",
+    [("tsv", {"frequency_threshold": 3}), ("csv", {"frequency_threshold": 2, "test_fraction": 0.25}),
+     ("csv", {"frequency_threshold": 2, "test_fraction": 0.2, "valid_fraction": 0.15})],
     ids=["tsv_1tb", "csv_kaggle", "csv_three_splits"],
 )
-def test_identical_bytes_on_the_shared_samples(tmp_path, spark, sample, settings):
-    local, distributed = run_both(tmp_path, spark, [sample], **settings)
+def test_identical_bytes_on_the_samples(tmp_path, spark, criteo_real_or_generated, layout, settings):
+    local, distributed = run_both(tmp_path, spark, [getattr(criteo_real_or_generated, layout)], **settings)
     assert local == distributed
     files = assert_identical(tmp_path)
     assert "feature_spec.yaml" in files and "vocabulary/manifest.json" in files and "train/cat_25.bin" in files
 
 
-def test_identical_bytes_for_days_gzip_and_several_partitions(tmp_path, spark):
+def test_identical_bytes_for_days_gzip_and_several_partitions(tmp_path, spark, criteo_real_or_generated):
     layout = {"day_0": (0, 400), "day_1": (400, 750), "day_23": (750, 1000)}
-    paths = copy_days(TSV_SAMPLE, str(tmp_path), layout, gzip_names=("day_23",))
+    paths = copy_days(criteo_real_or_generated.tsv, str(tmp_path), layout, gzip_names=("day_23",))
     local, distributed = run_both(tmp_path, spark, paths, frequency_threshold=2, split="days")
     assert local["rows"] == {"train": 750, "test": 125, "validation": 125}
     assert local == distributed
     assert_identical(tmp_path)
 
 
-def test_identical_bad_row_reports(tmp_path, spark):
+def test_identical_bad_row_reports(tmp_path, spark, criteo_real_or_generated):
     corrupted = str(tmp_path / "corrupted.tsv")
-    corrupt_copy(TSV_SAMPLE, corrupted)
+    corrupt_copy(criteo_real_or_generated.tsv, corrupted)
     local, distributed = run_both(tmp_path, spark, [corrupted], frequency_threshold=2)
     assert local["bad_rows"]["total"] == 6
     assert local == distributed
     assert_identical(tmp_path)
 
 
-def test_identical_strict_errors(tmp_path, spark):
+def test_identical_strict_errors(tmp_path, spark, generated_criteo):
     corrupted = str(tmp_path / "corrupted.tsv")
-    corrupt_copy(TSV_SAMPLE, corrupted)
+    corrupt_copy(generated_criteo.tsv, corrupted)
     messages = []
     for engine in ("local", "spark"):
         with pytest.raises(BadRowError) as error:
@@ -98,14 +98,14 @@ def test_identical_strict_errors(tmp_path, spark):
     assert messages[0].startswith(f"{corrupted}:10: wrong_field_count")
 
 
-def test_identical_bytes_for_csv_with_headers_gzipped_and_plain(tmp_path, spark):
+def test_identical_bytes_for_csv_with_headers_gzipped_and_plain(tmp_path, spark, criteo_real_or_generated):
     """Two CSV inputs, each with its header line; the first gzipped (one partition)."""
     import gzip
     import shutil
 
-    with open(CSV_SAMPLE, "rb") as source, gzip.open(tmp_path / "part_0.csv.gz", "wb") as target:
+    with open(criteo_real_or_generated.csv, "rb") as source, gzip.open(tmp_path / "part_0.csv.gz", "wb") as target:
         shutil.copyfileobj(source, target)
-    shutil.copyfile(CSV_SAMPLE, tmp_path / "part_1.csv")
+    shutil.copyfile(criteo_real_or_generated.csv, tmp_path / "part_1.csv")
     inputs = [str(tmp_path / "part_0.csv.gz"), str(tmp_path / "part_1.csv")]
     local, distributed = run_both(tmp_path, spark, inputs, frequency_threshold=2, test_fraction=0.3)
     assert [f["data_lines"] for f in local["inputs"]] == [200, 200]

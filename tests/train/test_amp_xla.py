@@ -75,6 +75,7 @@ def batches_for(model, count, size=64, seed=0):
 # ---------------------------------------------------------------------- XLA
 
 
+@pytest.mark.slow  # XLA compiles two models per case
 @pytest.mark.parametrize(
     "interaction, embedding_optimizer, optimizer",
     [("dot", "sgd", "sgd"), ("cat", "sgd", "sgd"), ("dot", "rowwise_adagrad", "lamb"), ("dot", "lazy_adam", "lamb")],

@@ -55,6 +55,7 @@ def optimizer_config():
                            dense_learning_rate=0.01, embedding_learning_rate=0.05)
 
 
+@pytest.mark.slow  # XLA compiles two models per case
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_xla_step_equals_the_plain_step(name):
     from tf_dlrm.parallel.env import DistributedEnv

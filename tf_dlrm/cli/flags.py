@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 from absl import flags
 
 from tf_dlrm.cli.embedding_dims import parse_width_mapping
@@ -32,126 +35,160 @@ class _AmpFlag(flags.Flag):
         return f"--{self.name}={value}"
 
 
-def define_amp_flag() -> None:
+def define_amp_flag(flag_values: flags.FlagValues = flags.FLAGS) -> None:
     flags.DEFINE_flag(_AmpFlag(
         _AmpParser(), flags.ArgumentSerializer(), "amp", "false",
         "Mixed precision: mixed_float16 with loss scaling on GPU, mixed_bfloat16 on CPU. --amp (true) uses bf16 "
         "even where the CPU only emulates it (with a notice); --amp=auto uses it only where the CPU runs it "
         "natively (AVX-512 BF16 or AMX), else float32.",
         boolean=True,
-    ))
+    ), flag_values=flag_values)
 
 
-def define_flags(argv=None) -> None:
-    """Defines every flag of ``main.py``; ``argv``: the command line, read only for a ``--model`` given
-    by import path, whose own flags are defined too (:mod:`tf_dlrm.cli.model_flags`)."""
-    f = flags
-    f.DEFINE_string("dataset_path", None, "Directory of the dataset (split_binary files + feature spec).")
-    f.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file, relative to --dataset_path unless absolute.")
-    f.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "split_tfrecords", "synthetic"],
-                  "tf_raw: split_binary files; split_tfrecords: NVIDIA DLRM_and_DCNv2's pre-batched TFRecords "
-                  "(<dataset>/<split>/categorical_<i>/...); synthetic: random batches in memory.")
-    f.DEFINE_integer("batch_size", 4096, "Global training batch size (all ranks together).")
-    f.DEFINE_integer("valid_batch_size", None, "Global evaluation batch size (default: --batch_size).")
-    f.DEFINE_float("epochs", 1.0, "Epochs to train (fractions allowed).")
-    f.DEFINE_integer("max_steps", -1, "Stop after this many steps (-1: no limit); --mode=inference: timed batches per size.")
-    f.DEFINE_float("learning_rate", 0.001, "Base of the learning-rate schedule. Given on the command line, it is also the "
-                   "rate of each optimizer whose own rate flag (--dense_learning_rate, --embedding_learning_rate) is "
-                   "not given (or 0); else those flags' tuned defaults apply.")
-    # Defaults chosen by benchmarks/sweep_defaults.py (benchmarks/results/model_quality.md).
-    f.DEFINE_enum("optimizer", "adam", list(OPTIMIZERS), "Optimizer of the MLPs, on the gradient averaged over ranks.")
-    f.DEFINE_float("dense_learning_rate", 0.001, "Base learning rate of the MLPs' optimizer, on the schedule of "
-                   "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. Adam wants about 1e-3, SGD about 0.5.")
-    f.DEFINE_enum("embedding_optimizer", "lazy_adam", list(EMBEDDING_OPTIMIZERS),
-                  "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables).")
-    f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
-                   "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. lazy_adam wants about "
-                   "3e-3, adagrad 0.1, sgd about 1. Not given, a model may choose its own (--model=deepfm and "
-                   "wide_deep: 0.01 with lazy_adam; their embedding_learning_rates).")
-    f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad, rowwise_adagrad and ftrl (embeddings and MLPs).")
-    f.DEFINE_float("adagrad_epsilon", 1e-7, "Epsilon of adagrad and rowwise_adagrad.")
-    f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")
-    f.DEFINE_float("adam_beta2", 0.999, "beta_2 of adam, lazy_adam and lamb.")
-    f.DEFINE_float("adam_epsilon", 1e-8, "Epsilon of adam, lazy_adam and lamb.")
-    f.DEFINE_float("embedding_weight_decay", 0.0, "L2 coefficient on the embedding rows touched in a step (added to their gradient).")
-    f.DEFINE_float("dense_weight_decay", 0.0, "L2 coefficient on the MLP weights (LAMB: its weight decay, inside the trust ratio).")
-    f.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warmup steps.")
-    f.DEFINE_integer("decay_start_step", 0, "Step at which polynomial (power 2) decay starts.")
-    f.DEFINE_integer("decay_steps", 0, "Steps of decay to zero (0: no decay).")
-    f.DEFINE_integer("embedding_dim", 128, "Embedding dimension of every table (unless the spec or --embedding_dims says).")
-    f.DEFINE_string("embedding_dims", "", "Per-table widths, e.g. cat_0.bin:16,cat_3.bin:64 (overrides the spec's "
-                    "embedding_dim and --embedding_dim; DLRM's dot interaction needs one width, --interaction=cat does not).")
-    f.DEFINE_string("embedding_init", str(DEFAULT_EMBEDDING_INIT_BOUND), "Initial embedding values: uniform in [-b, b] "
-                    "for this b, or sqrt_rows for b = 1/sqrt(rows) of each table (the DLRM reference's init).")
-    define_model_flags(argv)
-    define_amp_flag()
-    f.DEFINE_float("loss_scale", 0.0, "Loss scale for mixed_float16: > 0 static, 0 dynamic (ignored for float32 and bfloat16).")
-    f.DEFINE_bool("xla", False, "Compile the dense part of the step with XLA.")
-    f.DEFINE_bool("cpu", False, "Train on the CPU even where the host has GPUs (default: one GPU per rank where "
-                  "there are GPUs; GPU training is not yet verified).")
-    f.DEFINE_bool("bf16_dense_allreduce", False, "Under --amp (bfloat16) with several ranks: average the MLP gradients as "
-                  "bfloat16 (half the bytes, two collectives instead of one; slower over a loopback, see benchmarks/results/performance.md).")
-    f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise"], "How embedding tables are sharded.")
-    f.DEFINE_integer("column_slice_threshold", None, "Tables with more elements than this are column-sliced.")
-    f.DEFINE_integer("data_parallel_threshold", 2048, "Tables with fewer rows are replicated (data-parallel).")
-    f.DEFINE_bool("data_parallel_input", False, "Read local batches of every feature and exchange ids with one alltoall.")
-    f.DEFINE_float("hot_rows_budget", 0.0, "Replicate the most looked-up rows of the model-parallel tables on every rank, "
-                   "up to this fraction of their memory (0: off); counts from id_counts.npz next to the training data.")
-    f.DEFINE_float("hot_rows_min_per_step", 0.0, "With --hot_rows_budget: replicate only rows looked up at least this "
-                   "often per global batch on average (about the number of ranks is where replication starts to pay).")
-    f.DEFINE_string("memory_per_rank", "0", "Refuse, before anything is allocated, a sharding plan whose embedding tables, "
-                    "their optimizer state and hot-row replicas need more than this on some rank (e.g. 8GiB, 1500MiB; 0: no limit).")
-    f.DEFINE_integer("hot_row_sync_every", 1, "With --hot_rows_budget and several ranks: each rank updates its hot-row "
-                     "replicas with its own gradients and the ranks merge the accumulated changes every this many steps "
-                     "(and before evaluation, checkpoints and the end); 1: the gradients are combined every step (exact).")
-    f.DEFINE_bool("deduplicate_exchange", False, "Send each rank one embedding row per distinct id of its samples (plus an "
-                  "index per sample) instead of one per sample: fewer alltoall bytes when ids repeat (one-hot features).")
-    f.DEFINE_bool("split_embedding_tables", False, "Under --amp (bfloat16): store each model-parallel table's float32 "
-                  "weights as two 16-bit halves; lookups and the exchange read the bf16 upper half, the update joins "
-                  "both into float32 (the same memory as float32 tables, the same update).")
-    f.DEFINE_string("save_checkpoint_path", None, "Directory to save checkpoints to.")
-    f.DEFINE_string(
-        "restore_checkpoint_path", None,
-        "Checkpoint to restore: a ckpt-<step> directory, or a directory of them (its latest is used).",
-    )
-    f.DEFINE_integer("checkpoint_every_steps", 0, "Save a checkpoint every this many steps (0: only at the end).")
-    f.DEFINE_integer("keep_checkpoints", 2, "Checkpoints kept under --save_checkpoint_path (older ones are deleted).")
-    f.DEFINE_bool(
-        "resume", False,
-        "Continue from the newest intact checkpoint under --save_checkpoint_path (corrupt newer ones are skipped, "
-        "named and moved aside; else from --restore_checkpoint_path, else from scratch); refused when --batch_size "
-        "or the training data differ from the checkpoint's.",
-    )
-    f.DEFINE_string("saved_model_path", None, "--mode=export: directory to write the TF SavedModel to (must not exist).")
-    f.DEFINE_string("inference_batch_sizes", "1,64,1024,4096", "--mode=inference: global batch sizes to time.")
-    f.DEFINE_enum("mode", "train", list(MODES), "What to do.")
-    f.DEFINE_integer("evals_per_epoch", 1, "Evaluations per epoch (0: only at the end).")
-    f.DEFINE_integer("eval_every_steps", 0, "Evaluate every this many steps instead (0: use --evals_per_epoch; "
-                     "not both).")
-    f.DEFINE_integer("eval_max_batches", 0, "Evaluate only the first this many global batches of the validation "
-                     "split (a quick partial evaluation, marked partial in the log; 0: the whole split).")
-    f.DEFINE_integer("early_stopping_patience", 0, "Stop after this many evaluations without an improvement of the "
-                     "validation AUC by more than --early_stopping_min_delta, and end with the best state "
-                     "(implies --keep_best); 0: off.")
-    f.DEFINE_float("early_stopping_min_delta", 0.0, "With --early_stopping_patience: the AUC gain an evaluation "
-                   "must exceed to count as an improvement.")
-    f.DEFINE_float("auc_threshold", None, "Stop training once validation AUC reaches this.")
-    f.DEFINE_bool("keep_best", False, "Keep the state of the evaluation with the best validation AUC; restore, report "
-                  "(final JSON: best_step) and save it at the end.")
-    f.DEFINE_integer("print_freq", 100, "Steps between progress lines.")
-    f.DEFINE_string("log_path", None, "JSON-lines log file (rank 0).")
-    f.DEFINE_string("tensorboard_dir", None, "Directory for TensorBoard scalars (rank 0).")
-    f.DEFINE_integer("seed", 12345, "Seed of weights and data order.")
-    f.DEFINE_integer("inter_op_parallelism", 0, "TensorFlow inter-op threads (0: a default per world size).")
-    f.DEFINE_string("horovod_cycle_time_ms", "auto", "Horovod's coordination cycle under horovodrun (HOROVOD_CYCLE_TIME): "
-                    "milliseconds, or auto: 10 when a rank's MLPs do >= 10M multiply-adds forward per step, else "
-                    "Horovod's 1 (an environment's HOROVOD_CYCLE_TIME wins).")
-    f.DEFINE_integer("intra_op_parallelism", 0, "TensorFlow intra-op threads (0: cores / ranks on this machine).")
-    f.DEFINE_string("train_split", "train", "source_spec split to train on.")
-    f.DEFINE_string("valid_split", "test", "source_spec split to evaluate on ('' or none: no evaluation); a split the "
-                    "spec does not have, or an empty one, is refused before training.")
-    f.DEFINE_string("test_split", "", "source_spec split evaluated once at the end, at the state --valid_split chose "
-                    "(--keep_best, --early_stopping_patience); reported as test_auc etc., never used to select ('': none).")
+# The topics `python main.py --help` and docs/flags.md group the flags by, in this order.
+TOPICS = ("data", "training", "model", "sharding", "optimizers", "checkpoints", "evaluation", "runtime")
+TOPIC_OF: dict[str, str] = {}  # flag name -> topic, filled by define_flags
+
+
+@contextlib.contextmanager
+def _topic(name: str, flag_values: flags.FlagValues):
+    """Files the flags defined inside the block under topic ``name``."""
+    before = set(flag_values)
+    yield
+    for flag in set(flag_values) - before:
+        TOPIC_OF[flag] = name
+
+
+def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Defines every flag of ``main.py`` in ``flag_values``, by topic (:data:`TOPIC_OF`); ``argv``: the command
+    line, read only for a ``--model`` given by import path, whose own flags are defined too
+    (:mod:`tf_dlrm.cli.model_flags`)."""
+    f = _Definer(flag_values)
+    with _topic("data", flag_values):
+        f.DEFINE_string("dataset_path", None, "Directory of the dataset (split_binary files + feature spec).")
+        f.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file, relative to --dataset_path unless absolute.")
+        f.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "split_tfrecords", "synthetic"],
+                      "tf_raw: split_binary files; split_tfrecords: NVIDIA DLRM_and_DCNv2's pre-batched TFRecords "
+                      "(<dataset>/<split>/categorical_<i>/...); synthetic: random batches in memory.")
+        f.DEFINE_string("train_split", "train", "source_spec split to train on.")
+        f.DEFINE_string("valid_split", "test", "source_spec split to evaluate on ('' or none: no evaluation); a split the "
+                        "spec does not have, or an empty one, is refused before training.")
+        f.DEFINE_string("test_split", "", "source_spec split evaluated once at the end, at the state --valid_split chose "
+                        "(--keep_best, --early_stopping_patience); reported as test_auc etc., never used to select ('': none).")
+    with _topic("training", flag_values):
+        f.DEFINE_enum("mode", "train", list(MODES), "What to do.")
+        f.DEFINE_integer("batch_size", 4096, "Global training batch size (all ranks together).")
+        f.DEFINE_float("epochs", 1.0, "Epochs to train (fractions allowed).")
+        f.DEFINE_integer("max_steps", -1, "Stop after this many steps (-1: no limit); --mode=inference: timed batches per size.")
+        f.DEFINE_integer("seed", 12345, "Seed of weights and data order.")
+    with _topic("model", flag_values):
+        f.DEFINE_integer("embedding_dim", 128, "Embedding dimension of every table (unless the spec or --embedding_dims says).")
+        f.DEFINE_string("embedding_dims", "", "Per-table widths, e.g. cat_0.bin:16,cat_3.bin:64 (overrides the spec's "
+                        "embedding_dim and --embedding_dim; DLRM's dot interaction needs one width, --interaction=cat does not).")
+        f.DEFINE_string("embedding_init", str(DEFAULT_EMBEDDING_INIT_BOUND), "Initial embedding values: uniform in [-b, b] "
+                        "for this b, or sqrt_rows for b = 1/sqrt(rows) of each table (the DLRM reference's init).")
+        define_model_flags(argv, flag_values=flag_values)
+    with _topic("sharding", flag_values):
+        f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise"], "How embedding tables are sharded.")
+        f.DEFINE_integer("column_slice_threshold", None, "Tables with more elements than this are column-sliced.")
+        f.DEFINE_integer("data_parallel_threshold", 2048, "Tables with fewer rows are replicated (data-parallel).")
+        f.DEFINE_bool("data_parallel_input", False, "Read local batches of every feature and exchange ids with one alltoall.")
+        f.DEFINE_float("hot_rows_budget", 0.0, "Replicate the most looked-up rows of the model-parallel tables on every rank, "
+                       "up to this fraction of their memory (0: off); counts from id_counts.npz next to the training data.")
+        f.DEFINE_float("hot_rows_min_per_step", 0.0, "With --hot_rows_budget: replicate only rows looked up at least this "
+                       "often per global batch on average (about the number of ranks is where replication starts to pay).")
+        f.DEFINE_string("memory_per_rank", "0", "Refuse, before anything is allocated, a sharding plan whose embedding tables, "
+                        "their optimizer state and hot-row replicas need more than this on some rank (e.g. 8GiB, 1500MiB; 0: no budget "
+                        "of your own). Every run also checks the plan against the memory of each host and memory cgroup.")
+        f.DEFINE_integer("hot_row_sync_every", 1, "With --hot_rows_budget and several ranks: each rank updates its hot-row "
+                         "replicas with its own gradients and the ranks merge the accumulated changes every this many steps "
+                         "(and before evaluation, checkpoints and the end); 1: the gradients are combined every step (exact).")
+        f.DEFINE_bool("deduplicate_exchange", False, "Send each rank one embedding row per distinct id of its samples (plus an "
+                      "index per sample) instead of one per sample: fewer alltoall bytes when ids repeat (one-hot features).")
+        f.DEFINE_bool("split_embedding_tables", False, "Under --amp (bfloat16): store each model-parallel table's float32 "
+                      "weights as two 16-bit halves; lookups and the exchange read the bf16 upper half, the update joins "
+                      "both into float32 (the same memory as float32 tables, the same update).")
+    with _topic("optimizers", flag_values):
+        f.DEFINE_float("learning_rate", 0.001, "Base of the learning-rate schedule. Given on the command line, it is also the "
+                       "rate of each optimizer whose own rate flag (--dense_learning_rate, --embedding_learning_rate) is "
+                       "not given (or 0); else those flags' tuned defaults apply.")
+        # Defaults chosen by benchmarks/sweep_defaults.py (benchmarks/results/model_quality.md).
+        f.DEFINE_enum("optimizer", "adam", list(OPTIMIZERS), "Optimizer of the MLPs, on the gradient averaged over ranks.")
+        f.DEFINE_float("dense_learning_rate", 0.001, "Base learning rate of the MLPs' optimizer, on the schedule of "
+                       "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. Adam wants about 1e-3, SGD about 0.5.")
+        f.DEFINE_enum("embedding_optimizer", "lazy_adam", list(EMBEDDING_OPTIMIZERS),
+                      "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables).")
+        f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
+                       "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. lazy_adam wants about "
+                       "3e-3, adagrad 0.1, sgd about 1. Not given, a model may choose its own (--model=deepfm and "
+                       "wide_deep: 0.01 with lazy_adam; their embedding_learning_rates).")
+        f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad, rowwise_adagrad and ftrl (embeddings and MLPs).")
+        f.DEFINE_float("adagrad_epsilon", 1e-7, "Epsilon of adagrad and rowwise_adagrad.")
+        f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")
+        f.DEFINE_float("adam_beta2", 0.999, "beta_2 of adam, lazy_adam and lamb.")
+        f.DEFINE_float("adam_epsilon", 1e-8, "Epsilon of adam, lazy_adam and lamb.")
+        f.DEFINE_float("embedding_weight_decay", 0.0, "L2 coefficient on the embedding rows touched in a step (added to their gradient).")
+        f.DEFINE_float("dense_weight_decay", 0.0, "L2 coefficient on the MLP weights (LAMB: its weight decay, inside the trust ratio).")
+        f.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warmup steps.")
+        f.DEFINE_integer("decay_start_step", 0, "Step at which polynomial (power 2) decay starts.")
+        f.DEFINE_integer("decay_steps", 0, "Steps of decay to zero (0: no decay).")
+    with _topic("checkpoints", flag_values):
+        f.DEFINE_string("save_checkpoint_path", None, "Directory to save checkpoints to.")
+        f.DEFINE_string(
+            "restore_checkpoint_path", None,
+            "Checkpoint to restore: a ckpt-<step> directory, or a directory of them (its latest is used).",
+        )
+        f.DEFINE_integer("checkpoint_every_steps", 0, "Save a checkpoint every this many steps (0: only at the end).")
+        f.DEFINE_integer("keep_checkpoints", 2, "Checkpoints kept under --save_checkpoint_path (older ones are deleted).")
+        f.DEFINE_bool(
+            "resume", False,
+            "Continue from the newest intact checkpoint under --save_checkpoint_path (corrupt newer ones are skipped, "
+            "named and moved aside; else from --restore_checkpoint_path, else from scratch); refused when --batch_size "
+            "or the training data differ from the checkpoint's.",
+        )
+        f.DEFINE_string("saved_model_path", None, "--mode=export: directory to write the TF SavedModel to (must not exist).")
+    with _topic("evaluation", flag_values):
+        f.DEFINE_integer("valid_batch_size", None, "Global evaluation batch size (default: --batch_size).")
+        f.DEFINE_integer("evals_per_epoch", 1, "Evaluations per epoch (0: only at the end).")
+        f.DEFINE_integer("eval_every_steps", 0, "Evaluate every this many steps instead (0: use --evals_per_epoch; "
+                         "not both).")
+        f.DEFINE_integer("eval_max_batches", 0, "Evaluate only the first this many global batches of the validation "
+                         "split (a quick partial evaluation, marked partial in the log; 0: the whole split).")
+        f.DEFINE_integer("early_stopping_patience", 0, "Stop after this many evaluations without an improvement of the "
+                         "validation AUC by more than --early_stopping_min_delta, and end with the best state "
+                         "(implies --keep_best); 0: off.")
+        f.DEFINE_float("early_stopping_min_delta", 0.0, "With --early_stopping_patience: the AUC gain an evaluation "
+                       "must exceed to count as an improvement.")
+        f.DEFINE_float("auc_threshold", None, "Stop training once validation AUC reaches this.")
+        f.DEFINE_bool("keep_best", False, "Keep the state of the evaluation with the best validation AUC; restore, report "
+                      "(final JSON: best_step) and save it at the end.")
+        f.DEFINE_string("inference_batch_sizes", "1,64,1024,4096", "--mode=inference: global batch sizes to time.")
+    with _topic("runtime", flag_values):
+        define_amp_flag(flag_values)
+        f.DEFINE_float("loss_scale", 0.0, "Loss scale for mixed_float16: > 0 static, 0 dynamic (ignored for float32 and bfloat16).")
+        f.DEFINE_bool("xla", False, "Compile the dense part of the step with XLA.")
+        f.DEFINE_bool("cpu", False, "Train on the CPU even where the host has GPUs (default: one GPU per rank where "
+                      "there are GPUs; GPU training is not yet verified).")
+        f.DEFINE_bool("bf16_dense_allreduce", False, "Under --amp (bfloat16) with several ranks: average the MLP gradients as "
+                      "bfloat16 (half the bytes, two collectives instead of one; slower over a loopback, see benchmarks/results/performance.md).")
+        f.DEFINE_integer("print_freq", 100, "Steps between progress lines.")
+        f.DEFINE_string("log_path", None, "JSON-lines log file (rank 0).")
+        f.DEFINE_string("tensorboard_dir", None, "Directory for TensorBoard scalars (rank 0).")
+        f.DEFINE_integer("inter_op_parallelism", 0, "TensorFlow inter-op threads (0: a default per world size).")
+        f.DEFINE_integer("intra_op_parallelism", 0, "TensorFlow intra-op threads (0: cores / ranks on this machine).")
+        f.DEFINE_string("horovod_cycle_time_ms", "auto", "Horovod's coordination cycle under horovodrun (HOROVOD_CYCLE_TIME): "
+                        "milliseconds, or auto: 10 when a rank's MLPs do >= 10M multiply-adds forward per step, else "
+                        "Horovod's 1 (an environment's HOROVOD_CYCLE_TIME wins).")
+
+
+class _Definer:
+    """``flags.DEFINE_*`` bound to one FlagValues."""
+
+    def __init__(self, flag_values: flags.FlagValues):
+        self._flag_values = flag_values
+
+    def __getattr__(self, name: str):
+        return functools.partial(getattr(flags, name), flag_values=self._flag_values)
 
 
 def family_rate(values: flags.FlagValues, name: str, model_default: float | None = None) -> float:

@@ -10,6 +10,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags
 
+from tf_dlrm.cli.flag_reference import HELP_ARGUMENTS, help_text
 from tf_dlrm.cli.flags import config_from_flags, define_flags
 
 define_flags(sys.argv)
@@ -69,6 +70,11 @@ def _exit_now(code: int) -> None:
 
 
 def run():
+    # absl's --help lists only the main module's own flags (none: they are defined in tf_dlrm.cli);
+    # this lists them all, by topic.
+    if any(argument in HELP_ARGUMENTS for argument in sys.argv[1:]):
+        sys.stdout.write(help_text(FLAGS, sys.modules["__main__"].__doc__ or ""))
+        sys.exit(0)
     app.run(main)
 
 
