@@ -88,8 +88,11 @@ for _name in REFUSED:
 
 
 @pytest.fixture(scope="module")
-def parsed():
-    completed = subprocess.run([sys.executable, "-c", PARSE_MANY, SPEC, json.dumps(CASES)], cwd=REPO, capture_output=True,
+def parsed(tmp_path_factory):
+    widths = tmp_path_factory.mktemp("dims") / "embedding_dims.json"  # DLE also reads the list from a JSON file
+    widths.write_text(json.dumps([4, 4, 8, 8, 16, 16, 32, 32]))
+    cases = {**CASES, "dims_file": ["--embedding_dim", str(widths), "--interaction", "cat"]}
+    completed = subprocess.run([sys.executable, "-c", PARSE_MANY, SPEC, json.dumps(cases)], cwd=REPO, capture_output=True,
                                text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads(completed.stdout.strip().splitlines()[-1])
@@ -121,6 +124,7 @@ def test_optimizer_adam_is_lazy_adam_on_the_tables_with_nvidia_betas(parsed):
 
 def test_embedding_dim_list_gives_each_table_its_width_in_spec_order(parsed):
     assert parsed["dims_list"]["widths"] == [4, 4, 8, 8, 16, 16, 32, 32]
+    assert parsed["dims_file"]["widths"] == [4, 4, 8, 8, 16, 16, 32, 32]
     assert parsed["dims_one"]["widths"] == [16] * 8
     assert parsed["dims_wrong_count"]["error"] == ("Expected --embedding_dim to list one width per categorical feature "
                                                    "of the spec (8). Received: 2 widths")

@@ -135,7 +135,8 @@ def parse_embedding_dim(text) -> tuple[int, tuple[int, ...]]:
     in spec order (``128,64,...``), or a JSON file holding that list. Returns ``(width, widths)``:
     ``widths`` is empty for one width, else ``width`` is its first (as NVIDIA's checks use)."""
     text = str(text).strip()
-    if os.path.isfile(text):
+    # A list of numbers is read as one even where a file of that name exists.
+    if not all(part.strip().isdigit() for part in text.split(",")) and os.path.isfile(text):
         try:
             with open(text) as handle:
                 parts = json.load(handle)
