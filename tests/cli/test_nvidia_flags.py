@@ -190,16 +190,21 @@ def dllogger_records(path):
     return records
 
 
-def test_nvidia_readme_command_line_trains_what_it_means(tmp_path):
-    """DLE's quick-start line (``python -u dlrm.py --dataset_path ... --amp --xla --save_checkpoint_path ...``)
-    with DLE's optimizer flags, small widths and a DLLogger log: SGD at the given rate on the tables too."""
+def test_nvidia_readme_command_lines_train_what_they_mean(tmp_path):
+    """DLE's README lines, ``python`` in place of their launcher: the multi-GPU quick start
+    (``horovodrun -np 8 ... python -u dlrm.py --dataset_path ... --amp --xla --save_checkpoint_path ...``, here on
+    2 ranks) with DLE's optimizer flags, small widths and a DLLogger log trains SGD at the given rate on the tables
+    too; the evaluation line (``... --restore_checkpoint_path <path> --mode eval``) and the inference line
+    (``... --restore_checkpoint_path <path> --mode inference``) write DLE's records."""
+    from tests.conftest import launch
+
     data = make_synthetic_small(tmp_path / "data", seed=3, num_train=2048, num_valid=1024)
     checkpoints, log = tmp_path / "checkpoint", tmp_path / "dlrm_tf_log.json"
-    run_python(["-u", "main.py", "--dataset_path", str(data), "--amp", "--xla", "--save_checkpoint_path", str(checkpoints),
-                "--optimizer", "sgd", "--learning_rate", "24", "--warmup_steps", "100", "--embedding_dim", "8",
-                "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1", "--batch_size", "512", "--valid_batch_size", "512",
-                "--max_steps", "3", "--auc_thresholds", "8000", "--interaction", "dot_custom_cuda",
-                "--log_path", str(log), "--log_format", "dllogger"])
+    model = ["--embedding_dim", "8", "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1", "--batch_size", "512",
+             "--valid_batch_size", "512", "--interaction", "dot_custom_cuda"]
+    launch(2, ["-u", "main.py", "--dataset_path", str(data), "--amp", "--xla", "--save_checkpoint_path", str(checkpoints),
+               "--optimizer", "sgd", "--learning_rate", "24", "--warmup_steps", "100", *model,
+               "--max_steps", "3", "--auc_thresholds", "8000", "--log_path", str(log), "--log_format", "dllogger"])
     [checkpoint] = glob.glob(str(checkpoints / "ckpt-*"))
     with open(os.path.join(checkpoint, "manifest.json")) as handle:
         optimizer = json.load(handle)["optimizer"]
@@ -231,3 +236,17 @@ def test_refused_flag_stops_main_before_any_work(tmp_path):
     assert completed.stderr.strip().splitlines()[-1] == (
         f"error (rank 0): --row_slice_threshold (NVIDIA's flag) is not supported: {REFUSED['row_slice_threshold']}")
     assert not log.exists()
+
+    evaluated, timed = tmp_path / "eval_log.json", tmp_path / "inference_log.json"
+    run_python(["-u", "main.py", "--dataset_path", str(data), "--amp", "--xla", *model, "--restore_checkpoint_path",
+                str(checkpoints), "--mode", "eval", "--log_path", str(evaluated), "--log_format", "dllogger"])
+    [final] = [r for r in dllogger_records(evaluated) if r["step"] == []]
+    assert set(final["data"]) == {"auc", "test_loss"} and 0 < final["data"]["auc"] < 1 and final["data"]["test_loss"] > 0
+    run_python(["-u", "main.py", "--dataset_path", str(data), "--amp", *model, "--restore_checkpoint_path",
+                str(checkpoints), "--mode", "inference", "--max_steps", "5", "--log_path", str(timed), "--log_format", "dllogger"])
+    [final] = [r for r in dllogger_records(timed) if r["step"] == []]
+    figures = final["data"]
+    assert figures["batch_size"] == 512  # NVIDIA's inference times --valid_batch_size
+    assert 0 < figures["mean_inference_latency"] <= figures["p99_inference_latency"]
+    assert figures["p90_inference_latency"] <= figures["p95_inference_latency"] <= figures["p99_inference_latency"]
+    assert figures["mean_inference_throughput"] == pytest.approx(512 / figures["mean_inference_latency"])
