@@ -44,7 +44,7 @@ for key, argv in json.loads(sys.argv[2]).items():
             "replicated": [plan.tables[t].name for t in plan.replicated],
             "params": {k: v for k, v in vars(config.model.params).items()},
             "notes": list(config.notes), "inference_batch_sizes": list(config.inference_batch_sizes),
-            "model": config.model.name,
+            "model": config.model.name, "cpu": config.cpu,
         }
     except (ValueError, flags.Error) as error:
         results[key] = {"error": str(error)}
@@ -75,6 +75,7 @@ CASES = {
     "columnwise_split": ["--columnwise_split"],
     "dot_interaction_22_06": ["--dot_interaction", "tensorflow"],
     "nofp16": ["--nofp16"],
+    "cpu": ["--cpu"],
     # Refused with one line each.
     "interaction_cross": ["--interaction", "cross"],
     "frozen": ["--noembedding_trainable"],
@@ -154,6 +155,11 @@ def test_implementation_flags_are_accepted_with_a_note(parsed):
     assert parsed["nofp16"]["notes"] == []  # NVIDIA's default, asked for: nothing to refuse
 
 
+def test_cpu_hides_the_gpus(parsed):
+    # tf_dlrm.cli.modes.start hides every GPU from TensorFlow when config.cpu is set.
+    assert parsed["cpu"]["cpu"] is True and parsed["tf_dlrm_defaults"]["cpu"] is False
+
+
 def test_inference_times_the_validation_batch_size(parsed):
     assert parsed["inference"]["inference_batch_sizes"] == [512]
 
@@ -227,16 +233,6 @@ def test_nvidia_readme_command_lines_train_what_they_mean(tmp_path):
     for record in records:
         assert {"timestamp", "datetime", "elapsedtime", "type", "step", "data"} <= set(record)
 
-
-def test_refused_flag_stops_main_before_any_work(tmp_path):
-    log = tmp_path / "log.json"
-    completed = run_python(["main.py", "--dataset_path", str(tmp_path), "--row_slice_threshold", "1000",
-                            "--log_path", str(log)], check=False)
-    assert completed.returncode == 2
-    assert completed.stderr.strip().splitlines()[-1] == (
-        f"error (rank 0): --row_slice_threshold (NVIDIA's flag) is not supported: {REFUSED['row_slice_threshold']}")
-    assert not log.exists()
-
     evaluated, timed = tmp_path / "eval_log.json", tmp_path / "inference_log.json"
     run_python(["-u", "main.py", "--dataset_path", str(data), "--amp", "--xla", *model, "--restore_checkpoint_path",
                 str(checkpoints), "--mode", "eval", "--log_path", str(evaluated), "--log_format", "dllogger"])
@@ -250,3 +246,13 @@ def test_refused_flag_stops_main_before_any_work(tmp_path):
     assert 0 < figures["mean_inference_latency"] <= figures["p99_inference_latency"]
     assert figures["p90_inference_latency"] <= figures["p95_inference_latency"] <= figures["p99_inference_latency"]
     assert figures["mean_inference_throughput"] == pytest.approx(512 / figures["mean_inference_latency"])
+
+
+def test_refused_flag_stops_main_before_any_work(tmp_path):
+    log = tmp_path / "log.json"
+    completed = run_python(["main.py", "--dataset_path", str(tmp_path), "--row_slice_threshold", "1000",
+                            "--log_path", str(log)], check=False)
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines()[-1] == (
+        f"error (rank 0): --row_slice_threshold (NVIDIA's flag) is not supported: {REFUSED['row_slice_threshold']}")
+    assert not log.exists()
