@@ -156,7 +156,7 @@ def test_implementation_flags_are_accepted_with_a_note(parsed):
 
 
 def test_cpu_hides_the_gpus(parsed):
-    # tf_dlrm.cli.modes.start hides every GPU from TensorFlow when config.cpu is set.
+    # --cpu is tf_dlrm's own flag too (tf_dlrm.parallel.devices hides the GPUs); a DLE line with it parses.
     assert parsed["cpu"]["cpu"] is True and parsed["tf_dlrm_defaults"]["cpu"] is False
 
 
