@@ -62,11 +62,14 @@ def define_flags(argv=None) -> None:
                    "rate of each optimizer whose own rate flag (--dense_learning_rate, --embedding_learning_rate) is "
                    "not given (or 0); else those flags' tuned defaults apply.")
     # Defaults chosen by benchmarks/sweep_defaults.py (benchmarks/results/model_quality.md).
-    f.DEFINE_enum("optimizer", "adam", list(OPTIMIZERS), "Optimizer of the MLPs, on the gradient averaged over ranks.")
+    f.DEFINE_enum("optimizer", "adam", list(OPTIMIZERS), "Optimizer of the MLPs, on the gradient averaged over ranks; "
+                  "given without --embedding_optimizer, also the tables' (as NVIDIA's: sgd -> sgd, adam -> lazy_adam, "
+                  "adagrad -> adagrad, lamb -> lazy_adam).")
     f.DEFINE_float("dense_learning_rate", 0.001, "Base learning rate of the MLPs' optimizer, on the schedule of "
                    "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. Adam wants about 1e-3, SGD about 0.5.")
     f.DEFINE_enum("embedding_optimizer", "lazy_adam", list(EMBEDDING_OPTIMIZERS),
-                  "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables).")
+                  "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables); "
+                  "not given: --optimizer's family when that is given.")
     f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
                    "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. lazy_adam wants about "
                    "3e-3, adagrad 0.1, sgd about 1. Not given, a model may choose its own (--model=deepfm and "
