@@ -28,13 +28,19 @@ from tf_dlrm.models.ranking_model import RankingModel, column_sources
 from tf_dlrm.train.precision import PrecisionChoice, choose_precision
 
 
-def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=()) -> list[TableSpec]:
+def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=(), embedding_widths=()) -> list[TableSpec]:
     """One table per categorical feature, named like it; its width is, first to last: the
-    ``--embedding_dims`` mapping, the spec's ``embedding_dim``, ``--embedding_dim``."""
+    ``--embedding_dims`` mapping, ``--embedding_dim``'s list (one width per feature, in spec order, as
+    NVIDIA's), the spec's ``embedding_dim``, ``--embedding_dim``."""
     names = spec.categorical_features
     overrides = dict(embedding_dims)
     check_width_mapping(overrides, names)
     widths = spec.embedding_dims(embedding_dim)
+    if embedding_widths:
+        if len(embedding_widths) != len(names):
+            raise ValueError(f"Expected --embedding_dim to list one width per categorical feature of the spec "
+                             f"({len(names)}). Received: {len(embedding_widths)} widths")
+        widths = list(embedding_widths)
     return [TableSpec(name, rows, overrides.get(name, width)) for name, rows, width in zip(names, spec.cardinalities(), widths)]
 
 
@@ -64,7 +70,7 @@ def model_identity(model: ModelConfig) -> dict:
 def model_tables(spec: FeatureSpec, model: ModelConfig) -> list[TableSpec]:
     """Every table of the model: one per categorical feature, then the model's own (DeepFM's and Wide
     & Deep's width-1 tables, :meth:`RankingModel.tables`)."""
-    deep = make_tables(spec, model.embedding_dim, model.embedding_dims)
+    deep = make_tables(spec, model.embedding_dim, model.embedding_dims, model.embedding_widths)
     return model_class(model).tables(model_params(model), deep, spec.crossed_features)
 
 
@@ -86,6 +92,9 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
     per step instead of two, with no dense gradient of the small tables."""
     tables = model_tables(spec, model)
     features, _ = model_features(spec, model)
+    placements = None
+    if sharding.data_parallel_elements is not None and world_size > 1:
+        placements = ["replicated" if t.elements < sharding.data_parallel_elements else "auto" for t in tables]
     return make_plan(
         tables,
         world_size,
@@ -93,6 +102,7 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
         data_parallel_threshold=sharding.data_parallel_threshold if world_size > 1 else 0,
         column_slice_threshold=sharding.column_slice_threshold,
         readers=table_readers(feature_tables(features, [t.name for t in tables]), len(tables)),
+        placements=placements,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import contextlib
 import functools
 
@@ -16,6 +17,7 @@ from tf_dlrm.optimizers.settings import EMBEDDING_OPTIMIZERS, OPTIMIZERS, Learni
 from tf_dlrm.train.loop_config import LoopConfig
 from tf_dlrm.train.precision import AmpMode
 from tf_dlrm.cli.model_flags import define_model_flags, model_from_flags
+from tf_dlrm.cli import nvidia_flags
 
 MODES = ("train", "eval", "inference", "export")
 
@@ -46,7 +48,7 @@ def define_amp_flag(flag_values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 # The topics `python main.py --help` and docs/flags.md group the flags by, in this order.
-TOPICS = ("data", "training", "model", "sharding", "optimizers", "checkpoints", "evaluation", "runtime")
+TOPICS = ("data", "training", "model", "sharding", "optimizers", "checkpoints", "evaluation", "runtime", "nvidia_compatibility")
 TOPIC_OF: dict[str, str] = {}  # flag name -> topic, filled by define_flags
 
 
@@ -82,16 +84,21 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         f.DEFINE_integer("max_steps", -1, "Stop after this many steps (-1: no limit); --mode=inference: timed batches per size.")
         f.DEFINE_integer("seed", 12345, "Seed of weights and data order.")
     with _topic("model", flag_values):
-        f.DEFINE_integer("embedding_dim", 128, "Embedding dimension of every table (unless the spec or --embedding_dims says).")
+        f.DEFINE_string("embedding_dim", "128", "Embedding dimension of every table (unless the spec or --embedding_dims "
+                        "says); as NVIDIA's, also one width per categorical feature in spec order (128,64,...) or a JSON "
+                        "file of that list.")
         f.DEFINE_string("embedding_dims", "", "Per-table widths, e.g. cat_0.bin:16,cat_3.bin:64 (overrides the spec's "
                         "embedding_dim and --embedding_dim; DLRM's dot interaction needs one width, --interaction=cat does not).")
         f.DEFINE_string("embedding_init", str(DEFAULT_EMBEDDING_INIT_BOUND), "Initial embedding values: uniform in [-b, b] "
                         "for this b, or sqrt_rows for b = 1/sqrt(rows) of each table (the DLRM reference's init).")
         define_model_flags(argv, flag_values=flag_values)
     with _topic("sharding", flag_values):
-        f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise"], "How embedding tables are sharded.")
+        f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise", *nvidia_flags.VALUE_ALIASES["dist_strategy"]],
+                      "How embedding tables are sharded (NVIDIA's memory_balanced, basic and memory_optimized mean auto).")
         f.DEFINE_integer("column_slice_threshold", None, "Tables with more elements than this are column-sliced.")
-        f.DEFINE_integer("data_parallel_threshold", 2048, "Tables with fewer rows are replicated (data-parallel).")
+        f.DEFINE_integer("data_parallel_threshold", None, "Tables with fewer elements (rows x width) than this are "
+                         "replicated (data-parallel), as NVIDIA's flag; given, --data_parallel_rows applies only if given too.")
+        f.DEFINE_integer("data_parallel_rows", 2048, "Tables with fewer rows are replicated (data-parallel).")
         f.DEFINE_bool("data_parallel_input", False, "Read local batches of every feature and exchange ids with one alltoall.")
         f.DEFINE_float("hot_rows_budget", 0.0, "Replicate the most looked-up rows of the model-parallel tables on every rank, "
                        "up to this fraction of their memory (0: off); counts from id_counts.npz next to the training data.")
@@ -113,11 +120,14 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
                        "rate of each optimizer whose own rate flag (--dense_learning_rate, --embedding_learning_rate) is "
                        "not given (or 0); else those flags' tuned defaults apply.")
         # Defaults chosen by benchmarks/sweep_defaults.py (benchmarks/results/model_quality.md).
-        f.DEFINE_enum("optimizer", "adam", list(OPTIMIZERS), "Optimizer of the MLPs, on the gradient averaged over ranks.")
+        f.DEFINE_enum("optimizer", "adam", list(OPTIMIZERS), "Optimizer of the MLPs, on the gradient averaged over ranks; "
+                      "given without --embedding_optimizer, also the tables' (as NVIDIA's: sgd -> sgd, adam -> lazy_adam, "
+                      "adagrad -> adagrad, lamb -> lazy_adam).")
         f.DEFINE_float("dense_learning_rate", 0.001, "Base learning rate of the MLPs' optimizer, on the schedule of "
                        "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. Adam wants about 1e-3, SGD about 0.5.")
         f.DEFINE_enum("embedding_optimizer", "lazy_adam", list(EMBEDDING_OPTIMIZERS),
-                      "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables).")
+                      "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables); "
+                      "not given: --optimizer's family when that is given.")
         f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
                        "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. lazy_adam wants about "
                        "3e-3, adagrad 0.1, sgd about 1. Not given, a model may choose its own (--model=deepfm and "
@@ -172,13 +182,17 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         f.DEFINE_bool("bf16_dense_allreduce", False, "Under --amp (bfloat16) with several ranks: average the MLP gradients as "
                       "bfloat16 (half the bytes, two collectives instead of one; slower over a loopback, see benchmarks/results/performance.md).")
         f.DEFINE_integer("print_freq", 100, "Steps between progress lines.")
-        f.DEFINE_string("log_path", None, "JSON-lines log file (rank 0).")
+        f.DEFINE_string("log_path", None, "Log file (rank 0), in --log_format.")
+        f.DEFINE_enum("log_format", "jsonl", ["jsonl", "dllogger"], "--log_path's format: jsonl (tf_dlrm's events, one "
+                      "JSON object a line) or dllogger (NVIDIA's DLLogger records, 'DLLL {json}' lines, as NVIDIA's --log_path).")
         f.DEFINE_string("tensorboard_dir", None, "Directory for TensorBoard scalars (rank 0).")
         f.DEFINE_integer("inter_op_parallelism", 0, "TensorFlow inter-op threads (0: a default per world size).")
         f.DEFINE_integer("intra_op_parallelism", 0, "TensorFlow intra-op threads (0: cores / ranks on this machine).")
         f.DEFINE_string("horovod_cycle_time_ms", "auto", "Horovod's coordination cycle under horovodrun (HOROVOD_CYCLE_TIME): "
                         "milliseconds, or auto: 10 when a rank's MLPs do >= 10M multiply-adds forward per step, else "
                         "Horovod's 1 (an environment's HOROVOD_CYCLE_TIME wins).")
+    with _topic("nvidia_compatibility", flag_values):
+        nvidia_flags.define_nvidia_flags(flag_values)
 
 
 class _Definer:
@@ -210,15 +224,22 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
     """Turns parsed flags into frozen configs; raises ValueError naming the flag on bad values."""
     from tf_dlrm.models import registry
 
+    notes = nvidia_flags.check_nvidia_flags(values)
     name, params = model_from_flags(values)
+    if values["cross_layer_projection_dim"].present:
+        params = dataclasses.replace(params, cross_low_rank=values.cross_layer_projection_dim)
+    embedding_dim, embedding_widths = nvidia_flags.parse_embedding_dim(values.embedding_dim)
+    embedding_optimizer = nvidia_flags.embedding_optimizer_of(values)
+    elements = values.data_parallel_threshold
     model = ModelConfig(
-        embedding_dim=values.embedding_dim,
+        embedding_dim=embedding_dim,
+        embedding_widths=embedding_widths,
         name=name,
         params=params,
         embedding_dims=tuple(parse_width_mapping(values.embedding_dims).items()),
         embedding_init_bound=parse_embedding_init(values.embedding_init),
     )
-    model_rate = registry.lookup(name).embedding_learning_rates.get(values.embedding_optimizer)
+    model_rate = registry.lookup(name).embedding_learning_rates.get(embedding_optimizer)
     schedule = LearningRateSchedule(values.learning_rate, values.warmup_steps, values.decay_start_step, values.decay_steps)
     return RunConfig(
         mode=values.mode,
@@ -233,6 +254,9 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         cpu=values.cpu,
         bf16_dense_allreduce=values.bf16_dense_allreduce,
         log_path=values.log_path,
+        log_format=values.log_format,
+        log_parameters=_plain_flags(values),
+        notes=tuple(notes),
         tensorboard_dir=values.tensorboard_dir,
         inter_op_parallelism=values.inter_op_parallelism,
         intra_op_parallelism=values.intra_op_parallelism,
@@ -242,8 +266,10 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         restore_checkpoint_path=values.restore_checkpoint_path,
         model=model,
         sharding=ShardingConfig(
-            strategy=values.dist_strategy,
-            data_parallel_threshold=values.data_parallel_threshold,
+            strategy=nvidia_flags.strategy_of(values),
+            # NVIDIA's --data_parallel_threshold counts elements; given alone, it replaces the row rule.
+            data_parallel_threshold=values.data_parallel_rows if elements is None or values["data_parallel_rows"].present else 0,
+            data_parallel_elements=elements,
             column_slice_threshold=values.column_slice_threshold,
             data_parallel_input=values.data_parallel_input,
             deduplicate_exchange=values.deduplicate_exchange,
@@ -255,10 +281,11 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         ),
         optimizer=OptimizerConfig(
             schedule, values.optimizer, loss_scale=values.loss_scale, dense_learning_rate=family_rate(values, "dense_learning_rate"),
-            embedding_optimizer=values.embedding_optimizer, embedding_learning_rate=family_rate(
+            embedding_optimizer=embedding_optimizer, embedding_learning_rate=family_rate(
                 values, "embedding_learning_rate", model_rate),
             adagrad_initial_accumulator=values.adagrad_initial_accumulator, adagrad_epsilon=values.adagrad_epsilon,
-            adam_beta1=values.adam_beta1, adam_beta2=values.adam_beta2, adam_epsilon=values.adam_epsilon,
+            adam_beta1=nvidia_flags.adam_beta(values, 1), adam_beta2=nvidia_flags.adam_beta(values, 2),
+            adam_epsilon=values.adam_epsilon,
             embedding_weight_decay=values.embedding_weight_decay, dense_weight_decay=values.dense_weight_decay,
         ),
         loop=loop_from_flags(values),
@@ -266,7 +293,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         keep_checkpoints=values.keep_checkpoints,
         resume=values.resume,
         saved_model_path=values.saved_model_path,
-        inference_batch_sizes=parse_dims(values.inference_batch_sizes, "inference_batch_sizes"),
+        inference_batch_sizes=parse_dims(nvidia_flags.inference_batch_sizes_of(values), "inference_batch_sizes"),
         # Early stopping ends with the best state: it keeps it as --keep_best does.
         keep_best=values.keep_best or values.early_stopping_patience > 0,
         test_split="" if values.test_split in ("", "none") else values.test_split,
@@ -290,3 +317,11 @@ def loop_from_flags(values: flags.FlagValues) -> LoopConfig:
         early_stopping_patience=values.early_stopping_patience,
         early_stopping_min_delta=values.early_stopping_min_delta,
     )
+
+
+def _plain_flags(values: flags.FlagValues) -> dict:
+    """Every flag's value as JSON data: what a DLLogger log records first (``PARAMETER``), as NVIDIA's."""
+    plain = {}
+    for name, value in values.flag_values_dict().items():
+        plain[name] = value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+    return plain

@@ -42,7 +42,10 @@ class ModelConfig:
         name: ``--model``: a registered model's name or an import path ``package.module:Class``
             (:mod:`tf_dlrm.models.registry`).
         params: the model's own hyper-parameters, an instance of its ``Config`` (None: its defaults).
-        embedding_dims: per-table widths overriding ``embedding_dim`` and the spec's: ``((table, width), ...)``.
+        embedding_dims: per-table widths overriding ``embedding_dim``, ``embedding_widths`` and the spec's:
+            ``((table, width), ...)``.
+        embedding_widths: one width per categorical feature in spec order (NVIDIA's ``--embedding_dim``
+            list), overriding the spec's and ``embedding_dim``; empty: none.
         embedding_init_bound: ``--embedding_init``: initial table values uniform in ``[-b, b]``;
             None: ``b = 1/sqrt(rows)`` (the DLRM reference).
     """
@@ -52,6 +55,7 @@ class ModelConfig:
     params: object = None
     embedding_dims: tuple[tuple[str, int], ...] = ()
     embedding_init_bound: float | None = DEFAULT_EMBEDDING_INIT_BOUND
+    embedding_widths: tuple[int, ...] = ()
 
     def __post_init__(self):
         if isinstance(self.embedding_dim, bool) or not isinstance(self.embedding_dim, int) or self.embedding_dim <= 0:
@@ -61,12 +65,16 @@ class ModelConfig:
         if self.params is not None and not dataclasses.is_dataclass(self.params):
             raise TypeError(f"Expected params to be a model's Config dataclass (or None). Received: {type(self.params).__name__}")
         check_init_bound(self.embedding_init_bound, "--embedding_init")
+        if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.embedding_widths):
+            raise ValueError(f"Expected --embedding_dim widths > 0. Received: {list(self.embedding_widths)}")
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardingConfig:
     strategy: str = Strategy.AUTO.value
-    data_parallel_threshold: int = 2048
+    data_parallel_threshold: int = 2048  # rows (--data_parallel_rows)
+    # NVIDIA's --data_parallel_threshold: tables of fewer elements (rows x width) are replicated too; None: no such rule.
+    data_parallel_elements: int | None = None
     column_slice_threshold: int | None = None
     data_parallel_input: bool = False
     deduplicate_exchange: bool = False
@@ -82,6 +90,8 @@ class ShardingConfig:
         if not 0.0 <= self.hot_rows_budget <= 1.0:
             raise ValueError(f"Expected 0 <= --hot_rows_budget <= 1 (a fraction of the model-parallel tables' memory). "
                              f"Received: --hot_rows_budget={self.hot_rows_budget}")
+        if self.data_parallel_elements is not None and self.data_parallel_elements < 0:
+            raise ValueError(f"Expected --data_parallel_threshold >= 0 elements. Received: --data_parallel_threshold={self.data_parallel_elements}")
         if self.hot_rows_min_per_step < 0:
             raise ValueError(f"Expected --hot_rows_min_per_step >= 0. Received: {self.hot_rows_min_per_step}")
         if not isinstance(self.memory_per_rank, int) or self.memory_per_rank < 0:

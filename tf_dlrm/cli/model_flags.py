@@ -15,6 +15,7 @@ import re
 from absl import flags
 
 from tf_dlrm.cli.model_config import parse_dims
+from tf_dlrm.cli.nvidia_flags import REFUSED_VALUES, VALUE_ALIASES, normalized_value
 from tf_dlrm.models import registry
 
 # The models whose flags this process defined (registered ones, plus one named by import path).
@@ -71,7 +72,9 @@ def _define(flag: str, field: dataclasses.Field, help_text: str, flag_values) ->
     elif isinstance(default, tuple):
         flags.DEFINE_string(flag, ",".join(str(v) for v in default), help_text, flag_values=flag_values)
     elif choices:
-        flags.DEFINE_enum(flag, default, list(choices), help_text, flag_values=flag_values)
+        # NVIDIA's spellings parse too: aliases become tf_dlrm's value, refused ones a one-line error.
+        nvidia = [*VALUE_ALIASES.get(flag, {}), *(value for name, value in REFUSED_VALUES if name == flag)]
+        flags.DEFINE_enum(flag, default, [*choices, *nvidia], help_text, flag_values=flag_values)
     else:
         flags.DEFINE_string(flag, default, help_text, flag_values=flag_values)
 
@@ -92,6 +95,6 @@ def model_from_flags(values: flags.FlagValues) -> tuple[str, object]:
     params = {}
     for flag, field in own.items():
         # A model's flags are defined when define_model_flags saw it (registered, or in its argv).
-        value = values[flag].value if flag in values else field.default
+        value = normalized_value(flag, values[flag].value) if flag in values else field.default
         params[field.name] = parse_dims(value, flag) if isinstance(field.default, tuple) else value
     return values.model, cls.Config(**params)

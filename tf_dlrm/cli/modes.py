@@ -81,9 +81,12 @@ def start(config, check_spec=None):
         ragged_by_default(spec)  # NVIDIA's layout stores multi-hot rows ragged: hotness is their maximum
     if check_spec is not None:
         check_spec(spec)
-    reporter = Reporter(env.is_chief, config.log_path, config.tensorboard_dir)
+    reporter = Reporter(env.is_chief, config.log_path, config.tensorboard_dir, log_format=config.log_format,
+                        parameters=config.log_parameters)
     reporter.say(device_line)
     reporter.say(cpu_allocator.describe())
+    for note in config.notes:
+        reporter.say(f"note: {note}")
     if cycle_line and env.world_size > 1:
         reporter.say(cycle_line)
     return env, spec, reporter, threads
@@ -354,11 +357,11 @@ def _metric_lines(label: str, result) -> dict:
 def latency_figures(seconds, batch_size: int) -> dict:
     """Mean and percentiles in milliseconds of per-batch latencies, and samples per second."""
     milliseconds = np.asarray(seconds, np.float64) * 1e3
-    p50, p90, p99 = np.percentile(milliseconds, [50, 90, 99])
+    p50, p90, p95, p99 = np.percentile(milliseconds, [50, 90, 95, 99])
     mean = float(milliseconds.mean())
     return {
         "batch_size": batch_size, "batches": int(milliseconds.size), "mean_ms": mean, "p50_ms": float(p50),
-        "p90_ms": float(p90), "p99_ms": float(p99), "samples_per_s": batch_size / (mean / 1e3),
+        "p90_ms": float(p90), "p95_ms": float(p95), "p99_ms": float(p99), "samples_per_s": batch_size / (mean / 1e3),
     }
 
 

@@ -46,6 +46,12 @@ class RunConfig:
     horovod_cycle_time_ms: float | None = None
     # --test_split: evaluated once at the end, at the state selection chose ('': none).
     test_split: str = ""
+    # --log_format: jsonl (tf_dlrm's events) or dllogger (NVIDIA's records, tf_dlrm.train.dllogger_log).
+    log_format: str = "jsonl"
+    # Every flag's value, the PARAMETER record of a DLLogger log (compare=False: not a setting of the run).
+    log_parameters: dict | None = dataclasses.field(default=None, compare=False)
+    # Lines printed on rank 0 at the start: NVIDIA flags accepted with no effect (tf_dlrm.cli.nvidia_flags).
+    notes: tuple[str, ...] = ()
     # --cpu: hide every GPU (tf_dlrm.parallel.devices); else one GPU per rank where a host has them.
     cpu: bool = False
 

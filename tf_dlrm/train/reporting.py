@@ -17,26 +17,40 @@ class Reporter:
 
     Args:
         enabled: whether this rank reports (rank 0).
-        log_path: JSON-lines file (one object per event), or None.
+        log_path: the log file, or None.
         tensorboard_dir: directory for TensorBoard scalars, or None.
         stream: where progress goes (stderr by default).
+        log_format: ``jsonl`` (one JSON object per event) or ``dllogger`` (NVIDIA's DLLogger records,
+            :mod:`tf_dlrm.train.dllogger_log`).
+        parameters: the run's flags, a DLLogger log's first record.
     """
 
-    def __init__(self, enabled: bool, log_path: str | None = None, tensorboard_dir: str | None = None, stream=None):
+    def __init__(self, enabled: bool, log_path: str | None = None, tensorboard_dir: str | None = None, stream=None,
+                 log_format: str = "jsonl", parameters: dict | None = None):
         self.enabled = enabled
         self.stream = stream or sys.stderr
         self._log = None
         self._writer = None
+        self._dllogger = None
         self._started = time.time()
         if not enabled:
             return
+        if log_format not in ("jsonl", "dllogger"):
+            raise ValueError(f"Expected --log_format to be jsonl or dllogger. Received: --log_format={log_format}")
         if log_path:
             os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-            self._log = open(log_path, "w", encoding="utf-8")
+            if log_format == "dllogger":
+                from tf_dlrm.train.dllogger_log import DLLoggerLog
+
+                self._dllogger = DLLoggerLog(log_path, parameters)
+            else:
+                self._log = open(log_path, "w", encoding="utf-8")
         if tensorboard_dir:
             self._writer = tf.summary.create_file_writer(tensorboard_dir)
 
     def event(self, event: str, **fields: Any) -> None:
+        if self.enabled and self._dllogger is not None:
+            self._dllogger.event(event, fields)
         if not self.enabled or self._log is None:
             return
         record = {"event": event, **{k: _plain(v) for k, v in fields.items()}}
@@ -79,6 +93,8 @@ class Reporter:
     def close(self) -> None:
         if self._log:
             self._log.close()
+        if self._dllogger:
+            self._dllogger.close()
         if self._writer:
             self._writer.close()
 
