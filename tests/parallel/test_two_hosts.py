@@ -187,10 +187,13 @@ def test_two_hosts_through_ssh_train_checkpoint_and_equal_one_process(loopback_h
     assert config["alltoall_bytes_per_step"] > 0  # the model-parallel table's lookups crossed the "hosts"
     final = two[-1]
     assert final["event"] == "final" and final["world_size"] == 2 and final["steps"] == STEPS
+    assert final["ne"] < 1  # it learned: a lower log loss than predicting the positive rate
     newest = os.path.join(save, checkpoint_store.checkpoint_name(STEPS))
     manifest = checkpoint_store.read_manifest(newest)
     checkpoint_store.verify_files(newest, manifest)
     assert manifest["saved_world_size"] == 2
+    assert sorted(name for name in os.listdir(save) if name.startswith("ckpt-")) == [
+        checkpoint_store.checkpoint_name(8), checkpoint_store.checkpoint_name(STEPS)]
 
     reference_save, reference_log = os.path.join(home, "one", "checkpoints"), os.path.join(home, "one", "log.jsonl")
     run_python(["main.py", f"--dataset_path={data}", *FLAGS, f"--save_checkpoint_path={reference_save}",
@@ -199,7 +202,7 @@ def test_two_hosts_through_ssh_train_checkpoint_and_equal_one_process(loopback_h
     assert one["world_size"] == 1 and one["steps"] == STEPS
     difference, where = max_difference(newest, os.path.join(reference_save, checkpoint_store.checkpoint_name(STEPS)))
     print(f"hosts {', '.join(f'rank {r} on {h}' for r, h in sorted(launched.items()))}; "
-          f"AUC two hosts {final['auc']!r}, one process {one['auc']!r}; largest checkpoint difference {difference:.3g} in {where}")
+          f"AUC two hosts {final['auc']!r}, one process {one['auc']!r}; NE two hosts {final['ne']!r}; largest checkpoint difference {difference:.3g} in {where}")
     # Two ranks sum each gradient in another order than one process: float32 roundoff of a few
     # ulps per step on weights of order 1, 16 steps: far below 1e-5.
     assert difference <= 1e-5, f"largest difference {difference} in {where}"
