@@ -10,6 +10,7 @@
 #   TF_DLRM_WHEEL_CACHE  where built Horovod wheels are kept (default: ~/.cache/tf_dlrm/wheels)
 #   TF_DLRM_EXTRAS       pip extras of tf_dlrm to install, e.g. "test,spark" (default: "test")
 #   TF_DLRM_FORCE_CPU=1  install tensorflow-cpu even when an NVIDIA GPU is visible
+#   TF_DLRM_NO_SSHD=1    do not install openssh-server (see install_ssh below)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,6 +49,27 @@ find_python() {
   log "Install python3.11 or set PYTHON=/path/to/python3.11."
   return 1
 }
+
+# horovodrun reaches the ranks of other machines through ssh; tests/parallel/test_two_hosts.py
+# launches two "hosts" on loopback addresses through an sshd of its own. The system's OpenSSH is
+# installed where this installer may (root with apt-get); elsewhere that test is skipped, saying so.
+# Outside the environment's stamp: it concerns the machine, not ./.venv.
+install_ssh() {
+  [[ "${TF_DLRM_NO_SSHD:-0}" != "1" ]] || return 0
+  if command -v ssh >/dev/null 2>&1 && { command -v sshd >/dev/null 2>&1 || [[ -x /usr/sbin/sshd ]]; }; then
+    return 0
+  fi
+  if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
+    log "installing openssh-server (horovodrun's ssh to other hosts; the two-host test)"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+             openssh-client openssh-server >/dev/null; }; then
+      log "installing openssh-server failed: tests/parallel/test_two_hosts.py will be skipped"
+    fi
+  else
+    log "no OpenSSH server here and no root apt-get to install it: tests/parallel/test_two_hosts.py will be skipped"
+  fi
+}
+install_ssh
 
 gpu_build=""
 if [[ "${TF_DLRM_FORCE_CPU:-0}" != "1" ]] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then

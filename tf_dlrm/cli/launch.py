@@ -93,14 +93,14 @@ def main(argv: list[str]) -> int:
         if len(received) == 1:
             ranks = rank_processes(job.pid)
             print(f"tf_dlrm launch: {signal.Signals(number).name}: SIGTERM to the ranks on this host "
-                  f"({', '.join(f'rank {r} pid {p}' for r, p in sorted(ranks.items())) or 'none yet'}); they save "
-                  "and stop (a second signal stops horovodrun at once)", file=sys.stderr, flush=True)
+                  f"({', '.join(f'rank {r} pid {p}' for r, p in sorted(ranks.items())) or 'none on this host'}); "
+                  "they save and stop (a second signal stops horovodrun at once)", file=sys.stderr, flush=True)
             for pid in ranks.values():
                 try:
                     os.kill(pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-            if not ranks:  # nothing started yet: horovodrun's own stop is quick and loses nothing
+            if not ranks:  # none started yet, or all on other hosts: only horovodrun can stop them
                 job.send_signal(signal.SIGTERM)
         else:
             job.send_signal(signal.SIGTERM)
