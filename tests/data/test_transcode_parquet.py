@@ -226,3 +226,22 @@ def test_byo_raw_example_as_pandas_writes_it_transcodes_to_the_same_bytes(tmp_pa
     for name in from_csv:
         assert from_parquet[name] == from_csv[name], name
     assert _written_spec(tmp_path / "from_parquet") == _written_spec(tmp_path / "from_csv")
+
+
+def test_csv_only_keys_and_engines_are_refused(tmp_path):
+    data = _data(np.random.default_rng(3), 4)
+    _write_pandas(tmp_path / "train.parquet", data)
+    raw = _spec("parquet", {"train": ["train.parquet"]})
+    raw["source_spec"]["train"][0]["header"] = True
+    (tmp_path / "header.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(TranscodeError, match=r"source_spec.train\[0\].header: a csv key; a parquet chunk finds its columns "
+                                             r"by name. Received: header: True"):
+        transcode(str(tmp_path / "header.yaml"), str(tmp_path / "out"))
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(_spec("parquet", {"train": ["train.parquet"]})))
+
+    class OtherEngine:  # an engine of csv lines only
+        pass
+
+    with pytest.raises(TranscodeError, match=r"source_spec.train is a parquet chunk, which the OtherEngine does not read"):
+        transcode(str(tmp_path / "spec.yaml"), str(tmp_path / "out"), engine=OtherEngine())
+    assert not os.path.exists(tmp_path / "out")

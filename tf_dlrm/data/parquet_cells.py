@@ -125,9 +125,11 @@ def column_cells(array, pa) -> np.ndarray:
     return np.array(["" if value is None else value for value in _scalar_text(array, pa)], dtype=str)
 
 
-def blocks(path: str, features: Sequence[str], used: Sequence, block_rows: int) -> Iterator[tuple[int, np.ndarray]]:
-    """``(first row, [rows, len(features)] cells)`` of a Parquet file in blocks of ``block_rows`` rows; only the
-    ``used`` columns are read (the others' cells stay empty, as no layout reads them)."""
+def blocks(path: str, features: Sequence[str], used: Sequence, block_rows: int,
+           row_groups: Sequence[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """``(first row, [rows, len(features)] cells)`` of a Parquet file (or of its ``row_groups``, rows then counted
+    from their start) in blocks of ``block_rows`` rows; only the ``used`` columns are read (the others' cells
+    stay empty, as no layout reads them)."""
     pa = require_pyarrow()
     import pyarrow.parquet as pq
 
@@ -140,7 +142,7 @@ def blocks(path: str, features: Sequence[str], used: Sequence, block_rows: int) 
         names = sorted({column.feature for column in used})
         position = {feature: index for index, feature in enumerate(features)}
         first = 0
-        for batch in handle.iter_batches(batch_size=block_rows, columns=names):
+        for batch in handle.iter_batches(batch_size=block_rows, row_groups=row_groups, columns=names):
             table = np.full((batch.num_rows, len(features)), "", dtype=object)
             for name in names:
                 table[:, position[name]] = column_cells(batch.column(name), pa)

@@ -34,8 +34,8 @@ blocks of rows across row groups, and ``encode``/``transform`` are as for csv (`
 feature (exactly ``hotness`` ids per row), so the same data as csv or as Parquet transcodes to the
 same bytes. Errors name the file, column and row (0-based). Needs ``pyarrow``.
 
-Engines: ``--engine=local`` (this process) or ``--engine=spark`` (:mod:`tf_dlrm.data.transcode_spark`,
-csv chunks only); both call the same per-block functions and write the same bytes.
+Engines: ``--engine=local`` (this process) or ``--engine=spark`` (:mod:`tf_dlrm.data.transcode_spark`;
+Parquet one task per row group); both call the same per-block functions and write the same bytes.
 
 Output: NVIDIA's per-split split_binary layout under ``output_dir`` and ``output_dir/feature_spec.yaml``
 written last. Files are parsed in blocks of lines with numpy; a block that fails is rescanned cell by
@@ -103,7 +103,9 @@ class ParquetSource:
 
 
 class LocalEngine:
-    """Reads the csv files in this process, in blocks of ``block_lines`` lines."""
+    """Reads the csv (or Parquet) files in this process, in blocks of ``block_lines`` lines (rows)."""
+
+    reads_parquet = True
 
     def __init__(self, block_lines: int = DEFAULT_BLOCK_LINES):
         if block_lines <= 0:
@@ -262,9 +264,9 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
     sources, declared = {}, {}
     for split in spec.splits:
         sources[split], declared[split] = _source(spec, split)
-        if isinstance(sources[split], ParquetSource) and not isinstance(engine, LocalEngine):
-            raise TranscodeError(f"{input_spec_path}: source_spec.{split} is a parquet chunk, which --engine=spark does "
-                                 "not read; transcode it with --engine=local")
+        if isinstance(sources[split], ParquetSource) and not getattr(engine, "reads_parquet", False):
+            raise TranscodeError(f"{input_spec_path}: source_spec.{split} is a parquet chunk, which the "
+                                 f"{type(engine).__name__} does not read; transcode it with --engine=local")
     declarations = _same_declarations(spec, declared)
     options = declarations.vocabulary_features()
     vocabularies: dict[str, Vocabulary | None] = {}
