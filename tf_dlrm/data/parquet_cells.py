@@ -90,8 +90,10 @@ def check_schema(path: str, schema, columns: Sequence) -> None:
         raise TranscodeError(f"{path}: column '{column.feature}' has Parquet type {data_type}; expected {what}{hint}")
 
 
-def _scalar_text(array, pa) -> list:
-    """The csv text of each value of a scalar Arrow array; None for a null."""
+def _scalar_text(array, pa):
+    """The csv text of each value of a scalar Arrow array, as an Arrow string array (nulls stay null).
+
+    Arrow writes a float64 as its shortest round-trip text (``0.1``, ``1e+16``): read back, the same value."""
     import pyarrow.compute as compute
 
     data_type = array.type
@@ -99,22 +101,34 @@ def _scalar_text(array, pa) -> list:
         array = array.dictionary_decode()
         data_type = array.type
     if pa.types.is_null(data_type):
-        return [None] * len(array)
+        return pa.nulls(len(array), pa.string())
     if pa.types.is_boolean(data_type):
         array = compute.cast(array, pa.int8())
     elif pa.types.is_floating(data_type):
         # float64 first: a float32's own shortest text would read back as another float64 value.
-        return [None if value is None else repr(value) for value in compute.cast(array, pa.float64()).to_pylist()]
-    return compute.cast(array, pa.string()).to_pylist()
+        array = compute.cast(array, pa.float64())
+    return compute.cast(array, pa.string())
+
+
+def _is_list(data_type, pa) -> bool:
+    return pa.types.is_list(data_type) or pa.types.is_large_list(data_type) or pa.types.is_fixed_size_list(data_type)
 
 
 def column_cells(array, pa) -> np.ndarray:
     """The csv cells (str) of one Arrow column: lists joined by ``|``, nulls as empty cells."""
-    if pa.types.is_list(array.type) or pa.types.is_large_list(array.type) or pa.types.is_fixed_size_list(array.type):
-        if isinstance(array, pa.ChunkedArray):
-            array = array.combine_chunks()
-        items = ["" if value is None else value for value in _scalar_text(array.flatten(), pa)]
-        # flatten() skips the values of null lists; offsets index the unflattened values, so rebase them.
+    import pyarrow.compute as compute
+
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if _is_list(array.type, pa):
+        values = _scalar_text(array.flatten(), pa)
+        if array.null_count == 0 and values.null_count == 0 and not pa.types.is_fixed_size_list(array.type):
+            offsets = array.offsets  # of a slice (a block of a row group) they start past 0: rebase them
+            offsets = compute.subtract(offsets, offsets[0]).cast(offsets.type)
+            joined = compute.binary_join(array.from_arrays(offsets, values), MULTI_HOT_SEPARATOR)
+            return joined.to_numpy(zero_copy_only=False).astype(str)
+        # Nulls: a null id is an empty id, a null list an empty cell (binary_join would null the whole row).
+        items = ["" if value is None else value for value in values.to_pylist()]
         offsets = np.asarray(array.offsets) if not pa.types.is_fixed_size_list(array.type) else None
         cells, position = [], 0
         for row, valid in enumerate(array.is_valid().to_pylist()):
@@ -122,7 +136,7 @@ def column_cells(array, pa) -> np.ndarray:
             cells.append(MULTI_HOT_SEPARATOR.join(items[position:position + length]) if valid else "")
             position += length
         return np.array(cells, dtype=str)
-    return np.array(["" if value is None else value for value in _scalar_text(array, pa)], dtype=str)
+    return compute.fill_null(_scalar_text(array, pa), "").to_numpy(zero_copy_only=False).astype(str)
 
 
 def blocks(path: str, features: Sequence[str], used: Sequence, block_rows: int,
