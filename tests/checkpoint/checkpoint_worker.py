@@ -6,7 +6,7 @@ Usage: ``[horovodrun -np N] python tests/checkpoint/checkpoint_worker.py TASKS.j
 - ``train`` / ``mode``: what ``main.py`` does with those flags (training, or eval/inference/export);
 - ``predict``: restore the checkpoint of the flags, evaluate the validation split, and predict the
   first validation batch; rank 0 writes ``OUT_DIR/<name>_predictions.npy`` and, with one rank,
-  that batch as ``OUT_DIR/<name>_batch.npz`` (numerical, categorical in feature-spec order).
+  that batch as ``OUT_DIR/<name>_batch.npz`` (the exported SavedModel's inputs, :func:`serving_batch`).
 
 Rank 0 writes ``OUT_DIR/results.json``: ``{name: record}``; with ``expect_error`` the record is
 ``{"error": message}`` of the CheckpointError / ValueError the task raised (on every rank).
@@ -39,17 +39,16 @@ def predict(config, name, out_dir):
     session = modes.open_session(config)
     header = modes.restore(session)
     embedding = session.model.embedding
-    reader = builder.make_reader(session.spec, config.valid_split, config.valid_batch_size, session.env, embedding, False, config.seed)
+    reader = builder.make_reader(session.spec, config.valid_split, config.valid_batch_size, session.env, embedding, False, config.seed,
+                                 config.dataset_type)
     result = evaluate(session.trainer, reader)
     every_rank = every_rank_metrics(session.trainer, reader)
-    numerical, categorical, label = reader.read_batch(0)
+    numerical, categorical, label = reader.read_batch(0) if hasattr(reader, "read_batch") else next(iter(reader.dataset()))
     probabilities, _ = session.trainer.predict_step(numerical, tuple(categorical), label)
     if session.env.is_chief:
         np.save(os.path.join(out_dir, f"{name}_predictions.npy"), probabilities.numpy())
         if session.env.world_size == 1:
-            columns = dict(zip(list(embedding.global_categorical) + list(embedding.local_categorical), categorical))
-            ids = np.stack([columns[t].astype(np.int64) for t in range(len(columns))], axis=1)
-            np.savez(os.path.join(out_dir, f"{name}_batch.npz"), numerical=numerical, categorical=ids)
+            np.savez(os.path.join(out_dir, f"{name}_batch.npz"), **serving_batch(session.spec, embedding, numerical, categorical))
     return {"auc": result.auc, "logloss": result.logloss, "samples": result.samples, "step": header["step"],
             "checkpoint": header["path"], "metrics": result.metrics.as_dict(), "every_rank_metrics": every_rank}
 
@@ -66,6 +65,28 @@ def every_rank_metrics(trainer, reader) -> dict:
         labels.append(truth.numpy())
     scores, labels = np.concatenate(scores)[: reader.num_samples], np.concatenate(labels)[: reader.num_samples]
     return ClickMetrics.of(labels, scores).as_dict()
+
+
+def serving_batch(spec, embedding, numerical, categorical) -> dict:
+    """A batch (one process) as the exported SavedModel's inputs: ``numerical``, ``categorical`` (the one-hot
+    features' ids), and each multi-hot feature's ids by its input name (a ragged one as values and row lengths)."""
+    import tensorflow as tf
+
+    from tf_dlrm.embedding.serving import input_name
+
+    columns = dict(zip(list(embedding.global_categorical) + list(embedding.local_categorical), categorical))
+    batch, one_hot = {"numerical": np.asarray(numerical, np.float32)}, []
+    for index, feature in enumerate(spec.categorical_features):
+        ids = columns[index]
+        if isinstance(ids, tf.RaggedTensor):
+            batch[f"{input_name(feature)}_values"] = ids.values.numpy().astype(np.int64)
+            batch[f"{input_name(feature)}_row_lengths"] = ids.row_lengths().numpy().astype(np.int64)
+        elif spec.hotness(feature) == 1 and not spec.ragged(feature):
+            one_hot.append(np.asarray(ids).reshape(-1).astype(np.int64))
+        else:
+            batch[input_name(feature)] = np.asarray(ids).astype(np.int64)
+    batch["categorical"] = np.stack(one_hot, axis=1) if one_hot else np.zeros([len(batch["numerical"]), 0], np.int64)
+    return batch
 
 
 def run_task(task, out_dir):

@@ -17,30 +17,66 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 
+def _as_inputs(batch) -> dict:
+    return {name: tf.constant(array, tf.float32 if name == "numerical" else tf.int64) for name, array in batch.items()}
+
+
+def _bad_multi_hot(info: dict, batch: dict) -> dict:
+    """Wrong variants of the multi-hot inputs: a fixed input one id wider, an id past the table, a ragged
+    row longer than hotness, row lengths that do not sum to the values."""
+    cases = {}
+    for name, entry in info.items():
+        if "feature" not in entry:
+            continue
+        if name.endswith("_row_lengths"):
+            stem = name[:-len("_row_lengths")]
+            values, lengths = batch[f"{stem}_values"], batch[name]
+            longer = lengths.copy()
+            longer[3] = entry["hotness"] + 1
+            pad = np.zeros(entry["hotness"] + 1 - lengths[3], np.int64)
+            start = int(lengths[:3].sum())
+            cases[f"{stem}_row_too_long"] = {**batch, name: longer, f"{stem}_values": np.concatenate(
+                [values[:start + lengths[3]], pad, values[start + lengths[3]:]])}
+            cases[f"{stem}_lengths_sum"] = {**batch, f"{stem}_values": values[1:]}
+            outside = values.copy()
+            outside[start] = entry["cardinality"]  # sample 3's first id
+            cases[f"{stem}_id_outside"] = {**batch, f"{stem}_values": outside}
+        elif not name.endswith("_values"):
+            cases[f"{name}_wider"] = {**batch, name: np.concatenate([batch[name], batch[name][:, :1]], axis=1)}
+            outside = batch[name].copy()
+            outside[3, 1] = entry["cardinality"]
+            cases[f"{name}_id_outside"] = {**batch, name: outside}
+            cases[f"{name}_batch_sizes_differ"] = {**batch, name: batch[name][1:]}
+    return cases
+
+
 def main():
     saved_model, batch_path, out_path = sys.argv[1:4]
-    batch = np.load(batch_path, allow_pickle=False)
+    batch = dict(np.load(batch_path, allow_pickle=False))
     served = tf.saved_model.load(saved_model)
     signature = served.signatures["serving_default"]
-    outputs = signature(numerical=tf.constant(batch["numerical"], tf.float32), categorical=tf.constant(batch["categorical"], tf.int64))
+    outputs = signature(**_as_inputs(batch))
     np.save(out_path, outputs["probability"].numpy())
     if len(sys.argv) > 4:
         with open(os.path.join(saved_model, "tf_dlrm_serving.json")) as handle:
-            cardinalities = json.load(handle)["cardinalities"]
+            info = json.load(handle)
+        cardinalities = info["inputs"]["categorical"].get("cardinalities", info["cardinalities"])  # one-hot columns'
         numerical, categorical = batch["numerical"].astype(np.float32), batch["categorical"].astype(np.int64)
         outside = categorical.copy()
-        outside[5, 2] = cardinalities[2]
+        column = min(2, categorical.shape[1] - 1)
+        outside[5, column] = cardinalities[column]
         cases = {
-            "categorical_9_columns": (numerical, np.concatenate([categorical, categorical[:, :1]], axis=1)),
-            "numerical_12_columns": (numerical[:, 1:], categorical),
-            "batch_sizes_differ": (numerical, categorical[1:]),
-            "id_outside": (numerical, outside),
-            "categorical_rank_1": (numerical, categorical[:, 0]),
+            "categorical_9_columns": {**batch, "categorical": np.concatenate([categorical, categorical[:, :1]], axis=1)},
+            "numerical_12_columns": {**batch, "numerical": numerical[:, 1:]},
+            "batch_sizes_differ": {**batch, "categorical": categorical[1:]},
+            "id_outside": {**batch, "categorical": outside},
+            "categorical_rank_1": {**batch, "categorical": categorical[:, 0]},
+            **_bad_multi_hot(info["inputs"], batch),
         }
         found = {}
-        for name, (numerical_batch, categorical_batch) in cases.items():
+        for name, inputs in cases.items():
             try:
-                signature(numerical=tf.constant(numerical_batch), categorical=tf.constant(categorical_batch))
+                signature(**_as_inputs(inputs))
                 found[name] = "scored"
             except tf.errors.InvalidArgumentError as error:
                 lines = [line for line in str(error).splitlines() if "assertion failed" in line]

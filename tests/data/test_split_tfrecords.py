@@ -50,9 +50,11 @@ def power_law_lengths(rng, count: int, hotness: int, alpha: float = 1.2) -> np.n
     return np.minimum(lengths.astype(np.int32), hotness)
 
 
-def write_dataset(root, num_prebatches=40, seed=0, bad_row=False, variable=False, too_long=None, bad_label=None):
-    """``variable``: multi-hot rows of 1 to hotness ids (power law); ``too_long``: ``(feature, sample)``
-    given hotness + 1 ids; ``bad_label``: ``(sample, value)``."""
+def write_dataset(root, num_prebatches=40, seed=0, bad_row=False, variable=False, too_long=None, bad_label=None,
+                  fixed=()):
+    """``variable``: multi-hot rows of 1 to hotness ids (power law), except the features of ``fixed``
+    (full rows, ``ragged: false`` in the spec); ``too_long``: ``(feature, sample)`` given hotness + 1 ids;
+    ``bad_label``: ``(sample, value)``."""
     rng = np.random.default_rng(seed)
     samples = num_prebatches * PREBATCH
     written = {}  # multi-hot feature -> ids of each sample
@@ -64,7 +66,7 @@ def write_dataset(root, num_prebatches=40, seed=0, bad_row=False, variable=False
         label[bad_label[0], 0] = bad_label[1]
     for i, hotness in enumerate(HOTNESS):
         if hotness > 1:  # the same rows in both splits
-            written[i] = power_law_lengths(rng, samples, hotness) if variable else np.full(samples, hotness)
+            written[i] = power_law_lengths(rng, samples, hotness) if variable and i not in fixed else np.full(samples, hotness)
             if bad_row:
                 written[i][5] = hotness - 1
             if too_long is not None and too_long[0] == i:
@@ -88,7 +90,8 @@ def write_dataset(root, num_prebatches=40, seed=0, bad_row=False, variable=False
             json.dump(num_prebatches, handle)
     features = {"label": {"dtype": "bool"}, **{f"num_{j}": {"dtype": "float16"} for j in range(4)}}
     for i, (c, h) in enumerate(zip(CARDINALITIES, HOTNESS)):
-        features[f"cat_{i}.bin"] = {"dtype": "int32", "cardinality": c, **({"hotness": h} if h > 1 else {})}
+        features[f"cat_{i}.bin"] = {"dtype": "int32", "cardinality": c, **({"hotness": h} if h > 1 else {}),
+                                    **({"ragged": False} if i in fixed else {})}
     spec = {"feature_spec": features, "channel_spec": {"label": ["label"], "numerical": [f"num_{j}" for j in range(4)],
                                                        "categorical": [f"cat_{i}.bin" for i in range(3)]}}
     with open(os.path.join(root, "feature_spec.yaml"), "w") as handle:

@@ -70,3 +70,42 @@ def test_spark_reports_a_bad_line_like_the_local_engine(tmp_path, engine, edit, 
         assert not (tmp_path / output).exists()
     assert messages[0] == messages[1]
     assert message in messages[1]
+
+
+def test_parquet_row_groups_on_spark_write_the_local_bytes(tmp_path, engine):
+    """One task per row group (several per file), rows named from the file's start."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    import numpy as np
+    import yaml
+
+    rng = np.random.default_rng(4)
+    cities = ["paris", "lyon", None, "nice"]
+
+    def write(path, rows, bad_row=None):
+        price = rng.exponential(20, rows)
+        if bad_row is not None:
+            price[bad_row] = -1.0  # log1p of a negative value
+        table = pa.table({"clicked": rng.integers(0, 2, rows), "price": price,
+                          "city": [cities[i] for i in rng.integers(0, 4, rows)],
+                          "tags": [[int(t) for t in rng.integers(0, 20, 2)] for _ in range(rows)]})
+        pq.write_table(table, path, row_group_size=37)
+
+    write(tmp_path / "train0.parquet", 200)
+    write(tmp_path / "train1.parquet", 90)
+    write(tmp_path / "test.parquet", 50)
+    chunk = {"type": "parquet", "features": ["clicked", "price", "city", "tags"], "encode": {"city": "vocabulary"},
+             "transform": {"price": "log1p"}}
+    raw = {"feature_spec": {"clicked": {"dtype": "bool"}, "price": {"dtype": "float32"}, "city": {"dtype": "int32"},
+                            "tags": {"dtype": "int32", "cardinality": 20, "hotness": 2}},
+           "channel_spec": {"label": ["clicked"], "numerical": ["price"], "categorical": ["city", "tags"]},
+           "source_spec": {"train": [dict(chunk, files=["train0.parquet", "train1.parquet"])],
+                           "test": [dict(chunk, files=["test.parquet"])]}}
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(raw))
+    transcode(str(tmp_path / "spec.yaml"), str(tmp_path / "local"), block_lines=16)
+    transcode(str(tmp_path / "spec.yaml"), str(tmp_path / "spark"), engine=engine)
+    files = assert_identical(tmp_path)
+    assert len(files["train/label.bin"]) == 290 and "vocabularies/cat_0_city.tsv" in files
+    write(tmp_path / "train1.parquet", 90, bad_row=80)  # in the file's third row group
+    with pytest.raises(TranscodeError, match=r"train1.parquet, row 80: column 'price': log1p of the negative value"):
+        transcode(str(tmp_path / "spec.yaml"), str(tmp_path / "spark_bad"), engine=engine)

@@ -58,9 +58,10 @@ class Column:
     hotness: int = 1
     transforms: tuple = ()  # numerical only: Clip or LOG1P, in order
     vocabulary: Vocabulary | None = None
+    by_name: bool = False  # a Parquet column: found by its name, not its position
 
     def describe(self) -> str:
-        return f"column {self.index + 1} ('{self.feature}')"
+        return f"column '{self.feature}'" if self.by_name else f"column {self.index + 1} ('{self.feature}')"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,12 +207,17 @@ def parse_block(layout: CsvLayout, path: str, first_line: int, lines: Sequence[s
     ``lines`` carry no newline; ``first_line`` is the 1-based line number of ``lines[0]`` in ``path``.
     Raises TranscodeError naming the file, line and column of a bad cell.
     """
-    table = split_lines(layout, path, first_line, lines)
+    return parse_cells(layout, split_lines(layout, path, first_line, lines), lambda row: f"{path}, line {first_line + row}")
+
+
+def parse_cells(layout: CsvLayout, table: np.ndarray, where):
+    """:func:`parse_block` of ``[rows, columns]`` cells (text, in ``layout.features`` order); ``where(row)``
+    names the file and line (or row) of a bad cell in the TranscodeError."""
 
     def parse(column: Column) -> np.ndarray:
         values, row, reason = parse_column(column, table[:, column.index])
         if values is None:
-            raise TranscodeError(f"{path}, line {first_line + row}: {reason}")
+            raise TranscodeError(f"{where(row)}: {reason}")
         return values
 
     label = parse(layout.label).astype(bool)
@@ -222,7 +228,11 @@ def parse_block(layout: CsvLayout, path: str, first_line: int, lines: Sequence[s
 def count_block(layout: CsvLayout, features: Sequence[str], path: str, first_line: int, lines: Sequence[str],
                 counts: dict[str, dict[str, int]]) -> None:
     """Adds the stripped cells of the named (vocabulary) features to ``counts[feature]``."""
-    table = split_lines(layout, path, first_line, lines)
+    count_table(layout, features, split_lines(layout, path, first_line, lines), counts)
+
+
+def count_table(layout: CsvLayout, features: Sequence[str], table: np.ndarray, counts: dict[str, dict[str, int]]) -> None:
+    """:func:`count_block` of ``[rows, columns]`` cells."""
     position = {feature: index for index, feature in enumerate(layout.features)}
     for feature in features:
         count_cells(table[:, position[feature]].tolist(), counts.setdefault(feature, {}))

@@ -1,8 +1,8 @@
-"""CSV -> split_binary: converts a "bring your own dataset" FeatureSpec with csv chunks.
+"""CSV or Parquet -> split_binary: converts a "bring your own dataset" FeatureSpec with csv or parquet chunks.
 
 The input spec names, for every split, exactly one chunk of ``type: csv`` whose ``features`` are the
 file's columns in order (columns of features no channel uses are skipped) and whose ``files`` are
-read one after the other::
+read one after the other, or of ``type: parquet`` (below)::
 
     source_spec:
       train:
@@ -26,8 +26,16 @@ id), writes ``vocabularies/<feature>.tsv`` next to the data and sets the feature
 written spec. ``transform`` applies ``log1p`` and ``clip`` to numerical values
 (:mod:`tf_dlrm.data.csv_values`). An empty cell is a value like any other for an encoded column.
 
-Engines: ``--engine=local`` (this process) or ``--engine=spark`` (:mod:`tf_dlrm.data.transcode_spark`);
-both call the same per-block functions and write the same bytes.
+Parquet (``type: parquet``, as pandas, Spark or NVTabular write it): ``features`` name the columns to
+read (by name, in any order; other columns are ignored), ``files`` are read one after the other in
+blocks of rows across row groups, and ``encode``/``transform`` are as for csv (``header`` and
+``delimiter`` are csv's only). Each value is read as the csv cell holding it
+(:mod:`tf_dlrm.data.parquet_cells`): a null is an empty cell, a list column holds a multi-hot
+feature (exactly ``hotness`` ids per row), so the same data as csv or as Parquet transcodes to the
+same bytes. Errors name the file, column and row (0-based). Needs ``pyarrow``.
+
+Engines: ``--engine=local`` (this process) or ``--engine=spark`` (:mod:`tf_dlrm.data.transcode_spark`;
+Parquet one task per row group); both call the same per-block functions and write the same bytes.
 
 Output: NVIDIA's per-split split_binary layout under ``output_dir`` and ``output_dir/feature_spec.yaml``
 written last. Files are parsed in blocks of lines with numpy; a block that fails is rescanned cell by
@@ -57,12 +65,12 @@ import numpy as np
 
 from tf_dlrm.data.csv_declarations import HASH, Declarations, read_declarations, transform_entry, vocabulary_features_of_raw
 from tf_dlrm.data.csv_values import (CATEGORICAL, HASHED, LABEL, NUMERICAL, VOCABULARY, Column, CsvLayout, TranscodeError,
-                                     count_block, parse_block)
+                                     count_block, count_table, parse_block, parse_cells)
 from tf_dlrm.data.csv_vocabulary import Vocabulary, build_vocabulary
 from tf_dlrm.data.fractions import TEST, check_fractions, fraction_ranges
 from tf_dlrm.data.layout import categorical_file_name, with_split_binary_sources
 from tf_dlrm.data.split_binary import SplitBinaryWriter
-from tf_dlrm.spec.format import CSV, TRAIN_SPLIT
+from tf_dlrm.spec.format import CSV, PARQUET, TRAIN_SPLIT
 from tf_dlrm.spec.feature_spec import FeatureSpec, read_spec_yaml
 from tf_dlrm.io.publish import staged_output
 
@@ -92,27 +100,54 @@ class CsvSource:
             raise TranscodeError(f"{path}, line 1: the header names {names} do not match the chunk's features {list(self.features)}")
 
 
+@dataclasses.dataclass(frozen=True)
+class ParquetSource:
+    """One split's Parquet files; ``features`` are column names."""
+
+    split: str
+    paths: tuple[str, ...]
+    features: tuple[str, ...]
+
+
 class LocalEngine:
-    """Reads the csv files in this process, in blocks of ``block_lines`` lines."""
+    """Reads the csv (or Parquet) files in this process, in blocks of ``block_lines`` lines (rows)."""
+
+    reads_parquet = True
 
     def __init__(self, block_lines: int = DEFAULT_BLOCK_LINES):
         if block_lines <= 0:
             raise ValueError(f"Expected block_lines > 0. Received: block_lines={block_lines}")
         self.block_lines = block_lines
 
-    def count(self, source: CsvSource, layout: CsvLayout, features: Sequence[str]) -> dict[str, dict[str, int]]:
+    def count(self, source: CsvSource | ParquetSource, layout: CsvLayout, features: Sequence[str]) -> dict[str, dict[str, int]]:
         counts: dict[str, dict[str, int]] = {feature: {} for feature in features}
+        if isinstance(source, ParquetSource):
+            for _, _, table in self._parquet_blocks(source, layout):
+                count_table(layout, features, table, counts)
+            return counts
         for path, first_line, lines in self._blocks(source):
             count_block(layout, features, path, first_line, lines, counts)
         return counts
 
-    def write(self, source: CsvSource, layout: CsvLayout, writer: SplitBinaryWriter) -> None:
+    def write(self, source: CsvSource | ParquetSource, layout: CsvLayout, writer: SplitBinaryWriter) -> None:
+        if isinstance(source, ParquetSource):
+            for path, first_row, table in self._parquet_blocks(source, layout):
+                writer.append(*parse_cells(layout, table, lambda row: f"{path}, row {first_row + row}"))
+            return
         for path, first_line, lines in self._blocks(source):
             writer.append(*parse_block(layout, path, first_line, lines))
 
     def count_rows(self, source: CsvSource) -> int:
         """Data lines (after any header) of the source's files, as :meth:`_blocks` reads them."""
         return sum(len(lines) for _, _, lines in self._blocks(dataclasses.replace(source, rows=None)))
+
+    def _parquet_blocks(self, source: ParquetSource, layout: CsvLayout) -> Iterator[tuple[str, int, np.ndarray]]:
+        from tf_dlrm.data import parquet_cells
+
+        used = (layout.label, *layout.numerical, *layout.categorical)
+        for path in source.paths:
+            for first_row, table in parquet_cells.blocks(path, source.features, used, self.block_lines):
+                yield path, first_row, table
 
     def _blocks(self, source: CsvSource) -> Iterator[tuple[str, int, list[str]]]:
         if source.rows is None:
@@ -165,15 +200,22 @@ def _load_spec(input_spec_path: str) -> tuple[FeatureSpec, set[str]]:
     return spec, by_vocabulary
 
 
-def _source(spec: FeatureSpec, split: str) -> tuple[CsvSource, Declarations]:
+def _source(spec: FeatureSpec, split: str) -> tuple[CsvSource | ParquetSource, Declarations]:
     chunks = spec.chunks(split)
-    if len(chunks) != 1 or chunks[0]["type"] != CSV:
+    if len(chunks) != 1 or chunks[0]["type"] not in (CSV, PARQUET):
         types = [chunk["type"] for chunk in chunks]
         raise TranscodeError(
-            f"{spec.source}: source_spec.{split}: expected exactly one chunk of type 'csv' holding all "
+            f"{spec.source}: source_spec.{split}: expected exactly one chunk of type 'csv' or 'parquet' holding all "
             f"features of the split. Received {len(chunks)} chunk(s) of type(s) {types}"
         )
     chunk = chunks[0]
+    if chunk["type"] == PARQUET:
+        for key in ("header", "delimiter"):
+            if key in chunk:
+                raise TranscodeError(f"{spec.source}: source_spec.{split}[0].{key}: a csv key; a parquet chunk finds its "
+                                     f"columns by name. Received: {key}: {chunk[key]!r}")
+        paths = tuple(spec.resolve(relative) for relative in chunk["files"])
+        return ParquetSource(split, paths, tuple(chunk["features"])), read_declarations(spec, split, chunk)
     header, delimiter = chunk.get("header", False), chunk.get("delimiter", ",")
     if not isinstance(header, bool):
         raise TranscodeError(f"{spec.source}: source_spec.{split}[0].header: expected true or false. Received: {header!r}")
@@ -198,23 +240,24 @@ def _same_declarations(spec: FeatureSpec, declarations: dict[str, Declarations])
     return reference
 
 
-def _layout(spec: FeatureSpec, source: CsvSource, declarations: Declarations,
+def _layout(spec: FeatureSpec, source: CsvSource | ParquetSource, declarations: Declarations,
             vocabularies: dict[str, Vocabulary | None]) -> CsvLayout:
     position = {feature: index for index, feature in enumerate(source.features)}
-    numerical = tuple(Column(f, position[f], NUMERICAL, spec.dtype(f), transforms=declarations.transform.get(f, ()))
+    by_name = isinstance(source, ParquetSource)
+    numerical = tuple(Column(f, position[f], NUMERICAL, spec.dtype(f), transforms=declarations.transform.get(f, ()), by_name=by_name)
                       for f in spec.numerical_features)
     categorical = []
     for f in spec.categorical_features:
         encoding = declarations.encode.get(f)
         if encoding == HASH:
-            categorical.append(Column(f, position[f], HASHED, np.dtype(np.int64)))
+            categorical.append(Column(f, position[f], HASHED, np.dtype(np.int64), by_name=by_name))
         elif encoding is not None:
-            categorical.append(Column(f, position[f], VOCABULARY, np.dtype(np.int64), vocabulary=vocabularies[f]))
+            categorical.append(Column(f, position[f], VOCABULARY, np.dtype(np.int64), vocabulary=vocabularies[f], by_name=by_name))
         else:
             categorical.append(Column(f, position[f], CATEGORICAL, spec.dtype(f), int(spec.feature_spec[f]["cardinality"]),
-                                      spec.hotness(f)))
-    label = Column(spec.label_feature, position[spec.label_feature], LABEL, np.dtype(np.float64))
-    return CsvLayout(source.features, source.delimiter, label, numerical, tuple(categorical))
+                                      spec.hotness(f), by_name=by_name))
+    label = Column(spec.label_feature, position[spec.label_feature], LABEL, np.dtype(np.float64), by_name=by_name)
+    return CsvLayout(source.features, getattr(source, "delimiter", ","), label, numerical, tuple(categorical))
 
 
 def _by_fraction(input_spec_path: str, spec: FeatureSpec, sources: dict[str, CsvSource], engine, valid_fraction: float,
@@ -226,6 +269,9 @@ def _by_fraction(input_spec_path: str, spec: FeatureSpec, sources: dict[str, Csv
                              f"which source_spec lacks. Received splits: {spec.splits}")
     if not hasattr(engine, "count_rows"):
         raise TranscodeError("--valid_fraction and --test_fraction need --engine=local (the Spark engine reads whole splits)")
+    if isinstance(sources[TRAIN_SPLIT], ParquetSource):
+        raise TranscodeError(f"{input_spec_path}: --valid_fraction and --test_fraction divide csv rows; the "
+                             f"'{TRAIN_SPLIT}' split is Parquet: give its splits as separate files instead")
     # A test split only when asked for (fraction_ranges always names one, as preprocessing.criteo writes).
     ranges = [r for r in fraction_ranges(engine.count_rows(sources[TRAIN_SPLIT]), test_fraction, valid_fraction)
               if r[0] != TEST or test_fraction]
@@ -250,9 +296,9 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
     count the rows left in train only. The input spec must not name those splits already.
 
     Args:
-        input_spec_path: a FeatureSpec yaml whose splits are csv chunks (paths relative to the yaml).
+        input_spec_path: a FeatureSpec yaml whose splits are csv or parquet chunks (paths relative to the yaml).
         output_dir: where ``<split>/...bin``, ``vocabularies/*.tsv`` and ``feature_spec.yaml`` are written.
-        block_lines: lines parsed at a time by the local engine (bounds memory).
+        block_lines: lines (Parquet: rows) parsed at a time by the local engine (bounds memory).
         engine: ``LocalEngine`` (default, with ``block_lines``) or a ``transcode_spark.SparkEngine``; both write
             the same bytes.
 
@@ -261,7 +307,8 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
 
     Raises:
         FeatureSpecError: the input spec is invalid or names a missing file.
-        TranscodeError: a declaration or a csv file is invalid (message: file, 1-based line, column and reason).
+        TranscodeError: a declaration or an input file is invalid (message: file, 1-based line or 0-based row,
+            column and reason).
     """
     engine = engine if engine is not None else LocalEngine(block_lines)
     spec, _ = _load_spec(input_spec_path)
@@ -270,6 +317,9 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
     sources, declared = {}, {}
     for split in spec.splits:
         sources[split], declared[split] = _source(spec, split)
+        if isinstance(sources[split], ParquetSource) and not getattr(engine, "reads_parquet", False):
+            raise TranscodeError(f"{input_spec_path}: source_spec.{split} is a parquet chunk, which the "
+                                 f"{type(engine).__name__} does not read; transcode it with --engine=local")
     declarations = _same_declarations(spec, declared)
     if valid_fraction or test_fraction:
         sources = _by_fraction(input_spec_path, spec, sources, engine, valid_fraction, test_fraction)
@@ -324,9 +374,10 @@ def _define_flags() -> None:
     # Defined only when run as a program, so importing this module never clashes with other flags.
     from absl import flags
 
-    flags.DEFINE_string("input_spec", None, "FeatureSpec yaml with one csv chunk per split.")
+    flags.DEFINE_string("input_spec", None, "FeatureSpec yaml with one csv or parquet chunk per split.")
     flags.DEFINE_string("output_dir", None, "Directory for the split_binary files and feature_spec.yaml.")
-    flags.DEFINE_integer("block_lines", DEFAULT_BLOCK_LINES, "Lines parsed at a time (bounds memory).", lower_bound=1)
+    flags.DEFINE_integer("block_lines", DEFAULT_BLOCK_LINES, "Lines (Parquet: rows) parsed at a time (bounds memory).",
+                         lower_bound=1)
     flags.DEFINE_enum("engine", "local", list(ENGINES), "local: this process; spark: PySpark (same bytes).")
     flags.DEFINE_string("spark_master", "local[*]", "Spark master URL (--engine=spark).")
     flags.DEFINE_float("valid_fraction", 0.0, "Divide the train split in row order: this share of its rows, just "

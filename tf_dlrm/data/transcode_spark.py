@@ -1,10 +1,11 @@
-"""The Spark engine of the csv transcoder: the same blocks functions as the local engine, on executors.
+"""The Spark engine of the transcoder: the same blocks functions as the local engine, on executors.
 
 Spark reads each csv file (``textFile``, bytes, one or more partitions per file), the driver counts
-lines per partition so every line keeps its file and line number, and the executors call
-:func:`tf_dlrm.data.csv_values.count_block` (the vocabulary pass, reduced by value across the
+lines per partition so every line keeps its file and line number, and the executors split blocks of
+lines into cells as :func:`tf_dlrm.data.csv_values.count_block` and ``parse_block`` do and call
+:func:`~tf_dlrm.data.csv_values.count_table` (the vocabulary pass, reduced by value across the
 cluster; the driver numbers the values with the same :func:`build_vocabulary` as the local engine)
-and :func:`tf_dlrm.data.csv_values.parse_block` (the write pass) on blocks of lines. Every row's
+and :func:`~tf_dlrm.data.csv_values.parse_cells` (the write pass) on them. Every row's
 values depend on that row alone, so both engines write the same bytes (tested byte for byte).
 
 Executors save each partition's arrays under ``<split output>/_spark_parts``; the driver appends them
@@ -12,8 +13,13 @@ in partition order through the same ``SplitBinaryWriter`` as the local engine an
 cluster the output directory must be on a filesystem the executors and the driver share. A bad cell
 stops the job with the message of the first partition (in file order) that holds one.
 
-This module imports no TensorFlow and no FeatureSpec: executors import only it, ``csv_values`` and
-``csv_vocabulary`` (shipped with ``addPyFile``).
+Parquet chunks: the driver lists each file's row groups (and checks its schema), one task per row
+group reads it with pyarrow (:func:`tf_dlrm.data.parquet_cells.blocks`; executors need pyarrow) and
+the same :func:`~tf_dlrm.data.csv_values.count_table` / :func:`~tf_dlrm.data.csv_values.parse_cells`
+run on its cells, rows numbered from the file's start.
+
+This module imports no TensorFlow and no FeatureSpec: executors import only it, ``csv_values``,
+``csv_vocabulary`` and ``parquet_cells`` (shipped with ``addPyFile``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from tf_dlrm.data.csv_values import CsvLayout, TranscodeError, count_block, parse_block
+from tf_dlrm.data import parquet_cells
+from tf_dlrm.data.csv_values import CsvLayout, TranscodeError, count_table, parse_cells, split_lines
 
 DEFAULT_BLOCK_LINES = 1 << 16
 _ERROR = "error"
@@ -93,11 +100,25 @@ def _blocks(partition: int, lines: Iterable[bytes], layout, paths, header: bool,
         yield path, start, batch
 
 
-def _count_partition(partition, lines, layout, paths, header, block_lines, csv_layout, features):
+def _csv_tables(partition: int, lines: Iterable[bytes], layout, paths, header: bool, block_lines: int, csv_layout):
+    """``(where(row), [rows, columns] cells)`` of a partition of csv lines."""
+    for path, first_line, block in _blocks(partition, lines, layout, paths, header, block_lines):
+        yield (lambda row, p=path, f=first_line: f"{p}, line {f + row}"), split_lines(csv_layout, path, first_line, block)
+
+
+def _parquet_tables(partition: int, tasks: Iterable[tuple], features, block_lines: int, csv_layout):
+    """``(where(row), cells)`` of a partition's Parquet row groups ``(path, row group, its first row in the file)``."""
+    used = (csv_layout.label, *csv_layout.numerical, *csv_layout.categorical)
+    for path, group, first_row in tasks:
+        for offset, table in parquet_cells.blocks(path, features, used, block_lines, row_groups=[group]):
+            yield (lambda row, p=path, f=first_row + offset: f"{p}, row {f + row}"), table
+
+
+def _count_partition(partition, items, tables, csv_layout, features):
     counts: dict[str, dict[str, int]] = {feature: {} for feature in features}
     try:
-        for path, first_line, block in _blocks(partition, lines, layout, paths, header, block_lines):
-            count_block(csv_layout, features, path, first_line, block, counts)
+        for _, table in tables(partition, items):
+            count_table(csv_layout, features, table, counts)
     except TranscodeError as error:
         yield (_ERROR, partition), str(error)
         return
@@ -106,7 +127,7 @@ def _count_partition(partition, lines, layout, paths, header, block_lines, csv_l
             yield (feature, value), count
 
 
-def _write_partition(partition, lines, layout, paths, header, block_lines, csv_layout, parts_dir):
+def _write_partition(partition, items, tables, csv_layout, parts_dir):
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -115,8 +136,8 @@ def _write_partition(partition, lines, layout, paths, header, block_lines, csv_l
     rows = 0
     try:
         with open(part, "wb") as handle:
-            for path, first_line, block in _blocks(partition, lines, layout, paths, header, block_lines):
-                label, numerical, categorical = parse_block(csv_layout, path, first_line, block)
+            for where, table in tables(partition, items):
+                label, numerical, categorical = parse_cells(csv_layout, table, where)
                 for array in [label, numerical] + list(categorical):
                     if array is not None:
                         np.save(handle, array, allow_pickle=False)
@@ -156,6 +177,40 @@ class SparkEngine:
         if self._owns_session:
             self.spark.stop()
 
+    reads_parquet = True
+
+    def _partitions(self, source, layout: CsvLayout):
+        """The RDD of a split and the function turning one of its partitions into blocks of cells."""
+        if not hasattr(source, "header"):  # a parquet chunk: one partition per row group
+            tasks = self._row_groups(source, layout)
+            rdd = self.context.parallelize(tasks, max(1, len(tasks)))
+            return rdd, functools.partial(_parquet_tables, features=list(source.features), block_lines=self.block_lines,
+                                          csv_layout=layout)
+        union, partitions = self._read(source)
+        return union, functools.partial(_csv_tables, layout=partitions, paths=list(source.paths), header=source.header,
+                                        block_lines=self.block_lines, csv_layout=layout)
+
+    @staticmethod
+    def _row_groups(source, layout: CsvLayout) -> list[tuple[str, int, int]]:
+        """``(path, row group, its first row)`` of every file, in order; schemas checked here, before any task."""
+        pa = parquet_cells.require_pyarrow()
+        import pyarrow.parquet as pq
+
+        used = (layout.label, *layout.numerical, *layout.categorical)
+        tasks = []
+        for path in source.paths:
+            try:
+                handle = pq.ParquetFile(os.path.abspath(path))
+            except (pa.ArrowException, OSError) as error:
+                raise TranscodeError(f"{path}: not a readable Parquet file: {error}") from error
+            with handle:
+                parquet_cells.check_schema(path, handle.schema_arrow, used)
+                first = 0
+                for group in range(handle.metadata.num_row_groups):
+                    tasks.append((path, group, first))
+                    first += handle.metadata.row_group(group).num_rows
+        return tasks
+
     def _read(self, source):
         """The union RDD of the split's files, and ``(file index, first line index)`` per partition."""
         rdds = []
@@ -180,9 +235,8 @@ class SparkEngine:
         return union, layout
 
     def count(self, source, layout: CsvLayout, features: Sequence[str]) -> dict[str, dict[str, int]]:
-        union, partitions = self._read(source)
-        counting = functools.partial(_count_partition, layout=partitions, paths=list(source.paths), header=source.header,
-                                     block_lines=self.block_lines, csv_layout=layout, features=list(features))
+        union, tables = self._partitions(source, layout)
+        counting = functools.partial(_count_partition, tables=tables, csv_layout=layout, features=list(features))
         reduced = union.mapPartitionsWithIndex(counting).reduceByKey(operator.add).collect()
         errors = sorted((key[1], message) for key, message in reduced if key[0] == _ERROR)
         if errors:
@@ -193,11 +247,10 @@ class SparkEngine:
         return counts
 
     def write(self, source, layout: CsvLayout, writer) -> None:
-        union, partitions = self._read(source)
+        union, tables = self._partitions(source, layout)
         parts_dir = tempfile.mkdtemp(prefix="_spark_parts_", dir=os.path.dirname(os.path.abspath(writer.paths[0])))
         try:
-            writing = functools.partial(_write_partition, layout=partitions, paths=list(source.paths), header=source.header,
-                                        block_lines=self.block_lines, csv_layout=layout, parts_dir=parts_dir)
+            writing = functools.partial(_write_partition, tables=tables, csv_layout=layout, parts_dir=parts_dir)
             results = sorted(union.mapPartitionsWithIndex(writing).collect(), key=lambda result: result[0])
             errors = [message for _, _, _, message in results if message is not None]
             if errors:
@@ -228,7 +281,7 @@ def _ship_modules(context) -> None:
     with zipfile.ZipFile(archive, "w") as bundle:
         bundle.writestr("tf_dlrm/__init__.py", "")
         bundle.writestr("tf_dlrm/data/__init__.py", "")
-        for name in ("csv_values.py", "csv_vocabulary.py", "transcode_spark.py"):
+        for name in ("csv_values.py", "csv_vocabulary.py", "parquet_cells.py", "transcode_spark.py"):
             bundle.write(os.path.join(data, name), f"tf_dlrm/data/{name}")
     if os.path.getsize(os.path.join(package, "__init__.py")) or os.path.getsize(os.path.join(data, "__init__.py")):
         raise RuntimeError("tf_dlrm/__init__.py and tf_dlrm/data/__init__.py must stay empty: executors get empty copies")

@@ -19,12 +19,13 @@ and its extra column would be dropped in silence. So the served function asserts
 graph (a plain ``tf.saved_model.load`` user gets the message), every known width, one batch size
 across its inputs, and ``sum(row_lengths) == size(values)`` of a ragged input
 (:func:`checked_inputs`; :func:`checked_batch` for the ``(numerical, categorical)`` signature of
-``--mode=export``).
+``--mode=export``, :func:`checked_multi_hot` for its multi-hot inputs).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import tensorflow as tf
@@ -95,6 +96,70 @@ def _range_assert(categorical, features: list, cardinalities: list):
          tf.gather(flat_ids, first)])
 
 
+def input_name(feature: str) -> str:
+    """The serving input of a feature: its name with each character a signature argument cannot hold
+    (``cat_1.bin``'s dot) as ``_``; TensorFlow would otherwise rename it with a warning."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", feature)
+    return name if re.match(r"[A-Za-z]", name) else f"f_{name}"
+
+
+def flat_signature(input_signature: dict) -> list:
+    """The plain ``tf.TensorSpec`` inputs of ``{name: TensorSpec or RaggedTensorSpec}``: a ragged input
+    ``name`` becomes ``name_values`` (the ids of every row, concatenated) and ``name_row_lengths``."""
+    flat = []
+    for name, spec in input_signature.items():
+        if isinstance(spec, tf.RaggedTensorSpec):
+            if spec.ragged_rank != 1:
+                raise ValueError(f"Expected ragged input {name!r} of ragged rank 1. Received: {spec}")
+            flat += [tf.TensorSpec([None], spec.dtype, name=f"{name}_values"),
+                     tf.TensorSpec([None], tf.int64, name=f"{name}_row_lengths")]
+        else:
+            flat.append(tf.TensorSpec(spec.shape, spec.dtype, name=name))
+    return flat
+
+
+def ragged_input(name: str, values, row_lengths) -> tf.RaggedTensor:
+    """The ragged input ``name`` of its two serving inputs, once the row lengths are none negative and
+    sum to the number of values."""
+    checks = [
+        tf.debugging.Assert(tf.reduce_all(row_lengths >= 0), [
+            f"serving input '{name}_row_lengths': a row length is negative. Received: sample",
+            tf.argmin(row_lengths, output_type=tf.int64), "length", tf.reduce_min(row_lengths)]),
+        tf.debugging.Assert(tf.equal(tf.reduce_sum(row_lengths), tf.size(values, out_type=tf.int64)), [
+            f"serving inputs '{name}_row_lengths' and '{name}_values': the row lengths must sum to the number of "
+            "values. Received: sum", tf.reduce_sum(row_lengths), "values", tf.size(values, out_type=tf.int64)]),
+    ]
+    with tf.control_dependencies(checks):
+        return tf.RaggedTensor.from_row_lengths(tf.identity(values), row_lengths, validate=False)
+
+
+def checked_multi_hot(name: str, feature: str, ids, hotness: int, cardinality: int):
+    """``ids`` of a multi-hot serving input (``[batch, hotness]``, or a ``tf.RaggedTensor`` of rows of 0 to
+    ``hotness`` ids) once every row holds at most ``hotness`` ids and every id lies in ``[0, cardinality)``;
+    a failed check names the input, feature, sample and the length or id."""
+    ragged = ids if isinstance(ids, tf.RaggedTensor) else tf.RaggedTensor.from_tensor(ids)
+    lengths = ragged.row_lengths()
+    too_long = tf.concat([lengths > hotness, [True]], axis=0)  # a sentinel past the end: see _range_assert
+    long_row = tf.argmax(tf.cast(too_long, tf.int32), output_type=tf.int64)
+    values = ragged.values
+    bad = tf.concat([tf.logical_or(values < 0, values >= cardinality), [True]], axis=0)
+    first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
+    rows = tf.concat([ragged.value_rowids(), [-1]], axis=0)
+    padded = tf.concat([values, tf.constant([-1], values.dtype)], axis=0)
+    checks = [
+        tf.debugging.Assert(tf.equal(long_row, ragged.nrows()), [
+            f"serving input {name!r}: feature {feature!r} holds at most hotness={hotness} ids per sample. Received: "
+            "sample", long_row, "holds", tf.gather(tf.concat([lengths, [-1]], 0), long_row), "ids"]),
+        tf.debugging.Assert(tf.equal(first, tf.size(values, out_type=tf.int64)), [
+            f"serving input {name!r}: ids of feature {feature!r} must lie in [0, {cardinality}). Received: sample",
+            tf.gather(rows, first), "holds id", tf.gather(padded, first)]),
+    ]
+    with tf.control_dependencies(checks):
+        if isinstance(ids, tf.RaggedTensor):
+            return ids.with_values(tf.identity(ids.values))
+        return tf.identity(ids)
+
+
 def checked_inputs(inputs: dict, input_signature: dict) -> dict:
     """``inputs`` (dense tensors and ragged ones, by name) once their shapes match ``input_signature`` and
     they hold one batch size."""
@@ -125,15 +190,7 @@ class _Serving(tf.Module):
         self.row_metadata = [v for state in states for v in (state.occupied, state.row_key)]
         call = model.__call__
         self.ragged = sorted(name for name, spec in input_signature.items() if isinstance(spec, tf.RaggedTensorSpec))
-        flat = []
-        for name, spec in input_signature.items():
-            if isinstance(spec, tf.RaggedTensorSpec):
-                if spec.ragged_rank != 1:
-                    raise ValueError(f"Expected ragged input {name!r} of ragged rank 1. Received: {spec}")
-                flat += [tf.TensorSpec([None], spec.dtype, name=f"{name}_values"),
-                         tf.TensorSpec([None], tf.int64, name=f"{name}_row_lengths")]
-            else:
-                flat.append(tf.TensorSpec(spec.shape, spec.dtype, name=name))
+        flat = flat_signature(input_signature)
         self.names = list(input_signature)
         self.flat_names = [spec.name for spec in flat]
 
@@ -141,13 +198,7 @@ class _Serving(tf.Module):
             inputs, given = {}, dict(zip(self.flat_names, tensors))
             for name in self.names:
                 if name in self.ragged:
-                    values, lengths = given[f"{name}_values"], given[f"{name}_row_lengths"]
-                    check = tf.debugging.assert_equal(
-                        tf.reduce_sum(lengths), tf.size(values, out_type=tf.int64),
-                        message=f"serving inputs '{name}_row_lengths' and '{name}_values': the row lengths must sum "
-                                f"to the number of values. Received: the sum and the number below")
-                    with tf.control_dependencies([check]):
-                        inputs[name] = tf.RaggedTensor.from_row_lengths(tf.identity(values), lengths)
+                    inputs[name] = ragged_input(name, given[f"{name}_values"], given[f"{name}_row_lengths"])
                 else:
                     inputs[name] = given[name]
             return {"output": call(checked_inputs(inputs, input_signature), training=False)}

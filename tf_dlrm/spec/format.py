@@ -18,9 +18,10 @@ CHANNELS = (LABEL_CHANNEL, NUMERICAL_CHANNEL, CATEGORICAL_CHANNEL)
 
 SPLIT_BINARY = "split_binary"
 CSV = "csv"
-CHUNK_TYPES = (SPLIT_BINARY, CSV)
-# Optional chunk keys; `header`, `delimiter` and `encode` (raw categorical values -> keys, see
-# tf_dlrm.data.transcode) only mean something for csv chunks.
+PARQUET = "parquet"
+CHUNK_TYPES = (SPLIT_BINARY, CSV, PARQUET)
+# Optional chunk keys; `header` and `delimiter` only mean something for csv chunks, `encode` (raw
+# categorical values -> keys) and `transform` for csv and parquet chunks (see tf_dlrm.data.transcode).
 CHUNK_KEYS = ("type", "features", "files", "header", "delimiter", "encode", "transform")
 
 # The keys a feature entry may hold besides a dynamic table's (tf_dlrm.spec.dynamic.KEYS). NVIDIA's
