@@ -35,3 +35,19 @@ def test_main_help_lists_the_flags_by_topic():
     for name in ("--dataset_path", "--[no]xla", "--embedding_optimizer", "--num_cross_layers", "--[no]resume"):
         assert f"\n  {name}: " in text, name
     assert "Try --helpfull" not in text
+
+
+def test_the_flags_explained_in_docs_training_exist():
+    """docs/training.md explains the flags that matter in a table kept by hand: every flag it names must
+    still be a flag of main.py (a renamed or removed flag fails here, not in a user's command line)."""
+    import re
+
+    with open(os.path.join(REPO, "docs", "training.md"), encoding="utf-8") as handle:
+        page = handle.read()
+    table = page[page.index("### Flags of `main.py`"):]
+    table = table[:table.index("\n### ", 1)]
+    named = {name for row in table.splitlines() if row.startswith("| `--")
+             for name in re.findall(r"`--(?:\[no\])?([a-z0-9_]+)", row.split(" | ")[0])}
+    values = flag_reference.fresh_flag_values()
+    assert len(named) > 50
+    assert sorted(name for name in named if name not in values) == []
