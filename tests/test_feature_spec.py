@@ -153,8 +153,8 @@ def test_chunk_with_undefined_feature_and_bad_type():
     raw["source_spec"]["train"][2]["features"] = ["cat_7.bin"]
     _expect_error(raw, "cat_7.bin", "source_spec.train[2]")
     raw = _raw_spec()
-    raw["source_spec"]["train"][0]["type"] = "parquet"
-    _expect_error(raw, "parquet", "source_spec.train[0]")
+    raw["source_spec"]["train"][0]["type"] = "orc"
+    _expect_error(raw, "orc", "source_spec.train[0]")
 
 
 def test_save_load_round_trip(tmp_path):

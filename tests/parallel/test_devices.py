@@ -36,8 +36,13 @@ class FakeConfig:
 
 
 @pytest.fixture(autouse=True)
-def kernels_setting(monkeypatch):
-    monkeypatch.delenv("TF_DLRM_DISABLE_KERNELS", raising=False)
+def kernels_setting():
+    """select_devices switches the kernels off through the environment: give later tests of this process theirs back."""
+    saved = os.environ.pop("TF_DLRM_DISABLE_KERNELS", None)
+    yield
+    os.environ.pop("TF_DLRM_DISABLE_KERNELS", None)
+    if saved is not None:
+        os.environ["TF_DLRM_DISABLE_KERNELS"] = saved
 
 
 def test_each_rank_sees_its_local_gpu_with_memory_growth():
