@@ -71,3 +71,32 @@ def test_saved_model_refuses_a_wrong_batch_with_its_message(tmp_path_factory, tm
     with open(os.path.join(run["saved_model"], "tf_dlrm_serving.json")) as handle:
         cardinality = json.load(handle)["cardinalities"]
     assert f"sample] [5] [feature] [cat_2.bin] [holds id] [{cardinality[2]}]" in found["id_outside"], found["id_outside"]
+
+
+def test_a_triton_and_a_tf_serving_repository_hold_the_export(tmp_path_factory, tmp_path):
+    """python -m tf_dlrm.cli.serving_repository: Triton's config.pbtxt describes the signature the SavedModel
+    serves (names, types, full shapes), and the copies serve what the export serves."""
+    run = single(tmp_path_factory)
+    repository = tmp_path / "models"
+    for layout, name in (("triton", "dlrm"), ("tf_serving", "dlrm_tfs")):
+        completed = run_python(["-m", "tf_dlrm.cli.serving_repository", f"--saved_model_path={run['saved_model']}",
+                                f"--repository={repository}", f"--name={name}", "--version=3", f"--layout={layout}"])
+        assert f"wrote {layout} model {name!r} version 3" in completed.stdout
+    info = json.loads(open(os.path.join(run["saved_model"], "tf_dlrm_serving.json")).read())["inputs"]
+    config = (repository / "dlrm" / "config.pbtxt").read_text()
+    assert config.startswith('name: "dlrm"\nplatform: "tensorflow_savedmodel"\nmax_batch_size: 0\n'), config
+    for input_name, described in info.items():
+        dims = ", ".join("-1" if size is None else str(size) for size in described["shape"])
+        kind = {"float32": "TYPE_FP32", "int64": "TYPE_INT64"}[described["dtype"]]
+        assert f'    name: "{input_name}"\n    data_type: {kind}\n    dims: [ {dims} ]' in config, config
+    assert '    name: "probability"\n    data_type: TYPE_FP32\n    dims: [ -1 ]' in config, config
+    batch = os.path.join(run["out"], "predict_batch.npz")
+    expected = str(tmp_path / "expected.npy")
+    run_python(["tests/cli/serve_saved_model.py", run["saved_model"], batch, expected])
+    for copy in (repository / "dlrm" / "3" / "model.savedmodel", repository / "dlrm_tfs" / "3"):
+        served = str(tmp_path / f"{copy.parent.parent.name}.npy")
+        run_python(["tests/cli/serve_saved_model.py", str(copy), batch, served])
+        np.testing.assert_array_equal(np.load(served), np.load(expected))
+    refused = run_python(["-m", "tf_dlrm.cli.serving_repository", f"--saved_model_path={tmp_path}",
+                          f"--repository={repository}", "--name=x"], check=False)
+    assert refused.returncode == 2 and f"--saved_model_path={tmp_path} holds no saved_model.pb" in refused.stderr
