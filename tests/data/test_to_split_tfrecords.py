@@ -37,6 +37,9 @@ def test_the_same_samples_read_back(converted):
     assert written == {split: -(-binary.split_files(split).num_samples // 100) for split in binary.splits}
     assert json.load(open(root / "records" / "train" / "length.json")) == 11  # 1050 samples: the last pre-batch holds 50
     names = binary.categorical_features
+    # 11 pre-batches of up to 100 (the last holds 50): 16 batches of 64, not 1100 // 64 = 17.
+    reader = SplitTFRecordsReader(records, "train", 64)
+    assert reader.num_batches == 1050 // 64 == len(list(reader.dataset()))
     for split in binary.splits:
         expected = list(SplitBinaryReader(binary, split, 150, local_categorical=range(len(names))).dataset())
         got = list(SplitTFRecordsReader(records, split, 150).dataset())

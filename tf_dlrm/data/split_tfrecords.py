@@ -118,8 +118,12 @@ class SplitTFRecordsReader:
         if first is None:
             raise FeatureSpecError(f"split_tfrecords: {self.label.directory} holds no records")
         self.prebatch_size = int(first.shape[0])
+        # The last pre-batch may be shorter (a writer's remainder): count its samples, or the loop would
+        # wait for batches the data does not hold.
+        last = next(iter(self.label.prebatches().skip(prebatches - 1).take(1)), None) if prebatches > 1 else first
+        samples = (prebatches - 1) * self.prebatch_size + (int(last.shape[0]) if last is not None else 0)
         # Only whole global batches are read (the last partial one is dropped).
-        self.num_samples = prebatches * self.prebatch_size // global_batch_size * global_batch_size
+        self.num_samples = samples // global_batch_size * global_batch_size
         self.num_numerical = len(spec.numerical_features)
 
     @property
