@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
-from typing import Any
+
+from tf_dlrm.io.json_values import json_value
 
 
 class DLLoggerLog:
@@ -38,7 +38,7 @@ class DLLoggerLog:
         now = datetime.datetime.now()
         record = {"timestamp": str(now.timestamp()), "datetime": str(now),
                   "elapsedtime": str((now - self._started).total_seconds()), "type": "LOG",
-                  "step": list(step) if isinstance(step, tuple) else step, "data": {k: _plain(v) for k, v in data.items()}}
+                  "step": list(step) if isinstance(step, tuple) else step, "data": {k: json_value(v) for k, v in data.items()}}
         self._file.write("DLLL " + json.dumps(record) + "\n")
         self._file.flush()
 
@@ -75,11 +75,3 @@ class DLLoggerLog:
 
     def close(self) -> None:
         self._file.close()
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

@@ -11,6 +11,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from tf_dlrm.io.json_values import json_value
+
 
 class Reporter:
     """Writes only on the chief rank; every other rank gets a silent reporter.
@@ -53,7 +55,7 @@ class Reporter:
             self._dllogger.event(event, fields)
         if not self.enabled or self._log is None:
             return
-        record = {"event": event, **{k: _plain(v) for k, v in fields.items()}}
+        record = {"event": event, **{k: json_value(v) for k, v in fields.items()}}
         self._log.write(json.dumps(record) + "\n")
         self._log.flush()
 
@@ -97,14 +99,6 @@ class Reporter:
             self._dllogger.close()
         if self._writer:
             self._writer.close()
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def _format(value: Any) -> str:
