@@ -71,50 +71,66 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         f.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file, relative to --dataset_path unless absolute.")
         f.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "split_tfrecords", "synthetic"],
                       "tf_raw: split_binary files; split_tfrecords: NVIDIA DLRM_and_DCNv2's pre-batched TFRecords "
-                      "(<dataset>/<split>/categorical_<i>/...); synthetic: random batches in memory.")
+                      "(<dataset>/<split>/categorical_<i>/...); synthetic: random batches of the spec's shape made in memory "
+                      "(benchmarking without disk; random labels).")
         f.DEFINE_string("train_split", "train", "source_spec split to train on.")
         f.DEFINE_string("valid_split", "test", "source_spec split to evaluate on ('' or none: no evaluation); a split the "
                         "spec does not have, or an empty one, is refused before training.")
         f.DEFINE_string("test_split", "", "source_spec split evaluated once at the end, at the state --valid_split chose "
-                        "(--keep_best, --early_stopping_patience); reported as test_auc etc., never used to select ('': none).")
+                        "(--keep_best, --early_stopping_patience); reported as test_auc etc., never used to select ('': none); "
+                        "must differ from --valid_split; --mode=eval reports it too.")
     with _topic("training", flag_values):
-        f.DEFINE_enum("mode", "train", list(MODES), "What to do.")
-        f.DEFINE_integer("batch_size", 4096, "Global training batch size (all ranks together).")
+        f.DEFINE_enum("mode", "train", list(MODES), "What to do: train; eval: a checkpoint's metrics on the validation "
+                      "split; inference: time predictions per --inference_batch_sizes; export: a TF SavedModel for serving "
+                      "(docs/serving.md).")
+        f.DEFINE_integer("batch_size", 4096, "Global training batch size (all ranks together); must divide by the number of ranks.")
         f.DEFINE_float("epochs", 1.0, "Epochs to train (fractions allowed).")
         f.DEFINE_integer("max_steps", -1, "Stop after this many steps (-1: no limit); --mode=inference: timed batches per size.")
         f.DEFINE_integer("seed", 12345, "Seed of weights and data order.")
     with _topic("model", flag_values):
         f.DEFINE_string("embedding_dim", "128", "Embedding dimension of every table (unless the spec or --embedding_dims "
                         "says); as NVIDIA's, also one width per categorical feature in spec order (128,64,...) or a JSON "
-                        "file of that list.")
+                        "file of that list, which overrides the spec's widths (--embedding_dims still wins).")
         f.DEFINE_string("embedding_dims", "", "Per-table widths, e.g. cat_0.bin:16,cat_3.bin:64 (overrides the spec's "
                         "embedding_dim and --embedding_dim; DLRM's dot interaction needs one width, --interaction=cat does not).")
         f.DEFINE_string("embedding_init", str(DEFAULT_EMBEDDING_INIT_BOUND), "Initial embedding values: uniform in [-b, b] "
-                        "for this b, or sqrt_rows for b = 1/sqrt(rows) of each table (the DLRM reference's init).")
+                        "for this b, or sqrt_rows for b = 1/sqrt(rows) of each table (the DLRM reference's init, and the default "
+                        "until 2026-11-25: figures measured before then used it); dynamic tables too.")
         define_model_flags(argv, flag_values=flag_values)
     with _topic("sharding", flag_values):
         f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise", *nvidia_flags.VALUE_ALIASES["dist_strategy"]],
                       "How embedding tables are sharded (NVIDIA's memory_balanced, basic and memory_optimized mean auto).")
         f.DEFINE_integer("column_slice_threshold", None, "Tables with more elements than this are column-sliced.")
         f.DEFINE_integer("data_parallel_threshold", None, "Tables with fewer elements (rows x width) than this are "
-                         "replicated (data-parallel), as NVIDIA's flag; given, --data_parallel_rows applies only if given too.")
+                         "replicated (data-parallel), as NVIDIA's flag; given, --data_parallel_rows applies only if given too. "
+                         "Until 2026-11-26 this flag counted rows: use --data_parallel_rows for rows.")
         f.DEFINE_integer("data_parallel_rows", 2048, "Tables with fewer rows are replicated (data-parallel).")
         f.DEFINE_bool("data_parallel_input", False, "Read local batches of every feature and exchange ids with one alltoall.")
         f.DEFINE_float("hot_rows_budget", 0.0, "Replicate the most looked-up rows of the model-parallel tables on every rank, "
-                       "up to this fraction of their memory (0: off); counts from id_counts.npz next to the training data.")
+                       "up to this fraction of their memory (0: off; only cold rows travel). Several ranks, one-hot features, fixed "
+                       "tables, a model reading the spec's columns as they are (not deepfm or wide_deep), no "
+                       "--data_parallel_input or --deduplicate_exchange. Id counts from id_counts.npz next to the training "
+                       "data (rank 0 writes it when missing); logs the plan and the measured hit rates and bytes.")
         f.DEFINE_float("hot_rows_min_per_step", 0.0, "With --hot_rows_budget: replicate only rows looked up at least this "
                        "often per global batch on average (about the number of ranks is where replication starts to pay).")
         f.DEFINE_string("memory_per_rank", "0", "Refuse, before anything is allocated, a sharding plan whose embedding tables, "
-                        "their optimizer state and hot-row replicas need more than this on some rank (e.g. 8GiB, 1500MiB; 0: no budget "
-                        "of your own). Every run also checks the plan against the memory of each host and memory cgroup.")
+                        "their optimizer state and hot-row replicas need more than this on some rank (8GiB, 1500MiB, 800MB or bytes; 0: "
+                        "no budget of your own); the error names each rank over it. Every run also checks the plan against the "
+                        "memory of each host and memory cgroup, and prints and logs (memory_plan) what each rank will hold.")
         f.DEFINE_integer("hot_row_sync_every", 1, "With --hot_rows_budget and several ranks: each rank updates its hot-row "
                          "replicas with its own gradients and the ranks merge the accumulated changes every this many steps "
-                         "(and before evaluation, checkpoints and the end); 1: the gradients are combined every step (exact).")
+                         "(and before evaluation, checkpoints and the end); 1: the gradients are combined every step (exact). "
+                         "Refused below 1, without --hot_rows_budget or with one rank.")
         f.DEFINE_bool("deduplicate_exchange", False, "Send each rank one embedding row per distinct id of its samples (plus an "
-                      "index per sample) instead of one per sample: fewer alltoall bytes when ids repeat (one-hot features).")
+                      "index per sample) instead of one per sample: fewer alltoall bytes when ids repeat; the same model. Needs one-hot "
+                      "features, fixed tables, a model reading the spec's columns as they are (not deepfm or wide_deep), no "
+                      "--data_parallel_input, and every rank owning a slice (more model-parallel tables than ranks, or "
+                      "--dist_strategy=column_wise); else refused before training.")
         f.DEFINE_bool("split_embedding_tables", False, "Under --amp (bfloat16): store each model-parallel table's float32 "
                       "weights as two 16-bit halves; lookups and the exchange read the bf16 upper half, the update joins "
-                      "both into float32 (the same memory as float32 tables, the same update).")
+                      "both into float32 (the same memory as float32 tables, the same update). Replicated tables stay float32. "
+                      "Refused without bfloat16 compute, with --hot_rows_budget or --deduplicate_exchange, with a --model "
+                      "other than dlrm, and with dynamic tables.")
     with _topic("optimizers", flag_values):
         f.DEFINE_float("learning_rate", 0.001, "Base of the learning-rate schedule. Given on the command line, it is also the "
                        "rate of each optimizer whose own rate flag (--dense_learning_rate, --embedding_learning_rate) is "
@@ -122,12 +138,18 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         # Defaults chosen by benchmarks/sweep_defaults.py (benchmarks/results/model_quality.md).
         f.DEFINE_enum("optimizer", "adam", list(OPTIMIZERS), "Optimizer of the MLPs, on the gradient averaged over ranks; "
                       "given without --embedding_optimizer, also the tables' (as NVIDIA's: sgd -> sgd, adam -> lazy_adam, "
-                      "adagrad -> adagrad, lamb -> lazy_adam).")
+                      "adagrad -> adagrad, lamb -> lazy_adam). lamb: Adam's moments with a per-layer trust ratio ||w||/||u|| "
+                      "(You et al. 2019).")
         f.DEFINE_float("dense_learning_rate", 0.001, "Base learning rate of the MLPs' optimizer, on the schedule of "
                        "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. Adam wants about 1e-3, SGD about 0.5.")
         f.DEFINE_enum("embedding_optimizer", "lazy_adam", list(EMBEDDING_OPTIMIZERS),
-                      "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables); "
-                      "not given: --optimizer's family when that is given.")
+                      "Sparse optimizer of the embedding tables (touched rows only, repeated ids summed first; state sharded "
+                      "like the tables); not given: --optimizer's family when that is given. rowwise_adagrad: one "
+                      "accumulator per row (exact across column slices); ftrl: FTRL-Proximal (McMahan et al. 2013); "
+                      "catch_up_adam: lazy Adam that first applies in closed form the zero-gradient steps dense Adam "
+                      "would have applied to a row since its last update (dense Adam's result at lazy Adam's cost); "
+                      "dense_adam: every row moves every step, as Keras's Adam on an Embedding (small tables only). "
+                      "Compared in benchmarks/results/quality_real.md.")
         f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
                        "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. lazy_adam wants about "
                        "3e-3, adagrad 0.1, sgd about 1. Not given, a model may choose its own (--model=deepfm and "
@@ -137,13 +159,13 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")
         f.DEFINE_float("adam_beta2", 0.999, "beta_2 of adam, lazy_adam and lamb.")
         f.DEFINE_float("adam_epsilon", 1e-8, "Epsilon of adam, lazy_adam and lamb.")
-        f.DEFINE_float("embedding_weight_decay", 0.0, "L2 coefficient on the embedding rows touched in a step (added to their gradient).")
+        f.DEFINE_float("embedding_weight_decay", 0.0, "L2 coefficient on the embedding rows touched in a step (added to their gradient, as one process does).")
         f.DEFINE_float("dense_weight_decay", 0.0, "L2 coefficient on the MLP weights (LAMB: its weight decay, inside the trust ratio).")
-        f.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warmup steps.")
+        f.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warmup steps (NVIDIA's schedule: warmup, constant, decay).")
         f.DEFINE_integer("decay_start_step", 0, "Step at which polynomial (power 2) decay starts.")
         f.DEFINE_integer("decay_steps", 0, "Steps of decay to zero (0: no decay).")
     with _topic("checkpoints", flag_values):
-        f.DEFINE_string("save_checkpoint_path", None, "Directory to save checkpoints to.")
+        f.DEFINE_string("save_checkpoint_path", None, "Directory to save checkpoints to (ckpt-<step> directories, published atomically).")
         f.DEFINE_string(
             "restore_checkpoint_path", None,
             "Checkpoint to restore: a ckpt-<step> directory, or a directory of them (its latest is used).",
@@ -156,37 +178,43 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
             "named and moved aside; else from --restore_checkpoint_path, else from scratch); refused when --batch_size "
             "or the training data differ from the checkpoint's.",
         )
-        f.DEFINE_string("saved_model_path", None, "--mode=export: directory to write the TF SavedModel to (must not exist).")
+        f.DEFINE_string("saved_model_path", None, "--mode=export: directory to write the TF SavedModel to (must not exist, or be empty).")
     with _topic("evaluation", flag_values):
         f.DEFINE_integer("valid_batch_size", None, "Global evaluation batch size (default: --batch_size).")
-        f.DEFINE_integer("evals_per_epoch", 1, "Evaluations per epoch (0: only at the end).")
+        f.DEFINE_integer("evals_per_epoch", 1, "Exact evaluations per epoch, and always one at the end (0: only at the end).")
         f.DEFINE_integer("eval_every_steps", 0, "Evaluate every this many steps instead (0: use --evals_per_epoch; "
                          "not both).")
         f.DEFINE_integer("eval_max_batches", 0, "Evaluate only the first this many global batches of the validation "
-                         "split (a quick partial evaluation, marked partial in the log; 0: the whole split).")
+                         "split (a quick partial evaluation, marked partial in the log and on the console, also in --mode=eval; 0: "
+                         "the whole split).")
         f.DEFINE_integer("early_stopping_patience", 0, "Stop after this many evaluations without an improvement of the "
                          "validation AUC by more than --early_stopping_min_delta, and end with the best state "
-                         "(implies --keep_best); 0: off.")
+                         "(implies --keep_best; logs an early_stop event; needs a validation split); 0: off.")
         f.DEFINE_float("early_stopping_min_delta", 0.0, "With --early_stopping_patience: the AUC gain an evaluation "
                        "must exceed to count as an improvement.")
         f.DEFINE_float("auc_threshold", None, "Stop training once validation AUC reaches this.")
-        f.DEFINE_bool("keep_best", False, "Keep the state of the evaluation with the best validation AUC; restore, report "
+        f.DEFINE_bool("keep_best", False, "Keep the state (weights and optimizers) of the evaluation with the best validation AUC; restore, report "
                       "(final JSON: best_step) and save it at the end.")
         f.DEFINE_string("inference_batch_sizes", "1,64,1024,4096", "--mode=inference: global batch sizes to time.")
     with _topic("runtime", flag_values):
         define_amp_flag(flag_values)
-        f.DEFINE_float("loss_scale", 0.0, "Loss scale for mixed_float16: > 0 static, 0 dynamic (ignored for float32 and bfloat16).")
+        f.DEFINE_float("loss_scale", 0.0, "Loss scale for mixed_float16: > 0 static, 0 dynamic (halved on overflow, the step skipped on every rank; "
+                       "ignored for float32 and bfloat16).")
         f.DEFINE_bool("xla", False, "Compile the dense part of the step with XLA.")
         f.DEFINE_bool("cpu", False, "Train on the CPU even where the host has GPUs (default: one GPU per rank where "
-                      "there are GPUs; GPU training is not yet verified).")
+                      "there are GPUs, each rank seeing only GPU local_rank, memory growth on; more ranks than GPUs on a host is refused; "
+                      "tf_dlrm's own kernels are CPU kernels, so TensorFlow's ops run on the GPU). GPU training is not "
+                      "yet verified: no machine of this project's CI has a GPU.")
         f.DEFINE_bool("bf16_dense_allreduce", False, "Under --amp (bfloat16) with several ranks: average the MLP gradients as "
                       "bfloat16 (half the bytes, two collectives instead of one; slower over a loopback, see benchmarks/results/performance.md).")
-        f.DEFINE_integer("print_freq", 100, "Steps between progress lines.")
+        f.DEFINE_integer("print_freq", 100, "Steps between progress lines (the loss printed and logged is the global "
+                         "batch's, the mean over ranks).")
         f.DEFINE_string("log_path", None, "Log file (rank 0), in --log_format.")
         f.DEFINE_enum("log_format", "jsonl", ["jsonl", "dllogger"], "--log_path's format: jsonl (tf_dlrm's events, one "
                       "JSON object a line) or dllogger (NVIDIA's DLLogger records, 'DLLL {json}' lines, as NVIDIA's --log_path).")
-        f.DEFINE_string("tensorboard_dir", None, "Directory for TensorBoard scalars (rank 0).")
-        f.DEFINE_integer("inter_op_parallelism", 0, "TensorFlow inter-op threads (0: a default per world size).")
+        f.DEFINE_string("tensorboard_dir", None, "Directory for TensorBoard scalars (rank 0): loss, learning rate, samples/s, and each "
+                        "evaluation's auc, logloss, ne, calibration, positive_rate (test_* for --test_split).")
+        f.DEFINE_integer("inter_op_parallelism", 0, "TensorFlow inter-op threads (0: 2, so that independent ops such as the exchange and the bottom MLP overlap).")
         f.DEFINE_integer("intra_op_parallelism", 0, "TensorFlow intra-op threads (0: cores / ranks on this machine).")
         f.DEFINE_string("horovod_cycle_time_ms", "auto", "Horovod's coordination cycle under horovodrun (HOROVOD_CYCLE_TIME): "
                         "milliseconds, or auto: 10 when a rank's MLPs do >= 10M multiply-adds forward per step, else "

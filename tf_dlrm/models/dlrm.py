@@ -17,7 +17,10 @@ from tf_dlrm.models.registry import register
 class DLRMConfig:
     bottom_mlp_dims: tuple[int, ...] = option((512, 256, 128), "Bottom MLP widths; the last equals --embedding_dim for dot.")
     top_mlp_dims: tuple[int, ...] = option((1024, 1024, 512, 256, 1), "Top MLP widths; the last is 1.")
-    interaction: str = option("dot", "Feature interaction.", choices=[k.value for k in InteractionKind])
+    interaction: str = option("dot", "Feature interaction: dot (the strict lower triangle of pairwise dot products of the "
+                              "bottom MLP's output and the embeddings) or cat (all of them concatenated; mixed widths allowed). "
+                              "NVIDIA's dot_custom_cuda and dot_tensorflow mean dot; its cross is refused (use --model=dcnv2).",
+                              choices=[k.value for k in InteractionKind])
     include_diagonal: bool = option(False, "Keep self dot products in the dot interaction.", flag="dot_include_diagonal")
 
     def __post_init__(self):
