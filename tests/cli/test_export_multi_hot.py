@@ -79,17 +79,15 @@ def runs(tmp_path_factory):
     found = {}
     for name in ("multi_hot", "dynamic"):
         saved_model, stem = os.path.join(out, f"{name}_saved_model"), os.path.join(out, f"{name}_predict")
-        more = [f"{stem}_split.npz={stem}_split_served.npy"]
-        if name == "multi_hot":
-            more.append(os.path.join(out, "bad.json"))
+        more = [f"{stem}_split.npz={stem}_split_served.npy", os.path.join(out, f"{name}_bad.json")]
         serve_alone(saved_model, f"{stem}_batch.npz", f"{stem}_served.npy", *more, cwd=str(tmp_path_factory.mktemp("serve")))
         with open(os.path.join(saved_model, "tf_dlrm_serving.json")) as info:
             found[name] = {"served": np.load(f"{stem}_served.npy"), "split_served": np.load(f"{stem}_split_served.npy"),
                            "labels": np.load(f"{stem}_split_labels.npy"), "info": json.load(info),
                            "batch": dict(np.load(f"{stem}_batch.npz")), "trained": np.load(f"{stem}_predictions.npy"),
                            "eval": results[f"{name}_eval"]}
-    with open(os.path.join(out, "bad.json")) as handle:
-        found["multi_hot"]["bad"] = json.load(handle)
+        with open(os.path.join(out, f"{name}_bad.json")) as handle:
+            found[name]["bad"] = json.load(handle)
     return found
 
 
@@ -117,11 +115,25 @@ def test_served_alone_scores_what_eval_scores(runs, name):
     assert run["trained"].std() > 1e-3  # the model is not a constant
 
 
-def test_dynamic_export_takes_raw_keys(runs):
+def test_dynamic_export_takes_raw_keys_and_refuses_wrong_input(runs):
     run = runs["dynamic"]
     keys = run["batch"]["categorical"]
     assert keys.shape == (250, 8) and keys.dtype == np.int64 and np.abs(keys).max() > 2**40  # raw hashed keys
     assert run["info"]["inputs"]["categorical"]["shape"] == [None, 8]
+    found = run["bad"]
+    # Raw keys have no range: a key no table saw reads zeros (test_dynamic_main_checkpoint.py), as in evaluation.
+    assert found.pop("id_outside") == "scored"
+    expected = {
+        "categorical_9_columns": "serving input 'categorical': expected shape [batch, 8]",
+        "numerical_12_columns": "serving input 'numerical': expected shape [batch, 13]",
+        "batch_sizes_differ": "serving inputs 'numerical' and 'categorical' must hold the same number of samples",
+        "categorical_rank_1": "Received shape:] [250]",
+        "categorical_int32": "was expected to be a int64 tensor but is a int32 tensor",
+        "numerical_float64": "was expected to be a float tensor but is a double tensor",
+    }
+    assert sorted(found) == sorted(expected)
+    for case, fragment in expected.items():
+        assert fragment in found[case], (case, found[case])
 
 
 def test_served_multi_hot_model_predicts_like_the_training_model(exported):
@@ -166,3 +178,4 @@ def test_wrong_multi_hot_input_is_refused_with_its_message(exported):
     }
     for case, fragment in expected.items():
         assert fragment in found[case], (case, found[case])
+    assert "scored" not in found.values(), found  # every wrong variant refused, none scored in silence
