@@ -254,7 +254,7 @@ def test_byo_raw_example_as_parquet_trains_to_the_auc_of_its_csv(tmp_path):
     print(f"BYO raw example, one epoch: csv AUC {csv['auc']:.9f} logloss {csv['logloss']:.9f}; pandas Parquet AUC "
           f"{parquet['auc']:.9f} logloss {parquet['logloss']:.9f}; |difference| AUC {abs(csv['auc'] - parquet['auc']):.3g}")
     assert csv["steps"] == parquet["steps"] == 4000 // 256
-    assert csv["auc"] > 0.6  # it learned: the comparison is not of two constant models
+    assert csv["auc"] > 0.55  # it learned: the comparison is not of two constant models
     assert abs(csv["auc"] - parquet["auc"]) <= 1e-6 and abs(csv["logloss"] - parquet["logloss"]) <= 1e-6
 
 

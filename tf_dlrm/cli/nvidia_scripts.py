@@ -14,7 +14,7 @@ from __future__ import annotations
 # NVIDIA's flags: they mean here what they mean there (docs/training.md, "Coming from NVIDIA's DLRM").
 _SHARED = ["--batch_size", "65536", "--valid_batch_size", "65536", "--top_mlp_dims", "1024,1024,512,256,1",
            "--bottom_mlp_dims", "512,256,128", "--embedding_dim", "128", "--decay_start_step", "48000",
-           "--decay_steps", "24000"]
+           "--decay_steps", "24000", "--loss_scale", "65536"]  # loss_scale: NVIDIA main.py's, for both scripts
 SCRIPT_DEFAULTS = {
     "dlrm.py": _SHARED + ["--optimizer", "sgd", "--interaction", "dot_custom_cuda", "--learning_rate", "24",
                           "--warmup_steps", "8000"],
