@@ -6,7 +6,8 @@ Usage: ``[horovodrun -np N] python tests/checkpoint/checkpoint_worker.py TASKS.j
 - ``train`` / ``mode``: what ``main.py`` does with those flags (training, or eval/inference/export);
 - ``predict``: restore the checkpoint of the flags, evaluate the validation split, and predict the
   first validation batch; rank 0 writes ``OUT_DIR/<name>_predictions.npy`` and, with one rank,
-  that batch as ``OUT_DIR/<name>_batch.npz`` (the exported SavedModel's inputs, :func:`serving_batch`).
+  that batch as ``OUT_DIR/<name>_batch.npz`` (the exported SavedModel's inputs, :func:`serving_batch`);
+  with ``"whole_split": true`` (one rank) the whole validation split too (:func:`write_split`).
 
 Rank 0 writes ``OUT_DIR/results.json``: ``{name: record}``; with ``expect_error`` the record is
 ``{"error": message}`` of the CheckpointError / ValueError the task raised (on every rank).
@@ -32,7 +33,7 @@ def parse(argv):
     return config_from_flags(cli.FLAGS)
 
 
-def predict(config, name, out_dir):
+def predict(config, name, out_dir, whole_split=False):
     from tf_dlrm.cli import builder, modes
     from tf_dlrm.train.loop import evaluate
 
@@ -49,6 +50,8 @@ def predict(config, name, out_dir):
         np.save(os.path.join(out_dir, f"{name}_predictions.npy"), probabilities.numpy())
         if session.env.world_size == 1:
             np.savez(os.path.join(out_dir, f"{name}_batch.npz"), **serving_batch(session.spec, embedding, numerical, categorical))
+    if whole_split and session.env.world_size == 1:
+        write_split(session.spec, embedding, reader, os.path.join(out_dir, f"{name}_split"))
     return {"auc": result.auc, "logloss": result.logloss, "samples": result.samples, "step": header["step"],
             "checkpoint": header["path"], "metrics": result.metrics.as_dict(), "every_rank_metrics": every_rank}
 
@@ -67,6 +70,18 @@ def every_rank_metrics(trainer, reader) -> dict:
     return ClickMetrics.of(labels, scores).as_dict()
 
 
+def write_split(spec, embedding, reader, stem: str) -> None:
+    """Every validation sample the evaluation reads, as one serving batch (``STEM.npz``, :func:`serving_batch`)
+    and its labels (``STEM_labels.npy``): what a served model must score to give evaluation's metrics."""
+    parts, labels = [], []
+    for numerical, categorical, label in reader.dataset(epoch=0):
+        parts.append(serving_batch(spec, embedding, numerical, categorical))
+        labels.append(np.asarray(label).reshape(-1))
+    inputs = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+    np.savez(f"{stem}.npz", **inputs)
+    np.save(f"{stem}_labels.npy", np.concatenate(labels)[: reader.num_samples])
+
+
 def serving_batch(spec, embedding, numerical, categorical) -> dict:
     """A batch (one process) as the exported SavedModel's inputs: ``numerical``, ``categorical`` (the one-hot
     features' ids), and each multi-hot feature's ids by its input name (a ragged one as values and row lengths)."""
@@ -74,7 +89,10 @@ def serving_batch(spec, embedding, numerical, categorical) -> dict:
 
     from tf_dlrm.embedding.serving import input_name
 
-    columns = dict(zip(list(embedding.global_categorical) + list(embedding.local_categorical), categorical))
+    if getattr(embedding, "dynamic_only", False):  # every column read on its rank, in spec order
+        columns = dict(enumerate(categorical))
+    else:
+        columns = dict(zip(list(embedding.global_categorical) + list(embedding.local_categorical), categorical))
     batch, one_hot = {"numerical": np.asarray(numerical, np.float32)}, []
     for index, feature in enumerate(spec.categorical_features):
         ids = columns[index]
@@ -98,7 +116,7 @@ def run_task(task, out_dir):
             return modes.run_train(config)
         if task["action"] == "mode":
             return modes.run(config)
-        return predict(config, task["name"], out_dir)
+        return predict(config, task["name"], out_dir, task.get("whole_split", False))
     except ValueError as error:
         if not task.get("expect_error"):
             raise

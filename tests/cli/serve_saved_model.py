@@ -1,24 +1,36 @@
-"""Serves an exported DLRM with TensorFlow alone: ``python serve_saved_model.py SAVED_MODEL BATCH.npz OUT.npy [BAD.json]``.
+"""Serves an exported DLRM with TensorFlow alone:
+``python serve_saved_model.py SAVED_MODEL BATCH.npz OUT.npy [BAD.json] [MORE.npz=MORE_OUT.npy ...]``.
 
-Imports neither tf_dlrm nor Keras (checked at the end): the SavedModel must stand on its own. With
-``BAD.json``, also serves wrong variants of the batch and writes ``{case: the error's first line
-holding "assertion failed", or "scored" when it was not refused}``.
+tf_dlrm cannot be imported here (its paths and the virtualenv's editable-install finder are removed
+first; checked), so neither its Python code nor its kernel library can be loaded: the SavedModel must
+stand on its own. With ``BAD.json``, also serves wrong variants of the batch and writes ``{case: the
+error's first line holding "assertion failed", or "scored" when it was not refused}``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
 
-import numpy as np
+# Whatever PYTHONPATH and the working directory say: no path holding tf_dlrm, no finder installed by
+# `pip install -e` (a .pth file of the virtualenv) that maps the name to a checkout.
+sys.path[:] = [p for p in sys.path if not os.path.isdir(os.path.join(p or os.getcwd(), "tf_dlrm"))]
+sys.meta_path[:] = [f for f in sys.meta_path if "tf_dlrm" not in getattr(f, "__module__", "") + repr(f)]
+if importlib.util.find_spec("tf_dlrm") is not None:
+    sys.exit("tf_dlrm is still importable in the serving process")
+
+import numpy as np  # noqa: E402
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 
 def _as_inputs(batch) -> dict:
-    return {name: tf.constant(array, tf.float32 if name == "numerical" else tf.int64) for name, array in batch.items()}
+    """The batch's arrays as the signature's dtypes (a ``tf.Tensor`` is passed as it is: a wrong dtype's case)."""
+    return {name: array if isinstance(array, tf.Tensor) else tf.constant(array, tf.float32 if name == "numerical" else tf.int64)
+            for name, array in batch.items()}
 
 
 def _bad_multi_hot(info: dict, batch: dict) -> dict:
@@ -47,17 +59,22 @@ def _bad_multi_hot(info: dict, batch: dict) -> dict:
             outside[3, 1] = entry["cardinality"]
             cases[f"{name}_id_outside"] = {**batch, name: outside}
             cases[f"{name}_batch_sizes_differ"] = {**batch, name: batch[name][1:]}
+            cases[f"{name}_int32"] = {**batch, name: tf.constant(batch[name], tf.int32)}
     return cases
 
 
 def main():
     saved_model, batch_path, out_path = sys.argv[1:4]
+    extra = [argument.split("=", 1) for argument in sys.argv[4:] if "=" in argument]  # more IN.npz=OUT.npy
+    bad = [argument for argument in sys.argv[4:] if "=" not in argument]
     batch = dict(np.load(batch_path, allow_pickle=False))
     served = tf.saved_model.load(saved_model)
     signature = served.signatures["serving_default"]
     outputs = signature(**_as_inputs(batch))
     np.save(out_path, outputs["probability"].numpy())
-    if len(sys.argv) > 4:
+    for more_in, more_out in extra:
+        np.save(more_out, signature(**_as_inputs(dict(np.load(more_in, allow_pickle=False))))["probability"].numpy())
+    if bad:
         with open(os.path.join(saved_model, "tf_dlrm_serving.json")) as handle:
             info = json.load(handle)
         cardinalities = info["inputs"]["categorical"].get("cardinalities", info["cardinalities"])  # one-hot columns'
@@ -71,6 +88,9 @@ def main():
             "batch_sizes_differ": {**batch, "categorical": categorical[1:]},
             "id_outside": {**batch, "categorical": outside},
             "categorical_rank_1": {**batch, "categorical": categorical[:, 0]},
+            # Dtypes are the signature's own check (TensorFlow's message: the input's position among the sorted names).
+            "categorical_int32": {**batch, "categorical": tf.constant(categorical, tf.int32)},
+            "numerical_float64": {**batch, "numerical": tf.constant(numerical, tf.float64)},
             **_bad_multi_hot(info["inputs"], batch),
         }
         found = {}
@@ -79,10 +99,10 @@ def main():
                 signature(**_as_inputs(inputs))
                 found[name] = "scored"
             except tf.errors.InvalidArgumentError as error:
-                lines = [line for line in str(error).splitlines() if "assertion failed" in line]
+                lines = [line for line in str(error).splitlines() if "assertion failed" in line or "was expected" in line]
                 # TensorFlow escapes the quotes of the message.
                 found[name] = lines[0].strip().replace("\\'", "'") if lines else str(error)
-        with open(sys.argv[4], "w") as handle:
+        with open(bad[0], "w") as handle:
             json.dump(found, handle, indent=1)
     leaked = sorted(name for name in sys.modules if name == "tf_dlrm" or name.startswith("tf_dlrm."))
     if leaked:

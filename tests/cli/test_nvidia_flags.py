@@ -82,7 +82,7 @@ CASES = {
     "projection_dlrm": ["--cross_layer_projection_dim", "512"],
     "dot_interaction_dummy": ["--dot_interaction", "dummy"],
 }
-from tf_dlrm.cli.nvidia_flags import REFUSED, _SWITCHES  # noqa: E402  (the flags the tests below refuse one by one)
+from tf_dlrm.cli.nvidia_flags import REFUSED, REFUSED_VALUES, _SWITCHES  # noqa: E402  (the flags the tests below refuse one by one)
 
 for _name in REFUSED:
     CASES[f"refused_{_name}"] = [f"--{_name}"] if _name in _SWITCHES else [f"--{_name}", "5"]
@@ -197,19 +197,20 @@ def dllogger_records(path):
 
 
 def test_nvidia_readme_command_lines_train_what_they_mean(tmp_path):
-    """DLE's README lines, ``python`` in place of their launcher: the multi-GPU quick start
+    """DLE's README lines as written, ``dlrm.py`` included (tf_dlrm's ``dlrm.py``: main.py with NVIDIA dlrm.py's
+    defaults), with the launcher's ``numactl --interleave=all --`` dropped: the multi-GPU quick start
     (``horovodrun -np 8 ... python -u dlrm.py --dataset_path ... --amp --xla --save_checkpoint_path ...``, here on
-    2 ranks) with DLE's optimizer flags, small widths and a DLLogger log trains SGD at the given rate on the tables
-    too; the evaluation line (``... --restore_checkpoint_path <path> --mode eval``) and the inference line
-    (``... --restore_checkpoint_path <path> --mode inference``) write DLE's records."""
+    2 ranks) with small widths and a DLLogger log trains SGD at dlrm.py's rate 24 on the tables too (no optimizer
+    flag on the line: the script's defaults); the evaluation line (``... --restore_checkpoint_path <path> --mode
+    eval``) and the inference line (``... --restore_checkpoint_path <path> --mode inference``) write DLE's records."""
     from tests.conftest import launch
 
     data = make_synthetic_small(tmp_path / "data", seed=3, num_train=2048, num_valid=1024)
     checkpoints, log = tmp_path / "checkpoint", tmp_path / "dlrm_tf_log.json"
     model = ["--embedding_dim", "8", "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1", "--batch_size", "512",
-             "--valid_batch_size", "512", "--interaction", "dot_custom_cuda"]
-    launch(2, ["-u", "main.py", "--dataset_path", str(data), "--amp", "--xla", "--save_checkpoint_path", str(checkpoints),
-               "--optimizer", "sgd", "--learning_rate", "24", "--warmup_steps", "100", *model,
+             "--valid_batch_size", "512"]
+    launch(2, ["-u", "dlrm.py", "--dataset_path", str(data), "--amp", "--xla", "--save_checkpoint_path", str(checkpoints),
+               "--warmup_steps", "100", *model,
                "--max_steps", "3", "--auc_thresholds", "8000", "--log_path", str(log), "--log_format", "dllogger"])
     [checkpoint] = glob.glob(str(checkpoints / "ckpt-*"))
     with open(os.path.join(checkpoint, "manifest.json")) as handle:
@@ -234,11 +235,11 @@ def test_nvidia_readme_command_lines_train_what_they_mean(tmp_path):
         assert {"timestamp", "datetime", "elapsedtime", "type", "step", "data"} <= set(record)
 
     evaluated, timed = tmp_path / "eval_log.json", tmp_path / "inference_log.json"
-    run_python(["-u", "main.py", "--dataset_path", str(data), "--amp", "--xla", *model, "--restore_checkpoint_path",
+    run_python(["-u", "dlrm.py", "--dataset_path", str(data), "--amp", "--xla", *model, "--restore_checkpoint_path",
                 str(checkpoints), "--mode", "eval", "--log_path", str(evaluated), "--log_format", "dllogger"])
     [final] = [r for r in dllogger_records(evaluated) if r["step"] == []]
     assert set(final["data"]) == {"auc", "test_loss"} and 0 < final["data"]["auc"] < 1 and final["data"]["test_loss"] > 0
-    run_python(["-u", "main.py", "--dataset_path", str(data), "--amp", *model, "--restore_checkpoint_path",
+    run_python(["-u", "dlrm.py", "--dataset_path", str(data), "--amp", *model, "--restore_checkpoint_path",
                 str(checkpoints), "--mode", "inference", "--max_steps", "5", "--log_path", str(timed), "--log_format", "dllogger"])
     [final] = [r for r in dllogger_records(timed) if r["step"] == []]
     figures = final["data"]
@@ -256,3 +257,27 @@ def test_refused_flag_stops_main_before_any_work(tmp_path):
     assert completed.stderr.strip().splitlines()[-1] == (
         f"error (rank 0): --row_slice_threshold (NVIDIA's flag) is not supported: {REFUSED['row_slice_threshold']}")
     assert not log.exists()
+
+
+def test_nvidia_dcnv2_script_line_stops_in_one_line(tmp_path):
+    """DLE's DCNv2 quick start (``python -u dcnv2.py --dataset_path ... --amp --xla --save_checkpoint_path ...``):
+    NVIDIA's dcnv2.py trains a DCNv2 with a bottom MLP before its cross layers (its default ``--interaction
+    cross``), which tf_dlrm does not build: one line naming the nearest flags, before any work."""
+    checkpoints = tmp_path / "checkpoint"
+    completed = run_python(["-u", "dcnv2.py", "--dataset_path", str(tmp_path), "--amp", "--xla", "--save_checkpoint_path",
+                            str(checkpoints)], check=False)
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert completed.stderr.strip().splitlines() == [
+        f"error (rank 0): {REFUSED_VALUES[('interaction', 'cross')]}"], completed.stderr[-2000:]
+    assert not checkpoints.exists()
+
+
+def test_nvidia_scripts_put_their_defaults_before_the_line():
+    """The line's own flags come last, so they override the script's defaults (absl keeps a flag's last value)."""
+    from tf_dlrm.cli.nvidia_scripts import script_argv
+
+    argv = script_argv("dlrm.py", ["dlrm.py", "--learning_rate", "3", "--mode", "eval"])
+    assert argv[0] == "dlrm.py" and argv[-4:] == ["--learning_rate", "3", "--mode", "eval"]
+    assert argv[argv.index("--learning_rate") + 1] == "24" and argv[argv.index("--optimizer") + 1] == "sgd"
+    dcnv2 = script_argv("dcnv2.py", ["dcnv2.py"])
+    assert dcnv2[dcnv2.index("--optimizer") + 1] == "adam" and dcnv2[dcnv2.index("--learning_rate") + 1] == "0.0001"

@@ -203,10 +203,10 @@ def test_command_line_refuses_a_bad_file_in_one_line(tmp_path):
     assert not os.path.exists(tmp_path / "out")
 
 
-@pytest.mark.parametrize("spec_name", ["feature_spec.yaml", "feature_spec_hashed.yaml"])
-def test_byo_raw_example_as_pandas_writes_it_transcodes_to_the_same_bytes(tmp_path, spec_name):
-    """The csv example read by pandas (its own dtypes: float64 prices, int64 visits, strings) and written with
-    DataFrame.to_parquet, both encodings: the same bytes as the csv, so training gives the same AUC."""
+def _byo_both_ways(tmp_path, spec_name: str) -> None:
+    """The BYO raw example transcoded from its csv files (``from_csv``) and from Parquet files pandas wrote of
+    them (``from_parquet``): read by pandas (its own dtypes: float64 prices, int64 visits, strings), written with
+    DataFrame.to_parquet."""
     example = os.path.join(REPO, "feature_specs", "byo_raw_example")
     raw = yaml.safe_load(open(os.path.join(example, spec_name)))
     for split, chunks in raw["source_spec"].items():
@@ -221,11 +221,41 @@ def test_byo_raw_example_as_pandas_writes_it_transcodes_to_the_same_bytes(tmp_pa
     (tmp_path / "parquet.yaml").write_text(yaml.safe_dump(raw))
     transcode(str(tmp_path / "parquet.yaml"), str(tmp_path / "from_parquet"))
     transcode(os.path.join(example, spec_name), str(tmp_path / "from_csv"))
+
+
+@pytest.mark.parametrize("spec_name", ["feature_spec.yaml", "feature_spec_hashed.yaml"])
+def test_byo_raw_example_as_pandas_writes_it_transcodes_to_the_same_bytes(tmp_path, spec_name):
+    """Both encodings: the Parquet files give the same bytes as the csv (so training gives the same AUC:
+    test_byo_raw_example_as_parquet_trains_to_the_auc_of_its_csv)."""
+    _byo_both_ways(tmp_path, spec_name)
     from_csv, from_parquet = _listing(tmp_path / "from_csv"), _listing(tmp_path / "from_parquet")
     assert sorted(from_parquet) == sorted(from_csv)
     for name in from_csv:
         assert from_parquet[name] == from_csv[name], name
     assert _written_spec(tmp_path / "from_parquet") == _written_spec(tmp_path / "from_csv")
+
+
+def test_byo_raw_example_as_parquet_trains_to_the_auc_of_its_csv(tmp_path):
+    """The docs' BYO training line (docs/data.md, one process, one epoch) on both transcodes, in one process:
+    the same validation AUC and logloss (1e-6)."""
+    import json
+
+    from conftest import run_python
+
+    _byo_both_ways(tmp_path, "feature_spec.yaml")
+    flags = ["--batch_size=256", "--epochs=1", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1",
+             "--embedding_learning_rate=0.03", "--seed=1", "--print_freq=1000"]
+    tasks = [{"name": source, "action": "train", "argv": [f"--dataset_path={tmp_path / source}", *flags]}
+             for source in ("from_csv", "from_parquet")]
+    (tmp_path / "tasks.json").write_text(json.dumps(tasks))
+    run_python(["tests/checkpoint/checkpoint_worker.py", str(tmp_path / "tasks.json"), str(tmp_path)])
+    results = json.loads((tmp_path / "results.json").read_text())
+    csv, parquet = results["from_csv"], results["from_parquet"]
+    print(f"BYO raw example, one epoch: csv AUC {csv['auc']:.9f} logloss {csv['logloss']:.9f}; pandas Parquet AUC "
+          f"{parquet['auc']:.9f} logloss {parquet['logloss']:.9f}; |difference| AUC {abs(csv['auc'] - parquet['auc']):.3g}")
+    assert csv["steps"] == parquet["steps"] == 4000 // 256
+    assert csv["auc"] > 0.55  # it learned: the comparison is not of two constant models
+    assert abs(csv["auc"] - parquet["auc"]) <= 1e-6 and abs(csv["logloss"] - parquet["logloss"]) <= 1e-6
 
 
 def test_csv_only_keys_and_engines_are_refused(tmp_path):

@@ -38,7 +38,7 @@ from absl import logging as absl_logging
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.io.publish import check_replaceable, staged_output
 from tf_dlrm.embedding.serving import (checked_batch, checked_inputs, checked_multi_hot, flat_signature, input_name,
-                                      ragged_input)
+                                      own_kernels, ragged_input)
 from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.checkpoint import store as checkpoint_store
 from tf_dlrm.ops import kernels_off
@@ -249,6 +249,10 @@ def _save(module, temporary: str, info: dict) -> None:
     try:
         # tf_dlrm's own CPU kernels are not part of TensorFlow: the signature is traced with TensorFlow's ops.
         with kernels_off():
+            custom = own_kernels(module.serve)
+            if custom:  # a model layer that chose a kernel as it was built, before kernels_off
+                raise ValueError(f"Expected a serving graph of TensorFlow's ops only. Received: tf_dlrm's kernels {custom}, "
+                                 "which plain TensorFlow cannot load")
             tf.saved_model.save(module, temporary, signatures={"serving_default": module.serve})
     finally:
         absl_logging.set_verbosity(verbosity)

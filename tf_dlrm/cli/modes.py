@@ -314,9 +314,14 @@ def run_eval(config) -> dict:
     session = open_session(config)
     header = restore(session)
     splits = [config.valid_split] + ([config.test_split] if config.test_split else [])
+    available = session.spec.splits
+    if config.dataset_type == "split_tfrecords":  # NVIDIA's layout: a split is a directory of records
+        from tf_dlrm.data.split_tfrecords import splits_of
+
+        available = splits_of(session.spec)
     for flag, split in zip(("valid_split", "test_split"), splits):
-        if split not in session.spec.splits:
-            raise ValueError(f"--{flag}={split} is not a split of {session.spec.source}: {session.spec.splits}")
+        if split not in available:
+            raise ValueError(f"--{flag}={split} is not a split of {session.spec.source}: {available}")
     results = []
     for index, split in enumerate(splits):
         reader = builder.make_reader(

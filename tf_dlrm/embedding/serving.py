@@ -206,6 +206,14 @@ class _Serving(tf.Module):
         self.serve = tf.function(serve, input_signature=flat)
 
 
+def own_kernels(function) -> list[str]:
+    """The tf_dlrm kernels (ops named ``TfDlrm*``) a ``tf.function`` with an input signature runs: a SavedModel
+    holding one loads only where tf_dlrm's kernel library is loaded first."""
+    graph = function.get_concrete_function().graph.as_graph_def()
+    used = {node.op for node in graph.node} | {node.op for function in graph.library.function for node in function.node_def}
+    return sorted(op for op in used if op.startswith("TfDlrm"))
+
+
 def export_saved_model(model, path: str, input_signature: dict) -> str:
     """Writes ``model`` (built, in one process) as a SavedModel at ``path`` (which must not exist;
     written beside it first, then renamed); returns ``path``.
@@ -226,9 +234,7 @@ def export_saved_model(model, path: str, input_signature: dict) -> str:
     if os.path.exists(path):
         raise ValueError(f"Expected a new SavedModel path. Received: {path!r}, which exists")
     module = _Serving(model, dict(input_signature))
-    graph = module.serve.get_concrete_function().graph.as_graph_def()
-    used = {node.op for node in graph.node} | {node.op for function in graph.library.function for node in function.node_def}
-    custom = sorted(op for op in used if op.startswith("TfDlrm"))
+    custom = own_kernels(module.serve)
     if custom:
         raise ValueError(f"The serving graph uses tf_dlrm's own kernels {custom}, which plain TensorFlow cannot load: "
                          "build the serving model in a process started with TF_DLRM_DISABLE_KERNELS=1")
