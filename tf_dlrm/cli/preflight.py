@@ -49,7 +49,7 @@ def _check_remote(flag: str, path: str) -> None:
         if files.isfile(path):
             raise ValueError(f"--{flag}={path} is a file; expected a directory (existing, or one to create)")
     except OSError as error:
-        raise ValueError(f"--{flag}={path}: {error}") from None
+        raise ValueError(f"--{flag}={path}: {str(error).removeprefix(f'{path}: ')}") from None
 
 
 def _check_writable_file(flag: str, path: str | None) -> None:
@@ -60,7 +60,7 @@ def _check_writable_file(flag: str, path: str | None) -> None:
             if files.isdir(path):
                 raise ValueError(f"--{flag}={path} is a directory; expected a file name")
         except OSError as error:
-            raise ValueError(f"--{flag}={path}: {error}") from None
+            raise ValueError(f"--{flag}={path}: {str(error).removeprefix(f'{path}: ')}") from None
         return
     if os.path.isdir(path):
         raise ValueError(f"--{flag}={path} is a directory; expected a file name")

@@ -149,7 +149,8 @@ def isdir(path: str) -> bool:
     if not is_remote(path):
         return os.path.isdir(path)
     with _translated(path):
-        return _gfile().isdir(path)
+        # exists() first: isdir() answers False for a scheme without a filesystem, exists() says why.
+        return _gfile().exists(path) and _gfile().isdir(path)
 
 
 def getsize(path: str) -> int:
