@@ -43,10 +43,6 @@ class OutputDirectoryError(FileExistsError, ValueError):
     """An output directory cannot be (re)written without losing something that is not ours."""
 
 
-def _inside(path: str, directory: str) -> bool:
-    return files.inside(path, directory)
-
-
 def _files(directory: str) -> list[str]:
     """Every file and link under ``directory``, relative, sorted (empty directories are not listed)."""
     if files.is_remote(directory):
@@ -69,7 +65,7 @@ def check_replaceable(output_dir: str, flag: str, writer: str, inputs: Iterable[
         inputs: paths the writer reads.
     """
     for path in inputs:
-        if path and _inside(path, output_dir):
+        if path and files.inside(path, output_dir):
             raise OutputDirectoryError(
                 f"{flag}={output_dir} holds {path}, an input of this run: writing the output there would delete "
                 "its own input. Choose an output directory outside the input's"
