@@ -228,32 +228,55 @@ def test_a_remote_output_is_complete_only_with_its_manifest(remote):
         publish.check_replaceable(output, "--saved_model_path", "tf_dlrm export")
 
 
-def test_the_dataset_reader_reads_the_same_batches_from_remote_storage(tmp_path, remote):
-    from tf_dlrm.data.reader import SplitBinaryReader
-    from tf_dlrm.data.synthetic import generate
-    from tf_dlrm.spec.feature_spec import FeatureSpec
-
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = FeatureSpec.load(os.path.join(repo, "feature_specs", "synthetic_small.yaml"), check_files=False)
-    local = str(tmp_path / "data")
-    generate(spec, local, num_train_samples=600, num_valid_samples=10, seed=5)
+def _copy_up(local: str, target: str) -> None:
     for root, _, names in os.walk(local):
         relative = os.path.relpath(root, local)
         for name in names:
-            target = files.join(remote, "data", *([] if relative == "." else [relative]), name)
-            files.makedirs(files.dirname(target))
-            tf.io.gfile.copy(os.path.join(root, name), target)
-    readers = [SplitBinaryReader(FeatureSpec.load(files.join(base, "feature_spec.yaml")), "train", 128, rank=1, world_size=2,
-                                 global_categorical=[0, 2], last_batch="pad", parallel_reads=3)
-               for base in (local, files.join(remote, "data"))]
-    assert readers[0].num_samples == readers[1].num_samples == 600
+            path = files.join(target, *([] if relative == "." else [relative]), name)
+            files.makedirs(files.dirname(path))
+            tf.io.gfile.copy(os.path.join(root, name), path)
+
+
+def _same_batches(readers) -> int:
+    batches = 0
     for (a_num, a_cat, a_label), (b_num, b_cat, b_label) in zip(readers[0].dataset(), readers[1].dataset()):
         np.testing.assert_array_equal(a_num.numpy(), b_num.numpy())
         np.testing.assert_array_equal(a_label.numpy(), b_label.numpy())
         for a, b in zip(a_cat, b_cat):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
+        batches += 1
+    return batches
+
+
+def test_the_dataset_readers_read_the_same_batches_from_remote_storage(tmp_path, remote):
+    from tf_dlrm.data.reader import SplitBinaryReader
+    from tf_dlrm.data.split_tfrecords import _Input
+    from tf_dlrm.data.synthetic import generate
+    from tf_dlrm.data.to_split_tfrecords import convert
+    from tf_dlrm.spec.feature_spec import FeatureSpec
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    spec = FeatureSpec.load(os.path.join(repo, "feature_specs", "synthetic_small.yaml"), check_files=False)
+    local, records = str(tmp_path / "data"), str(tmp_path / "records")
+    generate(spec, local, num_train_samples=600, num_valid_samples=10, seed=5)
+    convert(local, records, prebatch_size=64, prebatches_per_file=3)
+    _copy_up(local, files.join(remote, "data"))
+    _copy_up(records, files.join(remote, "records"))
+    readers = [SplitBinaryReader(FeatureSpec.load(files.join(base, "feature_spec.yaml")), "train", 128, rank=1, world_size=2,
+                                 global_categorical=[0, 2], last_batch="pad", parallel_reads=3)
+               for base in (local, files.join(remote, "data"))]
+    assert readers[0].num_samples == readers[1].num_samples == 600
+    assert _same_batches(readers) == 5
     for reader in readers:
         reader.close()
+    # split_tfrecords: each input directory's format.json and data_<k>.tfrecords files, found and read there.
+    inputs = [_Input(files.join(base, "train", "categorical_2")) for base in (records, files.join(remote, "records"))]
+    assert [files.basename(p) for p in inputs[1].files] == [f"data_{k}.tfrecords" for k in range(4)]  # 10 pre-batches, 3 a file
+    assert inputs[1].files[0].startswith("ram://") and inputs[0].dtype == inputs[1].dtype
+    pairs = list(zip(inputs[0].prebatches(), inputs[1].prebatches()))
+    assert len(pairs) == 10
+    for a, b in pairs:
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
 def test_dynamic_table_rank_files_are_the_same_bytes_on_remote_storage(tmp_path, remote):
