@@ -75,6 +75,11 @@ def test_local_and_remote_files_give_the_same_bytes(tmp_path, remote):
             json.dump({"é": 1}, handle)
     with files.open_file(local_text, encoding="utf-8") as a, files.open_file(remote_text, encoding="utf-8") as b:
         assert a.read() == b.read()
+    # "w" replaces what a file held (ram:// itself would append).
+    with files.open_file(remote_text, "w") as handle:
+        handle.write("{}")
+    with files.open_file(remote_text) as handle:
+        assert handle.read() == "{}"
 
 
 def test_renames_removals_and_trees_on_remote_storage(remote):
@@ -296,3 +301,18 @@ def test_dynamic_table_rank_files_are_the_same_bytes_on_remote_storage(tmp_path,
     assert sorted(loaded) == sorted(arrays)
     for name, values in arrays.items():
         np.testing.assert_array_equal(loaded[name], values)
+
+
+def test_a_corrupt_remote_checkpoint_is_skipped_and_moved_aside(remote):
+    from tf_dlrm.checkpoint import checks
+
+    save_path = files.join(remote, "ckpt")
+    _, good = _save_in_place(save_path, 2)
+    _, bad = _save_in_place(save_path, 4)
+    with files.open_file(files.join(bad, "tables/table_000.npy"), "wb") as handle:
+        handle.write(b"\x00" * files.getsize(files.join(good, "tables/table_000.npy")))  # same size, other bytes
+    chosen, skipped = checks.newest_intact(save_path, move_aside=True)
+    assert chosen == good and len(skipped) == 1 and "sha256" in skipped[0] and "ckpt-00000004.corrupt" in skipped[0]
+    assert sorted(files.listdir(save_path)) == ["ckpt-00000002", "ckpt-00000004.corrupt", "latest"]
+    assert files.walk_files(files.join(save_path, "ckpt-00000004.corrupt")) == [
+        "feature_spec.yaml", "manifest.json", "model_config.json", "tables/table_000.npy"]

@@ -275,6 +275,9 @@ class _RemoteFile:
     def __init__(self, path: str, mode: str):
         self.path = path
         with _translated(path):
+            if "w" in mode and _gfile().exists(path):
+                # "w" truncates; TensorFlow's ram:// appends to an existing file instead, so start from none.
+                _gfile().remove(path)
             self._file = _gfile().GFile(path, mode)
             if "r" in mode:
                 self._file.size()  # a missing file fails here, as open() does, not at the first read
