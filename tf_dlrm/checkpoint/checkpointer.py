@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import time
 
 import yaml
@@ -40,6 +39,7 @@ from tf_dlrm.checkpoint import embedding_state
 from tf_dlrm.checkpoint import slices
 from tf_dlrm.checkpoint import store
 from tf_dlrm.checkpoint.checks import RestoreChecks
+from tf_dlrm.io import files
 from tf_dlrm.train.guards import non_finite_arrays
 from tf_dlrm.train.memory_watch import MemoryWatch
 from tf_dlrm.checkpoint.store import (
@@ -134,6 +134,13 @@ class Checkpointer(RestoreChecks):
         header = self.restore(config.restore_checkpoint_path, resume=config.resume, for_training=True)
         return header["step"] if header else 0
 
+    def _lock_directory(self):
+        """Rank 0's lock on ``save_path``; on remote storage (no file locks) none, said in one line."""
+        held = lock.lock_directory(self.save_path)
+        if held.note:
+            self.reporter.say(held.note)
+        return held
+
     def on_step(self, step: int, epoch: int, batch_in_epoch: int) -> None:
         """The loop's hook: saves every ``every_steps`` steps."""
         if self.save_path and self.every_steps and step % self.every_steps == 0:
@@ -196,10 +203,11 @@ class Checkpointer(RestoreChecks):
                     self._write_rest(temporary, step, files, tables, state_entries, dynamic_record)
                     store.publish(self.save_path, temporary, final, self.keep)
                 except OSError as failure:
-                    published = os.path.isdir(final) and not os.path.exists(temporary)
+                    published = store.is_published(final) if temporary == final else (
+                        os.path.isdir(final) and not os.path.exists(temporary))
                     error = f"{'published' if published else 'cannot complete'} checkpoint {final}, then failed: {failure}"
             if self.env.is_chief and error is not None and temporary is not None:
-                shutil.rmtree(temporary, ignore_errors=True)
+                store.discard(temporary, final)
         status = collectives.broadcast_json(self.env, {"error": error, "path": final}, "checkpoint_save_status")
         figures = memory.gathered(self.env)
         if status["error"]:
@@ -285,11 +293,11 @@ class Checkpointer(RestoreChecks):
                     # Held until this process exits; taken once the checks pass when the directory is new, so
                     # that a refused run leaves nothing behind.
                     owned = for_training and self.save_path and self.directory_lock is None
-                    if owned and os.path.isdir(self.save_path):
-                        self.directory_lock = lock.DirectoryLock(self.save_path)
+                    if owned and files.isdir(self.save_path):
+                        self.directory_lock = self._lock_directory()
                     header = self._check(restore_path, resume, for_training, required)
                     if owned and self.directory_lock is None:
-                        self.directory_lock = lock.DirectoryLock(self.save_path)
+                        self.directory_lock = self._lock_directory()
                 except (ValueError, TypeError, KeyError, OSError) as failure:  # CheckpointError is a ValueError
                     # Rank 0 must not fail alone: every rank raises the same error below.
                     header = {"error": str(failure) if isinstance(failure, CheckpointError) else f"checkpoint {restore_path or self.save_path} is malformed: {failure!r}"}

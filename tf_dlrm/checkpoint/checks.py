@@ -22,15 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 
 from tf_dlrm.checkpoint import dynamic_tables, lock
 from tf_dlrm.checkpoint import embedding_state
 from tf_dlrm.checkpoint.slices import open_slices
 from tf_dlrm.checkpoint.store import (
-    CheckpointError, check_compatible, latest_checkpoint, list_checkpoints, load_array, read_manifest, resolve,
+    MANIFEST, CheckpointError, check_compatible, latest_checkpoint, list_checkpoints, load_array, read_manifest, resolve,
     verify_files,
 )
+from tf_dlrm.io import files
 
 _EDGE_BYTES = 1 << 16  # bytes hashed at each end of every data file
 
@@ -56,7 +56,7 @@ def newest_intact(save_path: str, move_aside: bool, held: contextlib.ExitStack |
             line = f"skipped checkpoint {path}: {error}"
             if move_aside:
                 aside = _aside_name(path)
-                os.rename(path, aside)
+                files.move_tree(path, aside, first=(MANIFEST,))
                 line += f"; moved it aside to {aside}"
             skipped.append(line)
             continue
@@ -69,7 +69,7 @@ def newest_intact(save_path: str, move_aside: bool, held: contextlib.ExitStack |
 def _aside_name(path: str) -> str:
     """``ckpt-N.corrupt``, or ``ckpt-N.corrupt-2``, ... when a run before this one moved one aside already."""
     aside, number = f"{path}.corrupt", 1
-    while os.path.lexists(aside):
+    while files.exists(aside):
         number += 1
         aside = f"{path}.corrupt-{number}"
     return aside
@@ -85,9 +85,9 @@ def _fingerprint(paths) -> str:
     """sha256 of each file's name, size and first and last 64 KiB: cheap, and changes with the data."""
     digest = hashlib.sha256()
     for path in paths:
-        size = os.path.getsize(path)
-        digest.update(f"{os.path.basename(path)}:{size}:".encode())
-        with open(path, "rb") as handle:
+        size = files.getsize(path)
+        digest.update(f"{files.basename(path)}:{size}:".encode())
+        with files.open_file(path, "rb") as handle:
             digest.update(handle.read(_EDGE_BYTES))
             handle.seek(max(0, size - _EDGE_BYTES))
             digest.update(handle.read(_EDGE_BYTES))
@@ -143,21 +143,21 @@ class RestoreChecks:
                     return directory, skipped, False
                 except lock.CheckpointVanished as gone:
                     # A directory of checkpoints: its newest was deleted as it was chosen; the next one.
-                    if attempt == 2 or os.path.abspath(directory) == os.path.abspath(restore_path):
+                    if attempt == 2 or files.absolute(directory) == files.absolute(restore_path):
                         raise
                     skipped.append(f"{gone} (by its run's retention); taking the newest one left")
         return None, skipped, False
 
     def _is_own(self, directory: str) -> bool:
         """Whether ``directory`` is one of this run's checkpoints (under ``--save_checkpoint_path``)."""
-        return bool(self.save_path) and os.path.dirname(os.path.abspath(directory)) == os.path.abspath(self.save_path)
+        return bool(self.save_path) and files.dirname(files.absolute(directory)) == files.absolute(self.save_path)
 
     def _check(self, restore_path, resume: bool, for_training: bool, required: bool) -> dict:
         """Rank 0: picks and fully verifies the checkpoint before any weight changes."""
         if for_training and self.save_path and not resume and list_checkpoints(self.save_path):
             raise CheckpointError(
                 f"--save_checkpoint_path={self.save_path} already holds checkpoints (latest "
-                f"{os.path.basename(latest_checkpoint(self.save_path))}): pass --resume to continue from it, "
+                f"{files.basename(latest_checkpoint(self.save_path))}): pass --resume to continue from it, "
                 "or choose another directory"
             )
         directory, skipped, verified = self._choose(restore_path, resume, for_training)

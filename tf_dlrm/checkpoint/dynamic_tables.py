@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import io
 import json
 import os
 
@@ -43,6 +44,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.checkpoint import store
+from tf_dlrm.io import files
 from tf_dlrm.checkpoint.store import CheckpointError
 from tf_dlrm.optimizers.sparse_optimizer import tf_variable
 from tf_dlrm.parallel import collectives
@@ -55,7 +57,7 @@ FIXED_MANIFEST = "manifest.json"
 
 
 def _rank_file(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"dynamic_rank{rank}.npz")
+    return files.join(directory, f"dynamic_rank{rank}.npz") if directory else f"dynamic_rank{rank}.npz"
 
 
 def rank_arrays(layer, sparse_updater) -> dict:
@@ -92,36 +94,39 @@ def meta_of(layer, sparse_updater, world_size: int) -> dict:
 
 
 def rank_file_name(rank: int) -> str:
-    return os.path.basename(_rank_file("", rank))
+    return _rank_file("", rank)
 
 
 def save_rows(directory: str, layer, sparse_updater, env) -> None:
     """Collective: every rank writes its shards' live rows, then rank 0 the commit mark."""
-    os.makedirs(directory, exist_ok=True)
+    files.makedirs(directory)
     arrays = rank_arrays(layer, sparse_updater)
     temporary = _rank_file(directory, env.rank) + ".partial.npz"
-    np.savez(temporary, **arrays)
-    os.replace(temporary, _rank_file(directory, env.rank))
+    if files.is_remote(directory):
+        _write_rank_file(temporary, arrays)
+    else:
+        np.savez(temporary, **arrays)
+    files.replace(temporary, _rank_file(directory, env.rank))
     collectives.barrier(env)
     if env.is_chief:
         meta = meta_of(layer, sparse_updater, env.world_size)
-        with open(os.path.join(directory, META + ".partial"), "w") as handle:
+        with files.open_file(files.join(directory, META + ".partial"), "w") as handle:
             json.dump(meta, handle, indent=1)
-        os.replace(os.path.join(directory, META + ".partial"), os.path.join(directory, META))
+        files.replace(files.join(directory, META + ".partial"), files.join(directory, META))
     collectives.barrier(env)
 
 
 def read_meta(directory: str) -> dict:
     """The commit mark, checked; a clear error for a fixed-table or unfinished checkpoint."""
-    path = os.path.join(directory, META)
-    if not os.path.isfile(path):
-        if os.path.isfile(os.path.join(directory, FIXED_MANIFEST)):
+    path = files.join(directory, META)
+    if not files.isfile(path):
+        if files.isfile(files.join(directory, FIXED_MANIFEST)):
             raise ValueError(f"The checkpoint {directory} holds fixed embedding tables (a {FIXED_MANIFEST}, no {META}): "
                              "a dynamic table restores only from a dynamic-table checkpoint; train the dynamic model "
                              "from scratch or keep the fixed tables.")
         raise ValueError(f"Expected a dynamic-table checkpoint in {directory}. Received: no {META} there (not a "
                          "checkpoint, or a save that did not finish).")
-    with open(path) as handle:
+    with files.open_file(path) as handle:
         meta = json.load(handle)
     if meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise ValueError(f"Expected format {FORMAT} version {VERSION} in {path}. "
@@ -149,15 +154,20 @@ def check_rows(directory: str, layer, slot_names) -> tuple[dict, list]:
     Capacity is checked for every shard of the restoring run, so one process can check for all."""
     meta = read_meta(directory)
     _check_compatible(meta, layer, None if slot_names is None else tuple(slot_names), directory)
-    files = [_rank_file(directory, r) for r in range(meta["world_size"])]
-    missing = [f for f in files if not os.path.isfile(f)]
+    rank_files = [_rank_file(directory, r) for r in range(meta["world_size"])]
+    missing = [f for f in rank_files if not files.isfile(f)]
     if missing:
         raise ValueError(f"The dynamic-table checkpoint {directory} misses {', '.join(missing)} "
                          f"(saved by {meta['world_size']} ranks).")
-    extra = sorted(set(glob.glob(os.path.join(directory, "dynamic_rank*.npz"))) - set(files))
+    if files.is_remote(directory):
+        present = [files.join(directory, name) for name in files.listdir(directory)
+                   if name.startswith("dynamic_rank") and name.endswith(".npz")]
+    else:
+        present = glob.glob(os.path.join(directory, "dynamic_rank*.npz"))
+    extra = sorted(set(present) - set(rank_files))
     if extra:
         raise ValueError(f"The dynamic-table checkpoint {directory} holds files of ranks it does not list: {extra}")
-    loaded = [np.load(f, allow_pickle=False) for f in files]
+    loaded = [_load_rank_file(f) for f in rank_files]
     for table, config in enumerate(layer.table_configs):
         keys = np.concatenate([f[f"t{table}_keys"] for f in loaded])
         per_shard = np.bincount(routing.owner_shard(keys, layer.num_shards), minlength=layer.num_shards)
@@ -168,6 +178,15 @@ def check_rows(directory: str, layer, slot_names) -> tuple[dict, list]:
                              f"{config.name!r} for shard {shard} of {layer.num_shards}; its capacity is "
                              f"{capacity} rows. Raise the capacity (or restore on more ranks).")
     return meta, loaded
+
+
+def _load_rank_file(path: str):
+    """One rank file's arrays (a remote file read whole: an .npz reads its members lazily from an open file)."""
+    if not files.is_remote(path):
+        return np.load(path, allow_pickle=False)
+    with files.open_file(path, "rb") as handle:
+        with np.load(io.BytesIO(handle.read()), allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
 
 
 def restore_rows(directory: str, layer, sparse_updater, env) -> dict:
@@ -224,7 +243,7 @@ def is_dynamic(embedding) -> bool:
 
 def _describe(path: str) -> dict:
     digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as handle:
+    with files.open_file(path, "rb") as handle:
         for block in iter(lambda: handle.read(8 << 20), b""):
             digest.update(block)
             size += len(block)
@@ -232,16 +251,20 @@ def _describe(path: str) -> dict:
 
 
 def _write_rank_file(path: str, arrays: dict) -> None:
-    with open(path, "wb") as handle:
-        np.savez(handle, **arrays)
-        handle.flush()
-        os.fsync(handle.fileno())
+    with files.open_file(path, "wb") as handle:
+        if files.is_remote(path):  # zip writing seeks back, which a remote file being written cannot
+            buffer = io.BytesIO()
+            np.savez(buffer, **arrays)
+            handle.write(buffer.getvalue())
+        else:
+            np.savez(handle, **arrays)
+        files.sync(handle)
 
 
-def save(trainer, env, root: str | None, files: dict, refusal) -> tuple[dict | None, str | None]:
+def save(trainer, env, root: str | None, records: dict, refusal) -> tuple[dict | None, str | None]:
     """Collective: every rank writes its rows under ``root`` (rank 0's temporary directory, the same on
     every rank; None when rank 0 already failed: nothing is written then); rank 0 adds the files to
-    ``files``. Returns the manifest record and the first error, the same on every rank: a failed
+    ``records`` (the manifest's ``files``). Returns the manifest record and the first error, the same on every rank: a failed
     write, or ``refusal(what)`` for NaN rows."""
     layer = trainer.model.embedding.dynamic_layer
     if root is None:
@@ -252,8 +275,8 @@ def save(trainer, env, root: str | None, files: dict, refusal) -> tuple[dict | N
         failure = 1
     else:
         try:
-            os.makedirs(os.path.join(root, FOLDER), exist_ok=True)
-            _write_rank_file(os.path.join(root, FOLDER, rank_file_name(env.rank)), arrays)
+            files.makedirs(files.join(root, FOLDER))
+            _write_rank_file(files.join(root, FOLDER, rank_file_name(env.rank)), arrays)
         except OSError:
             failure = 2
     # Every rank's outcome on every rank (also the barrier before rank 0 hashes the files).
@@ -263,20 +286,16 @@ def save(trainer, env, root: str | None, files: dict, refusal) -> tuple[dict | N
         return None, refusal(f"dynamic-table rows of rank(s) {nan} hold NaN or inf")
     unwritten = [rank for rank, code in enumerate(outcomes) if code == 2]
     if unwritten:
-        return None, f"cannot write the dynamic-table rows of rank(s) {unwritten} under {os.path.join(root, FOLDER)}"
+        return None, f"cannot write the dynamic-table rows of rank(s) {unwritten} under {files.join(root, FOLDER)}"
     if not env.is_chief:
         return None, None
     meta = meta_of(layer, trainer.sparse, env.world_size)
     names = [f"{FOLDER}/{rank_file_name(rank)}" for rank in range(env.world_size)]
     for name in names:
-        files[name] = _describe(os.path.join(root, name))
-    files[f"{FOLDER}/{META}"] = store.write_text(
+        records[name] = _describe(files.join(root, name))
+    records[f"{FOLDER}/{META}"] = store.write_text(
         root, f"{FOLDER}/{META}", json.dumps(meta, indent=1))
-    descriptor = os.open(os.path.join(root, FOLDER), os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    files.sync_directory(files.join(root, FOLDER))
     return {"folder": FOLDER, "files": names, "world_size": env.world_size, "num_shards": layer.num_shards}, None
 
 
@@ -306,10 +325,10 @@ def check(directory: str, manifest: dict, embedding, slot_names) -> None:
 
 
 def folder_of(directory: str, manifest: dict) -> str:
-    return os.path.join(directory, manifest[MANIFEST_KEY]["folder"])
+    return files.join(directory, manifest[MANIFEST_KEY]["folder"])
 
 
 def restore(trainer, env, directory: str, manifest_record: dict, for_training: bool) -> None:
     """Collective: every rank loads the keys it owns now (and, for training, their optimizer state)."""
-    restore_rows(os.path.join(directory, manifest_record["folder"]), trainer.model.embedding.dynamic_layer,
+    restore_rows(files.join(directory, manifest_record["folder"]), trainer.model.embedding.dynamic_layer,
                                trainer.sparse if for_training else None, env)

@@ -10,7 +10,10 @@
   it can take that lock exclusively (:func:`tf_dlrm.checkpoint.store.exclusive_if_unread`), and otherwise
   keeps it for the next save's retention.
 
-``flock`` works on local filesystems and on NFS (Linux maps it to NFS byte-range locks).
+``flock`` works on local filesystems and on NFS (Linux maps it to NFS byte-range locks). Object
+stores (``gs://``, ``s3://``, any remote path of :mod:`tf_dlrm.io.files`) have no locks: there a run
+takes none (:class:`Unlocked`, saying so in one line), and a reader holds nothing against retention,
+so one run per remote directory is the user's to ensure.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import sys
 import time
 
 from tf_dlrm.checkpoint.store import MANIFEST, CheckpointError
+from tf_dlrm.io import files
 
 LOCK_FILE = ".lock"
 
@@ -34,6 +38,8 @@ class CheckpointVanished(CheckpointError):
 
 class DirectoryLock:
     """The exclusive lock of a run on its ``--save_checkpoint_path`` (released by :meth:`release` or exit)."""
+
+    note = None  # what to tell the user about the lock: nothing, it is held
 
     def __init__(self, directory: str):
         os.makedirs(directory, exist_ok=True)
@@ -66,10 +72,32 @@ class DirectoryLock:
             self._descriptor = None
 
 
+class Unlocked:
+    """A remote ``--save_checkpoint_path``: object stores have no file locks, so nothing is held."""
+
+    def __init__(self, directory: str):
+        self.note = (f"note: --save_checkpoint_path={directory} is on remote storage, which has no file locks: this "
+                     "run does not lock it, so make sure no other run saves there")
+
+    def release(self) -> None:
+        pass
+
+
+def lock_directory(directory: str) -> DirectoryLock | Unlocked:
+    """The exclusive lock on a local ``directory``; :class:`Unlocked` for a remote one."""
+    return Unlocked(directory) if files.is_remote(directory) else DirectoryLock(directory)
+
+
 @contextlib.contextmanager
 def reading(checkpoint: str):
     """Holds ``checkpoint`` against deletion while the block reads it; raises
-    :class:`CheckpointVanished` when it was deleted before the lock was taken."""
+    :class:`CheckpointVanished` when it was deleted before the lock was taken. A remote checkpoint
+    cannot be held (no locks): only its presence is checked."""
+    if files.is_remote(checkpoint):
+        if not files.isfile(files.join(checkpoint, MANIFEST)):
+            raise CheckpointVanished(f"checkpoint {checkpoint} was deleted while it was being opened")
+        yield checkpoint
+        return
     manifest = os.path.join(checkpoint, MANIFEST)
     try:
         descriptor = os.open(manifest, os.O_RDONLY)

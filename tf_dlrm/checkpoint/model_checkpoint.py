@@ -17,8 +17,6 @@ temporary, ``latest`` updated, older ones pruned) and sha256 checks are the stor
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import numpy as np
 
@@ -26,6 +24,7 @@ from tf_dlrm.checkpoint import dynamic_tables, slices, store
 from tf_dlrm.parallel.collectives import allgather_json, broadcast_json
 from tf_dlrm.checkpoint.store import CheckpointError
 from tf_dlrm.embedding.training_step import embedding_layers
+from tf_dlrm.io import files
 
 FORMAT = "tf_dlrm.model_checkpoint"
 DYNAMIC = "dynamic"
@@ -68,7 +67,7 @@ def save(model, directory: str, keep: int = 2) -> str:
     env = layer.env
     step.synchronize_hot_rows()
     number = int(step.step.numpy())
-    error, temporary, final, files = None, None, None, {}
+    error, temporary, final, records_of_files = None, None, None, {}
     if env.is_chief:
         try:
             temporary, final = store.prepare(directory, number)
@@ -77,19 +76,19 @@ def save(model, directory: str, keep: int = 2) -> str:
     root = broadcast_json(env, temporary if error is None else None, "model_checkpoint_root")
     records, piece_error = [], None
     if root is not None:
-        records, piece_error = slices.save_pieces(layer, env.rank, root, _arrays(step, layer), files)
+        records, piece_error = slices.save_pieces(layer, env.rank, root, _arrays(step, layer), records_of_files)
     if root is not None and layer.dynamic_layer is not None:
-        dynamic_tables.save_rows(os.path.join(root, DYNAMIC), layer.dynamic_layer, step.sparse, env)
-    pieces = allgather_json(env, {"records": records, "files": files, "error": piece_error}, "model_checkpoint_pieces")
+        dynamic_tables.save_rows(files.join(root, DYNAMIC), layer.dynamic_layer, step.sparse, env)
+    pieces = allgather_json(env, {"records": records, "files": records_of_files, "error": piece_error}, "model_checkpoint_pieces")
     error = error or next((f"rank {r}: {p['error']}" for r, p in enumerate(pieces) if p["error"]), None)
     if env.is_chief and error is None:
         try:
             records = [r for p in pieces for r in p["records"]]
             for p in pieces:
-                files.update(p["files"])
+                records_of_files.update(p["files"])
             dense = []
             for name, variable in _dense(model, step):
-                files[f"{name}.npy"] = store.write_npy(temporary, f"{name}.npy", np.asarray(variable.numpy()))
+                records_of_files[f"{name}.npy"] = store.write_npy(temporary, f"{name}.npy", np.asarray(variable.numpy()))
                 dense.append({"name": name, "file": f"{name}.npy"})
             tables = _fixed_tables(layer)
             manifest = {
@@ -98,15 +97,18 @@ def save(model, directory: str, keep: int = 2) -> str:
                 "tables": slices.manifest_entries(records, tables, "table"),
                 "embedding_state": [{**entry, "slot": slot} for slot in sorted({r["key"] for r in records} - {"table"})
                                     for entry in slices.manifest_entries(records, tables, slot)],
-                "dense": dense, "files": files,
+                "dense": dense, "files": records_of_files,
                 "dynamic": DYNAMIC if layer.dynamic_layer is not None else None,
             }
-            store.write_text(temporary, store.MANIFEST, json.dumps(manifest, indent=1))
+            if files.is_remote(temporary):
+                store.write_manifest(temporary, manifest)  # published by its one rename (store's docstring)
+            else:
+                store.write_text(temporary, store.MANIFEST, json.dumps(manifest, indent=1))
             store.publish(directory, temporary, final, keep)
         except OSError as failure:
             error = f"cannot complete checkpoint {final}: {failure}"
     if env.is_chief and error is not None and temporary is not None:
-        shutil.rmtree(temporary, ignore_errors=True)
+        store.discard(temporary, final)
     status = broadcast_json(env, {"error": error, "path": final}, "model_checkpoint_status")
     if status["error"]:
         raise CheckpointError(status["error"])
@@ -119,7 +121,7 @@ def restore(model, path: str) -> int:
     its step. ``model`` must be built with the same tables."""
     step, layer = model.training_step, _layer_of(model)
     directory = store.resolve(path)
-    with open(os.path.join(directory, store.MANIFEST), encoding="utf-8") as handle:
+    with files.open_file(files.join(directory, store.MANIFEST), encoding="utf-8") as handle:
         manifest = json.load(handle)
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{directory}: not a model checkpoint (format {manifest.get('format')!r}, expected {FORMAT!r})")
@@ -142,12 +144,13 @@ def restore(model, path: str) -> int:
     if layer.dynamic_layer is not None:
         if not manifest.get("dynamic"):
             raise CheckpointError(f"{directory}: holds no dynamic tables; the model has {layer.dynamic_layer.table_configs[0].name!r}")
-        dynamic_tables.restore_rows(os.path.join(directory, manifest["dynamic"]), layer.dynamic_layer, step.sparse, layer.env)
+        dynamic_tables.restore_rows(files.join(directory, manifest["dynamic"]), layer.dynamic_layer, step.sparse, layer.env)
     dense = {entry["name"]: entry["file"] for entry in manifest["dense"]}
     for name, variable in _dense(model, step):
         if name not in dense:
             raise CheckpointError(f"{directory}: no {name} (the model's dense part differs)")
-        value = np.load(os.path.join(directory, dense[name]), allow_pickle=False)
+        with files.open_file(files.join(directory, dense[name]), "rb") as handle:
+            value = np.load(handle, allow_pickle=False)
         if tuple(value.shape) != tuple(variable.shape):
             raise CheckpointError(f"{directory}: {name} is {list(value.shape)}, the model's {list(variable.shape)}")
         variable.assign(value)

@@ -21,13 +21,13 @@ No collective happens here: :mod:`tf_dlrm.checkpoint.checkpointer` gathers the r
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
 from tf_dlrm.checkpoint import store
 from tf_dlrm.checkpoint.store import CheckpointError
+from tf_dlrm.io import files
 
 # A save's or restore's memory overhead grows with the chunk (likely freed chunks the allocator keeps), and
 # tests/checkpoint/test_table_larger_than_a_process.py bounds that overhead: a few MiB keep it small while each
@@ -102,7 +102,7 @@ def save_pieces(embedding, rank: int, root: str, arrays, files: dict, delay_s: f
                     root, file, rows, columns[1] - columns[0],
                     lambda start, stop, p=piece: embedding.read_piece_rows(p, start, stop, state_of, row_wise))
             except OSError as failure:
-                return records, f"cannot write {os.path.join(root, file)}: {failure}"
+                return records, f"cannot write {files.join(root, file)}: {failure}"
             if not finite:
                 what = f"table '{embedding.plan.tables[table].name}'" + ("" if key == "table" else f" ({key} state)")
                 return records, f"{what} holds NaN or inf"
@@ -133,9 +133,9 @@ class SavedSlice:
     """Row ranges of one saved ``[rows, width]`` float32 ``.npy`` slice, read at an offset."""
 
     def __init__(self, directory: str, name: str, rows: int, width: int):
-        self.path, self.name, self.rows, self.width = os.path.join(directory, name), name, rows, width
+        self.path, self.name, self.rows, self.width = files.join(directory, name), name, rows, width
         try:
-            with open(self.path, "rb") as handle:
+            with files.open_file(self.path, "rb") as handle:
                 version = np.lib.format.read_magic(handle)
                 if version not in ((1, 0), (2, 0)):
                     raise ValueError(f".npy format version {version}")
@@ -150,19 +150,19 @@ class SavedSlice:
                 f"expected float32 {(rows, width)}")
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        with open(self.path, "rb") as handle:
+        with files.open_file(self.path, "rb") as handle:
             handle.seek(self.offset + 4 * start * self.width)
-            values = np.fromfile(handle, np.float32, count=(stop - start) * self.width)
+            values = files.read_array(handle, np.float32, (stop - start) * self.width)
         if values.size != (stop - start) * self.width:
             raise CheckpointError(f"{self.path}: rows [{start}, {stop}) are past the end of the file")
         return values.reshape(stop - start, self.width)
 
     def read_ids(self, ids: np.ndarray) -> np.ndarray:
         out = np.empty((ids.size, self.width), np.float32)
-        with open(self.path, "rb") as handle:
+        with files.open_file(self.path, "rb") as handle:
             for position, row in enumerate(ids):
                 handle.seek(self.offset + 4 * int(row) * self.width)
-                out[position] = np.fromfile(handle, np.float32, count=self.width)
+                out[position] = files.read_array(handle, np.float32, self.width)
         return out
 
 

@@ -29,6 +29,12 @@ Safe to load: the manifest is JSON, the spec copy is read with ``yaml.safe_load`
 file's size and sha256 are verified before any weight is touched. An untrusted checkpoint can at
 worst be refused (:class:`CheckpointError`, naming the file).
 
+Remote storage (``gs://``, ``s3://``, ``ram://``: :mod:`tf_dlrm.io.files`) has no atomic rename of a
+directory, so a save there writes ``ckpt-<step>`` in place and the manifest, written last under a
+temporary name and renamed onto ``manifest.json`` (one object), is what publishes it; a ``ckpt-<step>``
+without a manifest is a save that did not finish, never listed, and removed by the next save.
+Retention deletes a remote checkpoint's manifest first, so it stops counting before its files go.
+
 Plain files only (no TensorFlow, no collectives): the training side that gathers the state and
 runs on every rank is :mod:`tf_dlrm.checkpoint.checkpointer`.
 """
@@ -41,10 +47,11 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 import re
-import shutil
 
 import numpy as np
 import yaml
+
+from tf_dlrm.io import files
 
 FORMAT = "tf_dlrm.checkpoint"
 VERSION = 2  # 2: tables and their optimizer state as the owners' column slices; 1 (full tables) still reads
@@ -76,14 +83,14 @@ def list_checkpoints(directory: str) -> list[tuple[int, str]]:
     Temporary (``.ckpt-*.tmp``) and half-deleted directories never match.
     """
     try:
-        names = os.listdir(directory)
+        names = files.listdir(directory)
     except (FileNotFoundError, NotADirectoryError):
         return []
     found = []
     for name in names:
         match = _NAME.match(name)
-        path = os.path.join(directory, name)
-        if match and os.path.isfile(os.path.join(path, MANIFEST)):
+        path = files.join(directory, name)
+        if match and files.isfile(files.join(path, MANIFEST)):
             found.append((int(match.group(1)), path))
     return sorted(found)
 
@@ -96,11 +103,11 @@ def latest_checkpoint(directory: str) -> str | None:
 
 def resolve(path: str) -> str:
     """``path`` if it is a checkpoint, else the latest checkpoint under it."""
-    if os.path.isfile(os.path.join(path, MANIFEST)):
+    if files.isfile(files.join(path, MANIFEST)):
         return path
     latest = latest_checkpoint(path)
     if latest is None:
-        if not os.path.exists(path):
+        if not files.exists(path):
             raise CheckpointError(f"Checkpoint path not found: {path}")
         raise CheckpointError(
             f"{path} is not a complete checkpoint (no {MANIFEST}) and holds no complete checkpoint (ckpt-<step>/{MANIFEST})"
@@ -113,9 +120,9 @@ def resolve(path: str) -> str:
 
 def read_manifest(directory: str) -> dict:
     """The parsed, structurally checked manifest of a checkpoint directory."""
-    path = os.path.join(directory, MANIFEST)
+    path = files.join(directory, MANIFEST)
     try:
-        with open(path, "rb") as handle:
+        with files.open_file(path, "rb") as handle:
             manifest = json.loads(handle.read().decode("utf-8"))
     except FileNotFoundError as error:
         raise CheckpointError(f"{directory}: no {MANIFEST}: not a complete checkpoint") from error
@@ -159,7 +166,7 @@ def _check_manifest(manifest, path: str) -> None:
 
 def _sha256(path: str) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with files.open_file(path, "rb") as handle:
         for block in iter(lambda: handle.read(8 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -173,13 +180,13 @@ def verify_files(directory: str, manifest: dict, threads: int | None = None) -> 
     verifies at several cores' speed instead of one. The error names the first bad file in manifest
     order, whichever thread finds it first.
     """
-    root = os.path.realpath(directory)
     for name, entry in manifest["files"].items():
-        path = os.path.join(directory, name)
-        if not os.path.realpath(path).startswith(root + os.sep):
+        path = files.join(directory, name)
+        # (Remote storage has no links: the names were checked to stay inside by _check_manifest.)
+        if not files.is_remote(directory) and not files.inside(path, directory):
             raise CheckpointError(f"checkpoint {directory}: file {name} points outside the checkpoint")
         try:
-            size = os.path.getsize(path)
+            size = files.getsize(path)
         except OSError as error:
             raise CheckpointError(f"checkpoint {directory}: file {name} is missing ({error.strerror})") from error
         if size != entry["bytes"]:
@@ -191,7 +198,7 @@ def verify_files(directory: str, manifest: dict, threads: int | None = None) -> 
     threads = threads or min(VERIFY_THREADS, os.cpu_count() or 1, max(1, len(names)))
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="checkpoint-sha256")
     try:
-        digests = pool.map(lambda name: _sha256(os.path.join(directory, name)), names)
+        digests = pool.map(lambda name: _sha256(files.join(directory, name)), names)
         for name, digest in zip(names, digests):
             if digest != manifest["files"][name]["sha256"]:
                 raise CheckpointError(
@@ -203,9 +210,13 @@ def verify_files(directory: str, manifest: dict, threads: int | None = None) -> 
 
 def load_array(directory: str, name: str, shape, dtype, mmap: bool = False) -> np.ndarray:
     """One verified ``.npy`` file, refused unless it is a plain array of ``shape`` and ``dtype``."""
-    path = os.path.join(directory, name)
+    path = files.join(directory, name)
     try:
-        array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        if files.is_remote(path):  # (no memory map of a remote file)
+            with files.open_file(path, "rb") as handle:
+                array = np.load(handle, allow_pickle=False)
+        else:
+            array = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as error:
         raise CheckpointError(f"checkpoint {directory}: file {name} is not a plain .npy array: {error}") from error
     if not isinstance(array, np.ndarray) or array.dtype != np.dtype(dtype) or tuple(array.shape) != tuple(shape):
@@ -245,7 +256,7 @@ def check_compatible(directory: str, manifest: dict, spec, model_config, identit
     if differences:
         raise CheckpointError(f"checkpoint {directory} was saved for a different model: " + "; ".join(differences))
     try:
-        with open(os.path.join(directory, SPEC_COPY), "r", encoding="utf-8") as handle:
+        with files.open_file(files.join(directory, SPEC_COPY), "r", encoding="utf-8") as handle:
             saved_spec = yaml.safe_load(handle)
         saved_features, saved_channels = saved_spec["feature_spec"], saved_spec["channel_spec"]
         if not isinstance(saved_features, dict) or not isinstance(saved_channels, dict):
@@ -286,13 +297,12 @@ class _HashingSink:
 
 
 def _write_file(root: str, name: str, write) -> dict:
-    path = os.path.join(root, name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as handle:
+    path = files.join(root, name)
+    files.makedirs(files.dirname(path))
+    with files.open_file(path, "wb") as handle:
         sink = _HashingSink(handle)
         write(sink)
-        handle.flush()
-        os.fsync(handle.fileno())
+        files.sync(handle)
     return {"bytes": sink.size, "sha256": sink.digest.hexdigest()}
 
 
@@ -310,67 +320,87 @@ def write_text(root: str, name: str, text: str) -> dict:
     return _write_file(root, name, lambda sink: sink.write(text.encode("utf-8")))
 
 
-def _fsync_directory(path: str) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def write_manifest(root: str, manifest: dict) -> None:
     """Writes the manifest after syncing every other file's directory, then syncs ``root``."""
+    if files.is_remote(root):
+        # In place (see the module docstring): whole under a temporary name, then one rename publishes it.
+        write_text(root, MANIFEST + ".partial", json.dumps(manifest, indent=1))
+        files.replace(files.join(root, MANIFEST + ".partial"), files.join(root, MANIFEST))
+        return
     for folder in ("tables", "dense", "optimizer"):  # the other ranks' files were fsynced by their writers
         if os.path.isdir(os.path.join(root, folder)):
-            _fsync_directory(os.path.join(root, folder))
+            files.sync_directory(os.path.join(root, folder))
     # The manifest goes last: a directory without one is never taken for a checkpoint.
     write_text(root, MANIFEST, json.dumps(manifest, indent=1))
-    _fsync_directory(root)
+    files.sync_directory(root)
 
 
 # ---------------------------------------------------------------------- publishing and retention
 
 
 def prepare(save_path: str, step: int) -> tuple[str, str]:
-    """Clears stale directories and creates the hidden one a save of ``step`` writes into; returns it and the final path."""
-    os.makedirs(save_path, exist_ok=True)
+    """Clears stale directories and creates the one a save of ``step`` writes into (hidden locally; the
+    final one itself on remote storage); returns it and the final path."""
+    files.makedirs(save_path)
     remove_stale(save_path)
     name = checkpoint_name(step)
-    final = os.path.join(save_path, name)
-    if os.path.exists(final):
+    final = files.join(save_path, name)
+    if files.exists(final):
         raise CheckpointError(f"{final} exists already")
-    temporary = os.path.join(save_path, f".{name}.tmp")
-    os.makedirs(temporary)
+    temporary = final if files.is_remote(save_path) else os.path.join(save_path, f".{name}.tmp")
+    if files.is_remote(save_path):
+        files.makedirs(temporary)
+    else:
+        os.makedirs(temporary)
     return temporary, final
+
+
+def is_published(path: str) -> bool:
+    """Whether ``path`` is a complete checkpoint (it holds its manifest)."""
+    return files.isfile(files.join(path, MANIFEST))
+
+
+def discard(temporary: str, final: str) -> None:
+    """Removes the directory of a save that failed, unless it was published (remote saves write in place)."""
+    if temporary == final and is_published(final):
+        return
+    files.rmtree(temporary)
 
 
 def replace_text_atomically(path: str, text: str) -> None:
     temporary = f"{path}.tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
+    with files.open_file(temporary, "w", encoding="utf-8") as handle:
         handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+        files.sync(handle)
+    files.replace(temporary, path)
 
 
 def publish(save_path: str, temporary: str, final: str, keep: int) -> None:
-    """Renames a complete ``temporary`` to ``final``, points ``latest`` at it and keeps the newest ``keep``."""
-    os.rename(temporary, final)  # the one atomic step that makes the checkpoint exist
-    _fsync_directory(save_path)
-    replace_text_atomically(os.path.join(save_path, LATEST), os.path.basename(final) + "\n")
+    """Renames a complete ``temporary`` to ``final`` (remote: its manifest published it already), points
+    ``latest`` at it and keeps the newest ``keep``."""
+    if temporary != final:
+        os.rename(temporary, final)  # the one atomic step that makes the checkpoint exist
+        files.sync_directory(save_path)
+    replace_text_atomically(files.join(save_path, LATEST), files.basename(final) + "\n")
     retain(save_path, keep)
 
 
 def remove_stale(directory: str) -> None:
-    """Removes temporary and half-deleted checkpoint directories left by killed runs."""
-    for name in os.listdir(directory):
+    """Removes temporary and half-deleted checkpoint directories left by killed runs (on remote
+    storage also the ``ckpt-<step>`` directories without a manifest: saves that did not finish)."""
+    for name in files.listdir(directory):
         if name.startswith(".ckpt-") and (name.endswith(".tmp") or name.endswith(".deleting")):
-            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+            files.rmtree(files.join(directory, name))
+        elif files.is_remote(directory) and _NAME.match(name) and not is_published(files.join(directory, name)):
+            files.rmtree(files.join(directory, name))
 
 
 def exclusive_if_unread(checkpoint: str) -> int | None:
     """An open descriptor holding ``checkpoint``'s manifest exclusively (close it after deleting), -1
-    when it has no manifest, or None when a reader holds it (:func:`tf_dlrm.checkpoint.lock.reading`)."""
+    when it has no manifest or lies on remote storage (no locks there), or None when a reader holds it
+    (:func:`tf_dlrm.checkpoint.lock.reading`)."""
+    if files.is_remote(checkpoint):
+        return -1
     try:
         descriptor = os.open(os.path.join(checkpoint, MANIFEST), os.O_RDONLY)
     except FileNotFoundError:
@@ -391,9 +421,13 @@ def retain(directory: str, keep: int) -> None:
         if held is None:
             continue
         try:
+            if files.is_remote(path):
+                files.remove(files.join(path, MANIFEST))  # no longer a checkpoint, before its files go
+                files.rmtree(path)
+                continue
             doomed = os.path.join(directory, f".{os.path.basename(path)}.deleting")
             os.rename(path, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+            files.rmtree(doomed)
         finally:
             if held >= 0:
                 os.close(held)

@@ -28,7 +28,6 @@ dtypes, not shapes: a 9th column would otherwise be dropped in silence).
 from __future__ import annotations
 
 import json
-import os
 
 import keras
 import numpy as np
@@ -36,6 +35,7 @@ import tensorflow as tf
 from absl import logging as absl_logging
 
 from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.io import files
 from tf_dlrm.io.publish import check_replaceable, staged_output
 from tf_dlrm.embedding.serving import (checked_batch, checked_inputs, checked_multi_hot, flat_signature, input_name,
                                       own_kernels, ragged_input)
@@ -197,9 +197,9 @@ def export_checkpoint(directory: str, manifest: dict, saved_model_path: str, spe
     ``saved_model_path`` (a SavedModel is never replaced) or to write around the checkpoint it
     reads; staged and published by :func:`tf_dlrm.io.publish.staged_output`.
     """
-    if os.path.exists(saved_model_path) and (not os.path.isdir(saved_model_path) or os.listdir(saved_model_path)):
+    if files.exists(saved_model_path) and (not files.isdir(saved_model_path) or files.listdir(saved_model_path)):
         raise ValueError(f"--saved_model_path={saved_model_path} exists and is not empty; choose a new directory")
-    check_replaceable(os.path.abspath(saved_model_path), "--saved_model_path", WRITER, [directory])
+    check_replaceable(files.absolute(saved_model_path), "--saved_model_path", WRITER, [directory])
     from tf_dlrm.cli import dynamic_builder
 
     if dynamic_builder.has_dynamic_tables(spec) or manifest.get(checkpoint_dynamic.MANIFEST_KEY):
@@ -256,7 +256,7 @@ def _save(module, temporary: str, info: dict) -> None:
             tf.saved_model.save(module, temporary, signatures={"serving_default": module.serve})
     finally:
         absl_logging.set_verbosity(verbosity)
-    with open(os.path.join(temporary, SERVING_INFO), "w", encoding="utf-8") as handle:
+    with files.open_file(files.join(temporary, SERVING_INFO), "w", encoding="utf-8") as handle:
         json.dump(info, handle, indent=1)
 
 
@@ -271,6 +271,6 @@ def _serving_info(directory: str, manifest: dict, inputs: dict | None = None) ->
         },
         "outputs": {"probability": {"dtype": "float32", "shape": [None]}},
         "cardinalities": model["cardinalities"],
-        "checkpoint": os.path.abspath(directory),
+        "checkpoint": files.absolute(directory),
         "step": manifest["step"],
     }

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 
+from tf_dlrm.io import files
+
 
 def _nearest_existing(path: str) -> str:
     path = os.path.abspath(path)
@@ -30,6 +32,9 @@ def _nearest_existing(path: str) -> str:
 def _check_writable_directory(flag: str, path: str | None) -> None:
     if not path:
         return
+    if files.is_remote(path):
+        _check_remote(flag, path)
+        return
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"--{flag}={path} is a file; expected a directory (existing, or one to create)")
     existing = _nearest_existing(path)
@@ -37,8 +42,25 @@ def _check_writable_directory(flag: str, path: str | None) -> None:
         raise ValueError(f"--{flag}={path}: {existing} is not a writable directory, so nothing could be saved there")
 
 
+def _check_remote(flag: str, path: str) -> None:
+    """A remote output: its scheme must have a filesystem here, and it must not be a file (whether the
+    store lets this run write there shows at the first write: object stores have no cheap check)."""
+    try:
+        if files.isfile(path):
+            raise ValueError(f"--{flag}={path} is a file; expected a directory (existing, or one to create)")
+    except OSError as error:
+        raise ValueError(f"--{flag}={path}: {str(error).removeprefix(f'{path}: ')}") from None
+
+
 def _check_writable_file(flag: str, path: str | None) -> None:
     if not path:
+        return
+    if files.is_remote(path):
+        try:
+            if files.isdir(path):
+                raise ValueError(f"--{flag}={path} is a directory; expected a file name")
+        except OSError as error:
+            raise ValueError(f"--{flag}={path}: {str(error).removeprefix(f'{path}: ')}") from None
         return
     if os.path.isdir(path):
         raise ValueError(f"--{flag}={path} is a directory; expected a file name")
@@ -81,8 +103,8 @@ def _check_split(config, spec, flag: str, split: str, otherwise: str) -> bool:
         return split in spec.splits  # random in-memory batches: evaluated as before
     if config.dataset_type == "split_tfrecords":
         # Pre-batched TFRecords sit in <dataset>/<split>/, whatever the spec's source_spec says.
-        directory = os.path.join(spec.base_directory, split)
-        if not os.path.isdir(directory):
+        directory = files.join(spec.base_directory, split)
+        if not files.isdir(directory):
             raise ValueError(f"--{flag}={split}: no directory {directory} of pre-batched TFRecords; "
                              f"name an existing split, {otherwise}")
         return True

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from tf_dlrm.io import files
+
 
 def configure_threads(config, local_size: int) -> tuple[int, int]:
     """Ranks on one machine share its cores: by default each gets cores / local ranks intra-op
@@ -32,9 +34,9 @@ def configure_threads(config, local_size: int) -> tuple[int, int]:
 
 
 def resolve_spec_path(config) -> str:
-    if os.path.isabs(config.feature_spec) or not config.dataset_path:
+    if files.is_absolute(config.feature_spec) or not config.dataset_path:
         return config.feature_spec
-    return os.path.join(config.dataset_path, config.feature_spec)
+    return files.join(config.dataset_path, config.feature_spec)
 
 
 def report_precision(reporter, config, choice) -> None:

@@ -8,19 +8,20 @@ Rank ``r`` of ``N`` sees global batch ``b`` (samples ``[b*B, (b+1)*B)``) as:
 - each categorical feature it asks for **locally**: its local slice (replicated tables, or the
   ``--data_parallel_input`` mode that exchanges ids with an alltoall).
 
-A batch is one ``pread`` per file (contiguous bytes), never sample by sample. Every rank builds the
+A batch is one ``pread`` per file (contiguous bytes), never sample by sample; files on remote storage
+(``gs://``, ``ram://``: :mod:`tf_dlrm.io.files`) are read the same way, one ranged read per file. Every rank builds the
 same batch order from the same seed, so ranks agree on which global batch is current.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from tf_dlrm.io.files import RandomAccessFile
 from tf_dlrm.data.validation import BadDataError, id_problem, label_problem, numerical_problem, raw_label_dtype
 from tf_dlrm.spec import dynamic as dynamic_spec
 from tf_dlrm.spec.feature_spec import FeatureSpec
@@ -138,7 +139,7 @@ class SplitBinaryReader:
                             bound)
                 )
         self.num_numerical = len(spec.numerical_features)
-        self._descriptors: dict[str, int] = {}
+        self._opened: dict[str, RandomAccessFile] = {}
 
     # ------------------------------------------------------------------ sizes
 
@@ -155,22 +156,22 @@ class SplitBinaryReader:
 
     # ------------------------------------------------------------------ reading
 
-    def _descriptor(self, path: str) -> int:
-        # One descriptor per file, shared by the reading threads: pread carries its own offset.
-        if path not in self._descriptors:
-            self._descriptors[path] = os.open(path, os.O_RDONLY)
-        return self._descriptors[path]
+    def _file(self, path: str) -> RandomAccessFile:
+        # One per file, shared by the reading threads (a local one preads: each read carries its offset).
+        if path not in self._opened:
+            self._opened[path] = RandomAccessFile(path)
+        return self._opened[path]
 
     def _read_rows(self, column: _Column, start: int, count: int) -> np.ndarray:
         """Rows ``[start, start+count)`` of a column, zero-padded past the end of the split."""
         available = max(0, min(count, self.num_samples - start))
         record = column.dtype.itemsize * column.width
-        raw = os.pread(self._descriptor(column.path), available * record, start * record)
+        raw = self._file(column.path).read(available * record, start * record)
         if len(raw) != available * record:
             raise BadDataError(
                 f"{column.path}: read {len(raw)} of {available * record} bytes at offset {start * record} "
                 f"(split '{self.split}'): the file changed under the running job, it now has "
-                f"{os.fstat(self._descriptor(column.path)).st_size} bytes and {self.num_samples * record} were expected"
+                f"{self._file(column.path).size()} bytes and {self.num_samples * record} were expected"
             )
         values = np.frombuffer(raw, dtype=column.dtype).reshape(available, column.width)
         if available < count and self.last_batch == "pad":
@@ -245,9 +246,9 @@ class SplitBinaryReader:
         return dataset.prefetch(tf.data.AUTOTUNE)
 
     def close(self) -> None:
-        for descriptor in self._descriptors.values():
-            os.close(descriptor)
-        self._descriptors.clear()
+        for opened in self._opened.values():
+            opened.close()
+        self._opened.clear()
 
     def __del__(self):
         try:

@@ -25,14 +25,13 @@ per sample (the layer's fixed-hotness input, the faster path), or the run stops 
 
 from __future__ import annotations
 
-import glob
 import json
-import os
 from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from tf_dlrm.io import files
 from tf_dlrm.data.validation import MARKER
 from tf_dlrm.spec.feature_spec import FeatureSpec
 from tf_dlrm.spec.format import FeatureSpecError
@@ -56,7 +55,7 @@ def splits_of(spec: FeatureSpec) -> list[str]:
 
 def _read_json(path: str):
     try:
-        with open(path, encoding="utf-8") as handle:
+        with files.open_file(path, encoding="utf-8") as handle:
             return json.load(handle)
     except FileNotFoundError:
         raise FeatureSpecError(f"split_tfrecords: missing {path}") from None
@@ -69,7 +68,7 @@ class _Input:
 
     def __init__(self, directory: str):
         self.directory = directory
-        meta = _read_json(os.path.join(directory, "format.json"))
+        meta = _read_json(files.join(directory, "format.json"))
         if meta.get("format") != "tfrecords":
             raise FeatureSpecError(f"{directory}/format.json: expected format 'tfrecords'. Received: {meta.get('format')!r}")
         self.dtype = tf.as_dtype(meta["dtype"])
@@ -77,8 +76,8 @@ class _Input:
         self.feature_name = meta.get("feature_name", "data")
         self.num_features = int(meta.get("num_features", 1))
         # data_<k>.tfrecords in k order: the writer fills them in sequence.
-        self.files = sorted(glob.glob(os.path.join(directory, "data_*.tfrecords")),
-                            key=lambda p: int(os.path.basename(p)[len("data_"):-len(".tfrecords")]))
+        self.files = sorted(files.glob(files.join(directory, "data_*.tfrecords")),
+                            key=lambda p: int(files.basename(p)[len("data_"):-len(".tfrecords")]))
         if not self.files:
             raise FeatureSpecError(f"split_tfrecords: no data_<k>.tfrecords files in {directory}")
 
@@ -104,23 +103,23 @@ class SplitTFRecordsReader:
         if global_batch_size <= 0 or global_batch_size % world_size:
             raise ValueError(f"Expected a positive global batch size that divides by world_size={world_size}. "
                              f"Received: global_batch_size={global_batch_size}")
-        self.directory = os.path.join(spec.base_directory, split)
+        self.directory = files.join(spec.base_directory, split)
         self.global_batch_size, self.local_batch_size = global_batch_size, global_batch_size // world_size
         self.rank = rank
         names = spec.categorical_features
         if local_categorical is None:
             local_categorical = [i for i in range(len(names)) if i not in set(global_categorical)]
         self.global_categorical, self.local_categorical = tuple(global_categorical), tuple(local_categorical)
-        self.label = _Input(os.path.join(self.directory, "label"))
-        self.numerical = _Input(os.path.join(self.directory, "numerical")) if spec.numerical_features else None
-        self.categorical = {i: _Input(os.path.join(self.directory, f"categorical_{i}"))
+        self.label = _Input(files.join(self.directory, "label"))
+        self.numerical = _Input(files.join(self.directory, "numerical")) if spec.numerical_features else None
+        self.categorical = {i: _Input(files.join(self.directory, f"categorical_{i}"))
                             for i in self.global_categorical + self.local_categorical}
         self.names = names
         self.split = split
         self.hotness = [spec.hotness(name) for name in names]
         self.ragged = [spec.ragged(name) for name in names]
         self.cardinalities = spec.cardinalities()
-        prebatches = int(_read_json(os.path.join(self.directory, "length.json")))
+        prebatches = int(_read_json(files.join(self.directory, "length.json")))
         first = next(iter(self.label.prebatches().take(1)), None)
         if first is None:
             raise FeatureSpecError(f"split_tfrecords: {self.label.directory} holds no records")

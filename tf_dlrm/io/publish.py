@@ -16,6 +16,11 @@ The rules, so that no run ever loses a user's file:
 
 Checkpoints follow the same idea in :mod:`tf_dlrm.checkpoint.store` (hidden temporary
 directory, rename, retention that only touches ``ckpt-<step>`` directories).
+
+Remote outputs (``gs://``, ``s3://``, ``ram://``: :mod:`tf_dlrm.io.files`) cannot be swapped in by a
+rename (no filesystem of TensorFlow renames a directory atomically): there the output is written in
+place and its manifest, written last, says it is complete; an earlier output is removed (manifest
+first) before the new one is written, and a failed write removes what it wrote.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import socket
 import tempfile
 from typing import Iterable, Iterator
 
+from tf_dlrm.io import files
+
 MANIFEST = ".tf_dlrm_output.json"
 OWNER = ".tf_dlrm_writer.json"  # in a temporary output only: who writes it (host, pid)
 
@@ -36,13 +43,10 @@ class OutputDirectoryError(FileExistsError, ValueError):
     """An output directory cannot be (re)written without losing something that is not ours."""
 
 
-def _inside(path: str, directory: str) -> bool:
-    path, directory = os.path.realpath(path), os.path.realpath(directory)
-    return path == directory or path.startswith(directory + os.sep)
-
-
 def _files(directory: str) -> list[str]:
     """Every file and link under ``directory``, relative, sorted (empty directories are not listed)."""
+    if files.is_remote(directory):
+        return files.walk_files(directory)
     found = []
     for root, directories, names in os.walk(directory):
         found += [os.path.relpath(os.path.join(root, n), directory) for n in names]
@@ -61,20 +65,20 @@ def check_replaceable(output_dir: str, flag: str, writer: str, inputs: Iterable[
         inputs: paths the writer reads.
     """
     for path in inputs:
-        if path and _inside(path, output_dir):
+        if path and files.inside(path, output_dir):
             raise OutputDirectoryError(
                 f"{flag}={output_dir} holds {path}, an input of this run: writing the output there would delete "
                 "its own input. Choose an output directory outside the input's"
             )
-    if not os.path.lexists(output_dir):
+    if not files.exists(output_dir):
         return
-    if not os.path.isdir(output_dir) or os.path.islink(output_dir):
+    if not files.isdir(output_dir) or (not files.is_remote(output_dir) and os.path.islink(output_dir)):
         raise OutputDirectoryError(f"{flag}={output_dir} exists and is not a directory: refusing to replace it")
     present = _files(output_dir)
     if not present:
         return
     try:
-        with open(os.path.join(output_dir, MANIFEST), "r", encoding="utf-8") as handle:
+        with files.open_file(files.join(output_dir, MANIFEST), "r", encoding="utf-8") as handle:
             manifest = json.load(handle)
         listed, owner = set(manifest["files"]), manifest["writer"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -146,9 +150,13 @@ def staged_output(output_dir: str, flag: str, writer: str, inputs: Iterable[str]
     rename (a user may have put a file there meanwhile). On an exception nothing is published and
     the temporary directory is removed.
     """
-    inputs = [os.path.abspath(p) for p in inputs if p]
-    output_dir = os.path.abspath(output_dir)
+    inputs = [files.absolute(p) for p in inputs if p]
+    output_dir = files.absolute(output_dir)
     check_replaceable(output_dir, flag, writer, inputs)
+    if files.is_remote(output_dir):
+        with _written_in_place(output_dir, writer) as workspace:
+            yield workspace
+        return
     parent, name = os.path.split(output_dir)
     os.makedirs(parent, exist_ok=True)
     remove_abandoned(parent, name)
@@ -169,3 +177,23 @@ def staged_output(output_dir: str, flag: str, writer: str, inputs: Iterable[str]
     finally:
         if os.path.exists(workspace):
             shutil.rmtree(workspace, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _written_in_place(output_dir: str, writer: str) -> Iterator[str]:
+    """A remote output (see the module docstring): the earlier one removed, manifest first; the new one
+    written in place, its manifest last; on an exception what was written is removed."""
+    if files.exists(output_dir):
+        if files.isfile(files.join(output_dir, MANIFEST)):
+            files.remove(files.join(output_dir, MANIFEST))
+        files.rmtree(output_dir)
+    files.makedirs(output_dir)
+    try:
+        yield output_dir
+        with files.open_file(files.join(output_dir, MANIFEST + ".partial"), "w", encoding="utf-8") as handle:
+            json.dump({"writer": writer, "files": [n for n in _files(output_dir) if n != MANIFEST + ".partial"]},
+                      handle, indent=1)
+        files.replace(files.join(output_dir, MANIFEST + ".partial"), files.join(output_dir, MANIFEST))
+    except BaseException:
+        files.rmtree(output_dir)
+        raise

@@ -35,6 +35,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import yaml
 
+from tf_dlrm.io import files
 from tf_dlrm.spec.format import (
     CATEGORICAL_CHANNEL,
     LABEL_CHANNEL,
@@ -54,7 +55,7 @@ from tf_dlrm.spec.validation import (
 def read_spec_yaml(path: str):
     """The parsed yaml of a spec file; a missing file or bad YAML is a :class:`FeatureSpecError` naming it."""
     try:
-        with open(path, "r", encoding="utf-8") as handle:
+        with files.open_file(path, "r", encoding="utf-8") as handle:
             return yaml.safe_load(handle)
     except FileNotFoundError as error:
         raise FeatureSpecError(f"Feature spec file not found: {path}") from error
@@ -101,7 +102,7 @@ class FeatureSpec:
         """Reads and validates a yaml spec; with ``check_files`` also its split_binary files."""
         raw = read_spec_yaml(path)
         return cls.from_dict(
-            raw, base_directory=os.path.dirname(os.path.abspath(path)), source=path, check_files=check_files
+            raw, base_directory=files.dirname(files.absolute(path)), source=path, check_files=check_files
         )
 
     @classmethod
@@ -221,7 +222,7 @@ class FeatureSpec:
         return self.source_spec[split]
 
     def resolve(self, relative_path: str) -> str:
-        return os.path.normpath(os.path.join(self.base_directory, relative_path))
+        return files.normalize(files.join(self.base_directory, relative_path))
 
     def chunk_type(self, split: str) -> str:
         """The chunk type of a split; a split mixes no types."""

@@ -12,11 +12,11 @@ whose message names the spec file, the key, the feature and the data file at fau
 from __future__ import annotations
 
 import difflib
-import os
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from tf_dlrm.io import files
 from tf_dlrm.spec import dynamic as dynamic_spec
 from tf_dlrm.spec.format import (
     CHANNELS,
@@ -197,7 +197,7 @@ def check_files_exist(spec, split: str) -> None:
     for index, chunk in enumerate(spec.chunks(split)):
         for relative in chunk["files"]:
             path = spec.resolve(relative)
-            if not os.path.isfile(path):
+            if not files.isfile(path):
                 _fail(spec, f"source_spec.{split}[{index}]: data file not found: {path} (features {chunk['features']})")
 
 
@@ -214,11 +214,11 @@ def _dtype_hint(spec, counts: dict, chunks: dict) -> str:
         features = chunks[path]["features"]
         if count == reference or len(features) != 1:
             continue
-        size, hotness = os.path.getsize(path), spec.hotness(features[0])
+        size, hotness = files.getsize(path), spec.hotness(features[0])
         width, remainder = divmod(size, reference * hotness) if reference else (0, 1)
         declared = spec.dtype(features[0])
         if not remainder and width in _DTYPES_OF_SIZE and width != declared.itemsize:
-            hints.append(f"{os.path.basename(path)} holds exactly {reference} samples of {width}-byte values, and "
+            hints.append(f"{files.basename(path)} holds exactly {reference} samples of {width}-byte values, and "
                          f"the spec declares {features[0]!r} as {declared.name} ({declared.itemsize} bytes): is it "
                          f"{_DTYPES_OF_SIZE[width]}?")
     return ("; " + " ".join(hints)) if hints else ""
@@ -232,16 +232,16 @@ def split_binary_problems(spec, split: str, prefix=None) -> tuple[list[str], int
     problems, counts, chunks = [], {}, {}
     for index, chunk in enumerate(spec.chunks(split)):
         path = spec.resolve(chunk["files"][0])
-        if not os.path.isfile(path):
+        if not files.isfile(path):
             problems.append(f"{prefix(index)}: data file not found: {path} (features {chunk['features']})")
             continue
-        size, record = os.path.getsize(path), spec.record_bytes(chunk)
+        size, record = files.getsize(path), spec.record_bytes(chunk)
         if size % record:
             problems.append(f"{prefix(index)}: file {path} has {size} bytes, not a whole number of {record}-byte "
                             f"records (features {chunk['features']}); it may be truncated")
         counts[path], chunks[path] = size // record, chunk
     if len(set(counts.values())) > 1:
-        detail = ", ".join(f"{os.path.basename(p)}={n}" for p, n in counts.items())
+        detail = ", ".join(f"{files.basename(p)}={n}" for p, n in counts.items())
         problems.append(f"{prefix(None)}: files hold different sample counts: {detail}"
                         + _dtype_hint(spec, counts, chunks))
     return problems, (next(iter(counts.values()), 0) if not problems else None)

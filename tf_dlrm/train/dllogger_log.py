@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import json
 
+from tf_dlrm.io import files
 from tf_dlrm.io.json_values import json_value
 
 
@@ -28,7 +29,7 @@ class DLLoggerLog:
     """Writes DLLogger ``LOG`` records to ``path`` (truncated), translating the run's events."""
 
     def __init__(self, path: str, parameters: dict | None = None):
-        self._file = open(path, "w", encoding="utf-8")
+        self._file = files.open_file(path, "w", encoding="utf-8")
         self._started = datetime.datetime.now()
         self._evaluations: list[dict] = []
         self._batch_size = None

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from typing import Any
 
 import tensorflow as tf
 
+from tf_dlrm.io import files
 from tf_dlrm.io.json_values import json_value
 
 
@@ -40,13 +40,14 @@ class Reporter:
         if log_format not in ("jsonl", "dllogger"):
             raise ValueError(f"Expected --log_format to be jsonl or dllogger. Received: --log_format={log_format}")
         if log_path:
-            os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+            files.makedirs(files.dirname(files.absolute(log_path)))
             if log_format == "dllogger":
                 from tf_dlrm.train.dllogger_log import DLLoggerLog
 
                 self._dllogger = DLLoggerLog(log_path, parameters)
             else:
-                self._log = open(log_path, "w", encoding="utf-8")
+                # (A remote log is rewritten whole on each flush by some object stores: fine for a run's events.)
+                self._log = files.open_file(log_path, "w", encoding="utf-8")
         if tensorboard_dir:
             self._writer = tf.summary.create_file_writer(tensorboard_dir)
 
