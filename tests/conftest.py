@@ -54,6 +54,40 @@ def launch_cases(world_size: int, worker: str, cases: list[dict], directory, tim
     return records
 
 
+class CaseLaunches:
+    """Equivalence cases run on several world sizes: one ``horovodrun`` launch per world size runs
+    every case meant for it (TensorFlow's start-up on oversubscribed ranks dominates, so cases share
+    a launch). A case may name its ``world_sizes`` (default: all of them): the 4-rank launch, the
+    costliest on 2 cores, runs the cases whose plan changes at 4 ranks (an empty rank, 4 slices),
+    not every optimizer again."""
+
+    def __init__(self, worker: str, cases: list[dict], world_sizes=(2, 3, 4), env: dict | None = None,
+                 prepare=None):
+        self.worker, self.cases, self.world_sizes, self.env = worker, cases, tuple(world_sizes), env
+        self.prepare = prepare  # tmp_path_factory -> extra env, run once before the first launch
+        self._records: dict[int, list[dict]] = {}
+        self._prepared: dict | None = None
+
+    def sizes_of(self, case: dict) -> tuple:
+        return tuple(n for n in self.world_sizes if n in case.get("world_sizes", self.world_sizes))
+
+    def params(self) -> list:
+        """``(world_size, case name)`` pairs for ``pytest.mark.parametrize("world_size,case", ...)``."""
+        return [pytest.param(n, c["name"], id=f"{c['name']}-{n}") for c in self.cases for n in self.sizes_of(c)]
+
+    def records(self, world_size: int, tmp_path_factory, case: str | None = None) -> list[dict]:
+        """Every rank's records at ``world_size`` (of ``case`` only when given)."""
+        if world_size not in self._records:
+            if self._prepared is None:
+                self._prepared = self.prepare(tmp_path_factory) if self.prepare else {}
+            directory = tmp_path_factory.mktemp(f"{os.path.splitext(os.path.basename(self.worker))[0]}_np{world_size}")
+            cases = [c for c in self.cases if world_size in self.sizes_of(c)]
+            self._records[world_size] = launch_cases(world_size, self.worker, cases, directory,
+                                                     env={**(self.env or {}), **self._prepared})
+        records = self._records[world_size]
+        return records if case is None else [r for r in records if r["case"] == case]
+
+
 def run_python(args: list[str], timeout: float = 600, check: bool = True, env: dict | None = None):
     """Runs ``python ARGS`` in the repository with quiet TensorFlow logs."""
     completed = subprocess.run(
@@ -164,8 +198,9 @@ def _names(code) -> set[str]:
 
 def _is_helper(value) -> bool:
     source = getattr(value, "__file__", None) or getattr(getattr(value, "__code__", None), "co_filename", None)
-    if source is None and isinstance(value, type):
-        source = getattr(sys.modules.get(value.__module__), "__file__", None)
+    if source is None and not isinstance(value, type(sys)):  # a class, or an instance of one (CaseLaunches)
+        kind = value if isinstance(value, type) else type(value)
+        source = getattr(sys.modules.get(kind.__module__), "__file__", None)
     return bool(source) and os.path.abspath(source).startswith(HELPER_ROOTS)
 
 
@@ -180,6 +215,9 @@ def starts_processes(function, seen: set | None = None) -> bool:
         return any(starts_processes(member, seen) for member in members)
     if isinstance(function, type):
         return any(starts_processes(v, seen) for v in vars(function).values() if callable(v))
+    if not callable(function) and hasattr(function, "__dict__"):  # an instance: its class and callable attributes
+        return starts_processes(type(function), seen) or any(
+            starts_processes(v, seen) for v in vars(function).values() if callable(v) and _is_helper(v))
     function = getattr(function, "__wrapped__", function)
     code = getattr(function, "__code__", None)
     if code is None:
@@ -188,7 +226,16 @@ def starts_processes(function, seen: set | None = None) -> bool:
     if names & PROCESS_NAMES:
         return True
     scope = getattr(function, "__globals__", {})
-    return any(starts_processes(scope[name], seen) for name in names if name in scope and _is_helper(scope[name]))
+    return any(starts_processes(helper, seen) for name in names if name in scope for helper in _helpers_in(scope[name]))
+
+
+def _helpers_in(value) -> list:
+    """``value`` if it is a helper, or the helpers held in a dict, list or tuple of them."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if not isinstance(v, (str, bytes, int, float)) and _is_helper(v)]
+    return [value] if _is_helper(value) else []
 
 
 def is_integration(item) -> bool:

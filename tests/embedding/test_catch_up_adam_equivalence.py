@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import launch_cases
-from test_equivalence import BASE, HOT, STATEFUL, WORKER, references_dir
+from conftest import CaseLaunches
+from test_equivalence import BASE, HOT, STATEFUL, WORKER, reference_writer
 
 OPTIMIZERS = ("catch_up_adam", "dense_adam")
 COMMON = {"optimizer": "adam", "dense_learning_rate": 0.01, "adam_epsilon": 1e-4, "magnitude_floor": BASE["learning_rate"]}
@@ -22,19 +22,13 @@ CASES = [{**STATEFUL, **COMMON, "name": f"{optimizer}_{strategy}", "strategy": s
 CASES += [{**HOT, **COMMON, "name": f"hot_catch_up_adam_{strategy}", "strategy": strategy, "embedding_optimizer": "catch_up_adam"}
           for strategy in ("table_wise", "column_wise")]
 SLOTS = {"catch_up_adam": ["m", "v", "last_step"], "dense_adam": ["m", "v"]}
-_results: dict[int, list[dict]] = {}
+LAUNCHES = CaseLaunches(WORKER, CASES, world_sizes=(2, 3), env={"HOROVOD_CYCLE_TIME": "5"}, prepare=reference_writer(CASES))
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("world_size", (2, 3))
-def test_n_ranks_equal_one_process(world_size, tmp_path_factory, monkeypatch):
-    import test_equivalence
-
-    monkeypatch.setattr(test_equivalence, "CASES", CASES)  # the one-process references of these cases
-    monkeypatch.setattr(test_equivalence, "_references", _references)
-    directory = tmp_path_factory.mktemp(f"catch_up_np{world_size}")
-    env = {"EQUIVALENCE_REFERENCE_DIR": references_dir(tmp_path_factory), "HOROVOD_CYCLE_TIME": "5"}
-    records = launch_cases(world_size, WORKER, CASES, directory, env=env)
+@pytest.mark.parametrize("world_size", LAUNCHES.world_sizes)
+def test_n_ranks_equal_one_process(world_size, tmp_path_factory):
+    records = LAUNCHES.records(world_size, tmp_path_factory)
     assert sorted({r["case"] for r in records}) == sorted(c["name"] for c in CASES)
     for record in records:
         where = f"{record['case']} at N={world_size}, rank {record['rank']} owning {record['rank_slices']}"
@@ -46,5 +40,3 @@ def test_n_ranks_equal_one_process(world_size, tmp_path_factory, monkeypatch):
         assert record["tables_moved"] > 1e-4, f"{where}: training did not change the tables"
         assert record["state_slots"] == SLOTS[case["embedding_optimizer"]], where
 
-
-_references: dict[str, str] = {}

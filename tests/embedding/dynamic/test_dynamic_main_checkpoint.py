@@ -4,7 +4,7 @@ evaluated on ``-np 3`` and exported from the 2-rank checkpoint; a fixed-table ch
 One dataset of sparse int64 keys (``tf_dlrm.data.synthetic --hashed_keys``: every categorical
 feature a dynamic table, new keys in every batch, unseen keys in the validation split).
 
-- Resume: 6 steps on 2 ranks, saved; ``--resume`` on 3 ranks (every key re-routed to its new owner
+- Resume: 12 steps on 2 ranks, saved at 6 and 12; ``--resume`` from step 6 on 3 ranks (every key re-routed to its new owner
   with its row, Adagrad accumulator and LRU metadata) to step 12, across an epoch boundary; equal to
   12 uninterrupted steps on 2 ranks: losses, dense weights and Adam moments, every table's keys (exactly),
   rows and accumulators within 1e-5 (3 ranks sum the same gradients in another order than 2; the
@@ -92,14 +92,15 @@ def test_save_on_2_resume_on_3_eval_and_export(datasets, tmp_path):
     data = datasets / "keys"
     common = ["main.py", f"--dataset_path={data}", *FLAGS]
     reference, run = tmp_path / "reference", tmp_path / "run"
-    launch(2, [*common, "--max_steps=12", f"--save_checkpoint_path={reference}", f"--log_path={tmp_path / 'reference.jsonl'}"])
-    launch(2, [*common, "--max_steps=6", f"--save_checkpoint_path={run}", f"--log_path={tmp_path / 'first.jsonl'}"])
+    # 12 steps on 2 ranks, saved at step 6 on the way (a save changes nothing of the training).
+    launch(2, [*common, "--max_steps=12", "--checkpoint_every_steps=6", f"--save_checkpoint_path={reference}",
+               f"--log_path={tmp_path / 'reference.jsonl'}"])
     # Published atomically: no temporary directory left, every rank's rows listed with its checksum.
-    assert sorted(os.listdir(run)) == [".lock", "ckpt-00000006", "latest"]
-    assert sorted(os.listdir(os.path.join(ckpt(run, 6), "dynamic"))) == [
+    assert sorted(os.listdir(reference)) == [".lock", "ckpt-00000006", "ckpt-00000012", "latest"]
+    assert sorted(os.listdir(os.path.join(ckpt(reference, 6), "dynamic"))) == [
         "dynamic_rank0.npz", "dynamic_rank1.npz", "dynamic_tables.json"]
     launch(3, [*common, "--max_steps=12", f"--save_checkpoint_path={run}", "--resume",
-               f"--log_path={tmp_path / 'second.jsonl'}"])
+               f"--restore_checkpoint_path={ckpt(reference, 6)}", f"--log_path={tmp_path / 'second.jsonl'}"])
     restored = events(tmp_path / "second.jsonl", "checkpoint_restored")
     assert len(restored) == 1 and restored[0]["step"] == 6
 
@@ -126,9 +127,9 @@ def test_save_on_2_resume_on_3_eval_and_export(datasets, tmp_path):
             assert difference <= 1e-5, f"{table} {field} differs by {difference}"
 
     # Eval on 3 ranks and the SavedModel, both from the 2-rank checkpoint of step 6.
-    launch(3, [*common, "--mode=eval", f"--restore_checkpoint_path={ckpt(run, 6)}", f"--log_path={tmp_path / 'eval.jsonl'}"])
+    launch(3, [*common, "--mode=eval", f"--restore_checkpoint_path={ckpt(reference, 6)}", f"--log_path={tmp_path / 'eval.jsonl'}"])
     final = events(tmp_path / "eval.jsonl", "final")[-1]
-    run_python([*common, "--mode=export", f"--restore_checkpoint_path={ckpt(run, 6)}",
+    run_python([*common, "--mode=export", f"--restore_checkpoint_path={ckpt(reference, 6)}",
                 f"--saved_model_path={tmp_path / 'served'}"])
     import tensorflow as tf
 
@@ -136,7 +137,7 @@ def test_save_on_2_resume_on_3_eval_and_export(datasets, tmp_path):
 
     serve = tf.saved_model.load(str(tmp_path / "served")).signatures["serving_default"]
     labels, numerical, keys = read_valid(data)
-    seen = {table: set(rows.tolist()) for (table, field), rows in dynamic_rows(ckpt(run, 6)).items() if field == "keys"}
+    seen = {table: set(rows.tolist()) for (table, field), rows in dynamic_rows(ckpt(reference, 6)).items() if field == "keys"}
     unseen = sum(int(np.sum(~np.isin(keys[:, t], list(seen[f"t{t}"])))) for t in range(keys.shape[1]))
     assert unseen > 0, "the validation split holds no key unseen in training"
     scores = np.concatenate([serve(numerical=tf.constant(numerical[i:i + 256]), categorical=tf.constant(keys[i:i + 256]))
