@@ -159,3 +159,14 @@ def test_the_hidden_model_pools_short_rows_by_their_own_count():
     _, drawn, ids = model.sample(np.random.default_rng(1), 500)
     lengths = (drawn[0] >= 0).sum(axis=1)
     assert lengths.min() == 1 and lengths.max() == 4 and ((ids[0] >= 0) == (drawn[0] >= 0)).all()
+
+
+def test_variable_rows_move_to_nvidias_split_tfrecords_unchanged(variable, tmp_path):
+    from tf_dlrm.data.split_tfrecords import SplitTFRecordsReader, ragged_by_default
+    from tf_dlrm.data.to_split_tfrecords import convert
+
+    convert(os.path.dirname(variable.source), str(tmp_path / "records"), prebatch_size=64, prebatches_per_file=8)
+    records = ragged_by_default(FeatureSpec.load(str(tmp_path / "records" / "feature_spec.yaml"), check_files=False))
+    _, categorical, _ = list(SplitTFRecordsReader(records, "train", 250, local_categorical=[3, 6]).dataset())[1]
+    for got, index in zip(categorical, (3, 6)):
+        assert got.to_list() == rows_by_numpy(variable, "train", variable.categorical_features[index])[250:500]
