@@ -170,3 +170,56 @@ def test_variable_rows_move_to_nvidias_split_tfrecords_unchanged(variable, tmp_p
     _, categorical, _ = list(SplitTFRecordsReader(records, "train", 250, local_categorical=[3, 6]).dataset())[1]
     for got, index in zip(categorical, (3, 6)):
         assert got.to_list() == rows_by_numpy(variable, "train", variable.categorical_features[index])[250:500]
+
+
+def _variable_csv_spec(tmp_path, cells: list[str], chunk_type="csv", files=("train.csv",)) -> str:
+    raw = {"feature_spec": {"click": {"dtype": "int8"}, "site": {"dtype": "int64", "cardinality": 4},
+                            "items": {"dtype": "int64", "cardinality": 300, "hotness": 4, "combiner": "mean", "ragged": True}},
+           "channel_spec": {"label": ["click"], "categorical": ["site", "items"]},
+           "source_spec": {"train": [{"type": chunk_type, "features": ["click", "site", "items"], "files": list(files)}]}}
+    if chunk_type == "csv":
+        (tmp_path / "train.csv").write_text("".join(f"{i % 2},{i % 4},{cell}\n" for i, cell in enumerate(cells)))
+    (tmp_path / "input.yaml").write_text(yaml.safe_dump(raw))
+    return str(tmp_path / "input.yaml")
+
+
+CELLS = ["12|7|99", "", "5", "1|2|3|4", "250|250", "8", "", "0|299|3"]
+ROWS = [[12, 7, 99], [], [5], [1, 2, 3, 4], [250, 250], [8], [], [0, 299, 3]]
+
+
+def test_csv_cells_of_zero_to_hotness_ids_transcode_to_the_lengths_layout(tmp_path):
+    from tf_dlrm.data.transcode import transcode
+
+    spec = transcode(_variable_csv_spec(tmp_path, CELLS), str(tmp_path / "out"))
+    (chunk,) = [c for c in spec.chunks("train") if c["features"] == ["items"]]
+    assert chunk["lengths"] == "train/cat_1_items.lengths.bin" and spec.ragged("items")
+    assert list(np.fromfile(spec.resolve(chunk["lengths"]), np.int8)) == [len(r) for r in ROWS]
+    assert list(np.fromfile(spec.resolve(chunk["files"][0]), np.int16)) == [i for r in ROWS for i in r]
+    _, categorical, _ = next(iter(SplitBinaryReader(spec, "train", 8).dataset()))
+    assert categorical[1].to_list() == ROWS
+
+
+def test_a_csv_cell_longer_than_hotness_is_named(tmp_path):
+    from tf_dlrm.data.csv_values import TranscodeError
+    from tf_dlrm.data.transcode import transcode
+
+    with pytest.raises(TranscodeError, match=r"train.csv, line 4: column 3 \('items'\): 5 ids in '1\|2\|3\|4\|5', more "
+                                             r"than the feature's hotness 4 \(a variable-length cell holds 0 to hotness ids"):
+        transcode(_variable_csv_spec(tmp_path, CELLS[:3] + ["1|2|3|4|5"]), str(tmp_path / "out"))
+    with pytest.raises(TranscodeError, match=r"line 3: column 3 \('items'\): categorical id 300 is outside \[0, 300\)"):
+        transcode(_variable_csv_spec(tmp_path, CELLS[:2] + ["7|300"]), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_parquet_list_columns_of_any_length_transcode_like_csv(tmp_path):
+    pandas = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    from tf_dlrm.data.transcode import transcode
+
+    csv = transcode(_variable_csv_spec(tmp_path, CELLS), str(tmp_path / "from_csv"))
+    frame = pandas.DataFrame({"click": [i % 2 for i in range(8)], "site": [i % 4 for i in range(8)], "items": ROWS})
+    frame.to_parquet(tmp_path / "train.parquet")
+    parquet = transcode(_variable_csv_spec(tmp_path, [], "parquet", ["train.parquet"]), str(tmp_path / "from_parquet"))
+    for chunk in csv.chunks("train"):
+        for relative in chunk["files"] + ([chunk["lengths"]] if "lengths" in chunk else []):
+            assert open(csv.resolve(relative), "rb").read() == open(parquet.resolve(relative), "rb").read(), relative
