@@ -223,3 +223,23 @@ def test_parquet_list_columns_of_any_length_transcode_like_csv(tmp_path):
     for chunk in csv.chunks("train"):
         for relative in chunk["files"] + ([chunk["lengths"]] if "lengths" in chunk else []):
             assert open(csv.resolve(relative), "rb").read() == open(parquet.resolve(relative), "rb").read(), relative
+
+
+def test_the_dataset_check_reads_variable_length_features(variable, tmp_path):
+    from tf_dlrm.data.check import scan_split
+
+    assert scan_split(variable, "train", block=128) == []
+
+    def bad(lengths, ids):
+        ids[int(lengths[:301].sum()) - 1] = -2  # the last id of sample 300
+        ids[int(lengths[:900].sum())] = 600
+        return lengths, ids
+
+    spec = _copy_with(variable, tmp_path / "ids", bad)
+    assert scan_split(spec, "train", block=128) == [
+        f"split 'train', feature 'cat_3.bin', file {tmp_path}/ids/train/cat_3.bin: 2 id(s) outside [0, 600), the first at "
+        "sample 300"]
+    spec = _copy_with(variable, tmp_path / "lengths", lambda lengths, ids: (np.where(np.arange(lengths.size) == 7, 9, lengths), ids))
+    (line,) = scan_split(spec, "train", block=128)
+    assert line == (f"split 'train', feature 'cat_3.bin', file {tmp_path}/lengths/train/cat_3.lengths.bin: sample 7 holds 9 "
+                    "ids, more than its hotness 5")
