@@ -22,9 +22,11 @@ The samples come from tf_dlrm's hidden model (:mod:`tf_dlrm.data.hidden_model`) 
 generator draws them, so the labels have a known best AUC (``oracle_valid_auc``).
 
 The run: ``horovodrun -np 2 main.py --dataset_type=split_tfrecords --dist_strategy=column_wise`` and
-``python main.py`` (one process) on the same dataset and flags, each saving a checkpoint; prints one
-JSON line with the oracle AUC, both runs' AUC and the largest difference between their weights
-(every table, joined from its column slices, and every MLP weight).
+``python main.py`` (one process) on the same dataset and flags, each saving a checkpoint, and a control:
+one process again with TensorFlow's Eigen kernels (``TF_ENABLE_ONEDNN_OPTS=0``), the same arithmetic
+rounded in other orders. Prints one JSON line with the oracle AUC, the runs' AUC and the largest
+difference between their weights (every table, joined from its column slices, and every MLP weight):
+np1 against np2, and np1 against the control (what float32 rounding alone drifts to over the run).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ TRAIN_FLAGS = ["--dataset_type=split_tfrecords", "--interaction=cat", "--bottom_
 # ---------------------------------------------------------------- NVIDIA's writing logic
 
 
-def serialize_composite(tf, tensor) -> "tf.Tensor":
+def serialize_composite(tf, tensor):
     """A (ragged) tensor's flattened components, each serialized, stacked and serialized again."""
     components = tf.nest.flatten(tensor, expand_composites=True)
     return tf.io.serialize_tensor(tf.stack([tf.io.serialize_tensor(c) for c in components]))
@@ -219,17 +221,19 @@ def main(argv=None) -> int:
              f"--learning_rate={args.learning_rate}", *([f"--max_steps={args.max_steps}"] if args.max_steps else [])]
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     runs = {}
-    for ranks in (2, 1):
-        run = f"np{ranks}_steps{args.max_steps or 'all'}_lr{args.learning_rate:g}"
+    # The control: one process again with TensorFlow's own (Eigen) kernels instead of oneDNN's, the same
+    # arithmetic rounded in other orders; how far that drifts from np1 is what rounding alone gives.
+    for ranks, name, extra in ((2, 2, {}), (1, 1, {}), (1, "control", {"TF_ENABLE_ONEDNN_OPTS": "0"})):
+        run = f"np{ranks}{'_eigen' if extra else ''}_steps{args.max_steps or 'all'}_lr{args.learning_rate:g}"
         log, checkpoint = os.path.join(work, f"{run}.jsonl"), os.path.join(work, f"ckpt_{run}")
         command = [sys.executable, "main.py", *flags, f"--log_path={log}", f"--save_checkpoint_path={checkpoint}"]
         if ranks > 1:
             command = [horovodrun, "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo", *command]
-        completed = subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, text=True)
+        completed = subprocess.run(command, cwd=REPO, env={**env, **extra}, check=True, capture_output=True, text=True)
         # The plan's lines name each rank's column slices, e.g. "t3[0:8]": the tables split by columns.
         sliced = sorted({word.split("[")[0] for line in (completed.stdout + completed.stderr).splitlines()
                          for word in line.split() if word.startswith("t") and "[" in word and ":" in word})
-        runs[ranks] = {**final_record(log), "weights": checkpoint_weights(checkpoint), "sliced": sliced}
+        runs[name] = {**final_record(log), "weights": checkpoint_weights(checkpoint), "sliced": sliced}
     print(json.dumps({
         "benchmark": "dle_split_tfrecords", "train_samples": args.num_train_prebatches * args.prebatch_size,
         "valid_samples": args.num_valid_prebatches * args.prebatch_size, "epochs": args.epochs, "learning_rate": args.learning_rate,
@@ -237,6 +241,8 @@ def main(argv=None) -> int:
         "oracle_valid_auc": spec["metadata"]["oracle_valid_auc"],
         "column_sliced_tables_np2": runs[2]["sliced"], "auc_np2": runs[2]["auc"], "auc_np1": runs[1]["auc"], "steps": runs[2]["steps"],
         "max_weight_diff_np1_np2": max_weight_difference(runs[1]["weights"], runs[2]["weights"]),
+        "auc_np1_eigen_kernels": runs["control"]["auc"],
+        "max_weight_diff_np1_np1_eigen_kernels": max_weight_difference(runs[1]["weights"], runs["control"]["weights"]),
     }), flush=True)
     return 0
 

@@ -30,7 +30,6 @@ from tf_dlrm.spec.format import (
     SPLIT_BINARY,
     SUPPORTED_DTYPES,
     FeatureSpecError,
-    lengths_dtype_for,
 )
 
 
