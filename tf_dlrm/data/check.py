@@ -56,18 +56,13 @@ def _variable_length_problems(spec: FeatureSpec, split: str, index: int, count: 
         column = RaggedColumn(path, files.lengths_of(index), spec.dtype(name), spec.hotness(name), name, split, count, block)
     except BadDataError as error:
         return [str(error)]
-    descriptors = {}
-    try:
-        for start in range(0, count, block):
-            ids, lengths = column.read(lambda p: descriptors.setdefault(p, os.open(p, os.O_RDONLY)), start, block)
-            outside = (ids < 0) | (ids >= cardinality)
-            if outside.any():
-                total, first = found.get(("categorical", name, path), (0, None))
-                sample = start + int(np.searchsorted(np.cumsum(lengths, dtype=np.int64), np.flatnonzero(outside)[0], side="right"))
-                found[("categorical", name, path)] = (total + int(outside.sum()), first if first is not None else sample)
-    finally:
-        for descriptor in descriptors.values():
-            os.close(descriptor)
+    for start in range(0, count, block):
+        ids, lengths = column.read(start, block)
+        outside = (ids < 0) | (ids >= cardinality)
+        if outside.any():
+            total, first = found.get(("categorical", name, path), (0, None))
+            sample = start + int(np.searchsorted(np.cumsum(lengths, dtype=np.int64), np.flatnonzero(outside)[0], side="right"))
+            found[("categorical", name, path)] = (total + int(outside.sum()), first if first is not None else sample)
     return []
 
 

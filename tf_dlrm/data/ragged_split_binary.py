@@ -42,6 +42,9 @@ class RaggedColumn:
         num_samples: the split's sample count (the lengths file holds exactly this many).
         granularity: reads start at multiples of this many samples (the reader's local batch size)
             or at ``num_samples``; offsets are kept at those points only.
+        read_at: ``read_at(path, size, offset) -> bytes`` (default: a local ``os.pread``), so that the
+            caller's way of opening files (and its open files) serves both files.
+        size_of: ``size_of(path) -> int`` (default: ``os.path.getsize``).
 
     Raises:
         BadDataError: a length outside ``[0, hotness]``, or an ids file that does not hold
@@ -49,14 +52,15 @@ class RaggedColumn:
     """
 
     def __init__(self, ids_path: str, lengths_path: str, ids_dtype, hotness: int, feature: str, split: str,
-                 num_samples: int, granularity: int):
+                 num_samples: int, granularity: int, read_at=None, size_of=os.path.getsize):
         self.ids_path, self.lengths_path = ids_path, lengths_path
+        self.read_at = read_at or _local_read_at
         self.ids_dtype, self.lengths_dtype = np.dtype(ids_dtype), lengths_dtype_for(hotness)
         self.hotness, self.feature, self.split = hotness, feature, split
         self.num_samples, self.granularity = num_samples, granularity
         self.boundaries = self._scan()
         self.total = int(self.boundaries[-1])
-        size = os.path.getsize(ids_path)
+        size = size_of(ids_path)
         if size != self.total * self.ids_dtype.itemsize:
             raise BadDataError(
                 f"split '{split}', feature '{feature}', file {ids_path}: holds {size // self.ids_dtype.itemsize} ids "
@@ -66,17 +70,20 @@ class RaggedColumn:
         """Offsets at every multiple of ``granularity`` below ``num_samples``, then at ``num_samples``."""
         points = np.zeros(-(-self.num_samples // self.granularity) + 1, np.int64)
         running, step = 0, self.granularity * max(1, _SCAN_BLOCK // self.granularity)
-        with open(self.lengths_path, "rb") as handle:
-            for start in range(0, self.num_samples, step):
-                count = min(step, self.num_samples - start)
-                lengths = np.frombuffer(handle.read(count * self.lengths_dtype.itemsize), self.lengths_dtype)
-                self.check_lengths(lengths, start)
-                sums = np.cumsum(lengths, dtype=np.int64)
-                # Offsets of the boundaries inside this block: the running total before each.
-                first = start // self.granularity
-                inside = np.arange(0, count, self.granularity)
-                points[first:first + inside.size] = running + np.concatenate([[0], sums])[inside]
-                running += int(sums[-1]) if count else 0
+        itemsize = self.lengths_dtype.itemsize
+        for start in range(0, self.num_samples, step):
+            count = min(step, self.num_samples - start)
+            lengths = np.frombuffer(self.read_at(self.lengths_path, count * itemsize, start * itemsize), self.lengths_dtype)
+            if lengths.size != count:
+                raise BadDataError(f"split '{self.split}', feature '{self.feature}', file {self.lengths_path}: short read "
+                                   f"at sample {start}: the file changed while it was read")
+            self.check_lengths(lengths, start)
+            sums = np.cumsum(lengths, dtype=np.int64)
+            # Offsets of the boundaries inside this block: the running total before each.
+            first = start // self.granularity
+            inside = np.arange(0, count, self.granularity)
+            points[first:first + inside.size] = running + np.concatenate([[0], sums])[inside]
+            running += int(sums[-1]) if count else 0
         points[-1] = running
         return points
 
@@ -99,19 +106,25 @@ class RaggedColumn:
             raise ValueError(f"Expected a read at a multiple of {self.granularity} samples. Received: {sample}")
         return int(self.boundaries[index])
 
-    def read(self, descriptor, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(ids, lengths)`` of samples ``[start, start + count)`` clipped to the split (two preads);
-        ``descriptor(path)`` gives an open file descriptor."""
+    def read(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, lengths)`` of samples ``[start, start + count)`` clipped to the split (two reads)."""
         available = max(0, min(count, self.num_samples - start))
         itemsize = self.lengths_dtype.itemsize
-        lengths = np.frombuffer(os.pread(descriptor(self.lengths_path), available * itemsize, start * itemsize),
-                                self.lengths_dtype)
+        lengths = np.frombuffer(self.read_at(self.lengths_path, available * itemsize, start * itemsize), self.lengths_dtype)
         begin, end = (self.offset(start), self.offset(start + available)) if available else (0, 0)
-        raw = os.pread(descriptor(self.ids_path), (end - begin) * self.ids_dtype.itemsize, begin * self.ids_dtype.itemsize)
+        raw = self.read_at(self.ids_path, (end - begin) * self.ids_dtype.itemsize, begin * self.ids_dtype.itemsize)
         if lengths.size != available or len(raw) != (end - begin) * self.ids_dtype.itemsize:
             raise BadDataError(f"split '{self.split}', feature '{self.feature}': short read of {self.ids_path} or "
                                f"{self.lengths_path} at sample {start}: the files changed under the running job")
         return np.frombuffer(raw, self.ids_dtype), lengths
+
+
+def _local_read_at(path: str, size: int, offset: int) -> bytes:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(descriptor, size, offset)
+    finally:
+        os.close(descriptor)
 
 
 def ragged_id_problem(ids: np.ndarray, lengths: np.ndarray, cardinality: int, first_sample: int) -> str | None:

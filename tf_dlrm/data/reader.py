@@ -132,6 +132,7 @@ class SplitBinaryReader:
             self._numerical = _Column(
                 self.files.numerical, spec.numerical_dtype(), len(spec.numerical_features), "local", np.dtype(np.float32)
             )
+        self._descriptors: dict[str, int] = {}  # before the variable-length columns read their lengths
         self._categorical = []
         for scope, indices in (("global", self.global_categorical), ("local", self.local_categorical)):
             for index in indices:
@@ -144,13 +145,12 @@ class SplitBinaryReader:
                 lengths = self.files.lengths_of(index)
                 ragged = None if lengths is None else RaggedColumn(
                     self.files.categorical[index], lengths, spec.dtype(name), spec.hotness(name), name, split,
-                    self.num_samples, self.local_batch_size)
+                    self.num_samples, self.local_batch_size, read_at=self._read_at)
                 self._categorical.append(
                     _Column(self.files.categorical[index], spec.dtype(name), spec.hotness(name), scope, np.dtype(out), name,
                             bound, ragged)
                 )
         self.num_numerical = len(spec.numerical_features)
-        self._descriptors: dict[str, int] = {}
 
     # ------------------------------------------------------------------ sizes
 
@@ -173,6 +173,9 @@ class SplitBinaryReader:
             self._descriptors[path] = os.open(path, os.O_RDONLY)
         return self._descriptors[path]
 
+    def _read_at(self, path: str, size: int, offset: int) -> bytes:
+        return os.pread(self._descriptor(path), size, offset)
+
     def _read_rows(self, column: _Column, start: int, count: int) -> np.ndarray:
         """Rows ``[start, start+count)`` of a column, zero-padded past the end of the split."""
         available = max(0, min(count, self.num_samples - start))
@@ -192,7 +195,7 @@ class SplitBinaryReader:
     def _read_ragged(self, column: _Column, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """A variable-length feature's ``(ids, lengths)`` of rows ``[start, start+count)``; rows past
         the end of the split (``last_batch="pad"``) are empty."""
-        ids, lengths = column.ragged.read(self._descriptor, start, count)
+        ids, lengths = column.ragged.read(start, count)
         lengths = lengths.astype(np.int64)
         if lengths.size < count and self.last_batch == "pad":
             lengths = np.concatenate([lengths, np.zeros(count - lengths.size, np.int64)])
