@@ -18,7 +18,9 @@ window by window so that machine load hits them alike. Cases:
   gradient is one ``IndexedSlices`` per fused variable over the distinct rows, and SGD updates those
   rows on all threads (tf_dlrm/ops/embedding_bag.cc); without it (``TF_DLRM_DISABLE_KERNELS=1``) per
   feature one ``unique``, one gather of its distinct rows and one sparse segment sum.
-  Only when asked for (``--cases``): ``tf_dlrm_unchecked`` without the id checks;
+  Only when asked for (``--cases``): ``tf_dlrm_ragged``, each multi-hot feature's rows of 1 to
+  ``2 * hotness - 1`` ids (``hotness`` on average, the fixed case's ids per row) as ragged inputs;
+  ``tf_dlrm_unchecked`` without the id checks;
   ``tf_dlrm_without_kernel`` with plain TensorFlow pooling (``use_kernel=False``); ``tf_dlrm_lazy_adam``
   and ``tf_dlrm_lazy_adam_without_kernel`` with the trainer's default embedding optimizer (lazy Adam,
   whose update uses tf_dlrm's kernel in both when it is built; the naive cases keep SGD, so compare
@@ -71,8 +73,37 @@ def make_batches(count: int, batch_size: int, rows: int, seed: int):
     return batches
 
 
+def ragged_batches(batches, seed: int):
+    """``batches`` with each multi-hot feature's rows of 1 to ``2 * hotness - 1`` ids (a permuted
+    cycle of those lengths: ``hotness`` ids a row on average, as the fixed case), as ``(ids, lengths)``."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, 1])
+    out = []
+    for numerical, ids, label in batches:
+        features = []
+        for f, fixed in enumerate(ids):
+            h = hotness(f)
+            if h == 1:
+                features.append(fixed)
+                continue
+            lengths = rng.permutation(np.resize(np.arange(1, 2 * h, dtype=np.int64), fixed.shape[0]))
+            values = rng.integers(0, int(fixed.max()) + 1, int(lengths.sum())).astype(np.int32)
+            features.append((values, lengths))
+        out.append((numerical, features, label))
+    return out
+
+
+def _as_tensor(ids):
+    import tensorflow as tf
+
+    if isinstance(ids, tuple):
+        return tf.RaggedTensor.from_row_lengths(tf.constant(ids[0]), tf.constant(ids[1]))
+    return tf.constant(ids)
+
+
 def build_tf_dlrm(rows: int, batches, learning_rate: float, validate_ids: bool = True, use_kernel: bool = True,
-                  embedding_optimizer: str = "sgd"):
+                  embedding_optimizer: str = "sgd", ragged: bool = False):
     import tensorflow as tf
 
     from tf_dlrm.embedding.table_config import FeatureConfig
@@ -85,14 +116,16 @@ def build_tf_dlrm(rows: int, batches, learning_rate: float, validate_ids: bool =
     from tf_dlrm.optimizers.settings import OptimizerConfig
     from tf_dlrm.train.step import Trainer
 
-    features = [FeatureConfig(f"f{f}", f"f{f}", hotness(f), combiner(f)) for f in range(NUM_FEATURES)]
+    # ragged: multi-hot rows of 1 to 2 * hotness - 1 ids (see ragged_batches), the same mean.
+    features = [FeatureConfig(f"f{f}", f"f{f}", hotness=2 * hotness(f) - 1, combiner=combiner(f), ragged=True) if ragged and hotness(f) > 1
+                else FeatureConfig(f"f{f}", f"f{f}", hotness=hotness(f), combiner=combiner(f)) for f in range(NUM_FEATURES)]
     plan = make_plan([TableSpec(f"f{f}", rows, width(f)) for f in range(NUM_FEATURES)], 1, data_parallel_threshold=0)
     embedding = DistributedEmbedding.from_plan(plan, features=features, validate_ids=validate_ids, use_kernel=use_kernel, name="embedding")
     model = DLRM(embedding, NUM_NUMERICAL, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction="cat")
     env = DistributedEnv()
-    model((tf.constant(batches[0][0]), tuple(tf.constant(i) for i in batches[0][1])))
+    model((tf.constant(batches[0][0]), tuple(_as_tensor(i) for i in batches[0][1])))
     trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(learning_rate), embedding_optimizer=embedding_optimizer))
-    tensors = [(tf.constant(n), tuple(tf.constant(i) for i in ids), tf.constant(l)) for n, ids, l in batches]
+    tensors = [(tf.constant(n), tuple(_as_tensor(i) for i in ids), tf.constant(l)) for n, ids, l in batches]
     return trainer.train_step, tensors
 
 
@@ -162,7 +195,7 @@ def alltoall_bytes(rows: int, batch_size: int) -> dict:
     from tf_dlrm.sharding.planner import make_plan
 
     tables = [TableSpec(f"f{f}", rows, width(f)) for f in range(NUM_FEATURES)]
-    multi_hot = [FeatureConfig(f"f{f}", f"f{f}", hotness(f), combiner(f)) for f in range(NUM_FEATURES)]
+    multi_hot = [FeatureConfig(f"f{f}", f"f{f}", hotness=hotness(f), combiner=combiner(f)) for f in range(NUM_FEATURES)]
     one_hot = [FeatureConfig(f"f{f}", f"f{f}") for f in range(NUM_FEATURES)]
     result = {}
     for world_size in (2, 8):
@@ -193,6 +226,8 @@ def main(argv=None) -> list[dict]:
         "naive_sparse": lambda: build_naive(args.rows, batches, 0.05, sparse=True),
         "naive_ragged": lambda: build_naive(args.rows, batches, 0.05, sparse=False),
         "tf_dlrm": lambda: build_tf_dlrm(args.rows, batches, 0.05),
+        # Variable-length rows at the same mean ids per row (tf.RaggedTensor inputs, ragged features).
+        "tf_dlrm_ragged": lambda: build_tf_dlrm(args.rows, ragged_batches(batches, args.seed), 0.05, ragged=True),
         # The same without the id range and hotness checks (what they cost).
         "tf_dlrm_unchecked": lambda: build_tf_dlrm(args.rows, batches, 0.05, validate_ids=False),
         # Plain TensorFlow pooling (unique, gather, segment sum per feature) instead of the kernel.
@@ -230,6 +265,8 @@ def main(argv=None) -> list[dict]:
             "xla": False, "world_size": 1, "batch_size": args.batch_size,
             "samples_per_s": {"median": round(medians[name], 1), "min": round(min(values), 1), "max": round(max(values), 1)},
         }
+        if name != "tf_dlrm" and name.startswith("tf_dlrm") and "tf_dlrm" in medians:
+            record["vs_tf_dlrm"] = round(medians[name] / medians["tf_dlrm"], 3)
         for naive in ("naive_sparse", "naive_ragged"):
             if naive in medians:
                 record[f"vs_{naive}"] = round(medians[name] / medians[naive], 3)

@@ -100,6 +100,7 @@ def data_record(reader, batch_size: int) -> dict:
     record = {"batch_size": int(batch_size), "train_samples": int(reader.num_samples)}
     if files is not None:
         paths = [files.label] + ([files.numerical] if files.numerical else []) + list(files.categorical)
+        paths += [path for path in files.lengths if path]  # variable-length features' lengths files
         record["train_fingerprint"] = _fingerprint(paths)
     return record
 

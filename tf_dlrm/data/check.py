@@ -6,6 +6,8 @@ Problems found (all of them, one line each, not only the first):
 - files of one split holding different sample counts;
 - a label other than 0/1;
 - a categorical id outside ``[0, cardinality)`` (per feature: how many, and the first sample);
+- a variable-length feature's row longer than its hotness, or an ids file that does not hold the sum
+  of its lengths (:mod:`tf_dlrm.data.ragged_split_binary`);
 - a NaN or inf numerical value (per feature: how many, and the first sample).
 
 Every file is read once, in blocks of ``--block_samples`` samples (memory stays bounded). Exit
@@ -21,7 +23,8 @@ import sys
 import numpy as np
 from absl import app, flags
 
-from tf_dlrm.data.validation import id_problem, raw_label_dtype
+from tf_dlrm.data.ragged_split_binary import RaggedColumn
+from tf_dlrm.data.validation import BadDataError, id_problem, raw_label_dtype
 from tf_dlrm.spec.format import SPLIT_BINARY, FeatureSpecError
 from tf_dlrm.spec.feature_spec import FeatureSpec
 
@@ -44,6 +47,25 @@ def _count_and_first(mask: np.ndarray, start: int, found: dict, key) -> None:
         found[key] = (total + int(mask.sum()), first if first is not None else start + int(np.flatnonzero(mask)[0]))
 
 
+def _variable_length_problems(spec: FeatureSpec, split: str, index: int, count: int, block: int, found: dict) -> list[str]:
+    """A variable-length feature (lengths file beside its ids): its lengths and file sizes (a line, then
+    nothing more: ids would not line up with samples), else its ids, counted in ``found`` as a fixed file's."""
+    name, files = spec.categorical_features[index], spec.split_files(split)
+    path, cardinality = files.categorical[index], spec.cardinalities()[index]
+    try:
+        column = RaggedColumn(path, files.lengths_of(index), spec.dtype(name), spec.hotness(name), name, split, count, block)
+    except BadDataError as error:
+        return [str(error)]
+    for start in range(0, count, block):
+        ids, lengths = column.read(start, block)
+        outside = (ids < 0) | (ids >= cardinality)
+        if outside.any():
+            total, first = found.get(("categorical", name, path), (0, None))
+            sample = start + int(np.searchsorted(np.cumsum(lengths, dtype=np.int64), np.flatnonzero(outside)[0], side="right"))
+            found[("categorical", name, path)] = (total + int(outside.sum()), first if first is not None else sample)
+    return []
+
+
 def scan_split(spec: FeatureSpec, split: str, block: int = 1 << 20) -> list[str]:
     """Every problem of one split, as readable lines (empty: the split is clean)."""
     problems, count = _file_problems(spec, split)
@@ -64,7 +86,10 @@ def scan_split(spec: FeatureSpec, split: str, block: int = 1 << 20) -> list[str]
             bad = ~np.isfinite(values)
             for column in np.flatnonzero(bad.any(axis=0)):
                 _count_and_first(bad[:, column], start, found, ("numerical", names[column], files.numerical))
-    for name, path, cardinality in zip(spec.categorical_features, files.categorical, spec.cardinalities()):
+    for index, (name, path, cardinality) in enumerate(zip(spec.categorical_features, files.categorical, spec.cardinalities())):
+        if files.lengths_of(index):
+            problems += _variable_length_problems(spec, split, index, count, block, found)
+            continue
         # A multi-hot feature's file holds ``hotness`` ids per sample: counted per id, located by sample.
         for start, ids in _blocks(path, spec.dtype(name), spec.hotness(name), count, block):
             if id_problem(ids, cardinality, start) is not None:

@@ -56,6 +56,7 @@ class Column:
     dtype: np.dtype
     cardinality: int | None = None
     hotness: int = 1
+    ragged: bool = False  # a multi-hot cell holds 0 to hotness ids (rows end in -1 past their length)
     transforms: tuple = ()  # numerical only: Clip or LOG1P, in order
     vocabulary: Vocabulary | None = None
     by_name: bool = False  # a Parquet column: found by its name, not its position
@@ -125,7 +126,10 @@ def _first_bad_cell(column: Column, cells: np.ndarray) -> tuple[int, str] | None
 
 
 def _parse_multi_hot(column: Column, cells: np.ndarray) -> tuple[np.ndarray | None, int, str]:
-    """A multi-hot column: each cell holds exactly ``hotness`` ids separated by ``|`` ("12|7|99")."""
+    """A multi-hot column: each cell holds exactly ``hotness`` ids separated by ``|`` ("12|7|99"), or
+    0 to ``hotness`` of a variable-length feature (``ragged``: an empty cell holds none)."""
+    if column.ragged:
+        return _parse_variable_length(column, cells)
     lists = [cell.split(MULTI_HOT_SEPARATOR) for cell in cells.tolist()]
     for row, ids in enumerate(lists):
         if len(ids) != column.hotness:
@@ -138,6 +142,25 @@ def _parse_multi_hot(column: Column, cells: np.ndarray) -> tuple[np.ndarray | No
     if values is None:
         return None, row // column.hotness, reason
     return values.reshape(len(lists), column.hotness), -1, ""
+
+
+def _parse_variable_length(column: Column, cells: np.ndarray) -> tuple[np.ndarray | None, int, str]:
+    """``[n, hotness]`` ids of a variable-length column, each row ending in -1 past its own length
+    (what :class:`tf_dlrm.data.split_binary.SplitBinaryWriter` stores with a lengths file)."""
+    lists = [cell.split(MULTI_HOT_SEPARATOR) if cell.strip() else [] for cell in cells.tolist()]
+    lengths = np.fromiter((len(ids) for ids in lists), np.int64, count=len(lists))
+    if lengths.size and lengths.max() > column.hotness:
+        row = int(np.argmax(lengths > column.hotness))
+        return None, row, (f"{column.describe()}: {lengths[row]} ids in {str(cells[row])!r}, more than the feature's "
+                           f"hotness {column.hotness} (a variable-length cell holds 0 to hotness ids separated by "
+                           f"{MULTI_HOT_SEPARATOR!r})")
+    flat = np.array([text for ids in lists for text in ids], dtype=str)
+    values, position, reason = parse_column(dataclasses.replace(column, hotness=1, ragged=False), flat)
+    if values is None:
+        return None, int(np.searchsorted(np.cumsum(lengths), position, side="right")), reason
+    rows = np.full((len(lists), column.hotness), -1, np.int64)
+    rows[np.arange(column.hotness)[None, :] < lengths[:, None]] = values
+    return rows, -1, ""
 
 
 def parse_column(column: Column, cells: np.ndarray) -> tuple[np.ndarray | None, int, str]:

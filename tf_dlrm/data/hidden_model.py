@@ -51,6 +51,8 @@ class GeneratorConfig:
     # Per categorical feature, in spec order: a Zipf exponent (> 0), or 0 for uniform ids; empty means
     # zipf_exponent for every feature. Reproduces the different skews of real logs' features.
     feature_zipf_exponents: tuple = ()
+    # Multi-hot rows of 1 to ``hotness`` ids (DLE's ``variable_hotness``): see :func:`power_law_lengths`.
+    variable_hotness: bool = False
 
     def exponent_of(self, feature: int) -> float:
         """Zipf exponent of categorical feature `feature` (0 means uniform)."""
@@ -107,6 +109,33 @@ def _power_law_ranks(rng: np.random.Generator, count: int, cardinality: int, exp
         power = 1.0 - exponent
         values = (1.0 + uniform * (top**power - 1.0)) ** (1.0 / power)
     return np.minimum(values.astype(np.int64) - 1, cardinality - 1)
+
+
+def power_law_lengths(rng: np.random.Generator, count: int, hotness: int, exponent: float) -> np.ndarray:
+    """Row lengths in ``[1, hotness]``, mostly short: the inverse CDF of a continuous power law
+    ``p(x) ~ x ** -exponent`` applied to uniform draws and truncated, as NVIDIA's synthetic generator
+    (DLRM_and_DCNv2 ``dataloading/synthetic_dataset.py``, ``variable_hotness``) draws them. Theirs
+    takes the law on ``[1, hotness)``, so truncation never reaches ``hotness`` itself; here the upper
+    end is ``hotness + 1`` so that full rows occur. ``exponent`` 0 gives uniform lengths."""
+    if hotness == 1:
+        return np.ones(count, np.int64)
+    if exponent == 0:
+        return rng.integers(1, hotness + 1, count)
+    uniform = rng.random(count)
+    top = float(hotness + 1)
+    if abs(exponent - 1.0) < 1e-9:
+        values = np.exp(uniform * math.log(top))
+    else:
+        power = 1.0 - exponent
+        values = (1.0 + uniform * (top**power - 1.0)) ** (1.0 / power)
+    return np.clip(values.astype(np.int64), 1, hotness)
+
+
+def padded_rows(flat: np.ndarray, lengths: np.ndarray, hotness: int, fill: int = -1) -> np.ndarray:
+    """``[count, hotness]``: row ``i`` holds the next ``lengths[i]`` values of ``flat``, then ``fill``."""
+    out = np.full((lengths.shape[0], hotness), fill, dtype=flat.dtype)
+    out[np.arange(hotness)[None, :] < lengths[:, None]] = flat
+    return out
 
 
 class HiddenModel:
@@ -168,15 +197,24 @@ class HiddenModel:
             counts = np.floor(rng.lognormal(self.count_mu[j], self.count_sigma[j], count))
             numerical[:, j] = np.log1p(counts)
         ranks, ids = [], []
+        # Variable rows (config.variable_hotness) are [count, hotness] with -1 past each row's length.
         if self.config.feature_zipf_exponents and len(self.config.feature_zipf_exponents) != len(self.cardinalities):
             raise ValueError(f"Expected {len(self.cardinalities)} feature_zipf_exponents (one per categorical "
                              f"feature). Received: {len(self.config.feature_zipf_exponents)}")
         for feature, (cardinality, id_map, hotness) in enumerate(zip(self.cardinalities, self.id_maps, self.hotness)):
             exponent = self.config.exponent_of(feature)
+            variable = self.config.variable_hotness and hotness > 1
+            lengths = power_law_lengths(rng, count, hotness, exponent) if variable else None
+            total = int(lengths.sum()) if variable else count * hotness
             if exponent == 0:
-                table_ranks = rng.integers(0, cardinality, count * hotness)
+                table_ranks = rng.integers(0, cardinality, total)
             else:
-                table_ranks = _power_law_ranks(rng, count * hotness, cardinality, exponent)
+                table_ranks = _power_law_ranks(rng, total, cardinality, exponent)
+            if variable:
+                table_ranks = padded_rows(table_ranks, lengths, hotness)
+                ranks.append(table_ranks)
+                ids.append(np.where(table_ranks >= 0, id_map(np.maximum(table_ranks, 0)), -1))
+                continue
             if hotness > 1:
                 table_ranks = table_ranks.reshape(count, hotness)
             ranks.append(table_ranks)
@@ -200,10 +238,18 @@ class HiddenModel:
         """Per-sample effects of a table: its ids' values pooled by the feature's combiner."""
         if ranks.ndim == 1:
             return _lookup(values, ranks)
-        looked_up = _lookup(values, ranks.reshape(-1)).reshape(ranks.shape + values.shape[1:])
-        total = looked_up.sum(axis=1)
-        hotness = ranks.shape[1]
-        return {"sum": total, "mean": total / hotness, "sqrtn": total / np.sqrt(hotness)}[self.combiners[table]]
+        present = ranks >= 0  # variable rows end in -1
+        if present.all():
+            looked_up = _lookup(values, ranks.reshape(-1)).reshape(ranks.shape + values.shape[1:])
+            total = looked_up.sum(axis=1)
+            hotness = ranks.shape[1]
+            return {"sum": total, "mean": total / hotness, "sqrtn": total / np.sqrt(hotness)}[self.combiners[table]]
+        looked_up = _lookup(values, np.maximum(ranks, 0).reshape(-1)).reshape(ranks.shape + values.shape[1:])
+        mask = present.reshape(present.shape + (1,) * (looked_up.ndim - 2))
+        total = np.where(mask, looked_up, 0.0).sum(axis=1)
+        # The model's combiners: mean and sqrtn divide by the row's own count; an empty row pools to zeros.
+        count = np.maximum(present.sum(axis=1), 1).astype(np.float64).reshape((-1,) + (1,) * (total.ndim - 1))
+        return {"sum": total, "mean": total / count, "sqrtn": total / np.sqrt(count)}[self.combiners[table]]
 
     def logits(self, numerical: np.ndarray, ranks: Sequence[np.ndarray]) -> np.ndarray:
         parts = self._parts(numerical, ranks)

@@ -32,10 +32,13 @@ def nvidia_spec(
     return with_split_binary_sources(FeatureSpec(features, channels, metadata=metadata), splits, base_directory)
 
 
-def with_split_binary_sources(spec: FeatureSpec, splits: Sequence[str], base_directory: str) -> FeatureSpec:
+def with_split_binary_sources(spec: FeatureSpec, splits: Sequence[str], base_directory: str,
+                              variable: Sequence[str] = ()) -> FeatureSpec:
     """A copy of ``spec`` whose splits are split_binary files in NVIDIA's per-split layout.
 
-    File names are derived from feature names; categorical dtypes follow the cardinality rule.
+    File names are derived from feature names; categorical dtypes follow the cardinality rule. The
+    features named in ``variable`` are stored with a lengths file (``<file stem>.lengths.bin``, rows
+    of 0 to hotness ids: :mod:`tf_dlrm.data.ragged_split_binary`) and marked ``ragged: true``.
     """
     features = copy.deepcopy(spec.feature_spec)
     for name in spec.categorical_features:
@@ -43,13 +46,19 @@ def with_split_binary_sources(spec: FeatureSpec, splits: Sequence[str], base_dir
             continue  # raw keys of a dynamic table keep their declared dtype (no id bound to shrink it to)
         features[name]["dtype"] = str(categorical_dtype_for(int(features[name]["cardinality"])))
     features[spec.label_feature]["dtype"] = "bool"
+    for name in variable:
+        features[name]["ragged"] = True
     sources = {}
     for split in splits:
         chunks = [{"type": SPLIT_BINARY, "features": [spec.label_feature], "files": [f"{split}/label.bin"]}]
         if spec.numerical_features:
             chunks.append({"type": SPLIT_BINARY, "features": spec.numerical_features, "files": [f"{split}/numerical.bin"]})
         for index, name in enumerate(spec.categorical_features):
-            chunks.append({"type": SPLIT_BINARY, "features": [name], "files": [f"{split}/{categorical_file_name(name, index)}"]})
+            file = f"{split}/{categorical_file_name(name, index)}"
+            chunk = {"type": SPLIT_BINARY, "features": [name], "files": [file]}
+            if name in variable:
+                chunk["lengths"] = file[:-len(".bin")] + ".lengths.bin" if file.endswith(".bin") else file + ".lengths"
+            chunks.append(chunk)
         sources[split] = chunks
     return FeatureSpec(features, spec.channel_spec, sources, spec.metadata, base_directory=base_directory)
 

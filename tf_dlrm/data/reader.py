@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
+from tf_dlrm.data.ragged_split_binary import RaggedColumn, ragged_id_problem
 from tf_dlrm.io.files import RandomAccessFile
 from tf_dlrm.data.validation import BadDataError, id_problem, label_problem, numerical_problem, raw_label_dtype
 from tf_dlrm.spec import dynamic as dynamic_spec
@@ -41,6 +42,7 @@ class _Column:
     out_dtype: np.dtype
     feature: str = ""
     cardinality: int = 0  # categorical only: ids must lie in [0, cardinality)
+    ragged: object = None  # a variable-length feature's RaggedColumn (tf_dlrm.data.ragged_split_binary)
 
 
 class SplitBinaryReader:
@@ -68,7 +70,13 @@ class SplitBinaryReader:
         ``(numerical float32 [b, n_num], categorical tuple, label float32 [b, 1])`` where
         ``categorical`` holds the global features then the local ones, in the order asked for,
         each ``int32`` (``int64`` when a cardinality exceeds int32) of shape ``[B]`` or ``[b]``
-        (``[B, hotness]`` or ``[b, hotness]`` for a multi-hot feature).
+        (``[B, hotness]`` or ``[b, hotness]`` for a multi-hot feature; a ``tf.RaggedTensor``
+        ``[B, None]`` or ``[b, None]`` for a variable-length one stored with a lengths file,
+        :mod:`tf_dlrm.data.ragged_split_binary`).
+
+    Raises:
+        BadDataError: at construction, a variable-length feature's length outside ``[0, hotness]``
+            or an ids file that does not hold the sum of its lengths.
     """
 
     def __init__(
@@ -125,6 +133,7 @@ class SplitBinaryReader:
             self._numerical = _Column(
                 self.files.numerical, spec.numerical_dtype(), len(spec.numerical_features), "local", np.dtype(np.float32)
             )
+        self._opened: dict[str, RandomAccessFile] = {}  # before the variable-length columns read their lengths
         self._categorical = []
         for scope, indices in (("global", self.global_categorical), ("local", self.local_categorical)):
             for index in indices:
@@ -134,12 +143,16 @@ class SplitBinaryReader:
                 if dynamic_spec.is_dynamic(spec.feature_spec[name]):
                     # Raw keys of a dynamic table: any value of the file's dtype is valid (no id bound).
                     out, bound = np.int64, DYNAMIC_KEY_BOUND
+                lengths = self.files.lengths_of(index)
+                ragged = None if lengths is None else RaggedColumn(
+                    self.files.categorical[index], lengths, spec.dtype(name), spec.hotness(name), name, split,
+                    self.num_samples, self.local_batch_size, read_at=self._read_at,
+                    size_of=lambda path: self._file(path).size())
                 self._categorical.append(
                     _Column(self.files.categorical[index], spec.dtype(name), spec.hotness(name), scope, np.dtype(out), name,
-                            bound)
+                            bound, ragged)
                 )
         self.num_numerical = len(spec.numerical_features)
-        self._opened: dict[str, RandomAccessFile] = {}
 
     # ------------------------------------------------------------------ sizes
 
@@ -162,6 +175,9 @@ class SplitBinaryReader:
             self._opened[path] = RandomAccessFile(path)
         return self._opened[path]
 
+    def _read_at(self, path: str, size: int, offset: int) -> bytes:
+        return self._file(path).read(size, offset)
+
     def _read_rows(self, column: _Column, start: int, count: int) -> np.ndarray:
         """Rows ``[start, start+count)`` of a column, zero-padded past the end of the split."""
         available = max(0, min(count, self.num_samples - start))
@@ -177,6 +193,15 @@ class SplitBinaryReader:
         if available < count and self.last_batch == "pad":
             values = np.concatenate([values, np.zeros((count - available, column.width), column.dtype)])
         return values.astype(column.out_dtype)
+
+    def _read_ragged(self, column: _Column, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """A variable-length feature's ``(ids, lengths)`` of rows ``[start, start+count)``; rows past
+        the end of the split (``last_batch="pad"``) are empty."""
+        ids, lengths = column.ragged.read(start, count)
+        lengths = lengths.astype(np.int64)
+        if lengths.size < count and self.last_batch == "pad":
+            lengths = np.concatenate([lengths, np.zeros(count - lengths.size, np.int64)])
+        return ids.astype(column.out_dtype), lengths
 
     def _spans(self, batch: int) -> dict[str, tuple[int, int]]:
         start = batch * self.global_batch_size
@@ -197,9 +222,11 @@ class SplitBinaryReader:
             if self._numerical
             else np.zeros((label.shape[0], 0), np.float32)
         )
-        # One-hot features are [n]; multi-hot ones [n, hotness].
-        categorical = [self._read_rows(c, *spans[c.scope]) for c in self._categorical]
-        categorical = [ids.reshape(-1) if c.width == 1 else ids for ids, c in zip(categorical, self._categorical)]
+        # One-hot features are [n]; multi-hot ones [n, hotness]; variable-length ones (ids, lengths).
+        categorical = [self._read_ragged(c, *spans[c.scope]) if c.ragged else self._read_rows(c, *spans[c.scope])
+                       for c in self._categorical]
+        categorical = [ids.reshape(-1) if c.width == 1 and not c.ragged else ids
+                       for ids, c in zip(categorical, self._categorical)]
         if self.validate:
             self._check(numerical, categorical, label, spans)
         return numerical, categorical, label
@@ -213,31 +240,50 @@ class SplitBinaryReader:
             if problem:
                 raise BadDataError(f"split '{self.split}', file {self._numerical.path}: {problem}")
         for column, ids in zip(self._categorical, categorical):
-            problem = id_problem(ids, column.cardinality, spans[column.scope][0])
+            problem = (ragged_id_problem(*ids, column.cardinality, spans[column.scope][0]) if column.ragged
+                       else id_problem(ids, column.cardinality, spans[column.scope][0]))
             if problem:
                 raise BadDataError(f"split '{self.split}', feature '{column.feature}', file {column.path}: {problem}")
 
     def _read_flat(self, batch):
         numerical, categorical, label = self.read_batch(batch)
-        return (numerical, *categorical, label)
+        flat = [part for ids, c in zip(categorical, self._categorical) for part in (ids if c.ragged else (ids,))]
+        return (numerical, *flat, label)
 
     def dataset(self, epoch: int = 0, start_batch: int = 0) -> tf.data.Dataset:
         """The batches of one epoch, from position ``start_batch`` of that epoch's order."""
         order = self.batch_order(epoch)[start_batch:]
-        out_types = [tf.float32] + [tf.as_dtype(c.out_dtype) for c in self._categorical] + [tf.float32]
+        # A variable-length feature travels as two tensors, its ids and its row lengths.
+        out_types = [tf.float32]
+        for c in self._categorical:
+            out_types += [tf.as_dtype(c.out_dtype), tf.int64] if c.ragged else [tf.as_dtype(c.out_dtype)]
+        out_types.append(tf.float32)
         fixed = self.last_batch != "keep"
         local = self.local_batch_size if fixed else None
         shapes = [[local, self.num_numerical]]
         for column in self._categorical:
             rows = self.global_batch_size if fixed and column.scope == "global" else local
-            shapes.append([rows] if column.width == 1 else [rows, column.width])
+            if column.ragged:
+                shapes += [[None], [rows]]
+            else:
+                shapes.append([rows] if column.width == 1 else [rows, column.width])
         shapes.append([local, 1])
+        ragged = [c.ragged is not None for c in self._categorical]
 
         def read(batch):
             tensors = tf.numpy_function(self._read_flat, [batch], out_types, stateful=False)
             for tensor, shape in zip(tensors, shapes):
                 tensor.set_shape(shape)
-            return tensors[0], tuple(tensors[1:-1]), tensors[-1]
+            categorical, position = [], 1
+            for variable in ragged:
+                if variable:
+                    categorical.append(tf.RaggedTensor.from_row_lengths(tensors[position], tensors[position + 1],
+                                                                        validate=False))
+                    position += 2
+                else:
+                    categorical.append(tensors[position])
+                    position += 1
+            return tensors[0], tuple(categorical), tensors[-1]
 
         options = tf.data.Options()
         options.deterministic = True

@@ -13,7 +13,8 @@ from typing import Sequence
 import numpy as np
 
 from tf_dlrm.spec.feature_spec import FeatureSpec
-from tf_dlrm.spec.format import SPLIT_BINARY
+from tf_dlrm.data.ragged_split_binary import flatten_rows
+from tf_dlrm.spec.format import SPLIT_BINARY, lengths_dtype_for
 
 
 class SplitBinaryWriter:
@@ -34,6 +35,8 @@ class SplitBinaryWriter:
         self._spec = spec
         self._split = split
         by_feature = {f: spec.resolve(chunk["files"][0]) for chunk in chunks for f in chunk["features"]}
+        # Variable-length features (a `lengths` file, tf_dlrm.data.ragged_split_binary): feature -> lengths path.
+        self._lengths_paths = {chunk["features"][0]: spec.resolve(chunk["lengths"]) for chunk in chunks if chunk.get("lengths")}
         self._label_path = by_feature[spec.label_feature]
         self._numerical_path = by_feature[spec.numerical_features[0]] if spec.numerical_features else None
         self._categorical_paths = [by_feature[name] for name in spec.categorical_features]
@@ -52,7 +55,7 @@ class SplitBinaryWriter:
 
     @property
     def paths(self) -> list[str]:
-        paths = [self._label_path] + self._categorical_paths
+        paths = [self._label_path] + self._categorical_paths + list(self._lengths_paths.values())
         if self._numerical_path:
             paths.insert(1, self._numerical_path)
         return paths
@@ -64,7 +67,9 @@ class SplitBinaryWriter:
             label: ``[n]`` or ``[n, 1]`` of 0/1 values.
             numerical: ``[n, num_numerical]`` floats (None when the spec has no numerical features).
             categorical: one ``[n]`` integer array per categorical feature, ids in ``[0, cardinality)``
-                (``[n, hotness]`` for a multi-hot feature: exactly ``hotness`` ids per sample).
+                (``[n, hotness]`` for a multi-hot feature: exactly ``hotness`` ids per sample); for a
+                variable-length feature (a ``lengths`` file) ``[n, hotness]`` rows ending in -1 past
+                their length, or a pair ``(ids, lengths)``.
 
         Raises:
             ValueError: on wrong shapes or out-of-range ids (naming the feature).
@@ -86,12 +91,21 @@ class SplitBinaryWriter:
             self._spec.categorical_features, categorical, self._categorical_paths, self._categorical_dtypes, self._cardinalities
         ):
             hotness = self._spec.hotness(name)
+            if name in self._lengths_paths:
+                ids, lengths = flatten_rows(ids)
+                if lengths.shape != (count,) or lengths.min(initial=0) < 0 or lengths.max(initial=0) > hotness \
+                        or ids.size != int(lengths.sum()):
+                    raise ValueError(f"feature '{name}': expected {count} rows of 0 to {hotness} ids. Received: "
+                                     f"{lengths.size} lengths in [{lengths.min(initial=0)}, {lengths.max(initial=0)}] "
+                                     f"for {ids.size} ids")
+                self._streams[self._lengths_paths[name]].write(lengths.astype(lengths_dtype_for(hotness)).tobytes())
+                hotness = None
             ids = np.asarray(ids)
-            if ids.size != count * hotness or (hotness > 1 and ids.shape != (count, hotness)):
+            if hotness is not None and (ids.size != count * hotness or (hotness > 1 and ids.shape != (count, hotness))):
                 raise ValueError(f"feature '{name}': expected {count * hotness} ids ({count} samples of hotness {hotness}). "
                                  f"Received: shape {ids.shape}")
             ids = ids.reshape(-1)
-            if count and cardinality is not None and (ids.min() < 0 or ids.max() >= cardinality):
+            if ids.size and cardinality is not None and (ids.min() < 0 or ids.max() >= cardinality):
                 raise ValueError(
                     f"feature '{name}': ids must lie in [0, {cardinality}). Received range [{ids.min()}, {ids.max()}]"
                 )

@@ -50,7 +50,7 @@ def splits_of(spec: FeatureSpec) -> list[str]:
     """The splits of a dataset in this layout: the directories beside the spec holding a ``length.json`` (the
     spec's ``source_spec`` describes the binary files the records were written from, when it is there at all)."""
     base = spec.base_directory
-    return sorted(name for name in os.listdir(base) if os.path.isfile(os.path.join(base, name, "length.json")))
+    return sorted(name for name in files.listdir(base) if files.isfile(files.join(base, name, "length.json")))
 
 
 def _read_json(path: str):

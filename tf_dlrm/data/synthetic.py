@@ -80,7 +80,11 @@ def generate(
 
 def _generate_into(spec, workspace, num_train_samples, num_valid_samples, seed, config, block_size) -> FeatureSpec:
     """The body of :func:`generate`, writing into ``workspace``."""
-    out_spec = with_split_binary_sources(spec, [TRAIN_SPLIT, TEST_SPLIT], workspace)
+    # --variable_hotness: every multi-hot feature holds 1 to hotness ids a row, stored with a lengths file.
+    variable = [name for name in spec.categorical_features if spec.hotness(name) > 1] if config.variable_hotness else []
+    if variable and config.hashed_keys:
+        raise ValueError("Expected at most one of variable_hotness and hashed_keys. Received: both")
+    out_spec = with_split_binary_sources(spec, [TRAIN_SPLIT, TEST_SPLIT], workspace, variable)
     model = HiddenModel(out_spec, seed, config)
     if config.hashed_keys:
         _make_dynamic(out_spec)
@@ -126,6 +130,7 @@ def _generate_into(spec, workspace, num_train_samples, num_valid_samples, seed, 
             "generator": (
                 f"tf_dlrm.data.synthetic: zipf({config.zipf_exponent}) ids, log1p(lognormal counts) numericals, "
                 f"labels ~ Bernoulli(sigmoid(linear numerical + per-id effects + {HIDDEN_DIM}-d pairwise dots))"
+                + (", multi-hot rows of 1 to hotness ids (power-law lengths)" if variable else "")
             ),
         }
     )
@@ -166,6 +171,8 @@ def _define_flags() -> None:
     flags.DEFINE_float("zipf_exponent", GeneratorConfig.zipf_exponent, "Power-law exponent of id popularity.")
     flags.DEFINE_float("positive_rate", GeneratorConfig.positive_rate, "Mean click probability.")
     flags.DEFINE_bool("hashed_keys", False, "Write sparse int64 keys and a spec of dynamic tables (capacity = vocabulary).")
+    flags.DEFINE_bool("variable_hotness", False, "Multi-hot rows of 1 to hotness ids (power-law lengths, as NVIDIA's "
+                      "generator draws them), written with a lengths file per feature and ragged: true.")
     flags.DEFINE_integer("block_size", DEFAULT_BLOCK_SIZE, "Samples generated per block (bounds memory).", lower_bound=1)
     flags.mark_flags_as_required(["feature_spec", "output_dir"])
 
@@ -179,7 +186,7 @@ def main(argv: Sequence[str]) -> None:
     try:
         spec = FeatureSpec.load(options.feature_spec, check_files=False)
         config = GeneratorConfig(zipf_exponent=options.zipf_exponent, positive_rate=options.positive_rate,
-                                 hashed_keys=options.hashed_keys)
+                                 hashed_keys=options.hashed_keys, variable_hotness=options.variable_hotness)
         written = generate(
             spec, options.output_dir, options.num_train_samples, options.num_valid_samples,
             seed=options.seed, config=config, block_size=options.block_size,

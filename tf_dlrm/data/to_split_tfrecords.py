@@ -13,7 +13,8 @@ is ``tf.io.serialize_tensor`` of the pre-batch as NVIDIA's ``PrebatchStreamWrite
 
 - label: int8 ``[P, 1]``; numerical: float16 ``[P, n]``; a one-hot feature: int32 ``[P, 1]``;
 - a multi-hot feature: ragged, as ``serialize_tensor(stack([serialize_tensor(values), serialize_tensor(row_splits)]))``
-  with int32 values and row splits (``hotness`` ids a row here: split_binary rows hold exactly that many).
+  with int32 values and row splits (``hotness`` ids a row, or each row's own count for a variable-length
+  feature stored with a lengths file, :mod:`tf_dlrm.data.ragged_split_binary`).
 
 ``OUT/feature_spec.yaml`` is the input spec without its ``source_spec`` (NVIDIA's reader finds the
 files by this layout, not by the spec). Ids must fit int32, as NVIDIA's layout stores them; a larger
@@ -35,13 +36,37 @@ WRITER = "tf_dlrm.data.to_split_tfrecords"
 INT32_MAX = np.iinfo(np.int32).max
 
 
-def _serialized(tf, array: np.ndarray, dtype: str, hotness: int = 1) -> bytes:
+def _serialized(tf, array, dtype: str, hotness: int = 1) -> bytes:
+    """``array``: a pre-batch; for a variable-length feature a pair ``(ids, lengths)``."""
+    if isinstance(array, tuple):
+        values = np.asarray(array[0]).astype(np.int32)
+        row_splits = np.concatenate([[0], np.cumsum(array[1], dtype=np.int64)]).astype(np.int32)
+        parts = [tf.io.serialize_tensor(tf.constant(values)), tf.io.serialize_tensor(tf.constant(row_splits))]
+        return tf.io.serialize_tensor(tf.stack(parts)).numpy()
     if hotness > 1:
         values = array.reshape(-1).astype(np.int32)
         row_splits = np.arange(0, values.size + 1, hotness, dtype=np.int32)
         parts = [tf.io.serialize_tensor(tf.constant(values)), tf.io.serialize_tensor(tf.constant(row_splits))]
         return tf.io.serialize_tensor(tf.stack(parts)).numpy()
     return tf.io.serialize_tensor(tf.constant(array.astype(dtype))).numpy()
+
+
+class _VariableRows:
+    """A split_binary variable-length feature (lengths file beside its ids) read by pre-batch, in order."""
+
+    def __init__(self, ids_path: str, lengths_path: str, dtype, hotness: int, count: int):
+        from tf_dlrm.spec.format import lengths_dtype_for
+
+        self.lengths = np.fromfile(lengths_path, lengths_dtype_for(hotness)).astype(np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.lengths)])
+        self.ids = np.memmap(ids_path, dtype=dtype, mode="r") if self.offsets[-1] else np.zeros(0, dtype)
+        self.max = int(self.ids.max()) if self.ids.size else 0
+        if self.lengths.size != count or self.ids.size != self.offsets[-1] or self.lengths.max(initial=0) > hotness:
+            raise ValueError(f"{lengths_path}: expected {count} lengths of 0 to {hotness} adding up to the {self.ids.size} "
+                             f"ids of {ids_path}")
+
+    def rows(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.asarray(self.ids[self.offsets[start]:self.offsets[end]]), self.lengths[start:end]
 
 
 class _InputWriter:
@@ -83,9 +108,15 @@ def convert_split(spec: FeatureSpec, split: str, directory: str, prebatch_size: 
     label = np.memmap(files.label, dtype=np.uint8, mode="r") if count else np.zeros(0, np.uint8)
     numerical = (np.memmap(files.numerical, dtype=spec.dtype(spec.numerical_features[0]), mode="r").reshape(count, -1)
                  if files.numerical and count else np.zeros((count, len(spec.numerical_features)), np.float16))
-    categorical = [np.memmap(path, dtype=spec.dtype(name), mode="r").reshape(count, -1) if count
-                   else np.zeros((0, spec.hotness(name)), spec.dtype(name)) for name, path in zip(names, files.categorical)]
+    categorical = [_VariableRows(files.categorical[i], files.lengths_of(i), spec.dtype(name), spec.hotness(name), count)
+                   if files.lengths_of(i) else
+                   np.memmap(files.categorical[i], dtype=spec.dtype(name), mode="r").reshape(count, -1) if count
+                   else np.zeros((0, spec.hotness(name)), spec.dtype(name)) for i, name in enumerate(names)]
     for name, ids in zip(names, categorical):
+        if isinstance(ids, _VariableRows):
+            if ids.max > INT32_MAX:
+                raise ValueError(f"split '{split}', feature '{name}': ids up to {ids.max} do not fit NVIDIA's int32 layout")
+            continue
         if ids.size and int(ids.max()) > INT32_MAX:
             raise ValueError(f"split '{split}', feature '{name}': ids up to {int(ids.max())} do not fit NVIDIA's int32 "
                              "layout")
@@ -102,7 +133,8 @@ def convert_split(spec: FeatureSpec, split: str, directory: str, prebatch_size: 
             data = [_serialized(tf, np.asarray(label[start:end]).reshape(-1, 1), "int8")]
             if spec.numerical_features:
                 data.append(_serialized(tf, np.asarray(numerical[start:end]), "float16"))
-            data += [_serialized(tf, np.asarray(ids[start:end]).reshape(end - start, -1), "int32", spec.hotness(name))
+            data += [_serialized(tf, ids.rows(start, end) if isinstance(ids, _VariableRows)
+                                 else np.asarray(ids[start:end]).reshape(end - start, -1), "int32", spec.hotness(name))
                      for name, ids in zip(names, categorical)]
             for writer, payload in zip(writers, data):
                 writer.write(payload)

@@ -16,7 +16,9 @@ read one after the other, or of ``type: parquet`` (below)::
 
 Cells are plain values (no quoting): labels 0 or 1, numerical values finite numbers, categorical ids
 integers in ``[0, cardinality)`` unless the column is encoded. A multi-hot feature (``hotness: h``)
-holds exactly ``h`` ids per cell separated by ``|``, e.g. ``12|7|99`` for ``hotness: 3``.
+holds exactly ``h`` ids per cell separated by ``|``, e.g. ``12|7|99`` for ``hotness: 3``; with
+``ragged: true`` 0 to ``h`` (an empty cell holds none), written with a lengths file
+(:mod:`tf_dlrm.data.ragged_split_binary`).
 
 Raw values (:mod:`tf_dlrm.data.csv_declarations` has the syntax): ``encode: hash`` turns each stripped
 cell into the int64 key ``blake2b(feature name + NUL + cell, 8 bytes)`` (little-endian, signed) of a
@@ -31,7 +33,7 @@ read (by name, in any order; other columns are ignored), ``files`` are read one 
 blocks of rows across row groups, and ``encode``/``transform`` are as for csv (``header`` and
 ``delimiter`` are csv's only). Each value is read as the csv cell holding it
 (:mod:`tf_dlrm.data.parquet_cells`): a null is an empty cell, a list column holds a multi-hot
-feature (exactly ``hotness`` ids per row), so the same data as csv or as Parquet transcodes to the
+feature (exactly ``hotness`` ids per row, 0 to ``hotness`` with ``ragged: true``), so the same data as csv or as Parquet transcodes to the
 same bytes. Errors name the file, column and row (0-based). Needs ``pyarrow``.
 
 Engines: ``--engine=local`` (this process) or ``--engine=spark`` (:mod:`tf_dlrm.data.transcode_spark`;
@@ -240,6 +242,11 @@ def _same_declarations(spec: FeatureSpec, declarations: dict[str, Declarations])
     return reference
 
 
+def _variable_length(spec: FeatureSpec, feature: str) -> bool:
+    """A multi-hot feature with ``ragged: true``: cells of 0 to hotness ids, written with a lengths file."""
+    return spec.ragged(feature) and spec.hotness(feature) > 1
+
+
 def _layout(spec: FeatureSpec, source: CsvSource | ParquetSource, declarations: Declarations,
             vocabularies: dict[str, Vocabulary | None]) -> CsvLayout:
     position = {feature: index for index, feature in enumerate(source.features)}
@@ -255,7 +262,7 @@ def _layout(spec: FeatureSpec, source: CsvSource | ParquetSource, declarations: 
             categorical.append(Column(f, position[f], VOCABULARY, np.dtype(np.int64), vocabulary=vocabularies[f], by_name=by_name))
         else:
             categorical.append(Column(f, position[f], CATEGORICAL, spec.dtype(f), int(spec.feature_spec[f]["cardinality"]),
-                                      spec.hotness(f), by_name=by_name))
+                                      spec.hotness(f), ragged=_variable_length(spec, f), by_name=by_name))
     label = Column(spec.label_feature, position[spec.label_feature], LABEL, np.dtype(np.float64), by_name=by_name)
     return CsvLayout(source.features, getattr(source, "delimiter", ","), label, numerical, tuple(categorical))
 
@@ -347,7 +354,9 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
     inputs = [input_spec_path] + sorted({path for source in sources.values() for path in source.paths})
     # Staged in a temporary sibling and published by one rename once every split is read without error.
     with staged_output(output_dir, "--output_dir", "tf_dlrm.data.transcode", inputs) as workspace:
-        out_spec = with_split_binary_sources(spec, splits, workspace)
+        # Variable-length multi-hot features get a lengths file (tf_dlrm.data.ragged_split_binary).
+        out_spec = with_split_binary_sources(spec, splits, workspace,
+                                             [f for f in spec.categorical_features if _variable_length(spec, f)])
         for feature, vocabulary in vocabularies.items():
             path = os.path.join(workspace, spec.feature_spec[feature]["vocabulary"])
             os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -35,6 +35,8 @@ import enum
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 import tf_dlrm.embedding.optimizers as table_optimizers
 
 
@@ -260,6 +262,9 @@ class FeatureConfig:
             allowed = [c.value for c in Combiner]
             raise ValueError(f"Expected combiner in {allowed} for feature {self.name!r}. "
                              f"Received: combiner={self.combiner!r}") from None
+        # Refused, not coerced: FeatureConfig(name, table, hotness, "mean") would read "mean" as ragged.
+        if not isinstance(self.ragged, (bool, np.bool_)):
+            raise ValueError(f"Expected ragged True or False for feature {self.name!r}. Received: ragged={self.ragged!r}")
         object.__setattr__(self, "ragged", bool(self.ragged))
 
     @property

@@ -42,6 +42,7 @@ from tf_dlrm.spec.format import (
     NUMERICAL_CHANNEL,
     SPLIT_BINARY,
     FeatureSpecError,
+    lengths_dtype_for,
 )
 from tf_dlrm.spec.validation import (
     check_files_exist,
@@ -72,6 +73,11 @@ class SplitFiles:
     numerical: str | None
     categorical: tuple[str, ...]  # one per categorical feature, channel order
     num_samples: int
+    # Per categorical feature, the lengths file of a variable-length one (chunk key `lengths`), else None.
+    lengths: tuple = ()
+
+    def lengths_of(self, index: int) -> str | None:
+        return self.lengths[index] if self.lengths else None
 
 
 class FeatureSpec:
@@ -235,10 +241,12 @@ class FeatureSpec:
                 f"{self.source}: split '{split}' has chunks of type '{self.chunk_type(split)}'; "
                 f"training reads only '{SPLIT_BINARY}'. Convert it with `python -m tf_dlrm.data.transcode`."
             )
-        by_feature = {}
+        by_feature, lengths = {}, {}
         for chunk in self.chunks(split):
             for feature in chunk["features"]:
                 by_feature[feature] = self.resolve(chunk["files"][0])
+                if chunk.get("lengths"):
+                    lengths[feature] = self.resolve(chunk["lengths"])
         counts = check_split_binary_files(self, split)
         numerical = by_feature[self.numerical_features[0]] if self.numerical_features else None
         return SplitFiles(
@@ -247,6 +255,7 @@ class FeatureSpec:
             numerical=numerical,
             categorical=tuple(by_feature[name] for name in self.categorical_features),
             num_samples=counts,
+            lengths=tuple(lengths.get(name) for name in self.categorical_features),
         )
 
     # ------------------------------------------------------------------ validation
@@ -271,7 +280,10 @@ class FeatureSpec:
                     check_files_exist(self, split)
 
     def record_bytes(self, chunk: Mapping[str, Any]) -> int:
-        """Bytes one sample occupies in a split_binary chunk's file (``hotness`` ids of a categorical)."""
+        """Bytes one sample occupies in a split_binary chunk's file (``hotness`` ids of a categorical);
+        for a variable-length feature (chunk key ``lengths``), in its lengths file (one length)."""
+        if chunk.get("lengths"):
+            return lengths_dtype_for(self.hotness(chunk["features"][0])).itemsize
         return sum(self.dtype(feature).itemsize * self.hotness(feature) for feature in chunk["features"])
 
     def split_binary_problems(self, split: str, prefix=None) -> tuple[list[str], int | None]:

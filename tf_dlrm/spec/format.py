@@ -22,7 +22,9 @@ PARQUET = "parquet"
 CHUNK_TYPES = (SPLIT_BINARY, CSV, PARQUET)
 # Optional chunk keys; `header` and `delimiter` only mean something for csv chunks, `encode` (raw
 # categorical values -> keys) and `transform` for csv and parquet chunks (see tf_dlrm.data.transcode).
-CHUNK_KEYS = ("type", "features", "files", "header", "delimiter", "encode", "transform")
+# `lengths` marks a split_binary chunk of a variable-length categorical feature: the file of its row
+# lengths beside `files` (its ids), see tf_dlrm.data.ragged_split_binary.
+CHUNK_KEYS = ("type", "features", "files", "lengths", "header", "delimiter", "encode", "transform")
 
 # The keys a feature entry may hold besides a dynamic table's (tf_dlrm.spec.dynamic.KEYS). NVIDIA's
 # DLRM_and_DCNv2 specs hold dtype, cardinality, hotness (the most ids a sample holds) and alpha (the
@@ -55,3 +57,12 @@ def categorical_dtype_for(cardinality: int) -> np.dtype:
         if cardinality < np.iinfo(candidate).max:
             return np.dtype(candidate)
     return np.dtype(np.int64)
+
+
+def lengths_dtype_for(hotness: int) -> np.dtype:
+    """The dtype of a variable-length feature's lengths file: the smallest of int8, int16, int32 that
+    holds ``hotness`` (the longest row)."""
+    for candidate in (np.int8, np.int16, np.int32):
+        if hotness <= np.iinfo(candidate).max:
+            return np.dtype(candidate)
+    raise FeatureSpecError(f"Expected a hotness below 2**31. Received: {hotness}")

@@ -175,6 +175,23 @@ def _validate_chunk(spec, where: str, chunk) -> None:
             _fail(spec, f"{where}.features: feature '{feature}' is not defined in feature_spec")
     if chunk["type"] == SPLIT_BINARY:
         _validate_split_binary_chunk(spec, where, chunk)
+    if "lengths" in chunk:
+        _validate_lengths_key(spec, where, chunk)
+
+
+def _validate_lengths_key(spec, where: str, chunk: Mapping[str, Any]) -> None:
+    """A ``lengths`` file belongs to a split_binary chunk of one categorical feature that says ``ragged: true``."""
+    if chunk["type"] != SPLIT_BINARY:
+        _fail(spec, f"{where}.lengths: only a split_binary chunk has a lengths file. Received: type {chunk['type']!r}")
+    if not isinstance(chunk["lengths"], str) or not chunk["lengths"]:
+        _fail(spec, f"{where}.lengths: expected the relative path of the feature's lengths file. "
+                    f"Received: {chunk['lengths']!r}")
+    feature = chunk["features"][0]
+    if feature not in spec.categorical_features:
+        _fail(spec, f"{where}.lengths: only a categorical feature has row lengths. Received: feature '{feature}'")
+    if spec.feature_spec[feature].get("ragged") is not True:
+        _fail(spec, f"{where}.lengths: feature '{feature}' has a lengths file (rows of 0 to hotness ids); its "
+                    f"entry must say 'ragged: true'")
 
 
 def _validate_split_binary_chunk(spec, where: str, chunk: Mapping[str, Any]) -> None:
@@ -195,7 +212,7 @@ def _validate_split_binary_chunk(spec, where: str, chunk: Mapping[str, Any]) -> 
 def check_files_exist(spec, split: str) -> None:
     """Every file of every chunk of ``split`` exists."""
     for index, chunk in enumerate(spec.chunks(split)):
-        for relative in chunk["files"]:
+        for relative in chunk["files"] + ([chunk["lengths"]] if chunk.get("lengths") else []):
             path = spec.resolve(relative)
             if not files.isfile(path):
                 _fail(spec, f"source_spec.{split}[{index}]: data file not found: {path} (features {chunk['features']})")
@@ -212,7 +229,7 @@ def _dtype_hint(spec, counts: dict, chunks: dict) -> str:
     hints = []
     for path, count in counts.items():
         features = chunks[path]["features"]
-        if count == reference or len(features) != 1:
+        if count == reference or len(features) != 1 or chunks[path].get("lengths"):
             continue
         size, hotness = files.getsize(path), spec.hotness(features[0])
         width, remainder = divmod(size, reference * hotness) if reference else (0, 1)
@@ -232,6 +249,16 @@ def split_binary_problems(spec, split: str, prefix=None) -> tuple[list[str], int
     problems, counts, chunks = [], {}, {}
     for index, chunk in enumerate(spec.chunks(split)):
         path = spec.resolve(chunk["files"][0])
+        if chunk.get("lengths"):
+            # A variable-length feature: its ids file holds whole ids (their count is the sum of the
+            # lengths, checked by the reader), its lengths file one length per sample.
+            ids_dtype = spec.dtype(chunk["features"][0])
+            if files.isfile(path) and files.getsize(path) % ids_dtype.itemsize:
+                problems.append(f"{prefix(index)}: file {path} has {files.getsize(path)} bytes, not a whole number of "
+                                f"{ids_dtype.itemsize}-byte ids (features {chunk['features']}); it may be truncated")
+            elif not files.isfile(path):
+                problems.append(f"{prefix(index)}: data file not found: {path} (features {chunk['features']})")
+            path = spec.resolve(chunk["lengths"])
         if not files.isfile(path):
             problems.append(f"{prefix(index)}: data file not found: {path} (features {chunk['features']})")
             continue
