@@ -44,6 +44,18 @@ def single_process_run(synthetic, tmp_path_factory):
     return {**final_record(log), "log": str(log)}
 
 
+@pytest.fixture(scope="module")
+def hot_rows_run(synthetic, tmp_path_factory) -> dict:
+    """``-np 2`` with --hot_rows_budget=0.1, saving a checkpoint at the end: the log and checkpoints
+    that the hot-rows tests below read (three epochs: the two ranks' AUC is compared with one process's
+    after the same training, where their trajectories, apart after one epoch, have met again)."""
+    directory = tmp_path_factory.mktemp("hot_rows_np2")
+    log, checkpoints = directory / "log.jsonl", directory / "checkpoints"
+    launch(2, ["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", "--hot_rows_budget=0.1",
+               f"--save_checkpoint_path={checkpoints}", *MODEL_FLAGS], timeout=600)
+    return {"log": log, "checkpoints": checkpoints}
+
+
 def test_training_reaches_the_oracle_auc(synthetic, single_process_run):
     oracle = yaml.safe_load(open(synthetic / "feature_spec.yaml"))["metadata"]["oracle_valid_auc"]
     assert single_process_run["auc"] >= oracle - 0.02, (single_process_run, oracle)
@@ -225,12 +237,10 @@ def test_deduplicated_exchange_refusals_name_the_flag(synthetic, tmp_path):
 
 
 @pytest.mark.multirank
-def test_hot_rows_train_the_same_model_with_fewer_bytes(synthetic, single_process_run, tmp_path):
+def test_hot_rows_train_the_same_model_with_fewer_bytes(synthetic, single_process_run, hot_rows_run):
     """--hot_rows_budget: id counts written next to the data, the plan logged, the same model as one
     process, and the measured forward bytes below the plain exchange's."""
-    log = tmp_path / "log.jsonl"
-    launch(2, ["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", "--hot_rows_budget=0.1", *MODEL_FLAGS],
-           timeout=600)
+    log = hot_rows_run["log"]
     two = final_record(log)
     assert two["world_size"] == 2 and two["steps"] == single_process_run["steps"]
     assert abs(two["auc"] - single_process_run["auc"]) <= 1e-3, (two, single_process_run)
@@ -251,17 +261,13 @@ def test_bad_hot_rows_budget_names_the_flag(synthetic):
 
 
 @pytest.mark.multirank
-def test_checkpoint_with_hot_rows_restores_without_them(synthetic, tmp_path):
+def test_checkpoint_with_hot_rows_restores_without_them(synthetic, hot_rows_run, tmp_path):
     """The replicas are the model's values of hot rows: a checkpoint saved with hot rows at 2 ranks and
     evaluated by one process (no hot rows) gives the AUC the 2 ranks measured at the end."""
-    log, checkpoints = tmp_path / "log.jsonl", tmp_path / "checkpoints"
-    flags = [f for f in MODEL_FLAGS if not f.startswith("--epochs")] + ["--epochs=1"]
-    launch(2, ["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", "--hot_rows_budget=0.1",
-               f"--save_checkpoint_path={checkpoints}", *flags], timeout=600)
-    trained = final_record(log)
+    trained = final_record(hot_rows_run["log"])
     evaluated_log = tmp_path / "eval.jsonl"
     run_python(["main.py", f"--dataset_path={synthetic}", f"--log_path={evaluated_log}", "--mode=eval",
-                f"--restore_checkpoint_path={checkpoints}", *flags])
+                f"--restore_checkpoint_path={hot_rows_run['checkpoints']}", *MODEL_FLAGS])
     evaluated = final_record(evaluated_log)
     assert evaluated["auc"] == pytest.approx(trained["auc"], abs=1e-6), (evaluated, trained)
     assert trained["auc"] > 0.7
