@@ -2,7 +2,8 @@
 
 Imports neither tf_dlrm nor Keras (checked at the end): the SavedModel must stand on its own. With
 ``BAD.json``, also serves wrong variants of the batch and writes ``{case: the error's first line
-holding "assertion failed", or "scored" when it was not refused}``.
+holding "assertion failed", or "scored" when it was not refused}``. Several SavedModels in one
+interpreter: their argument groups separated by ``--`` (each loaded by tf.saved_model.load on its own).
 """
 
 from __future__ import annotations
@@ -51,13 +52,27 @@ def _bad_multi_hot(info: dict, batch: dict) -> dict:
 
 
 def main():
-    saved_model, batch_path, out_path = sys.argv[1:4]
+    groups, group = [], []
+    for argument in sys.argv[1:] + ["--"]:
+        if argument == "--":
+            groups.append(group)
+            group = []
+        else:
+            group.append(argument)
+    for arguments in groups:
+        serve(*arguments)
+    leaked = sorted(name for name in sys.modules if name == "tf_dlrm" or name.startswith("tf_dlrm."))
+    if leaked:
+        sys.exit(f"serving imported {leaked}")
+
+
+def serve(saved_model: str, batch_path: str, out_path: str, bad_path: str | None = None) -> None:
     batch = dict(np.load(batch_path, allow_pickle=False))
     served = tf.saved_model.load(saved_model)
     signature = served.signatures["serving_default"]
     outputs = signature(**_as_inputs(batch))
     np.save(out_path, outputs["probability"].numpy())
-    if len(sys.argv) > 4:
+    if bad_path is not None:
         with open(os.path.join(saved_model, "tf_dlrm_serving.json")) as handle:
             info = json.load(handle)
         cardinalities = info["inputs"]["categorical"].get("cardinalities", info["cardinalities"])  # one-hot columns'
@@ -82,11 +97,8 @@ def main():
                 lines = [line for line in str(error).splitlines() if "assertion failed" in line]
                 # TensorFlow escapes the quotes of the message.
                 found[name] = lines[0].strip().replace("\\'", "'") if lines else str(error)
-        with open(sys.argv[4], "w") as handle:
+        with open(bad_path, "w") as handle:
             json.dump(found, handle, indent=1)
-    leaked = sorted(name for name in sys.modules if name == "tf_dlrm" or name.startswith("tf_dlrm."))
-    if leaked:
-        sys.exit(f"serving imported {leaked}")
 
 
 if __name__ == "__main__":
