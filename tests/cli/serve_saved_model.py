@@ -1,10 +1,11 @@
 """Serves an exported DLRM with TensorFlow alone:
-``python serve_saved_model.py SAVED_MODEL BATCH.npz OUT.npy [BAD.json] [MORE.npz=MORE_OUT.npy ...]``.
+``python serve_saved_model.py SAVED_MODEL BATCH.npz OUT.npy [BAD.json] [MORE.npz=MORE_OUT.npy ...] [-- SAVED_MODEL ...]``.
 
 tf_dlrm cannot be imported here (its paths and the virtualenv's editable-install finder are removed
 first; checked), so neither its Python code nor its kernel library can be loaded: the SavedModel must
 stand on its own. With ``BAD.json``, also serves wrong variants of the batch and writes ``{case: the
-error's first line holding "assertion failed", or "scored" when it was not refused}``.
+error's first line holding "assertion failed", or "scored" when it was not refused}``. Several SavedModels in one
+interpreter: their argument groups separated by ``--`` (each loaded by tf.saved_model.load on its own).
 """
 
 from __future__ import annotations
@@ -64,9 +65,23 @@ def _bad_multi_hot(info: dict, batch: dict) -> dict:
 
 
 def main():
-    saved_model, batch_path, out_path = sys.argv[1:4]
-    extra = [argument.split("=", 1) for argument in sys.argv[4:] if "=" in argument]  # more IN.npz=OUT.npy
-    bad = [argument for argument in sys.argv[4:] if "=" not in argument]
+    groups, group = [], []
+    for argument in sys.argv[1:] + ["--"]:
+        if argument == "--":
+            groups.append(group)
+            group = []
+        else:
+            group.append(argument)
+    for arguments in groups:
+        serve(*arguments)
+    leaked = sorted(name for name in sys.modules if name == "tf_dlrm" or name.startswith("tf_dlrm."))
+    if leaked:
+        sys.exit(f"serving imported {leaked}")
+
+
+def serve(saved_model: str, batch_path: str, out_path: str, *more: str) -> None:
+    extra = [argument.split("=", 1) for argument in more if "=" in argument]  # more IN.npz=OUT.npy
+    bad_path = next((argument for argument in more if "=" not in argument), None)
     batch = dict(np.load(batch_path, allow_pickle=False))
     served = tf.saved_model.load(saved_model)
     signature = served.signatures["serving_default"]
@@ -74,7 +89,7 @@ def main():
     np.save(out_path, outputs["probability"].numpy())
     for more_in, more_out in extra:
         np.save(more_out, signature(**_as_inputs(dict(np.load(more_in, allow_pickle=False))))["probability"].numpy())
-    if bad:
+    if bad_path is not None:
         with open(os.path.join(saved_model, "tf_dlrm_serving.json")) as handle:
             info = json.load(handle)
         cardinalities = info["inputs"]["categorical"].get("cardinalities", info["cardinalities"])  # one-hot columns'
@@ -102,11 +117,8 @@ def main():
                 lines = [line for line in str(error).splitlines() if "assertion failed" in line or "was expected" in line]
                 # TensorFlow escapes the quotes of the message.
                 found[name] = lines[0].strip().replace("\\'", "'") if lines else str(error)
-        with open(bad[0], "w") as handle:
+        with open(bad_path, "w") as handle:
             json.dump(found, handle, indent=1)
-    leaked = sorted(name for name in sys.modules if name == "tf_dlrm" or name.startswith("tf_dlrm."))
-    if leaked:
-        sys.exit(f"serving imported {leaked}")
 
 
 if __name__ == "__main__":

@@ -15,15 +15,26 @@ from checkpoint_runs import STEPS, single, straight  # noqa: E402
 from conftest import run_python  # noqa: E402
 
 pytestmark = pytest.mark.multirank
+_served: dict = {}
 
 
-def test_saved_model_predicts_like_the_training_model(tmp_path_factory, tmp_path):
+def served(tmp_path_factory) -> dict:
+    """The export served once, by a fresh interpreter that never imports tf_dlrm (the script checks) and
+    loads it with tf.saved_model.load: its scores of the first validation batch and its answers to wrong
+    variants of that batch, read by the tests below."""
+    if not _served:
+        run = single(tmp_path_factory)
+        directory = tmp_path_factory.mktemp("served")
+        scores, report = str(directory / "served.npy"), str(directory / "bad.json")
+        run_python(["tests/cli/serve_saved_model.py", run["saved_model"], os.path.join(run["out"], "predict_batch.npz"),
+                    scores, report])
+        _served.update(scores=scores, report=report)
+    return _served
+
+
+def test_saved_model_predicts_like_the_training_model(tmp_path_factory):
     run = single(tmp_path_factory)
-    batch = os.path.join(run["out"], "predict_batch.npz")
-    served = str(tmp_path / "served.npy")
-    # A fresh interpreter that never imports tf_dlrm (the script checks) loads it with tf.saved_model.load.
-    run_python(["tests/cli/serve_saved_model.py", run["saved_model"], batch, served])
-    probabilities = np.load(served)
+    probabilities = np.load(served(tmp_path_factory)["scores"])
     one_process = np.load(os.path.join(run["out"], "predict_predictions.npy"))
     two_ranks = np.load(os.path.join(straight(tmp_path_factory)["out"], "predict_predictions.npy"))
     assert probabilities.shape == one_process.shape == (384,)
@@ -47,14 +58,11 @@ def test_export_never_overwrites_a_saved_model(tmp_path_factory):
     assert os.path.isfile(os.path.join(run["saved_model"], "saved_model.pb"))
 
 
-def test_saved_model_refuses_a_wrong_batch_with_its_message(tmp_path_factory, tmp_path):
+def test_saved_model_refuses_a_wrong_batch_with_its_message(tmp_path_factory):
     """A signature checks dtypes, not shapes: without the served function's own asserts a 9th
     categorical column was dropped and the batch scored. Loaded with TensorFlow alone."""
     run = single(tmp_path_factory)
-    report = str(tmp_path / "bad.json")
-    run_python(["tests/cli/serve_saved_model.py", run["saved_model"], os.path.join(run["out"], "predict_batch.npz"),
-                str(tmp_path / "served.npy"), report])
-    with open(report) as handle:
+    with open(served(tmp_path_factory)["report"]) as handle:
         found = json.load(handle)
     columns = [f"cat_{i}.bin" for i in range(8)]
     expected = {
@@ -92,12 +100,13 @@ def test_a_triton_and_a_tf_serving_repository_hold_the_export(tmp_path_factory, 
         assert f'    name: "{input_name}"\n    data_type: {kind}\n    dims: [ {dims} ]' in config, config
     assert '    name: "probability"\n    data_type: TYPE_FP32\n    dims: [ -1 ]' in config, config
     batch = os.path.join(run["out"], "predict_batch.npz")
-    expected = str(tmp_path / "expected.npy")
-    run_python(["tests/cli/serve_saved_model.py", run["saved_model"], batch, expected])
-    for copy in (repository / "dlrm" / "3" / "model.savedmodel", repository / "dlrm_tfs" / "3"):
-        served = str(tmp_path / f"{copy.parent.parent.name}.npy")
-        run_python(["tests/cli/serve_saved_model.py", str(copy), batch, served])
-        np.testing.assert_array_equal(np.load(served), np.load(expected))
+    expected = served(tmp_path_factory)["scores"]
+    copies = [repository / "dlrm" / "3" / "model.savedmodel", repository / "dlrm_tfs" / "3"]
+    scores = [str(tmp_path / f"{copy.parent.parent.name}.npy") for copy in copies]
+    # Both copies in one fresh interpreter, each loaded on its own.
+    run_python(["tests/cli/serve_saved_model.py", str(copies[0]), batch, scores[0], "--", str(copies[1]), batch, scores[1]])
+    for copy_scores in scores:
+        np.testing.assert_array_equal(np.load(copy_scores), np.load(expected))
     refused = run_python(["-m", "tf_dlrm.cli.serving_repository", f"--saved_model_path={tmp_path}",
                           f"--repository={repository}", "--name=x"], check=False)
     assert refused.returncode == 2 and f"--saved_model_path={tmp_path} holds no saved_model.pb" in refused.stderr

@@ -6,7 +6,7 @@ Per model (dlrm, dcnv2, deepfm, wide_deep) on the checkpoint tests' tiny synthet
 - ``-np 3`` table-wise restores it (a different plan: the tables are resharded) and predicts the
   first validation batch; one process does the same, then runs ``--mode=eval``,
   ``--mode=inference`` and ``--mode=export``;
-- a fresh interpreter that never imports tf_dlrm serves the SavedModel on that batch.
+- a fresh interpreter that never imports tf_dlrm serves the SavedModels on those batches (one for all models).
 
 Scores agree within 1e-6 (float32 sums of a few dozen terms of size ~1 in different orders).
 Wide & Deep reads a copy of the spec with two crossed features and trains its wide tables with FTRL
@@ -76,12 +76,18 @@ def runs(tmp_path_factory) -> dict:
             {"name": f"export_{m}", "action": "mode", "argv": restore + ["--mode=export", f"--saved_model_path={out}/saved_{m}"]},
         ]
     single = run_worker(1, tasks, out)
+    # One fresh interpreter that never imports tf_dlrm serves every model's SavedModel on its batch.
+    served = []
+    for m in MODELS:
+        served += ["--", os.path.join(out, f"saved_{m}"), os.path.join(out, f"predict_{m}_batch.npz"),
+                   os.path.join(out, f"served_{m}.npy")]
+    run_python(["tests/cli/serve_saved_model.py", *served[1:]])
     _cache["runs"] = {"out": out, "resharded_dir": resharded_dir, "trained": trained, "resharded": resharded, "single": single}
     return _cache["runs"]
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_model_checkpoint_reshards_and_exports(model, tmp_path_factory, tmp_path):
+def test_model_checkpoint_reshards_and_exports(model, tmp_path_factory):
     run = runs(tmp_path_factory)
     trained = run["trained"][f"train_{model}"]
     assert trained["steps"] == STEPS and trained["world_size"] == 2
@@ -98,6 +104,4 @@ def test_model_checkpoint_reshards_and_exports(model, tmp_path_factory, tmp_path
     saved = os.path.join(run["out"], f"saved_{model}")
     with open(os.path.join(saved, "tf_dlrm_serving.json")) as handle:
         assert json.load(handle)["model"] == model
-    served = str(tmp_path / "served.npy")
-    run_python(["tests/cli/serve_saved_model.py", saved, os.path.join(run["out"], f"predict_{model}_batch.npz"), served])
-    np.testing.assert_allclose(np.load(served), one_process, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(np.load(os.path.join(run["out"], f"served_{model}.npy")), one_process, rtol=0, atol=1e-6)
