@@ -38,6 +38,10 @@ CASES = [
 ]
 STATE_SLOTS = {"adagrad": 1, "rowwise_adagrad": 1, "lazy_adam": 2, "ftrl": 2}
 WORLD_SIZES = (2, 3)
+# The optimizer states merge by one rule whatever the optimizer: at 3 ranks one of them, at 2 all four.
+for _case in CASES:
+    if _case["kind"] == "state_merge" and _case["embedding_optimizer"] != "rowwise_adagrad":
+        _case["world_sizes"] = (2,)
 _results: dict[int, list[dict]] = {}
 
 
@@ -56,7 +60,8 @@ def checkpoint_case(dataset, directory, world_size):
 def results_for(world_size, tmp_path_factory, dataset) -> list[dict]:
     if world_size not in _results:
         directory = tmp_path_factory.mktemp(f"hot_sync_np{world_size}")
-        cases = CASES + [checkpoint_case(dataset, directory, world_size)]
+        cases = [c for c in CASES if world_size in c.get("world_sizes", WORLD_SIZES)] + [
+            checkpoint_case(dataset, directory, world_size)]
         _results[world_size] = launch_cases(world_size, os.path.join(REPO, "tests/embedding/hot_row_sync_worker.py"),
                                             cases, directory)
     return _results[world_size]
@@ -99,8 +104,8 @@ def test_merged_sgd_replica_is_base_plus_every_ranks_local_deltas(world_size, na
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("name", [c["name"] for c in CASES if c["kind"] == "state_merge"])
+@pytest.mark.parametrize("world_size,name", [(n, c["name"]) for c in CASES if c["kind"] == "state_merge"
+                                             for n in c.get("world_sizes", WORLD_SIZES)])
 def test_stateful_optimizer_state_merges_like_the_rows(world_size, name, tmp_path_factory, dataset):
     optimizer = next(c["embedding_optimizer"] for c in CASES if c["name"] == name)
     for record in records_of(world_size, name, tmp_path_factory, dataset):
