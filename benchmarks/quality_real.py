@@ -227,6 +227,30 @@ def run_tf_dlrm(path: str, impl: str, optimizer: str, seed: int, max_epochs: int
             "valid_curve": [round(e["auc"], 4) for e in evals]}
 
 
+def run_tf_dlrm_defaults(path: str, impl: str, seed: int, max_epochs: int, patience: int, work: str, test_labels: np.ndarray,
+                         extra: list[str]) -> dict:
+    """``main.py`` as a user runs it: its defaults (table optimizer included) with the architecture,
+    ``--epochs=max_epochs`` and early stopping on ``valid`` (one evaluation per epoch), ending at the
+    best validation state; ``test`` is evaluated once there (``--test_split``) and never selects."""
+    run_dir = os.path.join(work, f"{impl}_{seed}")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    steps_per_epoch = split_rows(path, "train") // BATCH
+    log = os.path.join(run_dir, "train.jsonl")
+    command = [sys.executable, "main.py", f"--dataset_path={path}", *ARCHITECTURE, f"--epochs={max_epochs}",
+               "--valid_split=valid", "--test_split=test", f"--early_stopping_patience={patience}", f"--seed={seed}",
+               f"--log_path={log}", "--print_freq=100000", *extra]
+    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if completed.returncode:
+        raise RuntimeError(f"main.py failed: {' '.join(command)}\n{(completed.stdout + completed.stderr)[-3000:]}")
+    events = [json.loads(line) for line in open(log)]
+    evals = [e for e in events if e.get("event") == "eval"]
+    test = [e for e in events if e.get("event") == "final_test"][-1]
+    record = finish_record(test["auc"], test["logloss"], test_labels)
+    return {**record, "valid_auc": max(e["auc"] for e in evals), "epochs": round(test["step"] / steps_per_epoch, 2),
+            "epochs_run": len(evals), "valid_curve": [round(e["auc"], 4) for e in evals]}
+
+
 # ---- plain Keras baselines ----------------------------------------------------------------------
 
 def load_split(spec, split: str):
@@ -457,6 +481,7 @@ def main():
                         "keras_adam_3e-3,logistic_regression")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--max_epochs", type=int, default=6)
+    parser.add_argument("--patience", type=int, default=2, help="--early_stopping_patience of the tf_dlrm_defaults cases")
     parser.add_argument("--work_dir", default="/tmp/tf_dlrm_quality_real")
     parser.add_argument("--main_flags", default="", help="more main.py flags for every tf_dlrm run, space separated")
     parser.add_argument("--deepctr_path", default="", help="a directory where `pip install --no-deps --target=DIR "
@@ -481,7 +506,13 @@ def main():
             results = []
             for seed in seeds:
                 started = time.time()
-                if impl.startswith("tf_dlrm_"):
+                if impl == "tf_dlrm_defaults" or impl.startswith("tf_dlrm_defaults_"):
+                    model = impl[len("tf_dlrm_defaults_"):]
+                    flags = [f"--model={model}", "--deep_mlp_dims=64,64"] if model in ("deepfm", "dcnv2", "wide_deep") else \
+                        [f"--model={model}"] if model else []
+                    record = run_tf_dlrm_defaults(path, impl, seed, args.max_epochs, args.patience, os.path.join(args.work_dir, dataset),
+                                                  data["test"][2], flags + args.main_flags.split())
+                elif impl.startswith("tf_dlrm_"):
                     optimizer, flags = tf_dlrm_case(impl)
                     record = run_tf_dlrm(path, impl, optimizer, seed, args.max_epochs, os.path.join(args.work_dir, dataset),
                                          data["test"][2], flags + args.main_flags.split())
