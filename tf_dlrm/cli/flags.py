@@ -125,13 +125,14 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
                       "adagrad -> adagrad, lamb -> lazy_adam).")
         f.DEFINE_float("dense_learning_rate", 0.001, "Base learning rate of the MLPs' optimizer, on the schedule of "
                        "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. Adam wants about 1e-3, SGD about 0.5.")
-        f.DEFINE_enum("embedding_optimizer", "lazy_adam", list(EMBEDDING_OPTIMIZERS),
+        # catch_up_adam: dense Adam's model at lazy Adam's cost (benchmarks/results/quality_real.md).
+        f.DEFINE_enum("embedding_optimizer", "catch_up_adam", list(EMBEDDING_OPTIMIZERS),
                       "Sparse optimizer of the embedding tables (touched rows only; state sharded like the tables); "
                       "not given: --optimizer's family when that is given.")
         f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
-                       "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. lazy_adam wants about "
-                       "3e-3, adagrad 0.1, sgd about 1. Not given, a model may choose its own (--model=deepfm and "
-                       "wide_deep: 0.01 with lazy_adam; their embedding_learning_rates).")
+                       "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. catch_up_adam and lazy_adam "
+                       "want about 3e-3, adagrad 0.1, sgd about 1. Not given, a model may choose its own (--model=deepfm "
+                       "and wide_deep: 0.01 with catch_up_adam or lazy_adam; their embedding_learning_rates).")
         f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad, rowwise_adagrad and ftrl (embeddings and MLPs).")
         f.DEFINE_float("adagrad_epsilon", 1e-7, "Epsilon of adagrad and rowwise_adagrad.")
         f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")
