@@ -32,6 +32,12 @@ batch 256.
 
 Cases (``impl``), each for seeds 0, 1, 2:
 
+- ``tf_dlrm_defaults`` and ``tf_dlrm_defaults_<model>`` (every ``--model``: ``dlrm``, ``dcnv2``, ``deepfm``,
+  ``wide_deep``, ``logistic_regression``): ``main.py`` as a user runs it, its defaults (the table optimizer
+  and rates included) with the architecture (``--deep_mlp_dims=64,64`` for the families, as DeepCTR's),
+  ``--epochs=--max_epochs``, ``--valid_split=valid``, ``--early_stopping_patience=--patience`` (one
+  evaluation per epoch; the best validation state restored at the end) and ``--test_split=test``, which
+  main.py evaluates once at that state (its ``final_test`` log record);
 - ``tf_dlrm_<optimizer>``: ``main.py`` (one process) with its default flags but the architecture,
   ``--valid_split=valid``, a checkpoint per epoch, and ``--embedding_optimizer=<optimizer>``
   (``lazy_adam`` is the default); the checkpoint of the best validation AUC is then evaluated on
