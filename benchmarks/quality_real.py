@@ -77,6 +77,7 @@ SPLITS = {"train": 0.70, "valid": 0.15, "test": 0.15}
 ARCHITECTURE = ["--embedding_dim=16", "--bottom_mlp_dims=64,16", "--top_mlp_dims=64,1", "--batch_size=256"]
 EMBEDDING_DIM, BOTTOM, TOP, BATCH = 16, (64, 16), (64, 1), 256
 LR_L2 = (0.0, 1e-6, 1e-5, 1e-4)
+DEFAULT_IMPLS = "tf_dlrm_lazy_adam,tf_dlrm_catch_up_adam,tf_dlrm_dense_adam,keras_adam,keras_adam_3e-3,logistic_regression"
 GENRE_HOTNESS, NO_GENRE = 6, 19
 FAMILY_MODELS = ("deepfm", "dcnv2")  # with --deep_mlp_dims=64,64, as DeepCTR's below
 FRAPPE_FIELDS = ("user", "item", "daytime", "weekday", "isweekend", "homework", "cost", "weather", "country", "city")
@@ -243,7 +244,10 @@ def run_tf_dlrm_defaults(path: str, impl: str, seed: int, max_epochs: int, patie
     os.makedirs(run_dir)
     steps_per_epoch = split_rows(path, "train") // BATCH
     log = os.path.join(run_dir, "train.jsonl")
-    command = [sys.executable, "main.py", f"--dataset_path={path}", *ARCHITECTURE, f"--epochs={max_epochs}",
+    family = any(f.startswith("--model=") and f != "--model=dlrm" for f in extra)
+    # main.py refuses another model's flags: the families have no bottom or top MLP.
+    architecture = [f for f in ARCHITECTURE if not (family and f.startswith(("--bottom_mlp_dims", "--top_mlp_dims")))]
+    command = [sys.executable, "main.py", f"--dataset_path={path}", *architecture, f"--epochs={max_epochs}",
                "--valid_split=valid", "--test_split=test", f"--early_stopping_patience={patience}", f"--seed={seed}",
                f"--log_path={log}", "--print_freq=100000", *extra]
     completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
@@ -451,14 +455,15 @@ def run_deepctr(kind: str, data: dict, spec, seed: int, max_epochs: int) -> dict
 
 # ---- driver ----------------------------------------------------------------------------------------
 
-def summarize(paths: list[str]) -> str:
-    """A markdown table per dataset from the per-seed JSON lines of earlier runs (later lines win)."""
+def summarize(paths: list[str], only: list[str] | None = None) -> str:
+    """A markdown table per dataset from the per-seed JSON lines of earlier runs (later lines win);
+    ``only``: these cases alone."""
     runs = {}
     for path in paths:
         for line in open(path):
             if line.startswith("{"):
                 record = json.loads(line)
-                if record.get("benchmark") == "quality_real" and record["seed"] != "mean":
+                if record.get("benchmark") == "quality_real" and record["seed"] != "mean" and (not only or record["impl"] in only):
                     runs[(record["config"], record["impl"], record["seed"])] = record
     out = []
     for dataset in sorted({key[0] for key in runs}):
@@ -483,8 +488,8 @@ def main():
     parser.add_argument("--summarize", default="", help="comma-separated JSON-lines outputs of earlier runs: print "
                         "their markdown tables and exit")
     parser.add_argument("--datasets", default="movielens_100k,frappe")
-    parser.add_argument("--impls", default="tf_dlrm_lazy_adam,tf_dlrm_catch_up_adam,tf_dlrm_dense_adam,keras_adam,"
-                        "keras_adam_3e-3,logistic_regression")
+    parser.add_argument("--impls", default=None, help=f"comma-separated cases to run (default {DEFAULT_IMPLS}); with "
+                        "--summarize, the cases to tabulate (default: all)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--max_epochs", type=int, default=6)
     parser.add_argument("--patience", type=int, default=2, help="--early_stopping_patience of the tf_dlrm_defaults cases")
@@ -494,7 +499,7 @@ def main():
                         "deepctr` put DeepCTR (kept out of the project's environment)")
     args = parser.parse_args()
     if args.summarize:
-        print(summarize(args.summarize.split(",")))
+        print(summarize(args.summarize.split(","), args.impls.split(",") if args.impls else None))
         return
     if not args.raw_dir:
         parser.error("--raw_dir is required (the directory holding ml-100k/ and frappe/)")
@@ -508,7 +513,7 @@ def main():
         spec = FeatureSpec.load(os.path.join(path, "feature_spec.yaml"))
         data = {split: load_split(spec, split) for split in SPLITS}
         cardinalities = spec.cardinalities()
-        for impl in args.impls.split(","):
+        for impl in (args.impls or DEFAULT_IMPLS).split(","):
             results = []
             for seed in seeds:
                 started = time.time()
