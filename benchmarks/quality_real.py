@@ -32,6 +32,12 @@ batch 256.
 
 Cases (``impl``), each for seeds 0, 1, 2:
 
+- ``tf_dlrm_defaults`` and ``tf_dlrm_defaults_<model>`` (every ``--model``: ``dlrm``, ``dcnv2``, ``deepfm``,
+  ``wide_deep``, ``logistic_regression``): ``main.py`` as a user runs it, its defaults (the table optimizer
+  and rates included) with the architecture (``--deep_mlp_dims=64,64`` for the families, as DeepCTR's),
+  ``--epochs=--max_epochs``, ``--valid_split=valid``, ``--early_stopping_patience=--patience`` (one
+  evaluation per epoch; the best validation state restored at the end) and ``--test_split=test``, which
+  main.py evaluates once at that state (its ``final_test`` log record);
 - ``tf_dlrm_<optimizer>``: ``main.py`` (one process) with its default flags but the architecture,
   ``--valid_split=valid``, a checkpoint per epoch, and ``--embedding_optimizer=<optimizer>``
   (``lazy_adam`` is the default); the checkpoint of the best validation AUC is then evaluated on
@@ -71,6 +77,7 @@ SPLITS = {"train": 0.70, "valid": 0.15, "test": 0.15}
 ARCHITECTURE = ["--embedding_dim=16", "--bottom_mlp_dims=64,16", "--top_mlp_dims=64,1", "--batch_size=256"]
 EMBEDDING_DIM, BOTTOM, TOP, BATCH = 16, (64, 16), (64, 1), 256
 LR_L2 = (0.0, 1e-6, 1e-5, 1e-4)
+DEFAULT_IMPLS = "tf_dlrm_lazy_adam,tf_dlrm_catch_up_adam,tf_dlrm_dense_adam,keras_adam,keras_adam_3e-3,logistic_regression"
 GENRE_HOTNESS, NO_GENRE = 6, 19
 FAMILY_MODELS = ("deepfm", "dcnv2")  # with --deep_mlp_dims=64,64, as DeepCTR's below
 FRAPPE_FIELDS = ("user", "item", "daytime", "weekday", "isweekend", "homework", "cost", "weather", "country", "city")
@@ -225,6 +232,33 @@ def run_tf_dlrm(path: str, impl: str, optimizer: str, seed: int, max_epochs: int
     shutil.rmtree(os.path.join(run_dir, "ckpt"), ignore_errors=True)
     return {**record, "valid_auc": best["auc"], "epochs": round(best["step"] / steps_per_epoch, 2),
             "valid_curve": [round(e["auc"], 4) for e in evals]}
+
+
+def run_tf_dlrm_defaults(path: str, impl: str, seed: int, max_epochs: int, patience: int, work: str, test_labels: np.ndarray,
+                         extra: list[str]) -> dict:
+    """``main.py`` as a user runs it: its defaults (table optimizer included) with the architecture,
+    ``--epochs=max_epochs`` and early stopping on ``valid`` (one evaluation per epoch), ending at the
+    best validation state; ``test`` is evaluated once there (``--test_split``) and never selects."""
+    run_dir = os.path.join(work, f"{impl}_{seed}")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    steps_per_epoch = split_rows(path, "train") // BATCH
+    log = os.path.join(run_dir, "train.jsonl")
+    family = any(f.startswith("--model=") and f != "--model=dlrm" for f in extra)
+    # main.py refuses another model's flags: the families have no bottom or top MLP.
+    architecture = [f for f in ARCHITECTURE if not (family and f.startswith(("--bottom_mlp_dims", "--top_mlp_dims")))]
+    command = [sys.executable, "main.py", f"--dataset_path={path}", *architecture, f"--epochs={max_epochs}",
+               "--valid_split=valid", "--test_split=test", f"--early_stopping_patience={patience}", f"--seed={seed}",
+               f"--log_path={log}", "--print_freq=100000", *extra]
+    completed = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if completed.returncode:
+        raise RuntimeError(f"main.py failed: {' '.join(command)}\n{(completed.stdout + completed.stderr)[-3000:]}")
+    events = [json.loads(line) for line in open(log)]
+    evals = [e for e in events if e.get("event") == "eval"]
+    test = [e for e in events if e.get("event") == "final_test"][-1]
+    record = finish_record(test["auc"], test["logloss"], test_labels)
+    return {**record, "valid_auc": max(e["auc"] for e in evals), "epochs": round(test["step"] / steps_per_epoch, 2),
+            "epochs_run": len(evals), "valid_curve": [round(e["auc"], 4) for e in evals]}
 
 
 # ---- plain Keras baselines ----------------------------------------------------------------------
@@ -421,14 +455,15 @@ def run_deepctr(kind: str, data: dict, spec, seed: int, max_epochs: int) -> dict
 
 # ---- driver ----------------------------------------------------------------------------------------
 
-def summarize(paths: list[str]) -> str:
-    """A markdown table per dataset from the per-seed JSON lines of earlier runs (later lines win)."""
+def summarize(paths: list[str], only: list[str] | None = None) -> str:
+    """A markdown table per dataset from the per-seed JSON lines of earlier runs (later lines win);
+    ``only``: these cases alone."""
     runs = {}
     for path in paths:
         for line in open(path):
             if line.startswith("{"):
                 record = json.loads(line)
-                if record.get("benchmark") == "quality_real" and record["seed"] != "mean":
+                if record.get("benchmark") == "quality_real" and record["seed"] != "mean" and (not only or record["impl"] in only):
                     runs[(record["config"], record["impl"], record["seed"])] = record
     out = []
     for dataset in sorted({key[0] for key in runs}):
@@ -453,17 +488,18 @@ def main():
     parser.add_argument("--summarize", default="", help="comma-separated JSON-lines outputs of earlier runs: print "
                         "their markdown tables and exit")
     parser.add_argument("--datasets", default="movielens_100k,frappe")
-    parser.add_argument("--impls", default="tf_dlrm_lazy_adam,tf_dlrm_catch_up_adam,tf_dlrm_dense_adam,keras_adam,"
-                        "keras_adam_3e-3,logistic_regression")
+    parser.add_argument("--impls", default=None, help=f"comma-separated cases to run (default {DEFAULT_IMPLS}); with "
+                        "--summarize, the cases to tabulate (default: all)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--max_epochs", type=int, default=6)
+    parser.add_argument("--patience", type=int, default=2, help="--early_stopping_patience of the tf_dlrm_defaults cases")
     parser.add_argument("--work_dir", default="/tmp/tf_dlrm_quality_real")
     parser.add_argument("--main_flags", default="", help="more main.py flags for every tf_dlrm run, space separated")
     parser.add_argument("--deepctr_path", default="", help="a directory where `pip install --no-deps --target=DIR "
                         "deepctr` put DeepCTR (kept out of the project's environment)")
     args = parser.parse_args()
     if args.summarize:
-        print(summarize(args.summarize.split(",")))
+        print(summarize(args.summarize.split(","), args.impls.split(",") if args.impls else None))
         return
     if not args.raw_dir:
         parser.error("--raw_dir is required (the directory holding ml-100k/ and frappe/)")
@@ -477,11 +513,17 @@ def main():
         spec = FeatureSpec.load(os.path.join(path, "feature_spec.yaml"))
         data = {split: load_split(spec, split) for split in SPLITS}
         cardinalities = spec.cardinalities()
-        for impl in args.impls.split(","):
+        for impl in (args.impls or DEFAULT_IMPLS).split(","):
             results = []
             for seed in seeds:
                 started = time.time()
-                if impl.startswith("tf_dlrm_"):
+                if impl == "tf_dlrm_defaults" or impl.startswith("tf_dlrm_defaults_"):
+                    model = impl[len("tf_dlrm_defaults_"):]
+                    flags = [f"--model={model}", "--deep_mlp_dims=64,64"] if model in ("deepfm", "dcnv2", "wide_deep") else \
+                        [f"--model={model}"] if model else []
+                    record = run_tf_dlrm_defaults(path, impl, seed, args.max_epochs, args.patience, os.path.join(args.work_dir, dataset),
+                                                  data["test"][2], flags + args.main_flags.split())
+                elif impl.startswith("tf_dlrm_"):
                     optimizer, flags = tf_dlrm_case(impl)
                     record = run_tf_dlrm(path, impl, optimizer, seed, args.max_epochs, os.path.join(args.work_dir, dataset),
                                          data["test"][2], flags + args.main_flags.split())

@@ -17,7 +17,7 @@ Prints one JSON object per case and line:
 "vs_naive_fp32": ..., ...}`` where ``vs_naive_fp32`` is the ratio of medians to the naive fp32 case.
 The diagnostic case ``mlp_only_fp32`` (``"impl": "mlp_only"``, only when asked for) trains the two
 MLPs alone: no DLRM of the config can train faster. The cases ``tf_dlrm_adagrad``,
-``tf_dlrm_rowwise_adagrad`` and ``tf_dlrm_lazy_adam`` change only the embedding optimizer; their
+``tf_dlrm_rowwise_adagrad``, ``tf_dlrm_lazy_adam`` and ``tf_dlrm_catch_up_adam`` change only the embedding optimizer; their
 ``vs_tf_dlrm_sgd`` is the ratio to ``tf_dlrm_fp32`` (sparse SGD) in the same run. The cases
 ``tf_dlrm_amp_split`` (SGD) and ``tf_dlrm_amp_split_lazy_adam`` train under ``--amp`` with split bf16
 tables (``--split_embedding_tables``; ``"split_embedding_tables": true`` in their line): compare them
@@ -74,7 +74,8 @@ CASES = {
 EXTRA_CASES = {"mlp_only_fp32": ("mlp_only", False, False)}
 # The sparse embedding optimizers (issue 11): tf_dlrm fp32 with only the embedding optimizer changed
 # (MLPs still SGD), compared with ``tf_dlrm_fp32`` (sparse SGD) in the same run: ``vs_tf_dlrm_sgd``.
-EMBEDDING_OPTIMIZER_CASES = {"tf_dlrm_adagrad": "adagrad", "tf_dlrm_rowwise_adagrad": "rowwise_adagrad", "tf_dlrm_lazy_adam": "lazy_adam"}
+EMBEDDING_OPTIMIZER_CASES = {"tf_dlrm_adagrad": "adagrad", "tf_dlrm_rowwise_adagrad": "rowwise_adagrad", "tf_dlrm_lazy_adam": "lazy_adam",
+                             "tf_dlrm_catch_up_adam": "catch_up_adam"}
 EXTRA_CASES.update({name: ("tf_dlrm", False, False) for name in EMBEDDING_OPTIMIZER_CASES})
 # Split bf16 tables (--split_embedding_tables, issue 14): --amp with the model-parallel tables stored as
 # bf16 upper + uint16 lower halves; compare with tf_dlrm_amp (and tf_dlrm_amp_lazy_adam) in the same run.

@@ -101,7 +101,9 @@ def parsed(tmp_path_factory):
 
 def test_tf_dlrm_defaults_stay_when_no_nvidia_flag_is_given(parsed):
     r = parsed["tf_dlrm_defaults"]
-    assert (r["dense"], r["embedding"]) == ("adam", "lazy_adam")
+    # Catch-up Adam on the tables by default (benchmarks/results/quality_real.md); NVIDIA's --optimizer=adam
+    # still means lazy Adam on them (below).
+    assert (r["dense"], r["embedding"]) == ("adam", "catch_up_adam")
     assert r["dense_rate"] == pytest.approx(0.001) and r["embedding_rate"] == pytest.approx(0.003)
     assert r["replicated"] == [t for t, rows in zip(TABLES, ROWS) if rows < 2048]  # the row rule
     assert r["notes"] == []

@@ -129,14 +129,18 @@ def test_bad_arguments_name_the_value():
         ([], 0.001, 0.003),  # the tuned defaults
         (["--learning_rate=0.5"], 0.5, 0.5),  # an explicit --learning_rate drives every family
         (["--learning_rate=0.5", "--embedding_learning_rate=0.02"], 0.5, 0.02),  # a family's own flag wins
-        # DeepFM's and Wide & Deep's embeddings default to their own lazy_adam rate (their embedding_learning_rates) ...
+        # DeepFM's and Wide & Deep's embeddings default to their own rate with catch_up_adam (the default table
+        # optimizer) and lazy_adam (their embedding_learning_rates) ...
         (["--model=deepfm"], 0.001, 0.01),
         (["--model=wide_deep"], 0.001, 0.01),
+        (["--model=deepfm", "--embedding_optimizer=lazy_adam"], 0.001, 0.01),
+        (["--model=wide_deep", "--embedding_optimizer=catch_up_adam"], 0.001, 0.01),
         (["--model=dcnv2"], 0.001, 0.003),
         # ... which neither an explicit rate, nor --learning_rate, nor another optimizer gets.
         (["--model=deepfm", "--embedding_learning_rate=0.002"], 0.001, 0.002),
         (["--model=wide_deep", "--learning_rate=0.5"], 0.5, 0.5),
         (["--model=deepfm", "--embedding_optimizer=adagrad"], 0.001, 0.003),
+        (["--model=wide_deep", "--embedding_optimizer=dense_adam"], 0.001, 0.003),
     ],
 )
 def test_learning_rate_flags_give_each_family_its_rate(flags, dense, embedding):

@@ -142,18 +142,21 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
                       "(You et al. 2019).")
         f.DEFINE_float("dense_learning_rate", 0.001, "Base learning rate of the MLPs' optimizer, on the schedule of "
                        "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. Adam wants about 1e-3, SGD about 0.5.")
-        f.DEFINE_enum("embedding_optimizer", "lazy_adam", list(EMBEDDING_OPTIMIZERS),
+        # catch_up_adam: dense Adam's model at lazy Adam's cost (benchmarks/results/quality_real.md).
+        f.DEFINE_enum("embedding_optimizer", "catch_up_adam", list(EMBEDDING_OPTIMIZERS),
                       "Sparse optimizer of the embedding tables (touched rows only, repeated ids summed first; state sharded "
                       "like the tables); not given: --optimizer's family when that is given. rowwise_adagrad: one "
                       "accumulator per row (exact across column slices); ftrl: FTRL-Proximal (McMahan et al. 2013); "
-                      "catch_up_adam: lazy Adam that first applies in closed form the zero-gradient steps dense Adam "
-                      "would have applied to a row since its last update (dense Adam's result at lazy Adam's cost); "
-                      "dense_adam: every row moves every step, as Keras's Adam on an Embedding (small tables only). "
-                      "Compared in benchmarks/results/quality_real.md.")
+                      "catch_up_adam (the default): lazy Adam that first applies in closed form the zero-gradient steps "
+                      "dense Adam would have applied to a row since its last update (dense Adam's result at lazy Adam's "
+                      "cost, one more state slot); lazy_adam: moments and moves of touched rows only (2 state slots, 25% "
+                      "less table+state memory than catch_up_adam, for memory-bound tables); dense_adam: every row moves "
+                      "every step, as Keras's Adam on an Embedding (small tables only). Compared in "
+                      "benchmarks/results/quality_real.md.")
         f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
-                       "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. lazy_adam wants about "
-                       "3e-3, adagrad 0.1, sgd about 1. Not given, a model may choose its own (--model=deepfm and "
-                       "wide_deep: 0.01 with lazy_adam; their embedding_learning_rates).")
+                       "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. catch_up_adam and lazy_adam "
+                       "want about 3e-3, adagrad 0.1, sgd about 1. Not given, a model may choose its own (--model=deepfm "
+                       "and wide_deep: 0.01 with catch_up_adam or lazy_adam; their embedding_learning_rates).")
         f.DEFINE_float("adagrad_initial_accumulator", 0.1, "Initial accumulator of adagrad, rowwise_adagrad and ftrl (embeddings and MLPs).")
         f.DEFINE_float("adagrad_epsilon", 1e-7, "Epsilon of adagrad and rowwise_adagrad.")
         f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")

@@ -38,8 +38,9 @@ class DeepFM(RankingModel):
     # one step of a D-wide embedding moves the logit about as much as one step of a width-1 weight:
     # at the flag's 0.003 they learn too slowly in a short run (benchmarks/results/model_quality.md: on
     # synthetic_small 0.01 raised DeepFM from 0.8101 to 0.8173 at 100k rows, 0.8196 to 0.8223 at
-    # 300k; measured with lazy_adam, and applied with it only).
-    embedding_learning_rates = {"lazy_adam": 0.01}
+    # 300k; measured with lazy_adam). Catch-up Adam takes the same rate: on the real datasets of
+    # benchmarks/results/quality_real.md DeepFM with it at 0.01 is level with or above lazy Adam at 0.01.
+    embedding_learning_rates = {"lazy_adam": 0.01, "catch_up_adam": 0.01}
 
     @classmethod
     def tables(cls, config, deep, crossed=()):
