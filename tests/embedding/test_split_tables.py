@@ -214,12 +214,16 @@ def test_checkpoints_move_between_split_and_float32_tables(world_size, tmp_path_
 
 def test_resident_memory_of_a_large_table_equals_float32():
     """2M x 64 (512,000,000 bytes in float32): the variables' bytes are equal; the process's resident
-    growth once glibc has returned its free arena memory (``malloc_trim``) is within 2% of each
-    other (both forms hold the table once), and the peak while building is within 25%.
+    growth once glibc has returned its free arena memory (``malloc_trim``) is within 10% of each
+    other (both forms hold the table once: a second copy of either half would be 50% more), and the
+    peak while building is within 25%.
 
     Untrimmed growth is not compared: glibc keeps 0 to 70 MB of the build's freed per-block
     temporaries from run to run (CI once printed split 580,124,672 vs float32 515,948,544 bytes; a
-    run here printed 570,683,392 vs 530,358,272 untrimmed, 513,286,144 vs 512,200,704 trimmed)."""
+    run here printed 570,683,392 vs 530,358,272 untrimmed, 513,286,144 vs 512,200,704 trimmed).
+    Trimmed, what stays besides the table also varies by tens of MB (the benchmark builds a small
+    layer of the same form first, so that one-time loads are in its baseline): split 549,187,584 vs
+    float32 529,870,848 bytes in one run, 560,529,408 vs 548,601,856 without that warm-up in another."""
     completed = subprocess.run([sys.executable, "benchmarks/split_table_memory.py", "--rows=2000000", "--dim=64"], cwd=REPO,
                                env=worker_env(), check=True, capture_output=True, text=True, timeout=600)
     records = {r["form"]: r for r in map(json.loads, completed.stdout.strip().splitlines())}
@@ -227,7 +231,7 @@ def test_resident_memory_of_a_large_table_equals_float32():
     assert records["split"]["table_bytes"] == records["float32"]["table_bytes"] == 2_000_000 * 64 * 4
     assert set(records["split"]["variables"].values()) == {"bfloat16", "uint16"}
     held_split, held_float32 = records["split"]["rss_growth_trimmed"], records["float32"]["rss_growth_trimmed"]
-    assert abs(held_split - held_float32) <= 0.02 * held_float32, (held_split, held_float32)
+    assert abs(held_split - held_float32) <= 0.10 * held_float32, (held_split, held_float32)
     assert held_split >= 0.98 * 512_000_000  # the table is really resident, not lazily allocated
     # Building it needs no more than float32's plus the allocator's slack: both halves are filled
     # block by block (cut from one float32 copy of the shard, the peak was 3.5 times the table;

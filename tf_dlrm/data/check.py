@@ -122,9 +122,12 @@ def scan(spec: FeatureSpec, block: int = 1 << 20) -> dict[str, list[str]]:
     return report
 
 
-flags.DEFINE_string("dataset_path", None, "Directory of the dataset.")
-flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file, relative to --dataset_path unless absolute.")
-flags.DEFINE_integer("block_samples", 1 << 20, "Samples read at a time per file.")
+def _define_flags() -> None:
+    """The command's flags, defined when it runs (not on import: the scan functions are a library too, and
+    main.py's own flags share the names)."""
+    flags.DEFINE_string("dataset_path", None, "Directory of the dataset.")
+    flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Feature spec file, relative to --dataset_path unless absolute.")
+    flags.DEFINE_integer("block_samples", 1 << 20, "Samples read at a time per file.")
 
 
 def main(argv) -> None:
@@ -152,4 +155,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)
