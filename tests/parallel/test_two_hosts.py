@@ -9,16 +9,20 @@ with its environment on the command line, and has Gloo talk over the interface n
 authorized key, a free port, all in a temporary directory removed at the end (the user's ``~/.ssh``
 is neither read nor written: an ``ssh`` first on ``PATH`` adds ``-F`` with a config of its own).
 
-One launch: the two-host job trains tiny data, checkpoints to a directory both "hosts" see (the
-same filesystem here, shared storage on real machines), and ends with the AUC of one process
-within 1e-6, and a checkpoint table for table within 1e-5 (the tolerances are argued below).
-The command is the one docs/training.md shows under *Several machines*.
+The two-host job trains tiny data under ``python -m tf_dlrm.cli.launch`` (the command
+docs/training.md shows under *Several machines*), checkpointing to a directory both "hosts" see (the
+same filesystem here, shared storage on real machines), and is preempted: SIGTERM to the launcher,
+which has no rank on its host, reaches both ranks through its stop file there; they save the same
+step and exit 143. horovodrun then resumes it on both hosts for 4 more steps, and it ends with the
+AUC of one process trained to that step within 1e-6, and a checkpoint table for table within 1e-5
+(the tolerances are argued below).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,13 +40,13 @@ from tf_dlrm.checkpoint import store as checkpoint_store
 sys.path.insert(0, os.path.join(REPO, "tests", "bad_inputs"))
 sys.path.insert(0, os.path.join(REPO, "tests", "checkpoint"))
 from checkpoint_runs import max_difference  # noqa: E402
+from test_signals import EXIT_RECORDER, LINE, check_checkpoint_of_line, run_until_training_then_signal  # noqa: E402
 from tiny_dataset import TINY_MODEL, write_tiny  # noqa: E402
 
 pytestmark = pytest.mark.multirank
 HOSTS = ("127.0.0.2", "127.0.0.3")
-# 2 epochs of 8 steps (2048 samples, batch 256), a checkpoint after each epoch.
-FLAGS = [*TINY_MODEL, "--epochs=2", "--checkpoint_every_steps=8", "--evals_per_epoch=1"]
-STEPS = 16
+# Epochs of 8 steps (2048 samples, batch 256), as many as it takes until the signal, a checkpoint each epoch.
+FLAGS = [*TINY_MODEL, "--epochs=100000", "--checkpoint_every_steps=8", "--evals_per_epoch=0"]
 
 
 def _find(program: str, *fallbacks: str) -> str | None:
@@ -147,26 +151,32 @@ def events(path) -> list[dict]:
     return [json.loads(line) for line in open(path, encoding="utf-8").read().splitlines()]
 
 
-def test_two_hosts_through_ssh_train_checkpoint_and_equal_one_process(loopback_hosts):
+def test_two_hosts_through_ssh_preempted_resumed_and_equal_one_process(loopback_hosts):
+    """Launched by ``python -m tf_dlrm.cli.launch`` and SIGTERMed while training: no rank runs on the
+    launcher's host, so its signal reaches them only through the stop file in the shared checkpoint
+    directory; both ranks save the same step and exit 143. Then resumed by horovodrun on both hosts,
+    and compared with one process trained to the same step."""
     home = loopback_hosts["home"]
     data = write_tiny(os.path.join(home, "data"))
     shared = os.path.join(home, "shared")  # the checkpoint directory: on shared storage across real machines
-    save, log = os.path.join(shared, "checkpoints"), os.path.join(shared, "log.jsonl")
-    command = [HOROVODRUN, "-np", "2", "-H", ",".join(f"{host}:1" for host in HOSTS), "--gloo",
-               "--network-interface", "lo", "--ssh-port", str(loopback_hosts["port"]),
-               "--ssh-identity-file", loopback_hosts["identity"], "--disable-cache", "--verbose",
-               sys.executable, "main.py", f"--dataset_path={data}", *FLAGS,
-               f"--save_checkpoint_path={save}", f"--log_path={log}"]
-    env = worker_env({"PATH": loopback_hosts["bin"] + os.pathsep + os.environ.get("PATH", "")})
-    job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
-    try:
-        output, _ = job.communicate(timeout=400)
-    except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)  # the ranks themselves run under sshd: the fixture stops them
-        output, _ = job.communicate()
-        pytest.fail(f"the two-host job did not end in 400 s:\n{output[-6000:]}")
-    assert job.returncode == 0, output[-6000:]
+    save, log, codes = os.path.join(shared, "checkpoints"), os.path.join(shared, "log.jsonl"), os.path.join(home, "codes")
+    os.mkdir(codes)
+    hosts = ["-np", "2", "-H", ",".join(f"{host}:1" for host in HOSTS), "--gloo", "--network-interface", "lo",
+             "--ssh-port", str(loopback_hosts["port"]), "--ssh-identity-file", loopback_hosts["identity"],
+             "--disable-cache", "--verbose"]
+    path = {"PATH": loopback_hosts["bin"] + os.pathsep + os.environ.get("PATH", "")}
+    code, output = run_until_training_then_signal(
+        [sys.executable, "-m", "tf_dlrm.cli.launch", *hosts, sys.executable, EXIT_RECORDER, codes, sys.executable,
+         "main.py", f"--dataset_path={data}", *FLAGS, f"--save_checkpoint_path={save}", f"--log_path={log}"],
+        signal.SIGTERM, env=path)
+    assert code == 143, output[-6000:]
+    assert re.search(r"SIGTERM to the ranks on this host \(none on this host\), stop file \S+/\.stop-\S+ for the others",
+                     output), output[-6000:]
+    assert {name: open(os.path.join(codes, name)).read().strip() for name in os.listdir(codes)} == {
+        "rank0": "143", "rank1": "143"}, output[-6000:]
+    check_checkpoint_of_line(output, save)
+    stopped = int(LINE.findall(output)[0][0])
+    assert not [name for name in os.listdir(save) if name.startswith(".stop-")]  # the launcher removed its file
 
     # Horovod's remote path: ssh to each host checked, then rank r started through `ssh HOST_r`.
     launched = {}
@@ -181,30 +191,43 @@ def test_two_hosts_through_ssh_train_checkpoint_and_equal_one_process(loopback_h
         assert f"on {host} port {loopback_hosts['port']}" in sessions, sessions[-3000:]
     assert "Accepted publickey" in sessions
 
+    steps = stopped + 4
+    command = [HOROVODRUN, *hosts, sys.executable, "main.py", f"--dataset_path={data}", *FLAGS, f"--max_steps={steps}",
+               f"--save_checkpoint_path={save}", "--resume", f"--log_path={log}"]
+    job = subprocess.Popen(command, cwd=REPO, env=worker_env(path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)
+    try:
+        output, _ = job.communicate(timeout=400)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)  # the ranks themselves run under sshd: the fixture stops them
+        output, _ = job.communicate()
+        pytest.fail(f"the two-host job did not end in 400 s:\n{output[-6000:]}")
+    assert job.returncode == 0, output[-6000:]
+
     two = events(log)
+    assert [e["step"] for e in two if e["event"] == "checkpoint_restored"] == [stopped]
     config = two[0]
     assert config["event"] == "config" and len(config["rank_embedding_bytes"]) == 2
     assert config["alltoall_bytes_per_step"] > 0  # the model-parallel table's lookups crossed the "hosts"
     final = two[-1]
-    assert final["event"] == "final" and final["world_size"] == 2 and final["steps"] == STEPS
+    assert final["event"] == "final" and final["world_size"] == 2 and final["steps"] == steps
     assert final["ne"] < 1  # it learned: a lower log loss than predicting the positive rate
-    newest = os.path.join(save, checkpoint_store.checkpoint_name(STEPS))
+    newest = os.path.join(save, checkpoint_store.checkpoint_name(steps))
     manifest = checkpoint_store.read_manifest(newest)
     checkpoint_store.verify_files(newest, manifest)
     assert manifest["saved_world_size"] == 2
-    assert sorted(name for name in os.listdir(save) if name.startswith("ckpt-")) == [
-        checkpoint_store.checkpoint_name(8), checkpoint_store.checkpoint_name(STEPS)]
 
     reference_save, reference_log = os.path.join(home, "one", "checkpoints"), os.path.join(home, "one", "log.jsonl")
-    run_python(["main.py", f"--dataset_path={data}", *FLAGS, f"--save_checkpoint_path={reference_save}",
+    run_python(["main.py", f"--dataset_path={data}", *FLAGS, f"--max_steps={steps}", f"--save_checkpoint_path={reference_save}",
                 f"--log_path={reference_log}"], timeout=300)
     one = events(reference_log)[-1]
-    assert one["world_size"] == 1 and one["steps"] == STEPS
-    difference, where = max_difference(newest, os.path.join(reference_save, checkpoint_store.checkpoint_name(STEPS)))
-    print(f"hosts {', '.join(f'rank {r} on {h}' for r, h in sorted(launched.items()))}; "
-          f"AUC two hosts {final['auc']!r}, one process {one['auc']!r}; NE two hosts {final['ne']!r}; largest checkpoint difference {difference:.3g} in {where}")
+    assert one["world_size"] == 1 and one["steps"] == steps
+    difference, where = max_difference(newest, os.path.join(reference_save, checkpoint_store.checkpoint_name(steps)))
+    print(f"hosts {', '.join(f'rank {r} on {h}' for r, h in sorted(launched.items()))}; stopped by the launcher's stop "
+          f"file at step {stopped} (both ranks 143), resumed to {steps}; AUC two hosts {final['auc']!r}, one process "
+          f"{one['auc']!r}; NE two hosts {final['ne']!r}; largest checkpoint difference {difference:.3g} in {where}")
     # Two ranks sum each gradient in another order than one process: float32 roundoff of a few
-    # ulps per step on weights of order 1, 16 steps: far below 1e-5.
+    # ulps per step on weights of order 1, a few dozen steps: far below 1e-5.
     assert difference <= 1e-5, f"largest difference {difference} in {where}"
     # AUC is a rank statistic: it moves only when two scores swap order, by at least
     # 1/(positives * negatives) (about 1.6e-5 for 512 samples); scores equal to roundoff keep their order.

@@ -10,8 +10,14 @@ group) reaches the launcher only. The launcher then sends SIGTERM to each rank o
 directly and leaves horovodrun alone: the ranks agree on a step, save, print one line and exit 143,
 and horovodrun ends with them. A second signal is passed to horovodrun itself (its own quick stop).
 
-Exit status: ``128 + signal`` after a signal, else horovodrun's. Ranks on other hosts are reached
-only through horovodrun (a scheduler signals them there: each rank acts on SIGTERM itself).
+Ranks on other hosts get no signal from this host (horovodrun's SIGTERM ends only its local ssh
+clients). They are reached through the checkpoint directory, which every host sees (shared storage,
+as a job on several machines needs for its checkpoints anyway): when the command names
+``--save_checkpoint_path``, the launcher gives every rank the name of a stop file there
+(``TF_DLRM_STOP_FILE``) and writes it when signalled; every rank looks for it at most once a second and
+then stops as if signalled (tf_dlrm/train/interrupt.py). The file is removed when the job ends.
+
+Exit status: ``128 + signal`` after a signal, else horovodrun's.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 
-from tf_dlrm.train.interrupt import LAUNCHER_ENV
+from tf_dlrm.io import files
+from tf_dlrm.train.interrupt import LAUNCHER_ENV, STOP_FILE_ENV
 
 SHELLS = {"sh", "bash", "dash", "zsh", "env"}
 
@@ -78,13 +86,40 @@ def rank_processes(root: int) -> dict[str, int]:
     return ranks
 
 
+def stop_file_of(argv: list[str]) -> str | None:
+    """The stop file for the job ``argv`` runs: in its ``--save_checkpoint_path`` (the last one given on the
+    command line; None without one), named after this launcher so that no other job's file is taken for it."""
+    directory = None
+    for index, argument in enumerate(argv):
+        if argument.startswith("--save_checkpoint_path="):
+            directory = argument.split("=", 1)[1]
+        elif argument == "--save_checkpoint_path" and index + 1 < len(argv):
+            directory = argv[index + 1]
+    if not directory:
+        return None
+    return files.join(files.absolute(directory), f".stop-{socket.gethostname()}-{os.getpid()}")
+
+
+def write_stop_file(path: str) -> bool:
+    try:
+        files.makedirs(files.dirname(path))
+        with files.open_file(path, "w") as handle:
+            handle.write("stop\n")
+        return True
+    except OSError as error:
+        print(f"tf_dlrm launch: could not write the stop file {path}: {error}", file=sys.stderr, flush=True)
+        return False
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     horovodrun = os.environ.get("HOROVODRUN") or shutil.which("horovodrun") or \
         os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    job = subprocess.Popen([horovodrun, *argv], env={**os.environ, LAUNCHER_ENV: "1"}, start_new_session=True)
+    stop_file = stop_file_of(argv)
+    environment = {**os.environ, LAUNCHER_ENV: "1", **({STOP_FILE_ENV: stop_file} if stop_file else {})}
+    job = subprocess.Popen([horovodrun, *argv], env=environment, start_new_session=True)
     received: list[int] = []
 
     def on_signal(number, frame):
@@ -92,22 +127,28 @@ def main(argv: list[str]) -> int:
         received.append(number)
         if len(received) == 1:
             ranks = rank_processes(job.pid)
+            written = stop_file is not None and write_stop_file(stop_file)
             print(f"tf_dlrm launch: {signal.Signals(number).name}: SIGTERM to the ranks on this host "
-                  f"({', '.join(f'rank {r} pid {p}' for r, p in sorted(ranks.items())) or 'none on this host'}); "
+                  f"({', '.join(f'rank {r} pid {p}' for r, p in sorted(ranks.items())) or 'none on this host'})"
+                  f"{f', stop file {stop_file} for the others' if written else ''}; "
                   "they save and stop (a second signal stops horovodrun at once)", file=sys.stderr, flush=True)
             for pid in ranks.values():
                 try:
                     os.kill(pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-            if not ranks:  # none started yet, or all on other hosts: only horovodrun can stop them
+            if not ranks and not written:  # none started yet, or all on other hosts: only horovodrun can stop them
                 job.send_signal(signal.SIGTERM)
         else:
             job.send_signal(signal.SIGTERM)
 
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, on_signal)
-    code = job.wait()
+    try:
+        code = job.wait()
+    finally:
+        if stop_file is not None and files.exists(stop_file):
+            files.remove(stop_file)
     return 128 + received[0] if received else code
 
 

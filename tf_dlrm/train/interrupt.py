@@ -20,10 +20,18 @@ import os
 import re
 import signal
 import sys
+import time
+
+from tf_dlrm.io import files
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Set by tf_dlrm.cli.launch for the ranks it starts: it gives them the time a save needs.
 LAUNCHER_ENV = "TF_DLRM_LAUNCHER"
+# Set by tf_dlrm.cli.launch too: a file in the checkpoint directory (shared by every host) that the
+# launcher writes when it is signalled. Ranks on other hosts get no signal from it (horovodrun's SIGTERM
+# ends only its local ssh clients), so every rank looks for the file, at most once a second.
+STOP_FILE_ENV = "TF_DLRM_STOP_FILE"
+STOP_FILE_EVERY_S = 1.0
 HOROVODRUN_WARNING = (
     "signal received: every rank stops after the same step and saves a checkpoint; horovodrun kills the ranks "
     "5 s after it passes a signal on, which the save of a large model may not survive (then the last periodic "
@@ -50,6 +58,8 @@ class SignalStop:
         self.received: int | None = None
         self.training = False
         self._previous = {}
+        self.stop_file = os.environ.get(STOP_FILE_ENV) or None
+        self._next_look = 0.0
 
     def install(self) -> "SignalStop":
         for number in SIGNALS:
@@ -72,8 +82,19 @@ class SignalStop:
             # Under plain horovodrun the save may be cut short: say so now, while there is time.
             os.write(2, HOROVODRUN_WARNING.encode())
 
+    def stop_file_written(self) -> bool:
+        """Whether the launcher has written :data:`STOP_FILE_ENV`'s file (looked for at most once a second:
+        on shared or remote storage a look is a round trip)."""
+        if self.stop_file is None or time.monotonic() < self._next_look:
+            return False
+        self._next_look = time.monotonic() + STOP_FILE_EVERY_S
+        return files.exists(self.stop_file)
+
     def poll(self, trainer, env, step: int) -> None:
-        """After each step: raises Interrupted when this rank, or (several ranks) any rank, was signalled."""
+        """After each step: raises Interrupted when this rank, or (several ranks) any rank, was signalled
+        (or found the launcher's stop file)."""
+        if self.received is None and self.stop_file_written():
+            self.received = signal.SIGTERM
         if not env.distributed:
             if self.received is not None:
                 raise Interrupted(step, self.received)
