@@ -101,14 +101,16 @@ def _power_law_ranks(rng: np.random.Generator, count: int, cardinality: int, exp
     Inverse CDF of the continuous power law on ``[1, cardinality + 1)``, floored: one uniform and
     one ``pow`` per sample, no table of probabilities.
     """
-    uniform = rng.random(count)
-    top = float(cardinality + 1)
-    if abs(exponent - 1.0) < 1e-9:
-        values = np.exp(uniform * math.log(top))
-    else:
-        power = 1.0 - exponent
-        values = (1.0 + uniform * (top**power - 1.0)) ** (1.0 / power)
+    values = _power_law_inverse_cdf(rng.random(count), float(cardinality + 1), exponent)
     return np.minimum(values.astype(np.int64) - 1, cardinality - 1)
+
+
+def _power_law_inverse_cdf(uniform: np.ndarray, top: float, exponent: float) -> np.ndarray:
+    """Values in ``[1, top)`` with density ``~ x ** -exponent``, from uniform draws in ``[0, 1)``."""
+    if abs(exponent - 1.0) < 1e-9:
+        return np.exp(uniform * math.log(top))
+    power = 1.0 - exponent
+    return (1.0 + uniform * (top**power - 1.0)) ** (1.0 / power)
 
 
 def power_law_lengths(rng: np.random.Generator, count: int, hotness: int, exponent: float) -> np.ndarray:
@@ -121,13 +123,7 @@ def power_law_lengths(rng: np.random.Generator, count: int, hotness: int, expone
         return np.ones(count, np.int64)
     if exponent == 0:
         return rng.integers(1, hotness + 1, count)
-    uniform = rng.random(count)
-    top = float(hotness + 1)
-    if abs(exponent - 1.0) < 1e-9:
-        values = np.exp(uniform * math.log(top))
-    else:
-        power = 1.0 - exponent
-        values = (1.0 + uniform * (top**power - 1.0)) ** (1.0 / power)
+    values = _power_law_inverse_cdf(rng.random(count), float(hotness + 1), exponent)
     return np.clip(values.astype(np.int64), 1, hotness)
 
 
