@@ -20,11 +20,10 @@ uses, so a batch is two ``pread`` calls: its lengths, then its ids.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from tf_dlrm.data.validation import BadDataError
+from tf_dlrm.io.files import RandomAccessFile
 from tf_dlrm.spec.format import lengths_dtype_for
 
 # Lengths read per block by the offsets pass: bounds its memory whatever the split's size.
@@ -42,9 +41,8 @@ class RaggedColumn:
         num_samples: the split's sample count (the lengths file holds exactly this many).
         granularity: reads start at multiples of this many samples (the reader's local batch size)
             or at ``num_samples``; offsets are kept at those points only.
-        read_at: ``read_at(path, size, offset) -> bytes`` (default: a local ``os.pread``), so that the
-            caller's way of opening files (and its open files) serves both files.
-        size_of: ``size_of(path) -> int`` (default: ``os.path.getsize``).
+        open_file: ``open_file(path) -> tf_dlrm.io.files.RandomAccessFile``, so that the caller's open
+            files serve both files (default: the column opens each once itself).
 
     Raises:
         BadDataError: a length outside ``[0, hotness]``, or an ids file that does not hold
@@ -52,19 +50,28 @@ class RaggedColumn:
     """
 
     def __init__(self, ids_path: str, lengths_path: str, ids_dtype, hotness: int, feature: str, split: str,
-                 num_samples: int, granularity: int, read_at=None, size_of=os.path.getsize):
+                 num_samples: int, granularity: int, open_file=None):
         self.ids_path, self.lengths_path = ids_path, lengths_path
-        self.read_at = read_at or _local_read_at
+        self._open_file = open_file or self._own_file
+        self._own: dict[str, RandomAccessFile] = {}
         self.ids_dtype, self.lengths_dtype = np.dtype(ids_dtype), lengths_dtype_for(hotness)
         self.hotness, self.feature, self.split = hotness, feature, split
         self.num_samples, self.granularity = num_samples, granularity
         self.boundaries = self._scan()
         self.total = int(self.boundaries[-1])
-        size = size_of(ids_path)
+        size = self._open_file(ids_path).size()
         if size != self.total * self.ids_dtype.itemsize:
             raise BadDataError(
                 f"split '{split}', feature '{feature}', file {ids_path}: holds {size // self.ids_dtype.itemsize} ids "
                 f"({size} bytes), but the lengths in {lengths_path} add up to {self.total}")
+
+    def _own_file(self, path: str) -> RandomAccessFile:
+        if path not in self._own:
+            self._own[path] = RandomAccessFile(path)
+        return self._own[path]
+
+    def read_at(self, path: str, size: int, offset: int) -> bytes:
+        return self._open_file(path).read(size, offset)
 
     def _scan(self) -> np.ndarray:
         """Offsets at every multiple of ``granularity`` below ``num_samples``, then at ``num_samples``."""
@@ -117,14 +124,6 @@ class RaggedColumn:
             raise BadDataError(f"split '{self.split}', feature '{self.feature}': short read of {self.ids_path} or "
                                f"{self.lengths_path} at sample {start}: the files changed under the running job")
         return np.frombuffer(raw, self.ids_dtype), lengths
-
-
-def _local_read_at(path: str, size: int, offset: int) -> bytes:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        return os.pread(descriptor, size, offset)
-    finally:
-        os.close(descriptor)
 
 
 def ragged_id_problem(ids: np.ndarray, lengths: np.ndarray, cardinality: int, first_sample: int) -> str | None:

@@ -146,8 +146,7 @@ class SplitBinaryReader:
                 lengths = self.files.lengths_of(index)
                 ragged = None if lengths is None else RaggedColumn(
                     self.files.categorical[index], lengths, spec.dtype(name), spec.hotness(name), name, split,
-                    self.num_samples, self.local_batch_size, read_at=self._read_at,
-                    size_of=lambda path: self._file(path).size())
+                    self.num_samples, self.local_batch_size, open_file=self._file)
                 self._categorical.append(
                     _Column(self.files.categorical[index], spec.dtype(name), spec.hotness(name), scope, np.dtype(out), name,
                             bound, ragged)
@@ -174,9 +173,6 @@ class SplitBinaryReader:
         if path not in self._opened:
             self._opened[path] = RandomAccessFile(path)
         return self._opened[path]
-
-    def _read_at(self, path: str, size: int, offset: int) -> bytes:
-        return self._file(path).read(size, offset)
 
     def _read_rows(self, column: _Column, start: int, count: int) -> np.ndarray:
         """Rows ``[start, start+count)`` of a column, zero-padded past the end of the split."""

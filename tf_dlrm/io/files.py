@@ -230,22 +230,20 @@ def rmtree(path: str) -> None:
         pass
 
 
-def rename(source: str, target: str) -> None:
-    """Renames a file (or a local directory); fails when ``target`` exists. Remote directories: :func:`move_tree`."""
+def rename(source: str, target: str, overwrite: bool = False) -> None:
+    """Renames a file (or a local directory). Without ``overwrite``, an existing remote ``target`` is an
+    error (locally ``os.rename``'s rules hold); with it, the file goes over ``target``: atomic locally, and
+    on remote storage where one object's copy is. Remote directories: :func:`move_tree`."""
     if not is_remote(source):
-        os.rename(source, target)
+        (os.replace if overwrite else os.rename)(source, target)
         return
     with _translated(source):
-        _gfile().rename(source, target, overwrite=False)
+        _gfile().rename(source, target, overwrite=overwrite)
 
 
 def replace(source: str, target: str) -> None:
-    """Renames a file over ``target``: atomic locally, and on remote storage where one object's copy is."""
-    if not is_remote(source):
-        os.replace(source, target)
-        return
-    with _translated(source):
-        _gfile().rename(source, target, overwrite=True)
+    """:func:`rename` over ``target``."""
+    rename(source, target, overwrite=True)
 
 
 def move_tree(source: str, target: str, first: tuple[str, ...] = ()) -> None:
