@@ -179,12 +179,9 @@ def test_two_hosts_through_ssh_preempted_resumed_and_equal_one_process(loopback_
     assert not [name for name in os.listdir(save) if name.startswith(".stop-")]  # the launcher removed its file
 
     # Horovod's remote path: ssh to each host checked, then rank r started through `ssh HOST_r`.
-    launched = {}
-    for line in output.splitlines():
-        if line.startswith("ssh ") and "main.py" in line:
-            host = line.split()[5]  # ssh -o PasswordAuthentication=no -o StrictHostKeyChecking=no HOST -p ...
-            rank = line.split("HOROVOD_RANK=")[1].split()[0]
-            launched[rank] = host
+    # (Searched in the whole output: under load the ranks' lines may be interleaved with horovodrun's.)
+    launched = {rank: host for host, rank in re.findall(
+        r"ssh -o PasswordAuthentication=no -o StrictHostKeyChecking=no (\S+) .*?HOROVOD_RANK=(\d)", output)}
     assert launched == {"0": HOSTS[0], "1": HOSTS[1]}, output[-6000:]
     sessions = open(loopback_hosts["sshd_log"]).read()
     for host in HOSTS:
