@@ -172,10 +172,16 @@ def test_two_hosts_through_ssh_preempted_resumed_and_equal_one_process(loopback_
     assert code == 143, output[-6000:]
     assert re.search(r"SIGTERM to the ranks on this host \(none on this host\), stop file \S+/\.stop-\S+ for the others",
                      output), output[-6000:]
-    assert {name: open(os.path.join(codes, name)).read().strip() for name in os.listdir(codes)} == {
-        "rank0": "143", "rank1": "143"}, output[-6000:]
+    recorded = {name: open(os.path.join(codes, name)).read().strip() for name in os.listdir(codes)}
+    # The ranks leave together after a last barrier, but horovodrun kills the ranks still running once one
+    # has exited non-zero: a rank's wrapper may be killed in the milliseconds before it records its 143.
+    # What matters is checked below: the checkpoint of the stopped step holds both ranks' slices.
+    assert recorded and set(recorded.values()) == {"143"}, (recorded, output[-6000:])
+    assert len(recorded) == 2 or "Terminating remaining workers after failure of Process" in output, output[-6000:]
     check_checkpoint_of_line(output, save)
     stopped = int(LINE.findall(output)[0][0])
+    assert checkpoint_store.read_manifest(os.path.join(save, checkpoint_store.checkpoint_name(stopped)))[
+        "saved_world_size"] == 2
     assert not [name for name in os.listdir(save) if name.startswith(".stop-")]  # the launcher removed its file
 
     # Horovod's remote path: ssh to each host checked, then rank r started through `ssh HOST_r`.

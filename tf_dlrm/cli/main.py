@@ -12,6 +12,7 @@ from absl import app, flags
 
 from tf_dlrm.cli.flag_reference import HELP_ARGUMENTS, help_text
 from tf_dlrm.cli.flags import config_from_flags, define_flags
+from tf_dlrm.train.interrupt import exit_now
 
 define_flags(sys.argv)
 FLAGS = flags.FLAGS
@@ -31,7 +32,7 @@ def main(argv):
         if os.environ.get("HOROVOD_RANK", "0") == "0":
             when = "before training started" if FLAGS.mode == "train" else f"(--mode={FLAGS.mode})"
             print(f"interrupted {when}; nothing was saved", file=sys.stderr, flush=True)
-        _exit_now(interrupted.exit_code)
+        exit_now(interrupted.exit_code)
     except (ValueError, OSError) as error:
         _fail(str(error))
     except Exception as error:  # noqa: BLE001: a data error raised inside tf.data comes wrapped in a TF error
@@ -44,29 +45,14 @@ def main(argv):
         lost = lost_rank_message(error)
         if lost is None:
             traceback.print_exc()
-            _exit_now(1)
+            exit_now(1)
         _fail(lost, code=1)  # not 2: nothing wrong with the input or flags, a restart may succeed
 
 
 def _fail(message: str, code: int = 2) -> None:
     rank = os.environ.get("HOROVOD_RANK", "0")
     print(f"error (rank {rank}): {message}", file=sys.stderr, flush=True)
-    _exit_now(code)
-
-
-def _exit_now(code: int) -> None:
-    """Exits without unwinding: a failed run may still hold a tf.data iterator with reads in flight.
-
-    Freeing that iterator (when the exception's traceback is freed, during ``sys.exit``) joins the
-    parallel-map threads while holding the GIL, and a reader thread inside its ``numpy_function``
-    waits for the GIL: the process hung after printing its error (here once in 12 runs alone, and in
-    the 17th round of three runs at once) (gdb: the main thread in ``ParallelMapDatasetOp::Dataset::Iterator::~Iterator``).
-    Everything this process reports is already flushed line by line (``Reporter``), so nothing
-    is lost by skipping the interpreter's teardown.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(code)
 
 
 def run():

@@ -258,7 +258,10 @@ def run_train(config, stop=None) -> dict:
         reporter.event("interrupted", step=interrupted.step, signal=interrupted.signal_number, checkpoint=last)
         reporter.close()
         interrupt.report(interrupted, last, env.is_chief)
-        raise SystemExit(interrupted.exit_code) from None
+        # horovodrun ends every rank still running as soon as one exits non-zero: a rank that left first
+        # would cut the others' save or report short. All leave together, after everything is written.
+        collectives.barrier(env)
+        interrupt.exit_now(interrupted.exit_code)
     last, final_step = result.last_eval, result.steps
     if keeper is not None and keeper.best is not None:
         keeper.restore()

@@ -111,6 +111,23 @@ def report(interrupted: Interrupted, checkpoint: str | None, is_chief: bool) -> 
         print(f"interrupted at step {interrupted.step}; last checkpoint: {checkpoint or 'none'}", file=sys.stderr, flush=True)
 
 
+def exit_now(code: int) -> None:
+    """Leaves at once, without unwinding, after flushing stdout and stderr.
+
+    - A failed run may still hold a tf.data iterator with reads in flight. Freeing it (when the
+      exception's traceback is freed, during ``sys.exit``) joins the parallel-map threads while holding
+      the GIL, and a reader thread inside its ``numpy_function`` waits for the GIL: the process hung
+      after printing its error (gdb: the main thread in ``ParallelMapDatasetOp::Dataset::Iterator::~Iterator``).
+    - Ranks that pass a last barrier together also exit together: the interpreter's teardown
+      (TensorFlow's, Horovod's) takes a varying while, and horovodrun kills the ranks still running
+      when one exits non-zero.
+    Everything a run reports is flushed line by line (``Reporter``), so nothing is lost.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def lost_rank_message(error: BaseException) -> str | None:
     """One readable line for a collective that failed because another rank died, else None.
 
