@@ -22,9 +22,9 @@ EXIT_RECORDER = os.path.join(REPO, "tests", "bad_inputs", "exit_recorder.py")
 LINE = re.compile(r"interrupted at step (\d+); last checkpoint: (\S+)")
 
 
-def run_until_training_then_signal(command, number, timeout=240, env=None):
-    """Starts ``command`` (``env``: extra environment), waits for its first progress line, sends
-    ``number``; returns (exit code, output)."""
+def run_until_training_then_signal(command, number, timeout=240, env=None, when=" loss ", settle=0.5):
+    """Starts ``command`` (``env``: extra environment), waits for its first line holding ``when`` (a
+    progress line), then ``settle`` seconds, sends ``number``; returns (exit code, output)."""
     process = subprocess.Popen(command, cwd=REPO, env=worker_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True)
     lines, started = [], threading.Event()
@@ -32,13 +32,13 @@ def run_until_training_then_signal(command, number, timeout=240, env=None):
     def collect():
         for line in process.stdout:
             lines.append(line)
-            if " loss " in line:
+            if when in line:
                 started.set()
 
     reader = threading.Thread(target=collect, daemon=True)
     reader.start()
     assert started.wait(timeout), "".join(lines)[-3000:]
-    time.sleep(0.5)  # a few more steps
+    time.sleep(settle)  # a few more steps
     process.send_signal(number)
     code = process.wait(timeout=180)
     reader.join(timeout=10)

@@ -10,10 +10,18 @@ each evaluation must count 1,024 rows and say it is partial.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 
 import pytest
 
-from conftest import make_synthetic_small, run_python
+from conftest import REPO, make_synthetic_small, run_python
+from tf_dlrm.checkpoint import store as checkpoint_store
+from tf_dlrm.checkpoint.checkpointer import DELAY_ENV
+
+sys.path.insert(0, os.path.join(REPO, "tests", "bad_inputs"))
+from test_signals import LINE, run_until_training_then_signal  # noqa: E402
 
 PATIENCE, EVERY, MAX_BATCHES, VALID_BATCH, MIN_DELTA = 2, 5, 4, 256, 0.002
 
@@ -74,6 +82,42 @@ def test_early_stopping_every_k_steps_on_partial_evaluations(tmp_path):
     # Early stopping counts evaluations of a validation split: without one, refused before training.
     blind = run_python(["main.py", *flags, "--valid_split=", "--early_stopping_patience=2"], check=False)
     assert blind.returncode == 2 and "--early_stopping_patience=2 counts evaluations of the validation split" in blind.stderr
+
+    # Interrupted right after the best evaluation, then resumed: the same stop, the same choice.
+    check_interrupted_and_resumed(tmp_path, flags, evals, evals[best]["step"], evals[-1]["step"])
+
+
+def check_interrupted_and_resumed(tmp_path, flags, evals, best_step, stop_step):
+    """SIGTERM as soon as the best evaluation is printed. Saves every 7 steps, slowed to about a second
+    each (0.05 s per array, so that the signal lands before the stop, 10 steps later), rarely fall on
+    the best step (a multiple of 5): the best state lies in memory only, and the interrupted run saves
+    it beside its last state.
+    The resumed run takes back the count of evaluations since the best, stops at the reference's step,
+    reads the best state back from its checkpoint, and leaves it as the newest."""
+    save, log = tmp_path / "interrupted", tmp_path / "resumed.jsonl"
+    common = [*flags, f"--eval_every_steps={EVERY}", f"--early_stopping_patience={PATIENCE}",
+              f"--early_stopping_min_delta={MIN_DELTA}", f"--save_checkpoint_path={save}", "--checkpoint_every_steps=7",
+              "--keep_checkpoints=1"]
+    code, output = run_until_training_then_signal(
+        [sys.executable, "main.py", *common], signal.SIGTERM, env={DELAY_ENV: "0.05"}, when=f"eval at step {best_step}:",
+        settle=0.3)
+    assert code == 143, output[-3000:]
+    stopped = int(LINE.findall(output)[0][0])
+    assert best_step < stopped < stop_step, (best_step, stopped, stop_step, output[-3000:])
+    on_disk = [step for step, _ in checkpoint_store.list_checkpoints(str(save))]
+    assert on_disk[-1] == stopped and best_step in on_disk, on_disk  # the last state, and the best beside it
+    assert checkpoint_store.read_manifest(str(save / checkpoint_store.checkpoint_name(stopped)))["selection"][
+        "best_step"] == best_step
+    resumed = run_python(["main.py", *common, "--resume", f"--log_path={log}"])
+    assert f"keep_best: the best evaluation before the resume was step {best_step}" in resumed.stderr, resumed.stderr[-3000:]
+    after = events(log)
+    stop = [e for e in after if e["event"] == "early_stop"]
+    assert len(stop) == 1 and stop[0]["step"] == stop_step and stop[0]["best_step"] == best_step, stop
+    final = after[-1]
+    reference = next(e for e in evals if e["step"] == best_step)
+    assert final["best_step"] == best_step and abs(final["auc"] - reference["auc"]) <= 1e-6, (final, reference)
+    # The newest checkpoint is the best state; those of the later, rejected states are gone.
+    assert [step for step, _ in checkpoint_store.list_checkpoints(str(save))] == [best_step]
 
 
 def test_both_evaluation_schedules_are_refused_naming_both_flags():

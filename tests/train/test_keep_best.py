@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 
 from conftest import make_synthetic_small, run_python
+from tf_dlrm.checkpoint import store as checkpoint_store
 
 
 def events(path) -> list[dict]:
@@ -60,8 +61,8 @@ def test_keep_best_reports_restores_and_saves_the_best_evaluation(tmp_path):
         "--optimizer=adam", "--dense_learning_rate=0.01", "--seed=5", "--test_split=inverted",
     ]
     save, board = tmp_path / "checkpoints", tmp_path / "board"
-    trained = run_python(["main.py", *flags, "--keep_best", f"--save_checkpoint_path={save}",
-                          f"--log_path={tmp_path / 'train.jsonl'}", f"--tensorboard_dir={board}"])
+    trained = run_python(["main.py", *flags, "--keep_best", f"--save_checkpoint_path={save}", "--checkpoint_every_steps=7",
+                          "--keep_checkpoints=2", f"--log_path={tmp_path / 'train.jsonl'}", f"--tensorboard_dir={board}"])
     log = events(tmp_path / "train.jsonl")
     evals = [e for e in log if e["event"] == "eval"]
     best = max(evals, key=lambda e: e["auc"])
@@ -79,6 +80,11 @@ def test_keep_best_reports_restores_and_saves_the_best_evaluation(tmp_path):
     assert final["test_auc"] == tested[0]["auc"] and final["test_ne"] == tested[0]["ne"]
     assert f"test (inverted) at step {best['step']}: AUC {tested[0]['auc']:.6f}" in trained.stderr
     assert {"auc", "logloss", "ne", "calibration", "positive_rate", "test_auc", "test_ne"} <= scalar_tags(board)
+    # Saved every 7 steps (with each evaluation), 2 kept: the best one was kept past its turn, and at the
+    # end it is the newest (what the directory resolves to); the later ones, of rejected states, are gone.
+    saved = [e["step"] for e in log if e["event"] == "checkpoint_saved"]
+    assert best["step"] in saved and max(saved) > best["step"] + 14, saved
+    assert [step for step, _ in checkpoint_store.list_checkpoints(str(save))] == [best["step"]]
     run_python(["main.py", *flags, "--mode=eval", f"--restore_checkpoint_path={save}", f"--log_path={tmp_path / 'eval.jsonl'}"])
     evaluated = events(tmp_path / "eval.jsonl")[-1]
     assert abs(evaluated["auc"] - best["auc"]) <= 1e-6, (evaluated, best)

@@ -98,6 +98,10 @@ class Checkpointer(RestoreChecks):
         self.last_saved_step = None
         self.directory_lock = None  # rank 0's lock.DirectoryLock on save_path, once training restores
         self._held = None
+        self.restored = None  # the header of the checkpoint restore_for_training restored, if any
+        # --keep_best / --early_stopping_patience: a callable giving the selection's state (best AUC, its
+        # step, evaluations waited) to save in each manifest; its best step's checkpoint is kept on disk.
+        self.selection = None
         self.embedding = trainer.model.embedding
         # Dynamic tables (tf_dlrm.embedding.dynamic) have no full-table layout: checkpoint_dynamic saves their rows.
         self.dynamic = dynamic_tables.is_dynamic(self.embedding)
@@ -132,6 +136,7 @@ class Checkpointer(RestoreChecks):
         if not (config.restore_checkpoint_path or config.resume or self.save_path):
             return 0  # the same on every rank: no collective needed
         header = self.restore(config.restore_checkpoint_path, resume=config.resume, for_training=True)
+        self.restored = header
         return header["step"] if header else 0
 
     def _lock_directory(self):
@@ -146,15 +151,45 @@ class Checkpointer(RestoreChecks):
         if self.save_path and self.every_steps and step % self.every_steps == 0:
             self.save(step)
 
-    def finish(self, step: int) -> None:
-        """Saves the final state unless that step is saved already."""
-        if self.save_path and step != self.last_saved_step:
-            self.save(step)
+    def finish(self, step: int, chosen: bool = False) -> None:
+        """Saves the final state unless that step is saved already.
+
+        ``chosen``: the state is the one the run chose (``--keep_best``), possibly of an earlier step
+        than later checkpoints: its checkpoint, saved now or earlier in the run, becomes the newest, and
+        those of later steps (states the run rejected) are deleted.
+        """
+        if not self.save_path or (step == self.last_saved_step and not chosen):
+            return
+        final = files.join(self.save_path, store.checkpoint_name(step))
+        saved = collectives.broadcast_json(self.env, self.env.is_chief and store.is_published(final), "chosen_saved")
+        if not saved:
+            self.save(step, chosen=chosen)
+            return
+        if self.env.is_chief:
+            superseded = store.make_latest(self.save_path, final, self.keep, self.protected(), supersede=chosen)
+            self._say_superseded(superseded, step)
+        self.last_saved_step = step
+
+    def _say_superseded(self, superseded: list[str], step: int) -> None:
+        if superseded:
+            self.reporter.say(f"kept checkpoint {store.checkpoint_name(step)} (the chosen state) as the newest; deleted the "
+                              f"later ones, of rejected states: {', '.join(files.basename(p) for p in superseded)}")
+
+    def protected(self) -> tuple[str, ...]:
+        """The checkpoint of the selection's best step, kept against retention while the run lasts."""
+        record = self.selection() if self.selection else None
+        if not record or record.get("best_step") is None:
+            return ()
+        return (files.join(self.save_path, store.checkpoint_name(record["best_step"])),)
 
     # ------------------------------------------------------------------ save
 
-    def save(self, step: int) -> str:
-        """Every rank writes its slices, rank 0 the rest; publishes atomically and prunes; returns the path."""
+    def save(self, step: int, chosen: bool = False, latest: bool = True) -> str:
+        """Every rank writes its slices, rank 0 the rest; publishes atomically and prunes; returns the path.
+
+        ``chosen``: see :meth:`finish`. ``latest=False``: an earlier state saved beside the newest (the
+        best one, when a run is interrupted), which ``latest`` keeps naming.
+        """
         started = time.time()
         # --hot_row_sync_every > 1: the saved hot rows are the merged ones, the same on every rank.
         synchronize = getattr(self.trainer, "synchronize_hot_rows", None)
@@ -201,7 +236,9 @@ class Checkpointer(RestoreChecks):
                     tables = slices.manifest_entries(all_records, self.fixed_tables, "table")
                     state_entries = embedding_state.entries(self.trainer, all_records, self.fixed_tables)
                     self._write_rest(temporary, step, files, tables, state_entries, dynamic_record)
-                    store.publish(self.save_path, temporary, final, self.keep)
+                    superseded = store.publish(self.save_path, temporary, final, self.keep, self.protected(),
+                                               supersede=chosen, latest=latest)
+                    self._say_superseded(superseded, step)
                 except OSError as failure:
                     published = store.is_published(final) if temporary == final else (
                         os.path.isdir(final) and not os.path.exists(temporary))
@@ -271,6 +308,7 @@ class Checkpointer(RestoreChecks):
             "optimizer_state": state,
             "loss_scale": scale,
             "embedding_state": state_entries,
+            **({"selection": self.selection()} if self.selection and self.selection() else {}),
             **({dynamic_tables.MANIFEST_KEY: dynamic_record} if dynamic_record else {}),
             "files": files,
         }
@@ -278,11 +316,13 @@ class Checkpointer(RestoreChecks):
 
     # ------------------------------------------------------------------ restore
 
-    def restore(self, restore_path: str | None, resume: bool = False, for_training: bool = False, required: bool = False) -> dict | None:
+    def restore(self, restore_path: str | None, resume: bool = False, for_training: bool = False, required: bool = False,
+                own: bool = False) -> dict | None:
         """Loads a checkpoint into the trainer on every rank; returns its header (None: nothing to restore).
 
         With ``resume`` the latest checkpoint under ``save_path`` wins, then ``restore_path``.
-        ``for_training`` also restores the optimizer state and checks the data position.
+        ``for_training`` also restores the optimizer state and checks the data position. ``own``:
+        ``restore_path`` is a checkpoint this run saved (the best state, read back at the end).
         """
         started = time.time()
         # Rank 0 holds the chosen checkpoint against retention until every rank has read it.
@@ -295,7 +335,7 @@ class Checkpointer(RestoreChecks):
                     owned = for_training and self.save_path and self.directory_lock is None
                     if owned and files.isdir(self.save_path):
                         self.directory_lock = self._lock_directory()
-                    header = self._check(restore_path, resume, for_training, required)
+                    header = self._check(restore_path, resume, for_training, required, own)
                     if owned and self.directory_lock is None:
                         self.directory_lock = self._lock_directory()
                 except (ValueError, TypeError, KeyError, OSError) as failure:  # CheckpointError is a ValueError

@@ -153,9 +153,10 @@ class RestoreChecks:
         """Whether ``directory`` is one of this run's checkpoints (under ``--save_checkpoint_path``)."""
         return bool(self.save_path) and files.dirname(files.absolute(directory)) == files.absolute(self.save_path)
 
-    def _check(self, restore_path, resume: bool, for_training: bool, required: bool) -> dict:
-        """Rank 0: picks and fully verifies the checkpoint before any weight changes."""
-        if for_training and self.save_path and not resume and list_checkpoints(self.save_path):
+    def _check(self, restore_path, resume: bool, for_training: bool, required: bool, own: bool = False) -> dict:
+        """Rank 0: picks and fully verifies the checkpoint before any weight changes (``own``: one this
+        run saved, read back: no guard against a directory holding checkpoints)."""
+        if for_training and self.save_path and not resume and not own and list_checkpoints(self.save_path):
             raise CheckpointError(
                 f"--save_checkpoint_path={self.save_path} already holds checkpoints (latest "
                 f"{files.basename(latest_checkpoint(self.save_path))}): pass --resume to continue from it, "
@@ -212,6 +213,7 @@ class RestoreChecks:
             "dense": [d["file"] for d in manifest["dense"]],
             "optimizer_state": [s["file"] for s in manifest["optimizer_state"]],
             "loss_scale": [s["file"] for s in manifest["loss_scale"]] if self._loss_scale_matches(manifest) else [],
+            "selection": manifest.get("selection"),  # --keep_best's choice so far, for a resumed run
         }
 
     def _table_shapes(self) -> tuple[list[int], list[int]]:

@@ -375,14 +375,36 @@ def replace_text_atomically(path: str, text: str) -> None:
     files.replace(temporary, path)
 
 
-def publish(save_path: str, temporary: str, final: str, keep: int) -> None:
-    """Renames a complete ``temporary`` to ``final`` (remote: its manifest published it already), points
-    ``latest`` at it and keeps the newest ``keep``."""
+def publish(save_path: str, temporary: str, final: str, keep: int, protect=(), supersede: bool = False,
+            latest: bool = True) -> list[str]:
+    """Renames a complete ``temporary`` to ``final`` (remote: its manifest published it already), then
+    :func:`make_latest` (``latest=False``: only retention); returns the checkpoints it superseded."""
     if temporary != final:
         os.rename(temporary, final)  # the one atomic step that makes the checkpoint exist
         files.sync_directory(save_path)
+    if not latest:
+        retain(save_path, keep, (*protect, final))
+        return []
+    return make_latest(save_path, final, keep, protect, supersede)
+
+
+def make_latest(save_path: str, final: str, keep: int, protect=(), supersede: bool = False) -> list[str]:
+    """Points ``latest`` at the published ``final`` and keeps the newest ``keep`` besides ``final`` and
+    the paths in ``protect``.
+
+    ``supersede``: ``final`` is the state the run chose (``--keep_best``) and the checkpoints of later
+    steps hold states it rejected; they are deleted, so that the newest checkpoint (what ``--resume`` and
+    ``--restore_checkpoint_path=DIR`` take) is the chosen one. Returns their paths.
+    """
+    superseded = []
+    if supersede:
+        step = int(_NAME.match(files.basename(final)).group(1))
+        superseded = [path for later, path in list_checkpoints(save_path) if later > step]
+        for path in superseded:
+            _delete(save_path, path)
     replace_text_atomically(files.join(save_path, LATEST), files.basename(final) + "\n")
-    retain(save_path, keep)
+    retain(save_path, keep, (*protect, final))
+    return superseded
 
 
 def remove_stale(directory: str) -> None:
@@ -413,21 +435,28 @@ def exclusive_if_unread(checkpoint: str) -> int | None:
     return descriptor
 
 
-def retain(directory: str, keep: int) -> None:
-    """Deletes all but the newest ``keep`` checkpoints (hidden by a rename before the slow delete),
-    except one that a reader holds (:mod:`tf_dlrm.checkpoint.lock`): a later save deletes it."""
+def retain(directory: str, keep: int, protect=()) -> None:
+    """Deletes all but the newest ``keep`` checkpoints and those in ``protect`` (paths), except one
+    that a reader holds (:mod:`tf_dlrm.checkpoint.lock`): a later save deletes it."""
+    kept = {files.basename(path) for path in protect if path}
     for _, path in list_checkpoints(directory)[:-keep]:
-        held = exclusive_if_unread(path)
-        if held is None:
-            continue
-        try:
-            if files.is_remote(path):
-                files.remove(files.join(path, MANIFEST))  # no longer a checkpoint, before its files go
-                files.rmtree(path)
-                continue
-            doomed = os.path.join(directory, f".{os.path.basename(path)}.deleting")
-            os.rename(path, doomed)
-            files.rmtree(doomed)
-        finally:
-            if held >= 0:
-                os.close(held)
+        if files.basename(path) not in kept:
+            _delete(directory, path)
+
+
+def _delete(directory: str, path: str) -> None:
+    """Deletes one checkpoint, unless a reader holds it (hidden by a rename before the slow delete)."""
+    held = exclusive_if_unread(path)
+    if held is None:
+        return
+    try:
+        if files.is_remote(path):
+            files.remove(files.join(path, MANIFEST))  # no longer a checkpoint, before its files go
+            files.rmtree(path)
+            return
+        doomed = os.path.join(directory, f".{os.path.basename(path)}.deleting")
+        os.rename(path, doomed)
+        files.rmtree(doomed)
+    finally:
+        if held >= 0:
+            os.close(held)

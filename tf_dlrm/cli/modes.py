@@ -21,6 +21,7 @@ import numpy as np
 from tf_dlrm.checkpoint import checkpointer as checkpoint
 from tf_dlrm.checkpoint import lock as checkpoint_lock
 from tf_dlrm.checkpoint import store as checkpoint_store
+from tf_dlrm.io import files
 from tf_dlrm.parallel import collectives, host_memory
 
 
@@ -236,11 +237,22 @@ def run_train(config, stop=None) -> dict:
     checkpointer = session.checkpointer
     data = checkpoint_checks.data_record(train_reader, config.batch_size)
     start_step = checkpointer.restore_for_training(config, train_reader.num_batches, data)
-    keeper = None
+    keeper = stopper = None
     if config.keep_best and valid_reader is not None:
+        from tf_dlrm.train.early_stopping import EarlyStopping
         from tf_dlrm.train.keep_best import BestKeeper
 
         keeper = BestKeeper(trainer, config.loop.early_stopping_min_delta)
+        if config.loop.early_stopping_patience:
+            stopper = EarlyStopping(config.loop.early_stopping_patience, config.loop.early_stopping_min_delta)
+        chosen = (checkpointer.restored or {}).get("selection") if config.resume else None
+        if chosen:  # a resumed run goes on choosing where the interrupted one was
+            keeper.resume(chosen)
+            if stopper is not None:
+                stopper.resume(chosen)
+            reporter.say(f"keep_best: the best evaluation before the resume was step {keeper.step} (validation AUC "
+                         f"{keeper.best_auc:.6f}){f', {stopper.waited} evaluation(s) since' if stopper else ''}")
+        checkpointer.selection = lambda: keeper.record(stopper.waited if stopper else None)
 
     def on_step(step, epoch, batch_in_epoch):
         checkpointer.on_step(step, epoch, batch_in_epoch)
@@ -251,10 +263,12 @@ def run_train(config, stop=None) -> dict:
         stop.training = True  # from now on a signal is only recorded, and the loop stops after a step
     try:
         result = train(trainer, train_reader, valid_reader, config.loop, reporter, start_step=start_step, on_step=on_step,
-                       on_eval=keeper.on_eval if keeper else None)
+                       on_eval=keeper.on_eval if keeper else None, stopper=stopper)
     except interrupt.Interrupted as interrupted:
         checkpointer.finish(interrupted.step)  # saves unless that step is saved already (or no save path)
         last = checkpoint_checks.latest(config.save_checkpoint_path) or config.restore_checkpoint_path
+        if keeper is not None:
+            _save_best_beside(keeper, checkpointer, interrupted.step)
         reporter.event("interrupted", step=interrupted.step, signal=interrupted.signal_number, checkpoint=last)
         reporter.close()
         interrupt.report(interrupted, last, env.is_chief)
@@ -263,11 +277,18 @@ def run_train(config, stop=None) -> dict:
         collectives.barrier(env)
         interrupt.exit_now(interrupted.exit_code)
     last, final_step = result.last_eval, result.steps
-    if keeper is not None and keeper.best is not None:
+    chosen = keeper is not None and keeper.step is not None
+    if chosen and keeper.in_memory:
         keeper.restore()
         last, final_step = keeper.best, keeper.step
         reporter.say(f"keep_best: restored the state of step {keeper.step} (validation AUC {last.auc:.6f})")
-    checkpointer.finish(final_step)
+    elif chosen and keeper.step != result.steps:
+        chosen = _restore_best_from_disk(keeper, checkpointer, config, reporter)
+        if chosen:
+            final_step = keeper.step
+            last = evaluate(trainer, valid_reader, where=f"evaluation at step {final_step}",
+                            max_batches=config.loop.eval_max_batches)
+    checkpointer.finish(final_step, chosen=chosen)
     tested = None
     if test_reader is not None:
         # Once, at the state selection chose: this figure never chose anything.
@@ -463,3 +484,32 @@ def run_export(config) -> dict:
     reporter.event("final", **record)
     reporter.close()
     return record
+
+
+def _save_best_beside(keeper, checkpointer, step: int) -> None:
+    """An interrupted run's best state, when only memory holds it: saved beside the last one (which
+    ``latest`` keeps naming), so that the resumed run can end with it (collective)."""
+    if not checkpointer.save_path or not keeper.in_memory or keeper.step == step:
+        return
+    best = checkpoint_store.checkpoint_name(keeper.step)
+    on_disk = collectives.broadcast_json(checkpointer.env, checkpointer.env.is_chief and checkpoint_store.is_published(
+        files.join(checkpointer.save_path, best)), "best_on_disk")
+    if not on_disk:
+        keeper.restore()  # the run ends here: the last state is saved already
+        checkpointer.save(keeper.step, latest=False)
+
+
+def _restore_best_from_disk(keeper, checkpointer, config, reporter) -> bool:
+    """A resumed run whose best evaluation came before the resume: that state is read back from its
+    checkpoint (kept against retention). False, with a line, when it is gone."""
+    path = files.join(config.save_checkpoint_path, checkpoint_store.checkpoint_name(keeper.step)) \
+        if config.save_checkpoint_path else None
+    there = collectives.broadcast_json(checkpointer.env, bool(path) and checkpointer.env.is_chief
+                                       and checkpoint_store.is_published(path), "best_checkpoint_there")
+    if not there:
+        reporter.say(f"keep_best: the best state (step {keeper.step}, validation AUC {keeper.best_auc:.6f}) came "
+                     f"before the resume and its checkpoint is gone; the run ends with its last state")
+        return False
+    checkpointer.restore(path, for_training=True, own=True)
+    reporter.say(f"keep_best: restored the state of step {keeper.step} (validation AUC {keeper.best_auc:.6f}) from {path}")
+    return True

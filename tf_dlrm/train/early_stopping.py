@@ -30,6 +30,10 @@ class EarlyStopping:
         self.best_step: int | None = None
         self.waited = 0
 
+    def resume(self, record: dict) -> None:
+        """Takes back the counts a checkpoint recorded (:meth:`tf_dlrm.train.keep_best.BestKeeper.record`)."""
+        self.best, self.best_step, self.waited = float(record["best"]), int(record["best_step"]), int(record.get("waited") or 0)
+
     def update(self, step: int, auc: float) -> bool:
         """Records the evaluation of ``step``; True when training should stop."""
         if improves(auc, self.best, self.min_delta):

@@ -118,9 +118,11 @@ def train(
     start_step: int = 0,
     on_step=None,
     on_eval=None,
+    stopper: EarlyStopping | None = None,
 ) -> TrainResult:
     """Runs the loop; ``on_step(step, epoch, batch_in_epoch)`` is called after each step (checkpoints),
-    ``on_eval(step, result)`` after each evaluation (``--keep_best``)."""
+    ``on_eval(step, result)`` after each evaluation (``--keep_best``). ``stopper``: the run's early
+    stopping (a resumed run's carries its counts), else one made from ``config``."""
     steps_per_epoch = train_reader.num_batches
     if steps_per_epoch == 0:
         raise ValueError(
@@ -134,8 +136,8 @@ def train(
         eval_every = config.eval_every_steps
     else:
         eval_every = max(1, steps_per_epoch // config.evals_per_epoch) if config.evals_per_epoch else 0
-    stopper = EarlyStopping(config.early_stopping_patience, config.early_stopping_min_delta) \
-        if config.early_stopping_patience else None
+    if stopper is None and config.early_stopping_patience:
+        stopper = EarlyStopping(config.early_stopping_patience, config.early_stopping_min_delta)
     global_batch = train_reader.global_batch_size
 
     evals: list[EvalResult] = []
@@ -170,8 +172,6 @@ def train(
             losses.add(loss)
             step += 1
             window_steps += 1
-            if on_step is not None:
-                on_step(step, epoch, batch_in_epoch + 1)
             if step % config.print_freq == 0 or step == total_steps:
                 rate = float(trainer.learning_rate.numpy())
                 # The only host sync of the hot loop: this rank's losses are checked (finite), then
@@ -202,6 +202,9 @@ def train(
                                    patience=stopper.patience, min_delta=config.early_stopping_min_delta)
                     stopped_early = True
                     break
+            # After the step's evaluation: a checkpoint of this step records the choice made on it.
+            if on_step is not None:
+                on_step(step, epoch, batch_in_epoch + 1)
         epoch += 1
     _synchronize_hot_rows(trainer)  # training ends with identical replicas on every rank
     if valid_reader is not None and last_eval_step != step:
