@@ -1,9 +1,9 @@
 """Quality on real public CTR data: tf_dlrm (each embedding optimizer) vs plain Keras and logistic regression.
 
-    .venv/bin/python benchmarks/quality_real.py --raw_dir=DIR [--datasets=movielens_100k,frappe]
+    .venv/bin/python benchmarks/quality_real.py --raw_dir=DIR [--datasets=movielens_100k,frappe,kdd2012_track2]
         [--impls=...] [--seeds=0,1,2] [--max_epochs=6] [--work_dir=/tmp/tf_dlrm_quality_real]
 
-Datasets (fetched by the user, never committed; ``--raw_dir`` holds ``ml-100k/`` and ``frappe/``):
+Datasets (fetched by the user, never committed; ``--raw_dir`` holds ``ml-100k/``, ``frappe/`` and ``kdd2012_track2/``):
 
 - ``movielens_100k``: MovieLens-100k (GroupLens), the copy in the public GitHub repository
   ``tule2236/Item-based-CF-with-PySpark``, folder ``ml-100k`` (files ``u.data``, ``u.user``,
@@ -22,6 +22,17 @@ Datasets (fetched by the user, never committed; ``--raw_dir`` holds ``ml-100k/``
   weekday, isweekend, homework, cost, weather, country, city), each the libFM index of its field,
   ``encode: vocabulary``; one numerical feature ``bias`` = 1 (the dot interaction needs the bottom
   MLP's vector; a constant gives it a learnt one).
+- ``kdd2012_track2``: a real search-ad click log, the 39,948-row subsample of KDD Cup 2012 Track 2
+  (Tencent's Soso search ads) published as OpenML dataset 1220 ``Click_prediction_small``, here the
+  copy in the public GitHub repository ``naberdam/TDS_final_project``, file
+  ``data/train_raw_datasets/Click_prediction_small.csv``, commit ``e84242580b799d17fc3c869cc04d7ad31c5b41b6``
+  (sha256 ``af2b6acc196de0dcbdb97d3c305fa2c29fa01cbdb3b7ff347d5f13cc13e299ab``; ``--raw_dir`` holds it as
+  ``kdd2012_track2/Click_prediction_small.csv``). 16.8% positive (``click``). Ten categorical fields,
+  ``encode: vocabulary``: ``url_hash``, ``ad_id``, ``advertiser_id``, ``depth``, ``position``, ``query_id``,
+  ``keyword_id``, ``title_id``, ``description_id``, ``user_id``, most of them long-tailed ids (19k ads,
+  31k queries, 30k users in 40k rows: most ids are seen once, as in Criteo's tail); one numerical
+  feature ``log(impression)`` (impressions of the ad in the record, 1 in 85% of rows). The rows are
+  kept as published (22 exact duplicates among them).
 
 Split: the rows of each dataset are shuffled by ``numpy.random.default_rng(0).permutation`` and cut
 70% / 15% / 15% into ``train`` / ``valid`` / ``test`` csv files, transcoded with the project's own
@@ -57,8 +68,10 @@ that mean over seeds). NE (normalized entropy) = logloss / the entropy of the te
 from __future__ import annotations
 
 import argparse
+import csv
 import glob
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -80,6 +93,9 @@ LR_L2 = (0.0, 1e-6, 1e-5, 1e-4)
 DEFAULT_IMPLS = "tf_dlrm_lazy_adam,tf_dlrm_catch_up_adam,tf_dlrm_dense_adam,keras_adam,keras_adam_3e-3,logistic_regression"
 GENRE_HOTNESS, NO_GENRE = 6, 19
 FAMILY_MODELS = ("deepfm", "dcnv2")  # with --deep_mlp_dims=64,64, as DeepCTR's below
+MAX_IMPRESSION_ID = 255
+KDD2012_FIELDS = ("url_hash", "ad_id", "advertiser_id", "depth", "position", "query_id", "keyword_id", "title_id",
+                  "description_id", "user_id")
 FRAPPE_FIELDS = ("user", "item", "daytime", "weekday", "isweekend", "homework", "cost", "weather", "country", "city")
 
 
@@ -118,6 +134,15 @@ def frappe_rows(raw: str) -> tuple[list[str], list[list[str]]]:
     return ["label", "bias", *FRAPPE_FIELDS], rows
 
 
+def kdd2012_rows(raw: str) -> tuple[list[str], list[list[str]]]:
+    with open(os.path.join(raw, "Click_prediction_small.csv"), newline="") as handle:
+        reader = csv.reader(handle)
+        header = next(reader)
+        rows = [dict(zip(header, cells)) for cells in reader]
+    return ["label", "log_impression", *KDD2012_FIELDS], [
+        [row["click"], f"{math.log(int(row['impression'])):.4f}", *(row[f] for f in KDD2012_FIELDS)] for row in rows]
+
+
 def write_dataset(name: str, raw_dir: str, work_dir: str) -> str:
     """Writes the csv splits and their spec, transcodes them; returns the binary dataset's directory."""
     output = os.path.join(work_dir, name, "binary")
@@ -131,8 +156,11 @@ def write_dataset(name: str, raw_dir: str, work_dir: str) -> str:
     elif name == "frappe":
         columns, rows = frappe_rows(os.path.join(raw_dir, "frappe"))
         numerical, multi_hot = ["bias"], {}
+    elif name == "kdd2012_track2":
+        columns, rows = kdd2012_rows(os.path.join(raw_dir, "kdd2012_track2"))
+        numerical, multi_hot = ["log_impression"], {}
     else:
-        raise ValueError(f"Expected a dataset in ('movielens_100k', 'frappe'). Received: {name!r}")
+        raise ValueError(f"Expected a dataset in ('movielens_100k', 'frappe', 'kdd2012_track2'). Received: {name!r}")
     order = np.random.default_rng(0).permutation(len(rows))
     cuts = np.cumsum([int(round(f * len(rows))) for f in SPLITS.values()])[:-1]
     categorical = [c for c in columns[1:] if c not in numerical]
@@ -400,8 +428,8 @@ def run_deepctr(kind: str, data: dict, spec, seed: int, max_epochs: int) -> dict
 
     DeepCTR 0.9.4's ``Linear`` layer calls ``add_weight(name, shape)`` positionally (Keras 2), which Keras 3
     refuses, so numerical features cannot be passed as ``DenseFeat``: frappe's constant ``bias`` is left
-    out (DeepFM and DCN have their own bias) and MovieLens's age is given as a categorical feature (the
-    age in years as its id). Multi-hot genres: ``VarLenSparseFeat`` summed, ids shifted by one so that
+    out (DeepFM and DCN have their own bias), MovieLens's age is given as a categorical feature (the
+    age in years as its id), and so is KDD 2012's impression count (capped at 255). Multi-hot genres: ``VarLenSparseFeat`` summed, ids shifted by one so that
     the padding is DeepCTR's masked id 0.
     """
     import keras
@@ -423,6 +451,9 @@ def run_deepctr(kind: str, data: dict, spec, seed: int, max_epochs: int) -> dict
             features[name] = np.where(ids == NO_GENRE, 0, ids + 1) if ids.ndim == 2 else ids
         if "age" in spec.numerical_features:
             features["age"] = np.rint(numerical[:, spec.numerical_features.index("age")] * 100).astype(np.int64)
+        if "log_impression" in spec.numerical_features:
+            impressions = np.rint(np.exp(numerical[:, spec.numerical_features.index("log_impression")]))
+            features["impression"] = np.clip(impressions, 0, MAX_IMPRESSION_ID).astype(np.int64)
         return features
 
     columns = []
@@ -434,6 +465,8 @@ def run_deepctr(kind: str, data: dict, spec, seed: int, max_epochs: int) -> dict
             columns.append(SparseFeat(name, rows, embedding_dim=EMBEDDING_DIM))
     if "age" in spec.numerical_features:
         columns.append(SparseFeat("age", 101, embedding_dim=EMBEDDING_DIM))
+    if "log_impression" in spec.numerical_features:
+        columns.append(SparseFeat("impression", MAX_IMPRESSION_ID + 1, embedding_dim=EMBEDDING_DIM))
     if kind == "deepctr_deepfm":
         model = DeepFM(columns, columns, dnn_hidden_units=(64, 64), task="binary", seed=seed)
     else:
@@ -484,7 +517,7 @@ def summarize(paths: list[str], only: list[str] | None = None) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--raw_dir", help="directory holding ml-100k/ and frappe/ (see the docstring)")
+    parser.add_argument("--raw_dir", help="directory holding ml-100k/, frappe/ and kdd2012_track2/ (see the docstring)")
     parser.add_argument("--summarize", default="", help="comma-separated JSON-lines outputs of earlier runs: print "
                         "their markdown tables and exit")
     parser.add_argument("--datasets", default="movielens_100k,frappe")
@@ -502,7 +535,7 @@ def main():
         print(summarize(args.summarize.split(","), args.impls.split(",") if args.impls else None))
         return
     if not args.raw_dir:
-        parser.error("--raw_dir is required (the directory holding ml-100k/ and frappe/)")
+        parser.error("--raw_dir is required (the directory holding ml-100k/, frappe/ and kdd2012_track2/)")
     if args.deepctr_path:
         sys.path.insert(0, args.deepctr_path)
     from tf_dlrm.spec.feature_spec import FeatureSpec
