@@ -91,6 +91,17 @@ def test_keep_best_reports_restores_and_saves_the_best_evaluation(tmp_path):
     assert abs(evaluated["test_auc"] - tested[0]["auc"]) <= 1e-6, (evaluated, tested)
     for name in ("ne", "calibration", "positive_rate"):
         assert abs(evaluated[name] - best[name]) <= 1e-5, (name, evaluated, best)
+    # --early_stopping_metric=logloss: the state of the lowest validation logloss, which here comes
+    # before the best AUC (the model turns over-confident first), is the one kept.
+    by_loss = run_python(["main.py", *flags, "--keep_best", "--early_stopping_metric=logloss",
+                          f"--log_path={tmp_path / 'logloss.jsonl'}"])
+    loss_log = events(tmp_path / "logloss.jsonl")
+    loss_evals = [e for e in loss_log if e["event"] == "eval"]
+    lowest = min(loss_evals, key=lambda e: e["logloss"])
+    assert [e["auc"] for e in loss_evals] == [e["auc"] for e in evals]  # the same training
+    assert lowest["step"] != best["step"], "the lowest logloss and the best AUC fell on the same evaluation"
+    assert loss_log[-1]["best_step"] == lowest["step"] and loss_log[-1]["logloss"] == lowest["logloss"]
+    assert f"restored the state of step {lowest['step']} (validation logloss {lowest['logloss']:.6f})" in by_loss.stderr
     # A test split the spec lacks: refused before training, naming the flag and the spec's splits.
     typo = run_python(["main.py", *flags[:-1], "--test_split=tset"], check=False)
     assert typo.returncode == 2 and "--test_split=tset is not a split of" in typo.stderr, typo.stderr[-2000:]

@@ -191,13 +191,16 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
                          "split (a quick partial evaluation, marked partial in the log and on the console, also in --mode=eval; 0: "
                          "the whole split).")
         f.DEFINE_integer("early_stopping_patience", 0, "Stop after this many evaluations without an improvement of the "
-                         "validation AUC by more than --early_stopping_min_delta, and end with the best state "
+                         "validation --early_stopping_metric by more than --early_stopping_min_delta, and end with the best state "
                          "(implies --keep_best; logs an early_stop event; needs a validation split); 0: off.")
-        f.DEFINE_float("early_stopping_min_delta", 0.0, "With --early_stopping_patience: the AUC gain an evaluation "
-                       "must exceed to count as an improvement.")
+        f.DEFINE_float("early_stopping_min_delta", 0.0, "With --early_stopping_patience: the gain (AUC up, logloss down) an "
+                       "evaluation must exceed to count as an improvement.")
+        f.DEFINE_enum("early_stopping_metric", "auc", ["auc", "logloss"], "What --early_stopping_patience and --keep_best "
+                      "choose by: the validation AUC (ranking), or the validation logloss (ranking and calibration; the "
+                      "choice that also minimizes normalized entropy on that split).")
         f.DEFINE_float("auc_threshold", None, "Stop training once validation AUC reaches this.")
-        f.DEFINE_bool("keep_best", False, "Keep the state (weights and optimizers) of the evaluation with the best validation AUC; restore, report "
-                      "(final JSON: best_step) and save it at the end.")
+        f.DEFINE_bool("keep_best", False, "Keep the state (weights and optimizers) of the evaluation with the best validation "
+                      "--early_stopping_metric; restore, report (final JSON: best_step) and save it at the end.")
         f.DEFINE_string("inference_batch_sizes", "1,64,1024,4096", "--mode=inference: global batch sizes to time.")
     with _topic("runtime", flag_values):
         define_amp_flag(flag_values)
@@ -347,6 +350,7 @@ def loop_from_flags(values: flags.FlagValues) -> LoopConfig:
         eval_max_batches=values.eval_max_batches,
         early_stopping_patience=values.early_stopping_patience,
         early_stopping_min_delta=values.early_stopping_min_delta,
+        early_stopping_metric=values.early_stopping_metric,
     )
 
 

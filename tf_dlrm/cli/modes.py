@@ -242,16 +242,20 @@ def run_train(config, stop=None) -> dict:
         from tf_dlrm.train.early_stopping import EarlyStopping
         from tf_dlrm.train.keep_best import BestKeeper
 
-        keeper = BestKeeper(trainer, config.loop.early_stopping_min_delta)
+        metric = config.loop.early_stopping_metric
+        keeper = BestKeeper(trainer, config.loop.early_stopping_min_delta, metric)
         if config.loop.early_stopping_patience:
-            stopper = EarlyStopping(config.loop.early_stopping_patience, config.loop.early_stopping_min_delta)
+            stopper = EarlyStopping(config.loop.early_stopping_patience, config.loop.early_stopping_min_delta, metric)
         chosen = (checkpointer.restored or {}).get("selection") if config.resume else None
-        if chosen:  # a resumed run goes on choosing where the interrupted one was
+        if chosen and chosen.get("metric", "auc") != metric:
+            reporter.say(f"keep_best: the checkpoint chose by {chosen.get('metric', 'auc')}, this run by {metric}: "
+                         "the choice starts again from the next evaluation")
+        elif chosen:  # a resumed run goes on choosing where the interrupted one was
             keeper.resume(chosen)
             if stopper is not None:
                 stopper.resume(chosen)
-            reporter.say(f"keep_best: the best evaluation before the resume was step {keeper.step} (validation AUC "
-                         f"{keeper.best_auc:.6f}){f', {stopper.waited} evaluation(s) since' if stopper else ''}")
+            reporter.say(f"keep_best: the best evaluation before the resume was step {keeper.step} ({keeper.describe()})"
+                         f"{f', {stopper.waited} evaluation(s) since' if stopper else ''}")
         checkpointer.selection = lambda: keeper.record(stopper.waited if stopper else None)
 
     def on_step(step, epoch, batch_in_epoch):
@@ -281,7 +285,7 @@ def run_train(config, stop=None) -> dict:
     if chosen and keeper.in_memory:
         keeper.restore()
         last, final_step = keeper.best, keeper.step
-        reporter.say(f"keep_best: restored the state of step {keeper.step} (validation AUC {last.auc:.6f})")
+        reporter.say(f"keep_best: restored the state of step {keeper.step} ({keeper.describe()})")
     elif chosen and keeper.step != result.steps:
         chosen = _restore_best_from_disk(keeper, checkpointer, config, reporter)
         if chosen:
@@ -507,9 +511,9 @@ def _restore_best_from_disk(keeper, checkpointer, config, reporter) -> bool:
     there = collectives.broadcast_json(checkpointer.env, bool(path) and checkpointer.env.is_chief
                                        and checkpoint_store.is_published(path), "best_checkpoint_there")
     if not there:
-        reporter.say(f"keep_best: the best state (step {keeper.step}, validation AUC {keeper.best_auc:.6f}) came "
+        reporter.say(f"keep_best: the best state (step {keeper.step}, {keeper.describe()}) came "
                      f"before the resume and its checkpoint is gone; the run ends with its last state")
         return False
     checkpointer.restore(path, for_training=True, own=True)
-    reporter.say(f"keep_best: restored the state of step {keeper.step} (validation AUC {keeper.best_auc:.6f}) from {path}")
+    reporter.say(f"keep_best: restored the state of step {keeper.step} ({keeper.describe()}) from {path}")
     return True

@@ -1,7 +1,9 @@
-"""``--keep_best``: remember the state of the evaluation with the best validation AUC, restore it at the end.
+"""``--keep_best``: remember the state of the evaluation with the best validation metric, restore it at the end.
+
+The metric is ``--early_stopping_metric`` (AUC or logloss).
 
 Each evaluation on the ``--evals_per_epoch`` (or ``--eval_every_steps``) schedule, and the final one, is offered to
-:meth:`BestKeeper.on_eval`; when its AUC beats every earlier one, every rank copies its own
+:meth:`BestKeeper.on_eval`; when it beats every earlier one, every rank copies its own
 variables to host memory: the model's (its shards, the replicated tables, the MLPs), both
 optimizers' state, the step and the learning rate. So the kept state is a whole training state of
 that step, costing each rank one copy of what it already holds. At the end :meth:`restore` puts it
@@ -18,22 +20,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from tf_dlrm.train.early_stopping import improves
+from tf_dlrm.train.early_stopping import improves, metric_name
 
 
 class BestKeeper:
     """Args: trainer: the run's :class:`tf_dlrm.train.step.Trainer`; min_delta: an evaluation is kept
-    when its AUC beats the kept one by more than this (``--early_stopping_min_delta``)."""
+    when it beats the kept one by more than this (``--early_stopping_min_delta``); metric: ``"auc"`` or
+    ``"logloss"``."""
 
-    def __init__(self, trainer, min_delta: float = 0.0):
+    def __init__(self, trainer, min_delta: float = 0.0, metric: str = "auc"):
         self.trainer = trainer
-        self.min_delta = min_delta
+        self.min_delta, self.metric = min_delta, metric
         self.variables = (
             list(trainer.model.variables) + list(trainer.sparse.variables) + list(trainer.dense_optimizer.variables)
             + [trainer.step, trainer.learning_rate]
         )
         self.best = None  # the EvalResult of the best evaluation of this process (None: none, or one before a resume)
-        self.best_auc: float | None = None
+        self.best_value: float | None = None  # of the metric
         self.step = None
         self._values: list[np.ndarray] = []
 
@@ -43,20 +46,25 @@ class BestKeeper:
         return bool(self._values)
 
     def on_eval(self, step: int, result) -> None:
-        """Every rank sees the same AUC (computed over the gathered predictions), so all keep or none."""
-        if improves(result.auc, self.best_auc, self.min_delta):
-            self.best, self.best_auc, self.step = result, float(result.auc), int(step)
+        """Every rank sees the same metrics (computed over the gathered predictions), so all keep or none."""
+        value = getattr(result, self.metric)
+        if improves(value, self.best_value, self.min_delta, self.metric):
+            self.best, self.best_value, self.step = result, float(value), int(step)
             self._values = [np.array(v.numpy(), copy=True) for v in self.variables]
 
     def record(self, waited: int | None = None) -> dict | None:
         """What a checkpoint's manifest keeps of the choice (None before the first evaluation)."""
         if self.step is None:
             return None
-        return {"metric": "auc", "best": self.best_auc, "best_step": self.step, "waited": waited}
+        return {"metric": self.metric, "best": self.best_value, "best_step": self.step, "waited": waited}
 
     def resume(self, record: dict) -> None:
         """Takes back a manifest's :meth:`record`: the best so far was found before the resume."""
-        self.best, self.best_auc, self.step, self._values = None, float(record["best"]), int(record["best_step"]), []
+        self.best, self.best_value, self.step, self._values = None, float(record["best"]), int(record["best_step"]), []
+
+    def describe(self) -> str:
+        """``validation AUC 0.812345`` (or logloss) of the kept state."""
+        return f"validation {metric_name(self.metric)} {self.best_value:.6f}"
 
     def restore(self) -> None:
         """Puts the kept state back (no collective: each rank restores its own variables)."""

@@ -13,7 +13,7 @@ from tf_dlrm.parallel import collectives
 from tf_dlrm.train.loop_config import LoopConfig
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.metrics import ClickMetrics
-from tf_dlrm.train.early_stopping import EarlyStopping
+from tf_dlrm.train.early_stopping import EarlyStopping, metric_name
 from tf_dlrm.train.guards import LossWatch, check_score_count
 from tf_dlrm.train.reporting import Reporter
 from tf_dlrm.train.step import Trainer
@@ -137,7 +137,7 @@ def train(
     else:
         eval_every = max(1, steps_per_epoch // config.evals_per_epoch) if config.evals_per_epoch else 0
     if stopper is None and config.early_stopping_patience:
-        stopper = EarlyStopping(config.early_stopping_patience, config.early_stopping_min_delta)
+        stopper = EarlyStopping(config.early_stopping_patience, config.early_stopping_min_delta, config.early_stopping_metric)
     global_batch = train_reader.global_batch_size
 
     evals: list[EvalResult] = []
@@ -194,12 +194,14 @@ def train(
                     reporter.say(f"AUC {result.auc:.6f} reached the threshold {config.auc_threshold}: stopping")
                     stopped_early = True
                     break
-                if stopper is not None and stopper.update(step, result.auc):
+                if stopper is not None and stopper.update(step, result):
+                    name = metric_name(stopper.metric)
                     reporter.say(
-                        f"early stopping: the validation AUC did not improve by more than {config.early_stopping_min_delta} "
-                        f"in {stopper.patience} evaluations since step {stopper.best_step} (AUC {stopper.best:.6f}): stopping")
-                    reporter.event("early_stop", step=step, best_step=stopper.best_step, best_auc=stopper.best,
-                                   patience=stopper.patience, min_delta=config.early_stopping_min_delta)
+                        f"early stopping: the validation {name} did not improve by more than {config.early_stopping_min_delta} "
+                        f"in {stopper.patience} evaluations since step {stopper.best_step} ({name} {stopper.best:.6f}): stopping")
+                    reporter.event("early_stop", step=step, best_step=stopper.best_step, metric=stopper.metric,
+                                   **{f"best_{stopper.metric}": stopper.best}, patience=stopper.patience,
+                                   min_delta=config.early_stopping_min_delta)
                     stopped_early = True
                     break
             # After the step's evaluation: a checkpoint of this step records the choice made on it.

@@ -17,6 +17,7 @@ class LoopConfig:
     eval_max_batches: int = 0  # > 0: evaluate only the first this many global batches of the split
     early_stopping_patience: int = 0  # > 0: stop after this many evaluations without improvement
     early_stopping_min_delta: float = 0.0
+    early_stopping_metric: str = "auc"  # what early stopping and keep_best choose by: "auc" (up) or "logloss" (down)
 
     def __post_init__(self):
         if self.epochs <= 0:
@@ -30,6 +31,9 @@ class LoopConfig:
                 raise ValueError(f"Expected {name} >= 0. Received: {name}={getattr(self, name)}")
         if self.early_stopping_min_delta < 0:
             raise ValueError(f"Expected early_stopping_min_delta >= 0. Received: early_stopping_min_delta={self.early_stopping_min_delta}")
+        if self.early_stopping_metric not in ("auc", "logloss"):
+            raise ValueError(f"Expected early_stopping_metric in ('auc', 'logloss'). Received: early_stopping_metric="
+                             f"{self.early_stopping_metric!r}")
         if self.eval_every_steps and self.evals_per_epoch:
             raise ValueError(f"Expected one of evals_per_epoch and eval_every_steps. Received: evals_per_epoch="
                              f"{self.evals_per_epoch}, eval_every_steps={self.eval_every_steps}")
