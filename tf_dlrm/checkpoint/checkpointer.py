@@ -99,8 +99,8 @@ class Checkpointer(RestoreChecks):
         self.directory_lock = None  # rank 0's lock.DirectoryLock on save_path, once training restores
         self._held = None
         self.restored = None  # the header of the checkpoint restore_for_training restored, if any
-        # --keep_best / --early_stopping_patience: a callable giving the selection's state (best AUC, its
-        # step, evaluations waited) to save in each manifest; its best step's checkpoint is kept on disk.
+        # --keep_best / --early_stopping_patience: a callable giving the choice so far (the metric, its best
+        # value and step, evaluations since) to save in each manifest; its best step's checkpoint is kept on disk.
         self.selection = None
         self.embedding = trainer.model.embedding
         # Dynamic tables (tf_dlrm.embedding.dynamic) have no full-table layout: checkpoint_dynamic saves their rows.
