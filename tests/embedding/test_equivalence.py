@@ -106,17 +106,18 @@ CASES += [
                              ("ftrl", "adam"))
     for strategy in ("table_wise", "column_wise")
 ]
-# Launches of 3 and 4 ranks on 2 cores cost the most, so not every case runs at every N. At N = 4: the
-# layouts (an empty rank, 4 slices, auto slicing, multi-hot, mixed widths) and one case per stateful
-# family (the hard one, row-wise Adagrad across column slices). At N = 3: every case but the table-wise
-# deduplicated and hot-row exchanges (their column-wise twins run there, through odd 3-way slices).
-# Every optimizer meets every exchange at N = 2.
+# Launches of 3 and 4 ranks on 2 cores cost the most, so not every case runs at every N. Every layout
+# (an empty rank, odd 3-way and 4-way slices, auto slicing, multi-hot, mixed widths) runs at 2, 3 and 4.
+# At N = 4, one case per stateful family (the hard one, row-wise Adagrad across column slices). At N = 3,
+# every embedding optimizer's state across odd 3-way column slices (widths 3, 2, 2), one deduplicated
+# and one hot-row exchange. Every optimizer meets every exchange, table-wise and column-wise, at N = 2.
 AT_FOUR_RANKS = {"rowwise_adagrad_column_wise", "dedup_rowwise_adagrad_column_wise", "hot_lazy_adam_column_wise"}
+AT_THREE_RANKS = AT_FOUR_RANKS | {"adagrad_column_wise", "lazy_adam_column_wise", "ftrl_column_wise",
+                                  "rowwise_adagrad_auto_sliced_dp_input"}
 for _case in CASES:
-    if _case["name"].startswith(("dedup_", "hot_")) and _case["strategy"] == "table_wise":
-        _case["world_sizes"] = (2,)
-    elif "optimizer" in _case and _case["name"] not in AT_FOUR_RANKS:
-        _case["world_sizes"] = (2, 3)
+    if "optimizer" in _case:
+        _case["world_sizes"] = (2, 3, 4) if _case["name"] in AT_FOUR_RANKS else \
+            (2, 3) if _case["name"] in AT_THREE_RANKS else (2,)
 CASE_BY_NAME = {c["name"]: c for c in CASES}
 WORKER = "tests/embedding/equivalence_worker.py"
 
