@@ -95,7 +95,7 @@ def test_renames_removals_and_trees_on_remote_storage(remote):
         files.move_tree(files.join(remote, "moved"), files.join(remote, "moved"))
     with pytest.raises(FileExistsError):
         files.rename(files.join(remote, "moved", "manifest.json"), files.join(remote, "moved", "dense", "d.npy"))
-    files.replace(files.join(remote, "moved", "manifest.json"), files.join(remote, "moved", "dense", "d.npy"))
+    files.rename(files.join(remote, "moved", "manifest.json"), files.join(remote, "moved", "dense", "d.npy"), overwrite=True)
     with files.open_file(files.join(remote, "moved", "dense", "d.npy")) as handle:
         assert handle.read() == "manifest.json"
     files.rmtree(files.join(remote, "moved"))
@@ -160,17 +160,17 @@ def test_a_remote_checkpoint_is_never_visible_half_written(remote, monkeypatch):
         store.read_manifest(files.join(save_path, "ckpt-00000004"))
 
     # A failure while the manifest is published (its write is whole, its rename fails): still not listed.
-    real_replace = files.replace
+    real_rename = files.rename
 
-    def failing_replace(source, target):
+    def failing_rename(source, target, overwrite=False):
         if target.endswith(store.MANIFEST):
             raise OSError("simulated: the manifest's rename failed")
-        real_replace(source, target)
+        real_rename(source, target, overwrite)
 
-    monkeypatch.setattr(files, "replace", failing_replace)
+    monkeypatch.setattr(files, "rename", failing_rename)
     with pytest.raises(OSError, match="simulated"):
         _save_in_place(save_path, 6)
-    monkeypatch.setattr(files, "replace", real_replace)
+    monkeypatch.setattr(files, "rename", real_rename)
     assert files.isfile(files.join(save_path, "ckpt-00000006", store.MANIFEST + ".partial"))
     assert store.latest_checkpoint(save_path) == first and [s for s, _ in store.list_checkpoints(save_path)] == [2]
 

@@ -160,13 +160,16 @@ class Checkpointer(RestoreChecks):
         """
         if not self.save_path or (step == self.last_saved_step and not chosen):
             return
+        if not chosen:
+            self.save(step)
+            return
         final = files.join(self.save_path, store.checkpoint_name(step))
         saved = collectives.broadcast_json(self.env, self.env.is_chief and store.is_published(final), "chosen_saved")
         if not saved:
-            self.save(step, chosen=chosen)
+            self.save(step, chosen=True)
             return
         if self.env.is_chief:
-            superseded = store.make_latest(self.save_path, final, self.keep, self.protected(), supersede=chosen)
+            superseded = store.make_latest(self.save_path, final, self.keep, self.protected(), supersede=True)
             self._say_superseded(superseded, step)
         self.last_saved_step = step
 
@@ -280,6 +283,7 @@ class Checkpointer(RestoreChecks):
                 files[file] = store.write_npy(root, file, variable.numpy())
                 entries.append({"name": name, "file": file})
         model = model_record(self.spec, self.model_config, self.model_identity)
+        selection = self.selection() if self.selection else None
         optimizer_record = self.trainer.config.record()
         files[MODEL_CONFIG] = store.write_text(root, MODEL_CONFIG, json.dumps({"model": model, "optimizer": optimizer_record, "seed": self.seed}, indent=1))
         files[SPEC_COPY] = store.write_text(root, SPEC_COPY, yaml.safe_dump(self.spec.to_dict(), sort_keys=False))
@@ -308,7 +312,7 @@ class Checkpointer(RestoreChecks):
             "optimizer_state": state,
             "loss_scale": scale,
             "embedding_state": state_entries,
-            **({"selection": self.selection()} if self.selection and self.selection() else {}),
+            **({"selection": selection} if selection else {}),
             **({dynamic_tables.MANIFEST_KEY: dynamic_record} if dynamic_record else {}),
             "files": files,
         }

@@ -106,13 +106,13 @@ def save_rows(directory: str, layer, sparse_updater, env) -> None:
         _write_rank_file(temporary, arrays)
     else:
         np.savez(temporary, **arrays)
-    files.replace(temporary, _rank_file(directory, env.rank))
+    files.rename(temporary, _rank_file(directory, env.rank), overwrite=True)
     collectives.barrier(env)
     if env.is_chief:
         meta = meta_of(layer, sparse_updater, env.world_size)
         with files.open_file(files.join(directory, META + ".partial"), "w") as handle:
             json.dump(meta, handle, indent=1)
-        files.replace(files.join(directory, META + ".partial"), files.join(directory, META))
+        files.rename(files.join(directory, META + ".partial"), files.join(directory, META), overwrite=True)
     collectives.barrier(env)
 
 

@@ -325,7 +325,7 @@ def write_manifest(root: str, manifest: dict) -> None:
     if files.is_remote(root):
         # In place (see the module docstring): whole under a temporary name, then one rename publishes it.
         write_text(root, MANIFEST + ".partial", json.dumps(manifest, indent=1))
-        files.replace(files.join(root, MANIFEST + ".partial"), files.join(root, MANIFEST))
+        files.rename(files.join(root, MANIFEST + ".partial"), files.join(root, MANIFEST), overwrite=True)
         return
     for folder in ("tables", "dense", "optimizer"):  # the other ranks' files were fsynced by their writers
         if os.path.isdir(os.path.join(root, folder)):
@@ -372,7 +372,7 @@ def replace_text_atomically(path: str, text: str) -> None:
     with files.open_file(temporary, "w", encoding="utf-8") as handle:
         handle.write(text)
         files.sync(handle)
-    files.replace(temporary, path)
+    files.rename(temporary, path, overwrite=True)
 
 
 def publish(save_path: str, temporary: str, final: str, keep: int, protect=(), supersede: bool = False,

@@ -11,7 +11,7 @@ What differs on remote storage, and why callers ask :func:`is_remote`:
 
 - no atomic rename of a directory (object stores copy object by object; ``ram://`` renames only the
   directory's own entry): writers of a directory write it in place and publish it by writing one
-  small marker file last (:func:`replace` of one file is atomic where the object store's writes are);
+  small marker file last (:func:`rename` of one file with ``overwrite`` is atomic where the object store's writes are);
 - no ``fsync`` (an object exists whole once its writer closes it): :func:`sync` does nothing there;
 - no file locks (``flock``): the checkpoint directory lock is skipped on remote directories.
 
@@ -239,11 +239,6 @@ def rename(source: str, target: str, overwrite: bool = False) -> None:
         return
     with _translated(source):
         _gfile().rename(source, target, overwrite=overwrite)
-
-
-def replace(source: str, target: str) -> None:
-    """:func:`rename` over ``target``."""
-    rename(source, target, overwrite=True)
 
 
 def move_tree(source: str, target: str, first: tuple[str, ...] = ()) -> None:

@@ -193,7 +193,7 @@ def _written_in_place(output_dir: str, writer: str) -> Iterator[str]:
         with files.open_file(files.join(output_dir, MANIFEST + ".partial"), "w", encoding="utf-8") as handle:
             json.dump({"writer": writer, "files": [n for n in _files(output_dir) if n != MANIFEST + ".partial"]},
                       handle, indent=1)
-        files.replace(files.join(output_dir, MANIFEST + ".partial"), files.join(output_dir, MANIFEST))
+        files.rename(files.join(output_dir, MANIFEST + ".partial"), files.join(output_dir, MANIFEST), overwrite=True)
     except BaseException:
         files.rmtree(output_dir)
         raise
