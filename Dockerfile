@@ -5,12 +5,12 @@
 #       .venv/bin/python main.py --dataset_path=/data/my_dataset
 FROM python:3.11-slim-bookworm
 
-# Compilers and CMake build Horovod and tf_dlrm's kernels against TensorFlow; procps gives horovodrun `ps`;
+# Compilers, CMake and patch build Horovod (from its source, with our patch) and tf_dlrm's kernels against TensorFlow; procps gives horovodrun `ps`;
 # OpenSSH is how horovodrun starts the ranks of other machines (-H host1:N,host2:N; docs/training.md).
 # Debian's versions are left to the pinned base image (pinning them breaks on every point release).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++ make cmake procps openssh-client openssh-server \
+    && apt-get install -y --no-install-recommends g++ make cmake patch procps openssh-client openssh-server \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/tf_dlrm

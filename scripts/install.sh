@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one installer of tf_dlrm: used by `make`, CI and the Dockerfile, so all three get the same
-# environment. Creates ./.venv (Python 3.11), installs pinned TensorFlow 2.18.1, builds Horovod
-# 0.28.1 against it with Gloo (reusing a cached wheel), installs tf_dlrm in editable mode and
-# compiles its CPU kernels (python -m tf_dlrm.ops.build; needs g++).
+# environment. Creates ./.venv, installs pinned TensorFlow 2.21.0 and Keras 3.15.1, builds Horovod
+# 0.28.1 against them with Gloo from its source archive (checked by hash, with one patch of ours:
+# scripts/patches/; reusing a cached wheel), installs tf_dlrm in editable mode and compiles its
+# CPU kernels (python -m tf_dlrm.ops.build; needs g++).
 # Idempotent: when nothing it depends on changed, a second run only checks a stamp and exits.
 #
 # Environment:
@@ -19,8 +20,20 @@ cd "$here"
 venv="${TF_DLRM_VENV:-$here/.venv}"
 wheel_cache="${TF_DLRM_WHEEL_CACHE:-${HOME:-/root}/.cache/tf_dlrm/wheels}"
 extras="${TF_DLRM_EXTRAS:-test}"
-tf_version="2.18.1"
+tf_version="2.21.0"
+keras_version="3.15.1"
 horovod_version="0.28.1"
+# Horovod 0.28.1 is its last release and ships as a source archive only. Its TensorFlow library
+# compiles one file, xla_mpi_ops.cc (collectives inside XLA clusters), against XLA headers that
+# TensorFlow 2.19+ no longer ships whole; the patch leaves that file out of the build, which is
+# all it changes. tf_dlrm never puts a collective inside a compiled function (--xla compiles the
+# dense computation only), so nothing here uses those ops.
+horovod_sdist_sha256="92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0"
+horovod_patch="scripts/patches/horovod-${horovod_version}-without-xla-ops.patch"
+horovod_patch_sha256="$(sha256sum "$horovod_patch" | cut -c1-64)"
+# Pythons TensorFlow 2.21 and this Horovod were tested with here; the machine's python3 is
+# preferred when it is one of them.
+supported_pythons="3.11 3.12"
 
 log() { printf '[install] %s\n' "$*" >&2; }
 
@@ -37,17 +50,42 @@ build_kernels() {
 }
 
 find_python() {
-  local candidate
-  for candidate in "${PYTHON:-}" python3.11 python3; do
+  local candidate version
+  for candidate in "${PYTHON:-}" python3 $(printf 'python%s ' $supported_pythons); do
     [[ -n "$candidate" ]] || continue
-    if command -v "$candidate" >/dev/null 2>&1 &&
-       "$candidate" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' 2>/dev/null; then
+    command -v "$candidate" >/dev/null 2>&1 || continue
+    version="$("$candidate" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" || continue
+    if [[ " $supported_pythons " == *" $version "* ]]; then
       command -v "$candidate"; return 0
     fi
   done
-  log "Python 3.11 is required (TensorFlow ${tf_version} and Horovod ${horovod_version} are pinned for it); none found on PATH."
-  log "Install python3.11 or set PYTHON=/path/to/python3.11."
+  log "Python ${supported_pythons// / or } is required (TensorFlow ${tf_version} and Horovod ${horovod_version} were tested with these); none found on PATH."
+  log "Install one of them or set PYTHON=/path/to/python3.x."
   return 1
+}
+
+# Downloads Horovod's source archive, checks its hash, applies our patch (checked by hash too:
+# the cache key names it) and builds a wheel into $1.
+build_horovod_wheel() {
+  local out="$1" work
+  work="$(mktemp -d)"
+  "${pip[@]}" download --quiet --no-deps --no-binary :all: "horovod==${horovod_version}" -d "$work"
+  local archive="$work/horovod-${horovod_version}.tar.gz"
+  if [[ "$(sha256sum "$archive" | cut -c1-64)" != "$horovod_sdist_sha256" ]]; then
+    log "horovod-${horovod_version}.tar.gz does not have the expected sha256 ${horovod_sdist_sha256}: refusing to build it"
+    return 1
+  fi
+  tar -xzf "$archive" -C "$work"
+  if ! patch --quiet --forward -p1 -d "$work/horovod-${horovod_version}" < "$horovod_patch"; then
+    log "$horovod_patch does not apply to horovod-${horovod_version}"
+    return 1
+  fi
+  env "${gpu_env[@]}" \
+  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+  MAKEFLAGS="-j$(nproc)" \
+    "${pip[@]}" wheel --no-build-isolation --no-deps --no-cache-dir "$work/horovod-${horovod_version}" -w "$out"
+  rm -rf "$work"
 }
 
 # horovodrun reaches the ranks of other machines through ssh; tests/parallel/test_two_hosts.py
@@ -83,7 +121,7 @@ fi
 # The stamp records everything that decides the environment's contents; extras already
 # installed by an earlier run (e.g. `make test` installs spark, `make demo` asks only for test) count.
 stamp="$venv/.tf_dlrm_install_stamp"
-files_key="$(cat scripts/install.sh setup.cfg pyproject.toml 2>/dev/null | sha256sum | cut -c1-16) ${tf_requirement}"
+files_key="$(cat scripts/install.sh "$horovod_patch" setup.cfg pyproject.toml 2>/dev/null | sha256sum | cut -c1-16) ${tf_requirement}"
 installed_extras=""
 if [[ -f "$stamp" ]]; then
   read -r stamped_key installed_extras < "$stamp" || true
@@ -109,16 +147,17 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 "${pip[@]}" install --quiet --upgrade "pip>=24" "setuptools>=69,<80" wheel
 
 log "installing ${tf_requirement}"
-"${pip[@]}" install --quiet "${tf_requirement}" "keras==3.8.0" "numpy<2.1" "pyyaml>=6" "absl-py>=2" "psutil>=5"
+"${pip[@]}" install --quiet "${tf_requirement}" "keras==${keras_version}" "numpy>=1.26" "pyyaml>=6" "absl-py>=2" "psutil>=5"
 
 if ! "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
   py_tag="$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
-  cache_dir="$wheel_cache/horovod-${horovod_version}-tf-${tf_version}-${py_tag}-$(uname -m)${gpu_build}"
+  cache_dir="$wheel_cache/horovod-${horovod_version}-patch-${horovod_patch_sha256:0:12}-tf-${tf_version}-${py_tag}-$(uname -m)${gpu_build}"
   mkdir -p "$cache_dir"
   wheel="$(ls "$cache_dir"/horovod-"${horovod_version}"-*.whl 2>/dev/null | head -n1 || true)"
   if [[ -z "$wheel" ]]; then
     command -v cmake >/dev/null 2>&1 || "${pip[@]}" install --quiet "cmake<4"
-    log "building horovod ${horovod_version} against TensorFlow ${tf_version} with Gloo (several minutes, once; cached in $cache_dir)"
+    command -v patch >/dev/null 2>&1 || { log "the 'patch' program is needed to build horovod (apt-get install patch)"; exit 1; }
+    log "building horovod ${horovod_version} (patched: $horovod_patch) against TensorFlow ${tf_version} with Gloo (several minutes, once; cached in $cache_dir)"
     build_dir="$(mktemp -d)"
     gpu_env=()
     if [[ -n "$gpu_build" ]]; then
@@ -127,12 +166,7 @@ if ! "$venv/bin/python" -c 'import horovod.tensorflow' 2>/dev/null; then
       gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL ${nccl_home:+HOROVOD_NCCL_HOME="$nccl_home"})
       log "building horovod with NCCL (GPU collectives)${nccl_home:+ from $nccl_home}"
     fi
-    env "${gpu_env[@]}" \
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-    MAKEFLAGS="-j$(nproc)" \
-      "${pip[@]}" wheel --no-build-isolation --no-deps --no-cache-dir \
-        "horovod==${horovod_version}" -w "$build_dir"
+    build_horovod_wheel "$build_dir"
     # Publish the wheel with one rename so an interrupted build never leaves a broken cache entry.
     built="$(ls "$build_dir"/horovod-*.whl)"
     cp "$built" "$cache_dir/.partial.whl"

@@ -157,7 +157,9 @@ def stand_in_venv(stage: ImageStage) -> None:
     os.chmod(python, os.stat(python).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     installer = open(stage.path(INSTALLER), encoding="utf-8").read()
     tf_version = re.search(r'^tf_version="([^"]+)"', installer, re.M).group(1)
-    digest = subprocess.run("cat scripts/install.sh setup.cfg pyproject.toml 2>/dev/null | sha256sum | cut -c1-16",
+    horovod_version = re.search(r'^horovod_version="([^"]+)"', installer, re.M).group(1)
+    patch = f"scripts/patches/horovod-{horovod_version}-without-xla-ops.patch"
+    digest = subprocess.run(f"cat scripts/install.sh {patch} setup.cfg pyproject.toml 2>/dev/null | sha256sum | cut -c1-16",
                             shell=True, cwd=stage.path("."), capture_output=True, text=True, check=True).stdout.strip()
     with open(os.path.join(venv, ".tf_dlrm_install_stamp"), "w", encoding="utf-8") as handle:
         handle.write(f"{digest}|tensorflow-cpu=={tf_version} test\n")

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from tf_dlrm.parallel import collectives
 from tf_dlrm.parallel.env import current_env
+from tf_dlrm.embedding.sublayers import sublayers
 from tf_dlrm.embedding.training_step import TrainingStep
 from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
 
@@ -60,7 +61,7 @@ class Model(keras.Model):
     def build(self, input_shape=None):
         # Keras would build a subclassed model by a symbolic call, where the embedding's exchange
         # cannot run: the embedding layers are built here, the other layers by the first real call.
-        for layer in self._flatten_layers(include_self=False):
+        for layer in sublayers(self):
             if hasattr(layer, "table_optimizers") and not layer.built:
                 layer.build()
         self.built = True
@@ -91,8 +92,15 @@ class Model(keras.Model):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         loss, y_pred = self.training_step.train(x, y, sample_weight)
         # The loss fit() shows: this rank's local mean, as Keras' own train_step records it.
-        self._loss_tracker.update_state(loss, sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
+        loss_mean = self._loss_mean()
+        if loss_mean is not None:
+            loss_mean.update_state(loss, sample_weight=tf.shape(tf.nest.flatten(x)[0])[0])
         return self.compute_metrics(x, y, y_pred, sample_weight)
+
+    def _loss_mean(self):
+        """Keras' running mean of the loss (what ``fit`` logs as ``loss``), reached through the public
+        ``metrics`` list, where a compiled model lists it first under the name ``loss``."""
+        return next((metric for metric in self.metrics if metric.name == "loss"), None)
 
 
 class BroadcastInitialState(keras.callbacks.Callback):

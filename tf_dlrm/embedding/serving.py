@@ -30,6 +30,8 @@ import shutil
 
 import tensorflow as tf
 
+from tf_dlrm.embedding.sublayers import sublayers
+
 
 def _shape_check(name: str, tensor, expected: tf.TensorShape, what: str):
     """``(assert, batch size)`` of one serving input: every known dimension past the batch axis, and the rank.
@@ -184,7 +186,7 @@ class _Serving(tf.Module):
         # trace its call with float inputs made up from its build shapes.
         self.model_variables = [getattr(v, "value", v) for v in model.variables]
         # Dynamic tables: each shard's key -> row map (saved with its contents) and row metadata.
-        states = [state for layer in model._flatten_layers(include_self=False) if hasattr(layer, "local_shards")
+        states = [state for layer in sublayers(model) if hasattr(layer, "local_shards")
                   for shard in layer.local_shards for state in layer.states[shard]]
         self.key_maps = [state.map for state in states]
         self.row_metadata = [v for state in states for v in (state.occupied, state.row_key)]
@@ -226,7 +228,7 @@ def export_saved_model(model, path: str, input_signature: dict) -> str:
     Raises:
         ValueError: several ranks, an existing ``path``, or a graph using tf_dlrm's own kernels.
     """
-    for layer in model._flatten_layers(include_self=False):
+    for layer in sublayers(model):
         env = getattr(layer, "env", None)
         if env is not None and env.world_size > 1:
             raise ValueError(f"Expected a model in one process (every table whole). Received: layer {layer.name!r} "

@@ -26,6 +26,7 @@ from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.embedding.hot_row_exchange import combine_hot_gradient
 from tf_dlrm.embedding.hot_row_sync import HotRowSync
 from tf_dlrm.embedding.sparse_update import SparseUpdater
+from tf_dlrm.embedding.sublayers import sublayers
 from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.embedding.optimizers import SGD
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer
@@ -131,7 +132,7 @@ def table_optimizer_groups(embeddings, default=None) -> tuple[SparseOptimizer | 
 
 def embedding_layers(model) -> list:
     """The layers of ``model`` that hold embedding tables (they report their table optimizers)."""
-    return [layer for layer in model._flatten_layers(include_self=False) if hasattr(layer, "table_optimizers")]
+    return [layer for layer in sublayers(model) if hasattr(layer, "table_optimizers")]
 
 
 class TrainingStep:
@@ -182,7 +183,7 @@ class TrainingStep:
         # hot_row_sync_every > 1: local hot-row updates merged every S steps (None: combined every step).
         self.hot_sync = self.make_hot_row_sync(hot_row_sync_every) if hot_row_sync_every != 1 else None
         # Dynamic tables (tf_dlrm.embedding.dynamic) reset a row's optimizer state when they give it to a new key.
-        for layer in model._flatten_layers(include_self=False):
+        for layer in sublayers(model):
             if hasattr(layer, "attach_optimizer_state"):
                 layer.attach_optimizer_state(self.sparse)
         self.dense_optimizer = dense_optimizer

@@ -19,9 +19,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import tensorflow as tf
-from tensorflow.python.eager import tape as tape_lib
 
 from tf_dlrm.ops import kernels
+
+try:
+    # The op reads tables through their handles, so it must tell the tape itself that they were read
+    # (a ReadVariableOp would). TensorFlow has no public call for this: without it, the plain path.
+    from tensorflow.python.eager.tape import variable_accessed
+except ImportError:
+    variable_accessed = None
 
 _DISTINCT_ROWS = "tf_dlrm_gradient_rows_distinct"
 
@@ -29,7 +35,8 @@ _DISTINCT_ROWS = "tf_dlrm_gradient_rows_distinct"
 def bag_kernel():
     """The kernel library when it has the embedding-bag ops, else None."""
     library = kernels()
-    return library if library is not None and hasattr(library, "tf_dlrm_embedding_bag") else None
+    usable = library is not None and hasattr(library, "tf_dlrm_embedding_bag") and variable_accessed is not None
+    return library if usable else None
 
 
 def mark_distinct_rows(variable):
@@ -85,7 +92,7 @@ def multi_table_bag_lookup(variables: Sequence, entries: Sequence[tuple], index_
     # The op reads the handles, not the values: tell active tapes, as a variable's own reads do, so
     # that a tape watching trainable variables automatically records this read.
     for table in tables:
-        tape_lib.variable_accessed(table)
+        variable_accessed(table)
     widths = [int(v.shape[1]) for v in variables]
     return library.tf_dlrm_embedding_bag(
         tables=[t.handle for t in tables], values=[v for v, _ in pairs], row_splits=[s for _, s in pairs],

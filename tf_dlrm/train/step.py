@@ -13,8 +13,6 @@ of the exchange (the alltoall's registered gradient) from those embedding gradie
 
 from __future__ import annotations
 
-import os
-
 import tensorflow as tf
 
 from tf_dlrm.embedding import optimizers as table_optimizers
@@ -24,18 +22,6 @@ from tf_dlrm.optimizers.config import make_dense_optimizer
 from tf_dlrm.optimizers.settings import OptimizerConfig
 from tf_dlrm.parallel import collectives
 from tf_dlrm.parallel.env import DistributedEnv
-
-
-def prefer_legacy_xla_cpu_runtime() -> None:
-    """Asks XLA:CPU for its classic runtime, unless ``XLA_FLAGS`` already chooses.
-
-    On TF 2.18 the default "thunk" runtime of XLA:CPU runs the compiled dense step of DLRM slower
-    than the classic one (benchmarks/train_throughput.py, case ``tf_dlrm_xla``, measures it). XLA reads
-    ``XLA_FLAGS`` at its first compilation in the process; later changes are ignored.
-    """
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_cpu_use_thunk_runtime" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_use_thunk_runtime=false".strip()
 
 
 def binary_cross_entropy(label, logits):
@@ -75,7 +61,6 @@ class Trainer(TrainingStep):
         self.predict_step = tf.function(self._predict_step, reduce_retracing=True, autograph=False)
         self.predict_local = tf.function(self._predict_local, reduce_retracing=True, autograph=False)
         if self.jit_compile:
-            prefer_legacy_xla_cpu_runtime()
             self._dense_gradients = tf.function(self._dense_loss_and_gradients, jit_compile=True, reduce_retracing=True, autograph=False)
 
     def _train_step(self, numerical, categorical, label):
