@@ -1,7 +1,7 @@
 """The storage test: a run whose dataset, checkpoints, logs and export live on non-local storage, resumed.
 
 TensorFlow's in-memory ``ram://`` filesystem stands for ``gs://`` / ``s3://`` / ``hdfs://`` (the same
-``tf.io.gfile`` layer; no S3-compatible server with a TensorFlow 2.18 plugin installs here: docs/storage.md).
+``tf.io.gfile`` layer; no S3-compatible server with a plugin for this TensorFlow installs here: docs/storage.md).
 ``ram://`` lives inside one process, so ``tests/io/remote_storage_run.py`` runs main.py's train, resume,
 eval and export command lines in one process (docstring there). What must hold:
 

@@ -19,6 +19,13 @@ MODEL_FLAGS = [
     "--embedding_dim=16", "--bottom_mlp_dims=64,16", "--top_mlp_dims=64,32,1", "--batch_size=1024",
     "--learning_rate=1.0", "--epochs=3", "--print_freq=100", "--seed=7", "--optimizer=sgd", "--embedding_optimizer=sgd",
 ]
+# The N-ranks-equal-one-process runs below train at a quarter of that rate. At 1.0 (and 0.5) plain SGD
+# is chaotic on this data: rounding differences of the float sums (1 rank against 2, TensorFlow
+# 2.18 against 2.21) split the loss curves within 100 steps (0.508 against 0.531 at step 100), and
+# the final AUCs then differ by whatever the two trajectories happen to reach (0.0006 to 0.0011
+# seen), a margin no arithmetic gives. At 0.25 the step-100 losses of 1 and 2 ranks agree to 1e-5
+# and the final AUCs to 3e-5, so the 1e-3 below is a check of the distributed code again.
+EQUIVALENCE_FLAGS = [f if not f.startswith("--learning_rate=") else "--learning_rate=0.25" for f in MODEL_FLAGS]
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +52,22 @@ def single_process_run(synthetic, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def reference_run(synthetic, tmp_path_factory):
+    """One process at EQUIVALENCE_FLAGS: what the N-rank runs are compared with."""
+    log = tmp_path_factory.mktemp("np1_reference") / "log.jsonl"
+    run_python(["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", *EQUIVALENCE_FLAGS])
+    return final_record(log)
+
+
+@pytest.fixture(scope="module")
 def hot_rows_run(synthetic, tmp_path_factory) -> dict:
     """``-np 2`` with --hot_rows_budget=0.1, saving a checkpoint at the end: the log and checkpoints
-    that the hot-rows tests below read (three epochs: the two ranks' AUC is compared with one process's
-    after the same training, where their trajectories, apart after one epoch, have met again)."""
+    that the hot-rows tests below read (at EQUIVALENCE_FLAGS: the two ranks' AUC is compared with one
+    process's after the same training)."""
     directory = tmp_path_factory.mktemp("hot_rows_np2")
     log, checkpoints = directory / "log.jsonl", directory / "checkpoints"
     launch(2, ["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", "--hot_rows_budget=0.1",
-               f"--save_checkpoint_path={checkpoints}", *MODEL_FLAGS], timeout=600)
+               f"--save_checkpoint_path={checkpoints}", *EQUIVALENCE_FLAGS], timeout=600)
     return {"log": log, "checkpoints": checkpoints}
 
 
@@ -81,13 +96,13 @@ def test_final_log_line_follows_the_contract(single_process_run):
 
 
 @pytest.mark.multirank
-def test_two_ranks_end_with_the_same_auc_as_one(synthetic, single_process_run, tmp_path):
+def test_two_ranks_end_with_the_same_auc_as_one(synthetic, reference_run, tmp_path):
     log = tmp_path / "log.jsonl"
-    launch(2, ["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", *MODEL_FLAGS], timeout=600)
+    launch(2, ["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", *EQUIVALENCE_FLAGS], timeout=600)
     two = final_record(log)
     assert two["world_size"] == 2
-    assert two["steps"] == single_process_run["steps"]
-    assert abs(two["auc"] - single_process_run["auc"]) <= 1e-3, (two, single_process_run)
+    assert two["steps"] == reference_run["steps"]
+    assert abs(two["auc"] - reference_run["auc"]) <= 1e-3, (two, reference_run)
     config = json.loads(open(log).readline())
     assert config["event"] == "config" and len(config["rank_embedding_bytes"]) == 2
     assert config["alltoall_bytes_per_step"] > 0
@@ -236,13 +251,13 @@ def test_in_memory_synthetic_batches_and_tensorboard(tmp_path):
 
 
 @pytest.mark.multirank
-def test_deduplicated_exchange_trains_the_same_model(synthetic, single_process_run, tmp_path):
+def test_deduplicated_exchange_trains_the_same_model(synthetic, reference_run, tmp_path):
     """--deduplicate_exchange changes only the bytes of the exchange (and the order of float32 sums)."""
     log = tmp_path / "log.jsonl"
-    launch(2, ["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", "--deduplicate_exchange", *MODEL_FLAGS], timeout=600)
+    launch(2, ["main.py", f"--dataset_path={synthetic}", f"--log_path={log}", "--deduplicate_exchange", *EQUIVALENCE_FLAGS], timeout=600)
     two = final_record(log)
-    assert two["world_size"] == 2 and two["steps"] == single_process_run["steps"]
-    assert abs(two["auc"] - single_process_run["auc"]) <= 1e-3, (two, single_process_run)
+    assert two["world_size"] == 2 and two["steps"] == reference_run["steps"]
+    assert abs(two["auc"] - reference_run["auc"]) <= 1e-3, (two, reference_run)
     config = json.loads(open(log).readline())
     assert config["deduplicate_exchange"] is True
 
@@ -256,13 +271,13 @@ def test_deduplicated_exchange_refusals_name_the_flag(synthetic, tmp_path):
 
 
 @pytest.mark.multirank
-def test_hot_rows_train_the_same_model_with_fewer_bytes(synthetic, single_process_run, hot_rows_run):
+def test_hot_rows_train_the_same_model_with_fewer_bytes(synthetic, reference_run, hot_rows_run):
     """--hot_rows_budget: id counts written next to the data, the plan logged, the same model as one
     process, and the measured forward bytes below the plain exchange's."""
     log = hot_rows_run["log"]
     two = final_record(log)
-    assert two["world_size"] == 2 and two["steps"] == single_process_run["steps"]
-    assert abs(two["auc"] - single_process_run["auc"]) <= 1e-3, (two, single_process_run)
+    assert two["world_size"] == 2 and two["steps"] == reference_run["steps"]
+    assert abs(two["auc"] - reference_run["auc"]) <= 1e-3, (two, reference_run)
     assert (synthetic / "id_counts.npz").exists() or any(synthetic.rglob("id_counts.npz"))
     events = [json.loads(line) for line in open(log)]
     (plan,) = [e for e in events if e["event"] == "hot_rows"]
@@ -286,7 +301,7 @@ def test_checkpoint_with_hot_rows_restores_without_them(synthetic, hot_rows_run,
     trained = final_record(hot_rows_run["log"])
     evaluated_log = tmp_path / "eval.jsonl"
     run_python(["main.py", f"--dataset_path={synthetic}", f"--log_path={evaluated_log}", "--mode=eval",
-                f"--restore_checkpoint_path={hot_rows_run['checkpoints']}", *MODEL_FLAGS])
+                f"--restore_checkpoint_path={hot_rows_run['checkpoints']}", *EQUIVALENCE_FLAGS])
     evaluated = final_record(evaluated_log)
     assert evaluated["auc"] == pytest.approx(trained["auc"], abs=1e-6), (evaluated, trained)
     assert trained["auc"] > 0.7
