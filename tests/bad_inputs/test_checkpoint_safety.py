@@ -82,6 +82,27 @@ def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path):
     assert [step for step, _ in checkpoint_store.list_checkpoints(str(save))] == [4, 6]
 
 
+def _corrupt(directory):
+    table = os.path.join(directory, "tables", "table_001.npy")
+    with open(table, "r+b") as handle:
+        handle.seek(-3, os.SEEK_END)
+        handle.write(b"\x7f\x7f\x7f")
+
+
+@pytest.mark.slow
+def test_checkpoints_in_process_memory_are_refused(tmp_path):
+    data = write_tiny(tmp_path / "data")
+    for flags in (["--save_checkpoint_path=ram://x"], ["--save_checkpoint_path=ram://x", "--resume"],
+                  ["--mode=eval", "--restore_checkpoint_path=ram://x/ckpt-00000016"]):
+        flag, path = flags[-1 if flags[0] == "--mode=eval" else 0].removeprefix("--").split("=")
+        refused = run_python(["main.py", f"--dataset_path={data}", *TINY_MODEL, *flags], check=False, timeout=300)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert refused.stderr.strip().splitlines()[-1] == (
+            f"error (rank 0): --{flag}={path} is in this process's memory and ends with the process: no later run "
+            "(--resume, --restore_checkpoint_path) could read a checkpoint from there. Expected a local directory or "
+            f"lasting storage (gs://, s3://, hdfs://). Received: {flag}={path}"), refused.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_resume_with_another_batch_size_or_dataset_is_refused(tmp_path):
     data, save = write_tiny(tmp_path / "data"), tmp_path / "save"

@@ -25,7 +25,9 @@ def main(argv):
     stop = SignalStop().install()
     try:
         config = config_from_flags(FLAGS)
-        from tf_dlrm.cli import modes
+        from tf_dlrm.cli import modes, preflight
+
+        preflight.check_checkpoints_outlive_the_process(config)
 
         modes.run(config, stop)
     except Interrupted as interrupted:  # before the first step (or outside training): nothing to save
