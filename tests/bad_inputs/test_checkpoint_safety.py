@@ -90,6 +90,27 @@ def _corrupt(directory):
 
 
 @pytest.mark.slow
+def test_resume_that_finds_only_corrupt_checkpoints_stops_unless_told_to_start_over(tmp_path):
+    data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
+    train(data, save, "--max_steps=4", "--checkpoint_every_steps=2")
+    _corrupt(ckpt(save, 2))
+    _corrupt(ckpt(save, 4))
+    refused = train(data, save, "--resume", "--max_steps=6", check=False)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert (f"error (rank 0): --resume found only corrupt checkpoints under --save_checkpoint_path={save}, left where they "
+            f"are: ckpt-00000004, ckpt-00000002 ({ckpt(save, 4)}: checkpoint {ckpt(save, 4)}: file tables/table_001.npy "
+            "fails its sha256 checksum: corrupt or modified; refusing to load it). Expected an intact checkpoint to resume "
+            "from. Received: 2 corrupt, 0 intact. Pass --restart_if_all_corrupt to move them aside and start from step 0"
+            ) in refused.stderr, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr and "starting from step 0" not in refused.stderr
+    assert [step for step, _ in checkpoint_store.list_checkpoints(str(save))] == [2, 4]  # untouched
+    restarted = train(data, save, "--resume", "--restart_if_all_corrupt", "--max_steps=2")
+    assert f"every checkpoint under {save} is corrupt: starting from step 0 (--restart_if_all_corrupt)" in restarted.stderr
+    assert os.path.isdir(ckpt(save, 2) + ".corrupt") and os.path.isdir(ckpt(save, 4) + ".corrupt")
+    assert [step for step, _ in checkpoint_store.list_checkpoints(str(save))] == [2]
+
+
+@pytest.mark.slow
 def test_checkpoints_in_process_memory_are_refused(tmp_path):
     data = write_tiny(tmp_path / "data")
     for flags in (["--save_checkpoint_path=ram://x"], ["--save_checkpoint_path=ram://x", "--resume"],

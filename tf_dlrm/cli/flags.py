@@ -179,7 +179,12 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
             "resume", False,
             "Continue from the newest intact checkpoint under --save_checkpoint_path (corrupt newer ones are skipped, "
             "named and moved aside; else from --restore_checkpoint_path, else from scratch); refused when --batch_size "
-            "or the training data differ from the checkpoint's.",
+            "or the training data differ from the checkpoint's; refused when every checkpoint there is corrupt.",
+        )
+        f.DEFINE_bool(
+            "restart_if_all_corrupt", False,
+            "With --resume: when every checkpoint under --save_checkpoint_path is corrupt, move them aside and "
+            "start from step 0 instead of stopping.",
         )
         f.DEFINE_string("saved_model_path", None, "--mode=export: directory to write the TF SavedModel to (must not exist, or be empty).")
     with _topic("evaluation", flag_values):
@@ -326,6 +331,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         checkpoint_every_steps=values.checkpoint_every_steps,
         keep_checkpoints=values.keep_checkpoints,
         resume=values.resume,
+        restart_if_all_corrupt=values.restart_if_all_corrupt,
         saved_model_path=values.saved_model_path,
         inference_batch_sizes=parse_dims(nvidia_flags.inference_batch_sizes_of(values), "inference_batch_sizes"),
         # Early stopping ends with the best state: it keeps it as --keep_best does.
