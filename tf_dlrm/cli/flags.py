@@ -186,6 +186,12 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
             "With --resume: when every checkpoint under --save_checkpoint_path is corrupt, move them aside and "
             "start from step 0 instead of stopping.",
         )
+        f.DEFINE_float(
+            "stop_timeout_s", 60.0,
+            "After SIGINT or SIGTERM during training: when no step ends within this many seconds (one stuck in the "
+            "input reader or a collective), end the process without saving (exit 128 + signal; the last checkpoint "
+            "stays intact). Evaluations and saves in progress are not counted.",
+        )
         f.DEFINE_string("saved_model_path", None, "--mode=export: directory to write the TF SavedModel to (must not exist, or be empty).")
     with _topic("evaluation", flag_values):
         f.DEFINE_integer("valid_batch_size", None, "Global evaluation batch size (default: --batch_size).")
@@ -332,6 +338,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         keep_checkpoints=values.keep_checkpoints,
         resume=values.resume,
         restart_if_all_corrupt=values.restart_if_all_corrupt,
+        stop_timeout_s=values.stop_timeout_s,
         saved_model_path=values.saved_model_path,
         inference_batch_sizes=parse_dims(nvidia_flags.inference_batch_sizes_of(values), "inference_batch_sizes"),
         # Early stopping ends with the best state: it keeps it as --keep_best does.

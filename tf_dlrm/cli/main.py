@@ -28,6 +28,7 @@ def main(argv):
         from tf_dlrm.cli import modes, preflight
 
         preflight.check_checkpoints_outlive_the_process(config)
+        stop.stuck_after_s = config.stop_timeout_s
 
         modes.run(config, stop)
     except Interrupted as interrupted:  # before the first step (or outside training): nothing to save

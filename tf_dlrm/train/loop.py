@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -119,10 +120,13 @@ def train(
     on_step=None,
     on_eval=None,
     stopper: EarlyStopping | None = None,
+    evaluation=None,
 ) -> TrainResult:
     """Runs the loop; ``on_step(step, epoch, batch_in_epoch)`` is called after each step (checkpoints),
     ``on_eval(step, result)`` after each evaluation (``--keep_best``). ``stopper``: the run's early
-    stopping (a resumed run's carries its counts), else one made from ``config``."""
+    stopping (a resumed run's carries its counts), else one made from ``config``. ``evaluation``: a
+    context manager factory each evaluation runs inside (the stop watchdog's pause: an evaluation is
+    no stuck step)."""
     steps_per_epoch = train_reader.num_batches
     if steps_per_epoch == 0:
         raise ValueError(
@@ -150,7 +154,8 @@ def train(
 
     def run_eval():
         nonlocal last_eval_step
-        result = evaluate(trainer, valid_reader, where=f"evaluation at step {step}", max_batches=config.eval_max_batches)
+        with evaluation() if evaluation is not None else contextlib.nullcontext():
+            result = evaluate(trainer, valid_reader, where=f"evaluation at step {step}", max_batches=config.eval_max_batches)
         evals.append(result)
         last_eval_step = step
         part = f", partial: the first {result.batches} of {valid_reader.num_batches} batches" if result.partial else ""
