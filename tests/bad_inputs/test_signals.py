@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import HOROVODRUN, REPO, worker_env
+from conftest import HOROVODRUN, REPO, one_each, worker_env
 from tiny_dataset import TINY_MODEL, write_tiny
 from tf_dlrm.checkpoint import store as checkpoint_store
 
@@ -26,8 +26,8 @@ LINE = re.compile(r"interrupted at step (\d+); last checkpoint: (\S+)")
 def run_until_training_then_signal(command, number, timeout=240, env=None, when=" loss ", settle=0.5):
     """Starts ``command`` (``env``: extra environment), waits for its first line holding ``when`` (a
     progress line), then ``settle`` seconds, sends ``number``; returns (exit code, output)."""
-    process = subprocess.Popen(command, cwd=REPO, env=worker_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    process = subprocess.Popen(one_each(command), cwd=REPO, env=worker_env(env), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
     lines, started = [], threading.Event()
 
     def collect():
@@ -155,8 +155,8 @@ def test_a_step_stuck_in_a_collective_ends_within_the_stop_timeout(tmp_path):
     command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, EXIT_RECORDER, str(codes),
                sys.executable, "main.py", f"--dataset_path={data}", *TINY_MODEL, *LONG_RUN,
                f"--save_checkpoint_path={save}", "--checkpoint_every_steps=5", "--stop_timeout_s=5"]
-    process = subprocess.Popen(command, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    process = subprocess.Popen(one_each(command), cwd=REPO, env=worker_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
     lines, saved = [], threading.Event()
     reader = threading.Thread(target=lambda: [(lines.append(line), "saved checkpoint" in line and saved.set())
                                               for line in process.stdout], daemon=True)

@@ -265,6 +265,61 @@ def family_rate(values: flags.FlagValues, name: str, model_default: float | None
     return values[name].value if model_default is None else model_default
 
 
+_TRUE_WORDS = ("true", "t", "1", "yes", "y")
+
+
+def _value_of(flag, text: str):
+    """A flag's value as its parser reads ``text`` (so ``--x=8`` and ``--x 8`` compare equal); the text
+    itself where the parser refuses it (absl names that mistake)."""
+    try:
+        return flag.parser.parse(text)
+    except (ValueError, TypeError):
+        return text
+
+
+def refuse_repeated_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Raises ValueError when a flag is given twice with different values: absl keeps the last one
+    without a word, so ``--embedding_dim=8 ... --embedding_dim=4`` trained width 4. A repeat of the same
+    value is harmless and accepted (a wrapper such as scripts/train_resilient.sh may add ``--resume`` to
+    a command that has it); flags meant to repeat (``DEFINE_multi_*``) are left alone. A flag on the
+    command line may override one read from ``--flagfile`` (absl's documented way to vary a saved run),
+    so only the command line's own arguments are compared."""
+    args = list(argv[1:])
+    seen: dict[str, tuple] = {}
+    index = 0
+    while index < len(args):
+        argument = args[index]
+        index += 1
+        if argument == "--":
+            break
+        if not argument.startswith("-") or argument == "-":
+            continue
+        name, has_value, text = argument.lstrip("-").partition("=")
+        if name not in flag_values and name.startswith("no") and name[2:] in flag_values \
+                and flag_values[name[2:]].boolean and not has_value:
+            name, text, has_value = name[2:], "false", True
+        if name not in flag_values:
+            continue  # absl refuses an unknown flag itself
+        flag = flag_values[name]
+        if not has_value:
+            if flag.boolean:
+                text = "true"
+            elif index < len(args):
+                text, argument = args[index], f"{argument} {args[index]}"
+                index += 1
+        if isinstance(flag, flags.MultiFlag):
+            continue
+        value = _value_of(flag, text)
+        if flag.boolean and isinstance(value, str) and value.lower() in _TRUE_WORDS:
+            value = True
+        if name in seen and seen[name][0] != value:
+            first = seen[name][1]
+            raise ValueError(
+                f"--{name} is given twice with different values ({first}, then {argument}); the last one would "
+                f"win without a word. Expected each flag once. Received: {first.lstrip('-')} and {argument.lstrip('-')}")
+        seen.setdefault(name, (value, argument))
+
+
 def config_from_flags(values: flags.FlagValues) -> RunConfig:
     """Turns parsed flags into frozen configs; raises ValueError naming the flag on bad values."""
     from tf_dlrm.models import registry

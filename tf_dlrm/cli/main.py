@@ -11,7 +11,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags
 
 from tf_dlrm.cli.flag_reference import HELP_ARGUMENTS, help_text
-from tf_dlrm.cli.flags import config_from_flags, define_flags
+from tf_dlrm.cli.flags import config_from_flags, define_flags, refuse_repeated_flags
 from tf_dlrm.train.interrupt import exit_now
 
 define_flags(sys.argv)
@@ -24,6 +24,7 @@ def main(argv):
 
     stop = SignalStop().install()
     try:
+        refuse_repeated_flags(sys.argv, FLAGS)
         config = config_from_flags(FLAGS)
         from tf_dlrm.cli import modes, preflight
 
