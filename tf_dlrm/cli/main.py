@@ -14,7 +14,11 @@ from tf_dlrm.cli.flag_reference import HELP_ARGUMENTS, help_text
 from tf_dlrm.cli.flags import config_from_flags, define_flags, refuse_repeated_flags
 from tf_dlrm.train.interrupt import exit_now
 
-define_flags(sys.argv)
+try:
+    define_flags(sys.argv)
+except ValueError as error:  # --model names a model that cannot be loaded (its flags are defined here)
+    print(f"error (rank {os.environ.get('HOROVOD_RANK', '0')}): {error}", file=sys.stderr, flush=True)
+    sys.exit(2)
 FLAGS = flags.FLAGS
 
 
