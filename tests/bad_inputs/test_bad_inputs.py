@@ -97,6 +97,11 @@ CASES = [
                    "before its last step (6 steps), and a stop needs 3. Expected evaluations often enough for the patience "
                    "to act (a smaller --eval_every_steps, or a longer run). Received: --eval_every_steps=100, "
                    "--early_stopping_patience=2, 6 steps")),
+    # 8 MiB of dense weights (plus twice that of Adam state), tables of 78 KiB: the budget covers both.
+    Case("--memory_per_rank below the dense weights", _nothing,
+         ("--bottom_mlp_dims=1024,1024,4", "--top_mlp_dims=1024,1024,1", "--optimizer=adam", "--memory_per_rank=1MiB"),
+         r"--memory_per_rank=1.00 MiB: the model does not fit: rank 0: 24.31 MiB \(tables 78.17 KiB, optimizer state "
+         r"0 B, hot rows 0 B, dense weights 8.08 MiB and their optimizer state 16.16 MiB\)\. Its dense weights"),
     Case("empty validation split", _empty_test_split, (),
          r"--valid_split=test: the split holds no samples, so nothing can be evaluated on it"),
     Case("--save_checkpoint_path is a file", _make_file("model"), ("--save_checkpoint_path={tmp}/model",),

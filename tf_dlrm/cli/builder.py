@@ -146,6 +146,23 @@ def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: in
     return memory
 
 
+def check_dense_memory(memory: list, trainer, budget: int = 0) -> list:
+    """``memory`` with the built model's dense weights and their optimizer state (every rank holds both
+    whole); raises ValueError naming ``--memory_per_rank`` when a rank then needs more than ``budget``."""
+    import tensorflow as tf
+
+    from tf_dlrm.sharding.memory_plan import check_budget, with_dense
+
+    def size(variables) -> int:
+        return sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables)
+
+    dense = size(trainer.mlp)
+    # The optimizer's own scalars (iterations, learning rate) are counted too: a few bytes.
+    memory = with_dense(memory, dense, size(trainer.dense_optimizer.variables))
+    check_budget(memory, budget)
+    return memory
+
+
 def make_table_configs(spec: FeatureSpec, plan: ShardingPlan, config: ModelConfig, optimizer: OptimizerConfig | None = None,
                        hot_rows: dict | None = None, split_embedding_tables: bool = False) -> list[TableConfig]:
     """The model's tables as the embedding library's :class:`TableConfig` objects: rows and widths from

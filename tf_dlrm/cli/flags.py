@@ -115,7 +115,8 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
                        "often per global batch on average (about the number of ranks is where replication starts to pay).")
         f.DEFINE_string("memory_per_rank", "0", "Refuse, before anything is allocated, a sharding plan whose embedding tables, "
                         "their optimizer state and hot-row replicas need more than this on some rank (8GiB, 1500MiB, 800MB or bytes; 0: "
-                        "no budget of your own); the error names each rank over it. Every run also checks the plan against the "
+                        "no budget of your own), and, before the first step, a model whose dense weights and their optimizer "
+                        "state take it over; the error names each rank over it. Every run also checks the plan against the "
                         "memory of each host and memory cgroup, and prints and logs (memory_plan) what each rank will hold.")
         f.DEFINE_integer("hot_row_sync_every", 1, "With --hot_rows_budget and several ranks: each rank updates its hot-row "
                          "replicas with its own gradients and the ranks merge the accumulated changes every this many steps "

@@ -136,10 +136,13 @@ def open_session(config, started=None) -> Session:
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla,
                       compress_dense_gradients=config.bf16_dense_allreduce,
                       hot_row_sync_every=config.sharding.hot_row_sync_every)
+    # The dense part is known now: the budget covers it too (the same on every rank, so all refuse together).
+    memory = builder.check_dense_memory(memory, trainer, config.sharding.memory_per_rank)
     trainer.broadcast_initial_state()
     checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, builder.model_identity(config.model), env, reporter)
     reporter.say(plan.describe())
-    reporter.say("memory per rank (embedding tables, their optimizer state, hot rows):\n  " + "\n  ".join(m.describe() for m in memory))
+    reporter.say("memory per rank (embedding tables, their optimizer state, hot rows, dense weights and their "
+                 "optimizer state):\n  " + "\n  ".join(m.describe() for m in memory))
     hot_rows_setup.report_plan(reporter, hot, config.sharding.hot_row_sync_every)
     return Session(config, env, spec, choice.policy, model, trainer, reporter, checkpointer, plan, choice, threads, memory)
 
