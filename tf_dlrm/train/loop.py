@@ -245,7 +245,7 @@ def _check_evaluation_schedule(config: LoopConfig, eval_every: int, start_step: 
                 f"time(s) before its last step ({steps}), and a stop needs {needed}. Expected evaluations often enough "
                 f"for the patience to act (a smaller --eval_every_steps, or a longer run). Received: {schedule}, "
                 f"--early_stopping_patience={stopper.patience}, {steps}")
-    elif during == 0 and eval_every:
+    elif during == 0 and config.eval_every_steps:  # (--evals_per_epoch with a short --max_steps is the usual quick run)
         reporter.say(f"note: {schedule} is longer than the run ({steps}): the validation split is evaluated only "
                      "at the end")
 
