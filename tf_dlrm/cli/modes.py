@@ -89,6 +89,10 @@ def start(config, check_spec=None):
     reporter.say(cpu_allocator.describe())
     for note in config.notes:
         reporter.say(f"note: {note}")
+    outside = spec.files_outside()
+    if outside:
+        reporter.say(f"note: {spec.source} names {len(outside)} data file(s) outside its directory "
+                     f"{spec.base_directory}: " + "; ".join(outside))
     if cycle_line and env.world_size > 1:
         reporter.say(cycle_line)
     return env, spec, reporter, threads
