@@ -150,11 +150,11 @@ def test_a_second_trainer_on_the_same_directory_is_refused_naming_the_first(tmp_
     import sys
     import time
 
-    from conftest import REPO, worker_env
+    from conftest import REPO, one_each, worker_env
 
     data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
-    args = ["main.py", f"--dataset_path={data}", *TINY_MODEL, f"--save_checkpoint_path={save}", "--epochs=1000",
-            "--checkpoint_every_steps=5", "--keep_checkpoints=1", "--print_freq=5"]
+    args = one_each(["main.py", f"--dataset_path={data}", *TINY_MODEL, f"--save_checkpoint_path={save}", "--epochs=1000",
+                     "--checkpoint_every_steps=5", "--keep_checkpoints=1", "--print_freq=5"])
     first = subprocess.Popen([sys.executable, *args], cwd=REPO, env=worker_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     try:
