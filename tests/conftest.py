@@ -21,13 +21,31 @@ def worker_env(extra: dict | None = None) -> dict:
     return env
 
 
+def one_each(args: list[str]) -> list[str]:
+    """``args`` with each ``--name=value`` flag once, the last value in the first one's place.
+
+    Tests add a case's flags after a shared list (TINY_MODEL's ``--learning_rate``, then a diverging
+    one); main.py refuses a flag given twice with different values, so the override replaces it here.
+    """
+    merged, place = [], {}
+    for argument in args:
+        name = argument.split("=", 1)[0] if argument.startswith("--") and "=" in argument else None
+        if name in place:
+            merged[place[name]] = argument
+            continue
+        if name is not None:
+            place[name] = len(merged)
+        merged.append(argument)
+    return merged
+
+
 def launch(num_ranks: int, args: list[str], timeout: float = 600, check: bool = True, env: dict | None = None):
     """Runs ``horovodrun -np N --gloo python ARGS`` on localhost; returns the CompletedProcess.
 
     horovodrun exits non-zero when any rank does, so one exit code covers every rank; with
     ``check`` a failure shows the tail of the combined output.
     """
-    command = [HOROVODRUN, "-np", str(num_ranks), "-H", f"localhost:{num_ranks}", "--gloo", sys.executable, *args]
+    command = [HOROVODRUN, "-np", str(num_ranks), "-H", f"localhost:{num_ranks}", "--gloo", sys.executable, *one_each(args)]
     completed = subprocess.run(
         command, cwd=REPO, env=worker_env(env), capture_output=True, text=True, timeout=timeout
     )
@@ -91,7 +109,7 @@ class CaseLaunches:
 def run_python(args: list[str], timeout: float = 600, check: bool = True, env: dict | None = None):
     """Runs ``python ARGS`` in the repository with quiet TensorFlow logs."""
     completed = subprocess.run(
-        [sys.executable, *args], cwd=REPO, env=worker_env(env), capture_output=True, text=True, timeout=timeout
+        [sys.executable, *one_each(args)], cwd=REPO, env=worker_env(env), capture_output=True, text=True, timeout=timeout
     )
     if check and completed.returncode != 0:
         pytest.fail(f"python {' '.join(args)} failed with exit code {completed.returncode}:\n{(completed.stdout + completed.stderr)[-6000:]}")

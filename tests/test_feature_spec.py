@@ -130,6 +130,25 @@ def test_files_of_one_split_with_different_counts(tmp_path):
     assert "different sample counts" in message and "cat_1.bin=6" in message and "label.bin=5" in message
 
 
+def test_files_outside_the_spec_directory_are_named(tmp_path):
+    """NVIDIA's format allows any path relative to the yaml (and absolute ones): they are accepted, but a
+    run names them, and a count mismatch shows such a file's full path rather than its base name."""
+    data, elsewhere = tmp_path / "data", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    raw = _raw_spec()
+    raw["source_spec"]["train"][0]["files"] = ["../elsewhere/passwd"]
+    raw["source_spec"]["train"][2]["files"] = [str(data / "train" / "cat_0.bin")]  # absolute, but inside
+    path = _write(data, raw, num_samples=5)
+    (elsewhere / "passwd").write_bytes(b"root:x:0:0\n")  # 11 one-byte "labels"
+    with pytest.raises(FeatureSpecError) as caught:
+        FeatureSpec.load(path)
+    assert (f"files hold different sample counts: {elsewhere / 'passwd'} (outside the spec's directory)=11, "
+            "numerical.bin=5, cat_0.bin=5, cat_1.bin=5") in str(caught.value)
+    np.zeros(5, np.bool_).tofile(elsewhere / "passwd")
+    spec = FeatureSpec.load(path)
+    assert spec.files_outside() == [f"'label' (split 'train'): ../elsewhere/passwd -> {elsewhere / 'passwd'}"]
+
+
 def test_a_file_written_in_another_dtype_gets_a_hint(tmp_path):
     path = _write(tmp_path, _raw_spec(), num_samples=5)
     np.zeros(5, np.int32).tofile(os.path.join(tmp_path, "train", "cat_1.bin"))  # the spec says int16

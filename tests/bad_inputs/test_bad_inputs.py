@@ -92,6 +92,16 @@ CASES = [
     Case("typo in --valid_split", _nothing, ("--valid_split=tset",),
          r"--valid_split=tset is not a split of \S+feature_spec.yaml \(its splits: \['train', 'test'\]\); name one of them, "
          r"or give --valid_split='' to train without evaluation"),
+    Case("early stopping that can never act", _nothing, ("--eval_every_steps=100", "--early_stopping_patience=2", "--max_steps=6"),
+         re.escape("--early_stopping_patience=2 can never stop this run: --eval_every_steps=100 evaluates 0 time(s) "
+                   "before its last step (6 steps), and a stop needs 3. Expected evaluations often enough for the patience "
+                   "to act (a smaller --eval_every_steps, or a longer run). Received: --eval_every_steps=100, "
+                   "--early_stopping_patience=2, 6 steps")),
+    # 8 MiB of dense weights (plus twice that of Adam state), tables of 78 KiB: the budget covers both.
+    Case("--memory_per_rank below the dense weights", _nothing,
+         ("--bottom_mlp_dims=1024,1024,4", "--top_mlp_dims=1024,1024,1", "--optimizer=adam", "--memory_per_rank=1MiB"),
+         r"--memory_per_rank=1.00 MiB: the model does not fit: rank 0: 24.31 MiB \(tables 78.17 KiB, optimizer state "
+         r"0 B, hot rows 0 B, dense weights 8.08 MiB and their optimizer state 16.16 MiB\)\. Its dense weights"),
     Case("empty validation split", _empty_test_split, (),
          r"--valid_split=test: the split holds no samples, so nothing can be evaluated on it"),
     Case("--save_checkpoint_path is a file", _make_file("model"), ("--save_checkpoint_path={tmp}/model",),
@@ -133,6 +143,14 @@ def test_bad_input_is_refused_with_its_message(case, tmp_path):
     assert re.search(case.expected, output), output[-3000:]
     if case.ranks == 1:  # (under horovodrun, horovodrun itself reports the failed rank)
         assert "Traceback" not in completed.stderr, output[-3000:]
+
+
+def test_an_evaluation_schedule_longer_than_the_run_is_noted(tmp_path):
+    data = write_tiny(tmp_path / "data")
+    completed = run_python(["main.py", f"--dataset_path={data}", *TINY_MODEL, "--eval_every_steps=100", "--max_steps=6"],
+                           timeout=300)
+    assert ("note: --eval_every_steps=100 is longer than the run (6 steps): the validation split is evaluated only at "
+            "the end") in completed.stderr, completed.stderr[-3000:]
 
 
 def test_an_empty_valid_split_flag_trains_without_evaluation(tmp_path):

@@ -82,6 +82,48 @@ def test_resume_falls_back_past_a_corrupt_newest_checkpoint(tmp_path):
     assert [step for step, _ in checkpoint_store.list_checkpoints(str(save))] == [4, 6]
 
 
+def _corrupt(directory):
+    table = os.path.join(directory, "tables", "table_001.npy")
+    with open(table, "r+b") as handle:
+        handle.seek(-3, os.SEEK_END)
+        handle.write(b"\x7f\x7f\x7f")
+
+
+@pytest.mark.slow
+def test_resume_that_finds_only_corrupt_checkpoints_stops_unless_told_to_start_over(tmp_path):
+    data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
+    train(data, save, "--max_steps=4", "--checkpoint_every_steps=2")
+    _corrupt(ckpt(save, 2))
+    _corrupt(ckpt(save, 4))
+    refused = train(data, save, "--resume", "--max_steps=6", check=False)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert (f"error (rank 0): --resume found only corrupt checkpoints under --save_checkpoint_path={save}, left where they "
+            f"are: ckpt-00000004, ckpt-00000002 ({ckpt(save, 4)}: checkpoint {ckpt(save, 4)}: file tables/table_001.npy "
+            "fails its sha256 checksum: corrupt or modified; refusing to load it). Expected an intact checkpoint to resume "
+            "from. Received: 2 corrupt, 0 intact. Pass --restart_if_all_corrupt to move them aside and start from step 0"
+            ) in refused.stderr, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr and "starting from step 0" not in refused.stderr
+    assert [step for step, _ in checkpoint_store.list_checkpoints(str(save))] == [2, 4]  # untouched
+    restarted = train(data, save, "--resume", "--restart_if_all_corrupt", "--max_steps=2")
+    assert f"every checkpoint under {save} is corrupt: starting from step 0 (--restart_if_all_corrupt)" in restarted.stderr
+    assert os.path.isdir(ckpt(save, 2) + ".corrupt") and os.path.isdir(ckpt(save, 4) + ".corrupt")
+    assert [step for step, _ in checkpoint_store.list_checkpoints(str(save))] == [2]
+
+
+@pytest.mark.slow
+def test_checkpoints_in_process_memory_are_refused(tmp_path):
+    data = write_tiny(tmp_path / "data")
+    for flags in (["--save_checkpoint_path=ram://x"], ["--save_checkpoint_path=ram://x", "--resume"],
+                  ["--mode=eval", "--restore_checkpoint_path=ram://x/ckpt-00000016"]):
+        flag, path = flags[-1 if flags[0] == "--mode=eval" else 0].removeprefix("--").split("=")
+        refused = run_python(["main.py", f"--dataset_path={data}", *TINY_MODEL, *flags], check=False, timeout=300)
+        assert refused.returncode == 2, refused.stderr[-3000:]
+        assert refused.stderr.strip().splitlines()[-1] == (
+            f"error (rank 0): --{flag}={path} is in this process's memory and ends with the process: no later run "
+            "(--resume, --restore_checkpoint_path) could read a checkpoint from there. Expected a local directory or "
+            f"lasting storage (gs://, s3://, hdfs://). Received: {flag}={path}"), refused.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_resume_with_another_batch_size_or_dataset_is_refused(tmp_path):
     data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
@@ -108,11 +150,11 @@ def test_a_second_trainer_on_the_same_directory_is_refused_naming_the_first(tmp_
     import sys
     import time
 
-    from conftest import REPO, worker_env
+    from conftest import REPO, one_each, worker_env
 
     data, save = write_tiny(tmp_path / "data"), tmp_path / "save"
-    args = ["main.py", f"--dataset_path={data}", *TINY_MODEL, f"--save_checkpoint_path={save}", "--epochs=1000",
-            "--checkpoint_every_steps=5", "--keep_checkpoints=1", "--print_freq=5"]
+    args = one_each(["main.py", f"--dataset_path={data}", *TINY_MODEL, f"--save_checkpoint_path={save}", "--epochs=1000",
+                     "--checkpoint_every_steps=5", "--keep_checkpoints=1", "--print_freq=5"])
     first = subprocess.Popen([sys.executable, *args], cwd=REPO, env=worker_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     try:

@@ -12,13 +12,14 @@ import time
 import psutil
 import pytest
 
-from conftest import REPO, launch, run_python, worker_env
+from conftest import REPO, launch, one_each, run_python, worker_env
 from tiny_dataset import TINY_MODEL, write_tiny
 from tf_dlrm.checkpoint import store as checkpoint_store
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 STEPS, EVERY = 200, 20
-FLAGS = [*TINY_MODEL, "--epochs=100", f"--max_steps={STEPS}", f"--checkpoint_every_steps={EVERY}", "--evals_per_epoch=0", "--print_freq=50"]
+FLAGS = one_each([*TINY_MODEL, "--epochs=100", f"--max_steps={STEPS}", f"--checkpoint_every_steps={EVERY}", "--evals_per_epoch=0",
+                  "--print_freq=50"])
 
 
 def events(log) -> list[dict]:

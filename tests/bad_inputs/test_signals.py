@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import HOROVODRUN, REPO, worker_env
+from conftest import HOROVODRUN, REPO, one_each, worker_env
 from tiny_dataset import TINY_MODEL, write_tiny
 from tf_dlrm.checkpoint import store as checkpoint_store
 
@@ -25,8 +26,8 @@ LINE = re.compile(r"interrupted at step (\d+); last checkpoint: (\S+)")
 def run_until_training_then_signal(command, number, timeout=240, env=None, when=" loss ", settle=0.5):
     """Starts ``command`` (``env``: extra environment), waits for its first line holding ``when`` (a
     progress line), then ``settle`` seconds, sends ``number``; returns (exit code, output)."""
-    process = subprocess.Popen(command, cwd=REPO, env=worker_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    process = subprocess.Popen(one_each(command), cwd=REPO, env=worker_env(env), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
     lines, started = [], threading.Event()
 
     def collect():
@@ -127,3 +128,63 @@ def test_plain_horovodrun_warns_that_a_slow_save_may_be_cut_short(tmp_path):
     assert "python -m tf_dlrm.cli.launch" in output
     for _, path in checkpoint_store.list_checkpoints(str(save)):
         checkpoint_store.verify_files(path, checkpoint_store.read_manifest(path))
+
+
+def _rank_processes() -> dict[int, int]:
+    """``{rank: pid}`` of this user's running ``main.py`` ranks (read from /proc)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                command = handle.read().split(b"\0")
+            with open(f"/proc/{entry}/environ", "rb") as handle:
+                environment = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
+        except (OSError, ValueError):
+            continue
+        if b"main.py" in command and b"HOROVOD_RANK" in environment and not any(b"exit_recorder" in c for c in command):
+            found[int(environment[b"HOROVOD_RANK"])] = int(entry)
+    return found
+
+
+@pytest.mark.multirank
+def test_a_step_stuck_in_a_collective_ends_within_the_stop_timeout(tmp_path):
+    """Rank 1 frozen (SIGSTOP) leaves rank 0's step waiting in the gradient allreduce for ever; SIGTERM to
+    rank 0 then ends it after --stop_timeout_s with one line and exit 143, and the last checkpoint stays intact."""
+    data, save, codes = write_tiny(tmp_path / "data"), tmp_path / "save", tmp_path / "exit_codes"
+    codes.mkdir()
+    command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, EXIT_RECORDER, str(codes),
+               sys.executable, "main.py", f"--dataset_path={data}", *TINY_MODEL, *LONG_RUN,
+               f"--save_checkpoint_path={save}", "--checkpoint_every_steps=5", "--stop_timeout_s=5"]
+    process = subprocess.Popen(one_each(command), cwd=REPO, env=worker_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    lines, saved = [], threading.Event()
+    reader = threading.Thread(target=lambda: [(lines.append(line), "saved checkpoint" in line and saved.set())
+                                              for line in process.stdout], daemon=True)
+    reader.start()
+    ranks = {}
+    try:
+        assert saved.wait(240), "".join(lines)[-3000:]
+        ranks = _rank_processes()
+        assert sorted(ranks) == [0, 1], ranks
+        os.kill(ranks[1], signal.SIGSTOP)
+        time.sleep(2)  # rank 0 is now waiting for rank 1 in a step
+        signalled = time.monotonic()
+        os.kill(ranks[0], signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while not (codes / "rank0").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (codes / "rank0").read_text().strip() == "143", "".join(lines)[-3000:]
+        assert time.monotonic() - signalled < 30
+    finally:
+        for pid in ranks.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        process.wait(timeout=120)
+        reader.join(timeout=10)
+    output = "".join(lines)
+    match = re.search(r"error \(rank 0\): no training step ended within 5 s of SIGTERM \(the step is stuck in the input "
+                      r"reader, or in a collective waiting for another rank; --stop_timeout_s\): stopped without saving; "
+                      r"last checkpoint: (\S+)", output)
+    assert match, output[-3000:]
+    checkpoint_store.verify_files(match.group(1), checkpoint_store.read_manifest(match.group(1)))
+    assert match.group(1) == checkpoint_store.latest_checkpoint(str(save))

@@ -29,7 +29,7 @@ import time
 import numpy as np
 import yaml
 
-from conftest import HOROVODRUN, REPO, launch, run_python, worker_env
+from conftest import HOROVODRUN, REPO, launch, one_each, run_python, worker_env
 
 STEPS, EVERY = 10, 5
 WORKER = "tests/checkpoint/checkpoint_worker.py"
@@ -203,7 +203,7 @@ def killed_and_resumed(tmp_path_factory) -> dict:
             f"--save_checkpoint_path={save}",
         ]
         half_written = os.path.join(save, f".ckpt-{STEPS:08d}.tmp", "tables", "table_002.npy")
-        command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "main.py", *flags]
+        command = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "main.py", *one_each(flags)]
         env = worker_env({"TF_DLRM_TEST_CHECKPOINT_DELAY_S": str(SAVE_DELAY_S)})
         with open(os.path.join(out, "killed.log"), "w") as log:
             process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import HOROVODRUN, REPO, worker_env
+from conftest import HOROVODRUN, REPO, one_each, worker_env
 from tf_dlrm.checkpoint import store as checkpoint_store
 
 pytestmark = pytest.mark.multirank
@@ -76,7 +76,7 @@ GROUP = f"tf_dlrm_test_{os.getpid()}_rank"
 
 def _run(num_ranks: int, flags: list[str], check: bool = True) -> subprocess.CompletedProcess:
     command = [HOROVODRUN, "-np", str(num_ranks), "-H", f"localhost:{num_ranks}", "--gloo", sys.executable,
-               os.path.join("tests", "checkpoint", "limited_main.py"), str(LIMIT), GROUP, *flags]
+               os.path.join("tests", "checkpoint", "limited_main.py"), str(LIMIT), GROUP, *one_each(flags)]
     completed = subprocess.run(command, cwd=REPO, env=worker_env({"MALLOC_ARENA_MAX": "2"}), capture_output=True,
                                text=True, timeout=900)
     if "limited_main: cannot create a memory cgroup" in completed.stderr + completed.stdout:

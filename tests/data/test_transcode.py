@@ -153,6 +153,26 @@ def test_header_must_match_features(tmp_path):
         transcode(_write_spec(tmp_path, _raw_spec({"train": ["data.csv"]}, header=True)), str(tmp_path / "out"))
 
 
+def test_a_header_only_csv_is_refused_naming_the_file(tmp_path):
+    (tmp_path / "data.csv").write_text(",".join(COLUMNS) + "\n")
+    with pytest.raises(TranscodeError) as refused:
+        transcode(_write_spec(tmp_path, _raw_spec({"train": ["data.csv"]}, header=True)), str(tmp_path / "out"))
+    assert str(refused.value) == (f"split 'train': {tmp_path / 'data.csv'} holds only a header line, no data rows. Expected "
+                                  "at least one sample. Received: train=0 samples")
+    assert not (tmp_path / "out").exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")] == []
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path):
+    """Spreadsheet programs save "CSV UTF-8" with a byte-order mark before the header (or the first row)."""
+    rows = _rows(np.random.default_rng(2), 6)
+    for header in (True, False):
+        lines = ([",".join(COLUMNS)] if header else []) + [",".join(row) for row in rows]
+        (tmp_path / "data.csv").write_bytes(b"\xef\xbb\xbf" + ("\n".join(lines) + "\n").encode())
+        out = tmp_path / f"out_{header}"
+        transcode(_write_spec(tmp_path, _raw_spec({"train": ["data.csv"]}, header=header)), str(out))
+        _check_output(out, "train", rows)
+
+
 def test_failure_keeps_existing_dataset(tmp_path):
     rng = np.random.default_rng(5)
     good = _rows(rng, 7)

@@ -171,13 +171,17 @@ def test_bad_parquet_columns_are_named_with_file_column_and_row(tmp_path):
         "float_ids": ("site", ids_with_a_gap, "FILE: column 'site' has Parquet type double; expected integer ids "
                       "(integers or strings, or lists of them for a multi-hot feature) (pandas writes an integer "
                       "column holding missing values as float64: fill them, or use the nullable 'Int64' dtype)"),
-        "nullable_int_null": ("site", pd.array(ids_with_a_gap, dtype="Int64"), "FILE, row 2: missing value in column 'site'"),
+        "nullable_int_null": ("site", pd.array(ids_with_a_gap, dtype="Int64"), "FILE, row 2, column 'site': the value is null; "
+                              "expected an id"),
         "text_in_numbers": ("dense_a", ["1.5"] * 7 + ["abc"] + ["2"] * 4, "FILE, row 7: column 'dense_a': 'abc' is not a number"),
         "list_for_numbers": ("dense_a", [[1.0]] * 12, "FILE: column 'dense_a' has Parquet type list<element: double>; "
                              "expected numbers"),
         "short_list": ("tags", [[1, 2, 3]] * 6 + [[4, 5]] + [[1, 2, 3]] * 5, "FILE, row 6: column 'tags': 2 ids in '4|5', "
                        "fewer than the feature's hotness 3"),
-        "null_list": ("tags", [[1, 2, 3]] * 9 + [None] + [[1, 2, 3]] * 2, "FILE, row 9: column 'tags': 1 ids in ''"),
+        # A null list: named as null, not as csv's empty cell "1 ids in ''" with advice about '|' separators.
+        "null_list": ("tags", [[1, 2, 3]] * 9 + [None] + [[1, 2, 3]] * 2, "FILE, row 9, column 'tags': the list is null; "
+                      "expected a list of exactly 3 ids (hotness 3; a variable-length feature, ragged: true, would read a "
+                      "null list as no ids)"),
         "id_outside": ("tags", [[1, 2, 3]] * 11 + [[1, 50, 3]], "FILE, row 11: column 'tags': categorical id 50 is "
                        "outside [0, 50)"),
         "bad_label": ("click", [0, 1] * 5 + [2, 0], "FILE, row 10: column 'click': label must be 0 or 1. Received: '2'"),
@@ -199,7 +203,7 @@ def test_command_line_refuses_a_bad_file_in_one_line(tmp_path):
                                 f"--output_dir={tmp_path}/out"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 1
     assert completed.stderr.strip().splitlines() == [
-        f"error: {tmp_path}/train.parquet, row 3: missing value in column 'dense_b'"], completed.stderr
+        f"error: {tmp_path}/train.parquet, row 3, column 'dense_b': the value is null; expected a number"], completed.stderr
     assert not os.path.exists(tmp_path / "out")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tf_dlrm.sharding.memory_plan import check_budget, parse_bytes, plan_memory
+from tf_dlrm.sharding.memory_plan import check_budget, parse_bytes, plan_memory, with_dense
 from tf_dlrm.sharding.plan import ColumnSlice, ShardingPlan, TableSpec
 
 # t0: 100 x 8 replicated; t1: 1000 x 8 on rank 0; t2: 500 x 16 split 8/8 over ranks 0 and 1.
@@ -42,6 +42,21 @@ def test_a_plan_over_budget_is_refused_with_the_numbers():
                                          r"optimizer state 100.00 KiB, hot rows 0 B\)") as refused:
         check_budget(memory, 153_599)
     assert "rank 1" not in str(refused.value)  # only the ranks over the budget
+
+
+def test_the_dense_part_counts_against_the_budget():
+    memory = with_dense(plan_memory(PLAN, element_slots=2), dense=1_000, dense_optimizer_state=2_000)
+    assert memory[0].total == 153_600 + 3_000 and memory[1].total - memory[1].hot_rows - 3_000 == \
+        memory[1].tables + memory[1].optimizer_state
+    check_budget(memory, 156_600)
+    with pytest.raises(ValueError, match=r"^--memory_per_rank=152.93 KiB: the sharding plan does not fit: rank 0: 152.93 "
+                                         r"KiB \(tables 50.00 KiB, optimizer state 100.00 KiB, hot rows 0 B, dense weights "
+                                         r"1000 B and their optimizer state 1.95 KiB\)"):
+        check_budget(memory, 156_599)
+    # Dense weights alone over the budget: the plan is not what to change.
+    with pytest.raises(ValueError, match=r"the model does not fit: .* Its dense weights and their optimizer state alone "
+                                         r"take more, on every rank whatever the plan"):
+        check_budget(with_dense(memory, dense=100_000, dense_optimizer_state=200_000), 250_000)
 
 
 @pytest.mark.parametrize("text, expected", [

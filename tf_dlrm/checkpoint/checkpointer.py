@@ -133,6 +133,7 @@ class Checkpointer(RestoreChecks):
         checkpoint and compared on ``--resume``.
         """
         self.steps_per_epoch, self.data = steps_per_epoch, data
+        self.restart_if_all_corrupt = getattr(config, "restart_if_all_corrupt", False)
         if not (config.restore_checkpoint_path or config.resume or self.save_path):
             return 0  # the same on every rank: no collective needed
         header = self.restore(config.restore_checkpoint_path, resume=config.resume, for_training=True)

@@ -35,13 +35,14 @@ from tf_dlrm.io import files
 _EDGE_BYTES = 1 << 16  # bytes hashed at each end of every data file
 
 
-def newest_intact(save_path: str, move_aside: bool, held: contextlib.ExitStack | None = None
-                  ) -> tuple[str | None, list[str]]:
+def newest_intact(save_path: str, move_aside: bool, held: contextlib.ExitStack | None = None,
+                  corrupt: list[str] | None = None, keep_if_none_intact: bool = False) -> tuple[str | None, list[str]]:
     """The newest checkpoint under ``save_path`` that verifies, and one line per newer one skipped.
     With ``held``, the one returned stays held against retention (:func:`tf_dlrm.checkpoint.lock.reading`)
     until ``held`` closes: each candidate is held before its files are read, so a checkpoint deleted
-    by its run's retention meanwhile is skipped as such, never taken for a corrupt one."""
-    skipped = []
+    by its run's retention meanwhile is skipped as such, never taken for a corrupt one. ``corrupt``, when
+    given, receives the corrupt ones' paths when none is intact."""
+    skipped, found = [], []
     for _, path in reversed(list_checkpoints(save_path)):
         candidate = contextlib.ExitStack()
         try:
@@ -53,17 +54,29 @@ def newest_intact(save_path: str, move_aside: bool, held: contextlib.ExitStack |
             continue
         except CheckpointError as error:
             candidate.close()
-            line = f"skipped checkpoint {path}: {error}"
-            if move_aside:
-                aside = _aside_name(path)
-                files.move_tree(path, aside, first=(MANIFEST,))
-                line += f"; moved it aside to {aside}"
-            skipped.append(line)
+            found.append((len(skipped), path))
+            skipped.append(f"skipped checkpoint {path}: {error}")
             continue
         if held is not None:
             held.enter_context(candidate)
+        _move_aside(found, skipped, move_aside)
         return path, skipped
+    # None intact: with ``keep_if_none_intact`` they stay where they are, so that the refusal that
+    # follows (see RestoreChecks._refuse_all_corrupt) says the same on every later --resume.
+    _move_aside(found, skipped, move_aside and not keep_if_none_intact)
+    if corrupt is not None:
+        corrupt.extend(path for _, path in found)
     return None, skipped
+
+
+def _move_aside(found: list[tuple[int, str]], skipped: list[str], move: bool) -> None:
+    """Moves each corrupt checkpoint of ``found`` (its line's index, its path) aside, saying so in its line."""
+    if not move:
+        return
+    for index, path in found:
+        aside = _aside_name(path)
+        files.move_tree(path, aside, first=(MANIFEST,))
+        skipped[index] += f"; moved it aside to {aside}"
 
 
 def _aside_name(path: str) -> str:
@@ -129,12 +142,16 @@ class RestoreChecks:
     def _choose(self, restore_path: str | None, resume: bool, for_training: bool) -> tuple[str | None, list[str], bool]:
         """The checkpoint to load, the lines saying which newer ones were skipped and why, and whether
         its files' checksums were verified already (the search for the newest intact one did)."""
-        skipped = []
+        skipped, corrupt = [], []
         held = getattr(self, "_held", None)
         if resume and self.save_path:
-            latest, skipped = newest_intact(self.save_path, move_aside=for_training, held=held)
+            restart = getattr(self, "restart_if_all_corrupt", False)
+            latest, skipped = newest_intact(self.save_path, move_aside=for_training, held=held, corrupt=corrupt,
+                                            keep_if_none_intact=not restart)
             if latest:
                 return latest, skipped, True
+            if corrupt and not restore_path:
+                self._refuse_all_corrupt(corrupt, skipped)
         if restore_path:
             for attempt in range(3):
                 directory = resolve(restore_path)
@@ -148,6 +165,21 @@ class RestoreChecks:
                         raise
                     skipped.append(f"{gone} (by its run's retention); taking the newest one left")
         return None, skipped, False
+
+    def _refuse_all_corrupt(self, corrupt: list[str], skipped: list[str]) -> None:
+        """``--resume`` that finds checkpoints, all corrupt, is no fresh start: it stops, naming them,
+        unless the run was told to start over (``--restart_if_all_corrupt``)."""
+        if getattr(self, "restart_if_all_corrupt", False):
+            skipped.append(f"every checkpoint under {self.save_path} is corrupt: starting from step 0 "
+                           "(--restart_if_all_corrupt)")
+            return
+        names = ", ".join(files.basename(path) for path in corrupt)
+        first = next(line for line in skipped if line.startswith(f"skipped checkpoint {corrupt[0]}:"))
+        first = first.removeprefix("skipped checkpoint ")
+        raise CheckpointError(
+            f"--resume found only corrupt checkpoints under --save_checkpoint_path={self.save_path}, left where they are: "
+            f"{names} ({first}). Expected an intact checkpoint to resume from. Received: {len(corrupt)} corrupt, 0 intact. "
+            "Pass --restart_if_all_corrupt to move them aside and start from step 0")
 
     def _is_own(self, directory: str) -> bool:
         """Whether ``directory`` is one of this run's checkpoints (under ``--save_checkpoint_path``)."""

@@ -6,6 +6,7 @@ and says which tables and features it reads (:class:`tf_dlrm.models.ranking_mode
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import keras
@@ -71,7 +72,26 @@ def model_tables(spec: FeatureSpec, model: ModelConfig) -> list[TableSpec]:
     """Every table of the model: one per categorical feature, then the model's own (DeepFM's and Wide
     & Deep's width-1 tables, :meth:`RankingModel.tables`)."""
     deep = make_tables(spec, model.embedding_dim, model.embedding_dims, model.embedding_widths)
-    return model_class(model).tables(model_params(model), deep, spec.crossed_features)
+    cls = model_class(model)
+    with _users_model(model, cls, "tables"):
+        tables = list(cls.tables(model_params(model), deep, spec.crossed_features))
+    if not tables:
+        raise ValueError(f"--model={model.name}: {cls.__qualname__}.tables() gave no embedding table. Expected at least "
+                         f"one (the spec's {len(deep)} categorical features give one each). Received: tables=[]")
+    return tables
+
+
+@contextlib.contextmanager
+def _users_model(model: ModelConfig, cls: type, what: str):
+    """An error raised by a user's model (``--model=package.module:Class``) in ``what``, as one line
+    naming the model and the place; tf_dlrm's own models keep their tracebacks (a bug of ours)."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001: whatever a user's code raises
+        if not registry.is_plugin(model.name) or isinstance(error, registry.ModelError):
+            raise
+        raise registry.ModelError(f"--model={model.name}: {cls.__qualname__} failed in {what}: "
+                                  f"{registry.where_raised(error)}") from error
 
 
 def model_features(spec: FeatureSpec, model: ModelConfig) -> tuple[tuple[FeatureConfig, ...], tuple[tuple, ...]]:
@@ -123,6 +143,23 @@ def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: in
                          hot_copies=2 if hot_row_sync_every > 1 else 1)
     check_budget(memory, budget)
     check_limits(memory, limits)
+    return memory
+
+
+def check_dense_memory(memory: list, trainer, budget: int = 0) -> list:
+    """``memory`` with the built model's dense weights and their optimizer state (every rank holds both
+    whole); raises ValueError naming ``--memory_per_rank`` when a rank then needs more than ``budget``."""
+    import tensorflow as tf
+
+    from tf_dlrm.sharding.memory_plan import check_budget, with_dense
+
+    def size(variables) -> int:
+        return sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables)
+
+    dense = size(trainer.mlp)
+    # The optimizer's own scalars (iterations, learning rate) are counted too: a few bytes.
+    memory = with_dense(memory, dense, size(trainer.dense_optimizer.variables))
+    check_budget(memory, budget)
     return memory
 
 
@@ -195,12 +232,14 @@ def build_model(
     signature a SavedModel export serves."""
     embedding = make_embedding(spec, plan, config, env, seed, data_parallel_input, deduplicate_exchange, hot_rows,
                                split_embedding_tables, num_shards, optimizer)
-    model = model_class(config)(embedding, len(spec.numerical_features), num_categorical=len(spec.categorical_features),
-                                seed=seed, config=model_params(config))
-    if serving:
-        build_with_dummy_batch(model, len(spec.numerical_features), embedding, env.world_size)
-    else:  # no eager forward (op by op, with the exchange's collectives) only to create the weights
-        model.build(None)
+    cls = model_class(config)
+    with _users_model(config, cls, "its construction or build"):
+        model = cls(embedding, len(spec.numerical_features), num_categorical=len(spec.categorical_features),
+                    seed=seed, config=model_params(config))
+        if serving:
+            build_with_dummy_batch(model, len(spec.numerical_features), embedding, env.world_size)
+        else:  # no eager forward (op by op, with the exchange's collectives) only to create the weights
+            model.build(None)
     return model
 
 

@@ -115,7 +115,8 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
                        "often per global batch on average (about the number of ranks is where replication starts to pay).")
         f.DEFINE_string("memory_per_rank", "0", "Refuse, before anything is allocated, a sharding plan whose embedding tables, "
                         "their optimizer state and hot-row replicas need more than this on some rank (8GiB, 1500MiB, 800MB or bytes; 0: "
-                        "no budget of your own); the error names each rank over it. Every run also checks the plan against the "
+                        "no budget of your own), and, before the first step, a model whose dense weights and their optimizer "
+                        "state take it over; the error names each rank over it. Every run also checks the plan against the "
                         "memory of each host and memory cgroup, and prints and logs (memory_plan) what each rank will hold.")
         f.DEFINE_integer("hot_row_sync_every", 1, "With --hot_rows_budget and several ranks: each rank updates its hot-row "
                          "replicas with its own gradients and the ranks merge the accumulated changes every this many steps "
@@ -179,7 +180,18 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
             "resume", False,
             "Continue from the newest intact checkpoint under --save_checkpoint_path (corrupt newer ones are skipped, "
             "named and moved aside; else from --restore_checkpoint_path, else from scratch); refused when --batch_size "
-            "or the training data differ from the checkpoint's.",
+            "or the training data differ from the checkpoint's; refused when every checkpoint there is corrupt.",
+        )
+        f.DEFINE_bool(
+            "restart_if_all_corrupt", False,
+            "With --resume: when every checkpoint under --save_checkpoint_path is corrupt, move them aside and "
+            "start from step 0 instead of stopping.",
+        )
+        f.DEFINE_float(
+            "stop_timeout_s", 60.0,
+            "After SIGINT or SIGTERM during training: when no step ends within this many seconds (one stuck in the "
+            "input reader or a collective), end the process without saving (exit 128 + signal; the last checkpoint "
+            "stays intact). Evaluations and saves in progress are not counted.",
         )
         f.DEFINE_string("saved_model_path", None, "--mode=export: directory to write the TF SavedModel to (must not exist, or be empty).")
     with _topic("evaluation", flag_values):
@@ -254,6 +266,61 @@ def family_rate(values: flags.FlagValues, name: str, model_default: float | None
     return values[name].value if model_default is None else model_default
 
 
+_TRUE_WORDS = ("true", "t", "1", "yes", "y")
+
+
+def _value_of(flag, text: str):
+    """A flag's value as its parser reads ``text`` (so ``--x=8`` and ``--x 8`` compare equal); the text
+    itself where the parser refuses it (absl names that mistake)."""
+    try:
+        return flag.parser.parse(text)
+    except (ValueError, TypeError):
+        return text
+
+
+def refuse_repeated_flags(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Raises ValueError when a flag is given twice with different values: absl keeps the last one
+    without a word, so ``--embedding_dim=8 ... --embedding_dim=4`` trained width 4. A repeat of the same
+    value is harmless and accepted (a wrapper such as scripts/train_resilient.sh may add ``--resume`` to
+    a command that has it); flags meant to repeat (``DEFINE_multi_*``) are left alone. A flag on the
+    command line may override one read from ``--flagfile`` (absl's documented way to vary a saved run),
+    so only the command line's own arguments are compared."""
+    args = list(argv[1:])
+    seen: dict[str, tuple] = {}
+    index = 0
+    while index < len(args):
+        argument = args[index]
+        index += 1
+        if argument == "--":
+            break
+        if not argument.startswith("-") or argument == "-":
+            continue
+        name, has_value, text = argument.lstrip("-").partition("=")
+        if name not in flag_values and name.startswith("no") and name[2:] in flag_values \
+                and flag_values[name[2:]].boolean and not has_value:
+            name, text, has_value = name[2:], "false", True
+        if name not in flag_values:
+            continue  # absl refuses an unknown flag itself
+        flag = flag_values[name]
+        if not has_value:
+            if flag.boolean:
+                text = "true"
+            elif index < len(args):
+                text, argument = args[index], f"{argument} {args[index]}"
+                index += 1
+        if isinstance(flag, flags.MultiFlag):
+            continue
+        value = _value_of(flag, text)
+        if flag.boolean and isinstance(value, str) and value.lower() in _TRUE_WORDS:
+            value = True
+        if name in seen and seen[name][0] != value:
+            first = seen[name][1]
+            raise ValueError(
+                f"--{name} is given twice with different values ({first}, then {argument}); the last one would "
+                f"win without a word. Expected each flag once. Received: {first.lstrip('-')} and {argument.lstrip('-')}")
+        seen.setdefault(name, (value, argument))
+
+
 def config_from_flags(values: flags.FlagValues) -> RunConfig:
     """Turns parsed flags into frozen configs; raises ValueError naming the flag on bad values."""
     from tf_dlrm.models import registry
@@ -326,6 +393,8 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         checkpoint_every_steps=values.checkpoint_every_steps,
         keep_checkpoints=values.keep_checkpoints,
         resume=values.resume,
+        restart_if_all_corrupt=values.restart_if_all_corrupt,
+        stop_timeout_s=values.stop_timeout_s,
         saved_model_path=values.saved_model_path,
         inference_batch_sizes=parse_dims(nvidia_flags.inference_batch_sizes_of(values), "inference_batch_sizes"),
         # Early stopping ends with the best state: it keeps it as --keep_best does.

@@ -11,10 +11,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags
 
 from tf_dlrm.cli.flag_reference import HELP_ARGUMENTS, help_text
-from tf_dlrm.cli.flags import config_from_flags, define_flags
+from tf_dlrm.cli.flags import config_from_flags, define_flags, refuse_repeated_flags
 from tf_dlrm.train.interrupt import exit_now
 
-define_flags(sys.argv)
+try:
+    define_flags(sys.argv)
+except ValueError as error:  # --model names a model that cannot be loaded (its flags are defined here)
+    print(f"error (rank {os.environ.get('HOROVOD_RANK', '0')}): {error}", file=sys.stderr, flush=True)
+    sys.exit(2)
 FLAGS = flags.FLAGS
 
 
@@ -24,8 +28,12 @@ def main(argv):
 
     stop = SignalStop().install()
     try:
+        refuse_repeated_flags(sys.argv, FLAGS)
         config = config_from_flags(FLAGS)
-        from tf_dlrm.cli import modes
+        from tf_dlrm.cli import modes, preflight
+
+        preflight.check_checkpoints_outlive_the_process(config)
+        stop.stuck_after_s = config.stop_timeout_s
 
         modes.run(config, stop)
     except Interrupted as interrupted:  # before the first step (or outside training): nothing to save

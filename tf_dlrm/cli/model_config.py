@@ -80,7 +80,7 @@ class ShardingConfig:
     deduplicate_exchange: bool = False
     hot_rows_budget: float = 0.0
     hot_rows_min_per_step: float = 0.0
-    memory_per_rank: int = 0  # bytes of tables + optimizer state + hot rows a rank may hold; 0: no limit
+    memory_per_rank: int = 0  # bytes of tables, hot rows, dense weights and all their optimizer state a rank may hold; 0: none
     # --hot_row_sync_every: merge the hot-row replicas every this many steps (1: combined every step).
     hot_row_sync_every: int = 1
     # Model-parallel tables stored as split bfloat16 halves (tf_dlrm.embedding.split_tables).

@@ -13,6 +13,7 @@ Each prints a one-screen summary on rank 0 and logs JSON lines ending with a ``f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -88,6 +89,10 @@ def start(config, check_spec=None):
     reporter.say(cpu_allocator.describe())
     for note in config.notes:
         reporter.say(f"note: {note}")
+    outside = spec.files_outside()
+    if outside:
+        reporter.say(f"note: {spec.source} names {len(outside)} data file(s) outside its directory "
+                     f"{spec.base_directory}: " + "; ".join(outside))
     if cycle_line and env.world_size > 1:
         reporter.say(cycle_line)
     return env, spec, reporter, threads
@@ -135,10 +140,13 @@ def open_session(config, started=None) -> Session:
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla,
                       compress_dense_gradients=config.bf16_dense_allreduce,
                       hot_row_sync_every=config.sharding.hot_row_sync_every)
+    # The dense part is known now: the budget covers it too (the same on every rank, so all refuse together).
+    memory = builder.check_dense_memory(memory, trainer, config.sharding.memory_per_rank)
     trainer.broadcast_initial_state()
     checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, builder.model_identity(config.model), env, reporter)
     reporter.say(plan.describe())
-    reporter.say("memory per rank (embedding tables, their optimizer state, hot rows):\n  " + "\n  ".join(m.describe() for m in memory))
+    reporter.say("memory per rank (embedding tables, their optimizer state, hot rows, dense weights and their "
+                 "optimizer state):\n  " + "\n  ".join(m.describe() for m in memory))
     hot_rows_setup.report_plan(reporter, hot, config.sharding.hot_row_sync_every)
     return Session(config, env, spec, choice.policy, model, trainer, reporter, checkpointer, plan, choice, threads, memory)
 
@@ -259,16 +267,21 @@ def run_train(config, stop=None) -> dict:
         checkpointer.selection = lambda: keeper.record(stopper.waited if stopper else None)
 
     def on_step(step, epoch, batch_in_epoch):
-        checkpointer.on_step(step, epoch, batch_in_epoch)
+        with stop.paused() if stop is not None else contextlib.nullcontext():
+            checkpointer.on_step(step, epoch, batch_in_epoch)
         if stop is not None:
             stop.poll(trainer, env, step)
 
     if stop is not None:
         stop.training = True  # from now on a signal is only recorded, and the loop stops after a step
+        stop.last_checkpoint = lambda: checkpoint_checks.latest(config.save_checkpoint_path) or config.restore_checkpoint_path
+        stop.watch_steps(True)
     try:
         result = train(trainer, train_reader, valid_reader, config.loop, reporter, start_step=start_step, on_step=on_step,
-                       on_eval=keeper.on_eval if keeper else None, stopper=stopper)
+                       on_eval=keeper.on_eval if keeper else None, stopper=stopper,
+                       evaluation=stop.paused if stop is not None else None)
     except interrupt.Interrupted as interrupted:
+        stop.watch_steps(False)  # the stop is agreed: the save that follows takes the time it needs
         checkpointer.finish(interrupted.step)  # saves unless that step is saved already (or no save path)
         last = checkpoint_checks.latest(config.save_checkpoint_path) or config.restore_checkpoint_path
         if keeper is not None:
@@ -280,6 +293,8 @@ def run_train(config, stop=None) -> dict:
         # would cut the others' save or report short. All leave together, after everything is written.
         collectives.barrier(env)
         interrupt.exit_now(interrupted.exit_code)
+    if stop is not None:
+        stop.watch_steps(False)
     last, final_step = result.last_eval, result.steps
     chosen = keeper is not None and keeper.step is not None
     if chosen and keeper.in_memory:

@@ -6,6 +6,8 @@ the same way. What is checked:
 - output paths: ``--save_checkpoint_path`` and ``--tensorboard_dir`` must be (or become) writable
   directories, ``--log_path`` a writable file; before issue #15 a file given as
   ``--save_checkpoint_path`` failed only after all training, losing the trained model;
+- checkpoints outlive the process: ``ram://`` is refused for ``--save_checkpoint_path`` and
+  ``--restore_checkpoint_path`` on the command line (a saved checkpoint vanished with its process);
 - splits: ``--valid_split`` must name a split of the spec (a typo used to train without ever
   evaluating) and hold at least one sample; ``--valid_split=''`` (or ``none``, unless the spec has a
   split of that name) trains without evaluation; ``--test_split`` likewise (none by default), and
@@ -71,6 +73,21 @@ def _check_writable_file(flag: str, path: str | None) -> None:
     existing = _nearest_existing(os.path.dirname(os.path.abspath(path)))
     if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"--{flag}={path}: {existing} is not a writable directory, so the file cannot be created")
+
+
+def check_checkpoints_outlive_the_process(config) -> None:
+    """Refuses checkpoint paths on a filesystem that ends with the process (``ram://``): a checkpoint
+    saved there is gone before any later run could resume or restore from it.
+
+    Checked where a command line starts a run (``main.py``); a user's own script may keep checkpoints
+    in ``ram://`` for the length of its process."""
+    for flag in ("save_checkpoint_path", "restore_checkpoint_path"):
+        path = getattr(config, flag)
+        if path and files.ends_with_process(path):
+            raise ValueError(
+                f"--{flag}={path} is in this process's memory and ends with the process: no later run (--resume, "
+                f"--restore_checkpoint_path) could read a checkpoint from there. Expected a local directory or lasting "
+                f"storage (gs://, s3://, hdfs://). Received: {flag}={path}")
 
 
 def check_output_paths(config) -> None:

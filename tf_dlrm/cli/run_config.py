@@ -37,6 +37,10 @@ class RunConfig:
     checkpoint_every_steps: int = 0
     keep_checkpoints: int = 2
     resume: bool = False
+    # --restart_if_all_corrupt: a --resume that finds only corrupt checkpoints starts over instead of stopping.
+    restart_if_all_corrupt: bool = False
+    # --stop_timeout_s: after a stop signal, how long a training step may take before the process ends unsaved.
+    stop_timeout_s: float = 60.0
     saved_model_path: str | None = None
     # --bf16_dense_allreduce: average the MLP gradients as bfloat16 under --amp (bfloat16).
     bf16_dense_allreduce: bool = False
@@ -75,6 +79,11 @@ class RunConfig:
             raise ValueError(f"Expected --keep_checkpoints >= 1. Received: --keep_checkpoints={self.keep_checkpoints}")
         if self.resume and not self.save_checkpoint_path:
             raise ValueError("--resume continues from the latest checkpoint under --save_checkpoint_path: give that flag too")
+        if not self.stop_timeout_s > 0:
+            raise ValueError(f"Expected --stop_timeout_s > 0. Received: --stop_timeout_s={self.stop_timeout_s}")
+        if self.restart_if_all_corrupt and not self.resume:
+            raise ValueError("--restart_if_all_corrupt says what --resume does when every checkpoint is corrupt: give "
+                             "--resume too")
         if self.checkpoint_every_steps and not self.save_checkpoint_path:
             raise ValueError("--checkpoint_every_steps needs --save_checkpoint_path (where to save)")
         if self.mode in ("eval", "export") and not (self.restore_checkpoint_path or self.resume):

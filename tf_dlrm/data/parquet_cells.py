@@ -139,6 +139,28 @@ def column_cells(array, pa) -> np.ndarray:
     return compute.fill_null(_scalar_text(array, pa), "").to_numpy(zero_copy_only=False).astype(str)
 
 
+def _null_expected(column) -> str | None:
+    """What a null of ``column`` stands in place of when a null is an error there (None: it reads as an
+    empty value: an encoded column's ``""``, a variable-length feature's empty list)."""
+    if column.hotness > 1 and not column.ragged:
+        return f"a list of exactly {column.hotness} ids (hotness {column.hotness}; a variable-length feature, ragged: " \
+               "true, would read a null list as no ids)"
+    return {LABEL: "a label 0 or 1", NUMERICAL: "a number", CATEGORICAL: "an id"}.get(column.kind)
+
+
+def _check_nulls(path: str, first: int, batch, used: Sequence) -> None:
+    """Refuses a null where a value is needed, naming the file, row and column (read as an empty cell it
+    got csv's messages, about ``|`` separators and empty cells that a Parquet file does not have)."""
+    for column in used:
+        array = batch.column(column.feature)
+        expected = _null_expected(column)
+        if expected is None or not array.null_count:
+            continue
+        row = int(np.flatnonzero(np.asarray(array.is_null().to_numpy(zero_copy_only=False)))[0])
+        kind = "list" if column.hotness > 1 else "value"
+        raise TranscodeError(f"{path}, row {first + row}, column '{column.feature}': the {kind} is null; expected {expected}")
+
+
 def blocks(path: str, features: Sequence[str], used: Sequence, block_rows: int,
            row_groups: Sequence[int] | None = None) -> Iterator[tuple[int, np.ndarray]]:
     """``(first row, [rows, len(features)] cells)`` of a Parquet file (or of its ``row_groups``, rows then counted
@@ -157,6 +179,7 @@ def blocks(path: str, features: Sequence[str], used: Sequence, block_rows: int,
         position = {feature: index for index, feature in enumerate(features)}
         first = 0
         for batch in handle.iter_batches(batch_size=block_rows, row_groups=row_groups, columns=names):
+            _check_nulls(path, first, batch, used)
             table = np.full((batch.num_rows, len(features)), "", dtype=object)
             for name in names:
                 table[:, position[name]] = column_cells(batch.column(name), pa)

@@ -77,6 +77,7 @@ from tf_dlrm.spec.feature_spec import FeatureSpec, read_spec_yaml
 from tf_dlrm.io.publish import staged_output
 
 DEFAULT_BLOCK_LINES = 1 << 16
+BOM = "\ufeff"
 ENGINES = ("local", "spark")
 VOCABULARY_DIRECTORY = "vocabularies"
 
@@ -97,7 +98,8 @@ class CsvSource:
         """The first line of ``path`` (no newline; None for an empty file) must name the chunk's features."""
         if first is None:
             raise TranscodeError(f"{path}: the file is empty; expected a header line (the chunk sets header: true)")
-        names = [name.strip() for name in first.split(self.delimiter)]
+        # A byte-order mark (what spreadsheet programs write before UTF-8 text) is no part of the first name.
+        names = [name.strip() for name in first.removeprefix(BOM).split(self.delimiter)]
         if names != list(self.features):
             raise TranscodeError(f"{path}, line 1: the header names {names} do not match the chunk's features {list(self.features)}")
 
@@ -167,7 +169,8 @@ class LocalEngine:
 
     def _file_blocks(self, source: CsvSource) -> Iterator[tuple[str, int, list[str]]]:
         for path in source.paths:
-            with open(path, "r", encoding="utf-8", newline=None) as handle:
+            # utf-8-sig: a byte-order mark at the start of the file (spreadsheet programs write one) is dropped.
+            with open(path, "r", encoding="utf-8-sig", newline=None) as handle:
                 line_number = 1  # of the next line read
                 try:
                     if source.header:
@@ -225,6 +228,18 @@ def _source(spec: FeatureSpec, split: str) -> tuple[CsvSource | ParquetSource, D
         raise TranscodeError(f"{spec.source}: source_spec.{split}[0].delimiter: expected a non-empty string. Received: {delimiter!r}")
     paths = tuple(spec.resolve(relative) for relative in chunk["files"])
     return CsvSource(split, paths, tuple(chunk["features"]), header, delimiter), read_declarations(spec, split, chunk)
+
+
+def _no_rows(source: CsvSource | ParquetSource) -> str:
+    """The message for a split that would be written without a sample (nothing could train or evaluate on it)."""
+    where = ", ".join(source.paths)
+    if getattr(source, "rows", None) is not None:
+        what = f"its fraction of the data rows of {where} is empty (rows {source.rows[0]} to {source.rows[1]})"
+    elif getattr(source, "header", False):
+        what = f"{where} hold{'s' if len(source.paths) == 1 else ''} only a header line, no data rows"
+    else:
+        what = f"{where} hold{'s' if len(source.paths) == 1 else ''} no data rows"
+    return f"split '{source.split}': {what}. Expected at least one sample. Received: {source.split}=0 samples"
 
 
 def _same_declarations(spec: FeatureSpec, declarations: dict[str, Declarations]) -> Declarations:
@@ -367,6 +382,8 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
             with SplitBinaryWriter(out_spec, split) as writer:
                 engine.write(sources[split], layouts[split], writer)
                 counts[split] = writer.num_samples
+            if not counts[split]:
+                raise TranscodeError(_no_rows(sources[split]))
         out_spec.metadata.update({"transcoded_from": os.path.abspath(input_spec_path), "num_samples": counts})
         if valid_fraction or test_fraction:
             out_spec.metadata["split"] = {"rule": "fraction", "valid_fraction": valid_fraction, "test_fraction": test_fraction}

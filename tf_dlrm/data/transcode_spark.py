@@ -86,7 +86,7 @@ def _blocks(partition: int, lines: Iterable[bytes], layout, paths, header: bool,
             number += 1
             continue
         try:
-            text = line.decode("utf-8")
+            text = line.decode("utf-8-sig" if number == 1 else "utf-8")  # a byte-order mark starts no value
         except UnicodeDecodeError as error:
             raise TranscodeError(f"{path}: not UTF-8 text (line {number}): {error}") from error
         if start is None:
@@ -219,7 +219,7 @@ class SparkEngine:
             if source.header:
                 first = rdd.take(1)
                 try:
-                    source.check_header(path, first[0].decode("utf-8") if first else None)
+                    source.check_header(path, first[0].decode("utf-8-sig") if first else None)
                 except UnicodeDecodeError as error:
                     raise TranscodeError(f"{path}: not UTF-8 text (line 1): {error}") from error
             rdds.append(rdd)

@@ -255,7 +255,19 @@ class TrainingStep:
             loss, y_pred = self._forward_loss(x, y, sample_weight)
             scaled = self._scaled(loss)
         gradients = tape.gradient(scaled, tables + mlp)
+        self._check_tables_reached(gradients[: len(self.shards) + len(self.replicated)])
         return loss, y_pred, gradients[: len(tables)], gradients[len(tables):]
+
+    def _check_tables_reached(self, gradients) -> None:
+        """Refuses, while the step is traced, a model whose loss does not depend on some of its tables
+        (their gradient is None): the sparse update would fail on it far from the cause."""
+        variables = self.shards + self.replicated
+        missed = [v.name for v, g in zip(variables, gradients) if g is None]
+        if missed:
+            raise ValueError(
+                f"{type(self.model).__qualname__}: the loss does not depend on its embedding tables (no gradient reaches "
+                f"the variable(s) {missed}). Expected the model's output to use the embeddings it is given (in "
+                f"dense_call). Received: {len(missed)} of {len(variables)} table variables without a gradient")
 
     def _average_over_ranks(self, gradients: list) -> list:
         """One allreduce per gradient rather than one group: each starts as soon as the backward

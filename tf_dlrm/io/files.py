@@ -51,6 +51,15 @@ def is_remote(path: str) -> bool:
     return bool(scheme(path))
 
 
+# Filesystems whose files live in this process's memory and end with it.
+PROCESS_LOCAL_SCHEMES = ("ram",)
+
+
+def ends_with_process(path: str) -> bool:
+    """Whether ``path`` is on a filesystem that ends with this process (TensorFlow's ``ram://``)."""
+    return scheme(path) in PROCESS_LOCAL_SCHEMES
+
+
 def _gfile():
     import tensorflow as tf  # only remote paths need TensorFlow's filesystems
 

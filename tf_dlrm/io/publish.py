@@ -39,6 +39,17 @@ MANIFEST = ".tf_dlrm_output.json"
 OWNER = ".tf_dlrm_writer.json"  # in a temporary output only: who writes it (host, pid)
 
 
+# The temporary outputs this process is writing now: a second stop signal ends the process at once
+# (tf_dlrm.io.stop_signals), without unwinding, and removes these on its way out.
+_STAGED: set[str] = set()
+
+
+def remove_staged() -> None:
+    """Removes the temporary outputs this process is writing (see ``_STAGED``)."""
+    for workspace in list(_STAGED):
+        shutil.rmtree(workspace, ignore_errors=True)
+
+
 class OutputDirectoryError(FileExistsError, ValueError):
     """An output directory cannot be (re)written without losing something that is not ours."""
 
@@ -161,6 +172,7 @@ def staged_output(output_dir: str, flag: str, writer: str, inputs: Iterable[str]
     os.makedirs(parent, exist_ok=True)
     remove_abandoned(parent, name)
     workspace = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
+    _STAGED.add(workspace)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(workspace, 0o777 & ~umask)  # mkdtemp makes it private; the output is not
@@ -177,6 +189,7 @@ def staged_output(output_dir: str, flag: str, writer: str, inputs: Iterable[str]
     finally:
         if os.path.exists(workspace):
             shutil.rmtree(workspace, ignore_errors=True)
+        _STAGED.discard(workspace)
 
 
 @contextlib.contextmanager

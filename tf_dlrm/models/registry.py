@@ -9,11 +9,18 @@ or not); checkpoints record the same string (:func:`reference_of`).
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
+import traceback
 
 from tf_dlrm.models.ranking_model import RankingModel
 
 _MODELS: dict[str, type] = {}
+
+
+class ModelError(ValueError):
+    """A user's model (``--model=package.module:Class``) failed; the message names it and the place."""
+
 _scanned = False
 
 
@@ -64,6 +71,8 @@ def lookup(reference: str) -> type:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise ValueError(f"--model={reference}: cannot import module {module_name!r} ({error}); is it on PYTHONPATH?") from error
+    except Exception as error:  # noqa: BLE001: a user's module failing as it is imported, whatever the reason
+        raise ValueError(f"--model={reference}: importing module {module_name!r} failed: {where_raised(error)}") from error
     cls = module
     for part in attribute.split("."):
         cls = getattr(cls, part, None)
@@ -71,6 +80,19 @@ def lookup(reference: str) -> type:
         raise ValueError(f"Expected --model={reference} to name a subclass of tf_dlrm.models.ranking_model.RankingModel. "
                          f"Received: {cls!r}")
     return cls
+
+
+def where_raised(error: BaseException) -> str:
+    """``"RuntimeError: text (file.py:8, in build_dense)"``: an error of a user's model in one line, with
+    the place that raised it (the innermost frame)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    place = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno}, in {frames[-1].name})" if frames else ""
+    return f"{type(error).__name__}: {error}{place}"
+
+
+def is_plugin(reference: str) -> bool:
+    """Whether ``--model=reference`` is a user's import path rather than a model of tf_dlrm."""
+    return ":" in str(reference)
 
 
 def reference_of(cls) -> str:

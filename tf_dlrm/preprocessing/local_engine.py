@@ -173,6 +173,35 @@ def _transform_task(task: _Task) -> tuple[dict, BadRowTally]:
 # ----------------------------------------------------------------------------- the engine
 
 
+WORKER_EXIT_SECONDS = 5.0
+
+
+def _abandon(executor: concurrent.futures.ProcessPoolExecutor) -> None:
+    """Ends a failed or interrupted pass's pool without ever waiting on it.
+
+    The workers are ended at once (one may wait at the flush barrier for tasks that will never come).
+    Waiting for the pool itself could last forever: the pool's feeder thread may be blocked writing a
+    task into the full pipe that only the workers read, and both ``shutdown(wait=True)`` and the
+    pool's own clean-up after its workers died join that thread. Closing this process's read end of
+    the pipe, once no worker holds one, makes that write fail, so the thread (and the pool's manager
+    thread, which the interpreter joins at exit) can finish.
+    """
+    processes = list((getattr(executor, "_processes", None) or {}).values())
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(WORKER_EXIT_SECONDS)
+        if process.is_alive():  # SIGTERM is not blocked in the workers; a kill is the last resort
+            process.kill()
+            process.join(WORKER_EXIT_SECONDS)
+    call_queue = getattr(executor, "_call_queue", None)
+    if call_queue is not None and not any(process.is_alive() for process in processes):
+        call_queue.cancel_join_thread()
+        with contextlib.suppress(OSError):
+            call_queue._reader.close()
+    executor.shutdown(wait=False, cancel_futures=True)
+
+
 class LocalEngine:
     """Preprocesses on this machine with ``num_workers`` processes (0: all cores available)."""
 
@@ -206,11 +235,7 @@ class LocalEngine:
             try:
                 yield executor
             except BaseException:
-                # Failed or interrupted: end the workers now (one may wait at the flush barrier for
-                # tasks that will never come), then reap them.
-                for process in list((getattr(executor, "_processes", None) or {}).values()):
-                    process.terminate()
-                executor.shutdown(wait=True, cancel_futures=True)
+                _abandon(executor)
                 raise
             executor.shutdown(wait=True)
         finally:

@@ -12,8 +12,12 @@ What a rank holds, in float32 values (4 bytes):
 - hot-row replicas: whole rows (``D`` values) of every hot row of every table, plus their state
   (twice with ``--hot_row_sync_every`` > 1: the values agreed at the last merge are kept beside them).
 
-Not counted: the dense model (identical on every rank, small next to the tables), TensorFlow's own
-memory, and transient buffers of a step (looked-up rows, gradients, the exchange).
+- the dense model (every rank holds it whole) and its optimizer state: known once the model is built,
+  added then by :func:`with_dense` and checked again (a model with large MLPs and little in its tables
+  must not pass a budget its dense part alone exceeds).
+
+Not counted: TensorFlow's own memory, and transient buffers of a step (looked-up rows, gradients, the
+exchange).
 """
 
 from __future__ import annotations
@@ -51,14 +55,23 @@ class RankMemory:
     optimizer_state: int
     hot_rows: int
     largest: tuple[tuple[str, int], ...] = ()  # (table, bytes with its state) of its largest tables, largest first
+    dense: int = 0  # the dense weights (0 until the model is built: with_dense)
+    dense_optimizer_state: int = 0
 
     @property
     def total(self) -> int:
-        return self.tables + self.optimizer_state + self.hot_rows
+        return self.tables + self.optimizer_state + self.hot_rows + self.dense + self.dense_optimizer_state
 
     def describe(self) -> str:
+        dense = (f", dense weights {_format_bytes(self.dense)} and their optimizer state "
+                 f"{_format_bytes(self.dense_optimizer_state)}") if self.dense or self.dense_optimizer_state else ""
         return (f"rank {self.rank}: {_format_bytes(self.total)} (tables {_format_bytes(self.tables)}, optimizer state "
-                f"{_format_bytes(self.optimizer_state)}, hot rows {_format_bytes(self.hot_rows)})")
+                f"{_format_bytes(self.optimizer_state)}, hot rows {_format_bytes(self.hot_rows)}{dense})")
+
+
+def with_dense(memory: list[RankMemory], dense: int, dense_optimizer_state: int) -> list[RankMemory]:
+    """``memory`` with the dense weights' and their optimizer state's bytes, the same on every rank."""
+    return [dataclasses.replace(m, dense=dense, dense_optimizer_state=dense_optimizer_state) for m in memory]
 
 
 def plan_memory(plan: ShardingPlan, element_slots: int = 0, row_slots: int = 0, hot_rows=None,
@@ -100,13 +113,22 @@ def check_budget(memory: list[RankMemory], budget: int, flag: str = "--memory_pe
     if not budget:
         return
     over = [m for m in memory if m.total > budget]
-    if over:
-        raise ValueError(f"{flag}={_format_bytes(budget)}: the sharding plan does not fit: "
-                         + "; ".join(m.describe() for m in over) + ". " + _largest(over) + REMEDIES)
+    if not over:
+        return
+    dense = max(m.dense + m.dense_optimizer_state for m in over)
+    if dense > budget:  # whatever the plan: every rank holds the dense part whole
+        raise ValueError(f"{flag}={_format_bytes(budget)}: the model does not fit: "
+                         + "; ".join(m.describe() for m in over) + ". " + DENSE_REMEDIES)
+    raise ValueError(f"{flag}={_format_bytes(budget)}: the sharding plan does not fit: "
+                     + "; ".join(m.describe() for m in over) + ". " + _largest(over) + REMEDIES)
 
 
 REMEDIES = ("Use more ranks, --dist_strategy=column_wise (spreads a large table over ranks), a smaller --hot_rows_budget, "
             "or an embedding optimizer with less state (sgd: none, rowwise_adagrad: one value per row)")
+
+
+DENSE_REMEDIES = ("Its dense weights and their optimizer state alone take more, on every rank whatever the plan: use "
+                  "smaller MLPs, or a dense --optimizer with less state (sgd: none, adagrad: one value per weight)")
 
 
 def _largest(over: list[RankMemory]) -> str:

@@ -230,6 +230,26 @@ class FeatureSpec:
     def resolve(self, relative_path: str) -> str:
         return files.normalize(files.join(self.base_directory, relative_path))
 
+    def is_outside(self, relative_path: str) -> bool:
+        """Whether a file path of the spec leads out of the spec's directory (absolute, or ``..`` past it)."""
+        base = files.normalize(files.absolute(self.base_directory))
+        path = files.normalize(files.absolute(self.resolve(relative_path)))
+        return not (path + "/").startswith(base.rstrip("/") + "/")
+
+    def files_outside(self) -> list[str]:
+        """``"'label' (split 'train'): ../x/label.bin -> /abs/x/label.bin"`` for every data file the spec names
+        outside its directory. NVIDIA's format allows them (a path is only relative to the yaml, or absolute),
+        and a spec may share files with another dataset; a run names them, since a spec from elsewhere could
+        otherwise read any file without a word."""
+        found = []
+        for split in self.splits:
+            for chunk in self.chunks(split):
+                for relative in list(chunk.get("files", [])) + ([chunk["lengths"]] if chunk.get("lengths") else []):
+                    if self.is_outside(relative):
+                        names = ", ".join(repr(f) for f in chunk.get("features", []))
+                        found.append(f"{names} (split '{split}'): {relative} -> {self.resolve(relative)}")
+        return found
+
     def chunk_type(self, split: str) -> str:
         """The chunk type of a split; a split mixes no types."""
         return self.chunks(split)[0]["type"]

@@ -268,7 +268,10 @@ def split_binary_problems(spec, split: str, prefix=None) -> tuple[list[str], int
                             f"records (features {chunk['features']}); it may be truncated")
         counts[path], chunks[path] = size // record, chunk
     if len(set(counts.values())) > 1:
-        detail = ", ".join(f"{files.basename(p)}={n}" for p, n in counts.items())
+        # A file outside the spec's directory by its full path: its base name alone could pass for the
+        # dataset's own file (a label file pointing at /etc/passwd read as 'passwd=3000').
+        detail = ", ".join(f"{p} (outside the spec's directory)={n}" if spec.is_outside(chunks[p].get("lengths") or
+                           chunks[p]["files"][0]) else f"{files.basename(p)}={n}" for p, n in counts.items())
         problems.append(f"{prefix(None)}: files hold different sample counts: {detail}"
                         + _dtype_hint(spec, counts, chunks))
     return problems, (next(iter(counts.values()), 0) if not problems else None)

@@ -12,15 +12,24 @@ sends SIGTERM to every rank and SIGKILLs them 5 s later. Either way:
    ``--save_checkpoint_path`` is set and that step is not saved already, prints
    ``interrupted at step N; last checkpoint: PATH`` (rank 0) and exits with ``128 + signal``.
    A signal that arrives during a save only marks the run to stop after the save.
+4. A watchdog bounds the wait for that step: a step stuck in the input reader or in a collective
+   (another rank stopped or hung) never returns to Python, so neither the handler nor the loop runs.
+   The signal also wakes a thread (``signal.set_wakeup_fd``: written by the C-level handler, whatever
+   the main thread is doing); when no step ends within ``stuck_after_s`` of the signal (evaluations and
+   saves in progress do not count), it prints one line and ends the process with ``128 + signal``.
+   Nothing is saved then; the last checkpoint, published atomically, is intact.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import sys
+import threading
 import time
+from typing import Callable
 
 from tf_dlrm.io import files
 
@@ -51,25 +60,101 @@ class Interrupted(Exception):
         return 128 + self.signal_number
 
 
-class SignalStop:
-    """Handles SIGINT and SIGTERM for the whole run; install once, at the start of ``main``."""
+DEFAULT_STUCK_AFTER_S = 60.0
 
-    def __init__(self):
+
+class SignalStop:
+    """Handles SIGINT and SIGTERM for the whole run; install once, at the start of ``main``.
+
+    Attributes:
+        stuck_after_s: after a signal during training, how long a step may take to end before the
+            watchdog ends the process (``--stop_timeout_s``).
+        last_checkpoint: returns the newest checkpoint's path (or None), for the watchdog's line.
+    """
+
+    def __init__(self, stuck_after_s: float = DEFAULT_STUCK_AFTER_S):
         self.received: int | None = None
         self.training = False
+        self.stuck_after_s = stuck_after_s
+        self.last_checkpoint: Callable[[], str | None] = lambda: None
         self._previous = {}
         self.stop_file = os.environ.get(STOP_FILE_ENV) or None
         self._next_look = 0.0
+        self._watching = False  # steps are running: the watchdog may act
+        self._paused = 0  # inside an evaluation or a save, which the watchdog does not time
+        self._last_beat = time.monotonic()
+        self._wakeup: tuple[int, int] | None = None
+        self._previous_wakeup = -1
 
     def install(self) -> "SignalStop":
         for number in SIGNALS:
             self._previous[number] = signal.signal(number, self._handle)
+        if self._wakeup is None:
+            read_end, write_end = os.pipe()
+            os.set_blocking(write_end, False)
+            self._wakeup = (read_end, write_end)
+            self._previous_wakeup = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+            threading.Thread(target=self._watch, args=(read_end,), name="stuck-step-watchdog", daemon=True).start()
         return self
 
     def uninstall(self) -> None:
         for number, handler in self._previous.items():
             signal.signal(number, handler)
         self._previous.clear()
+        if self._wakeup is not None:
+            signal.set_wakeup_fd(self._previous_wakeup)
+            os.close(self._wakeup[1])  # the watchdog thread reads end-of-file and ends
+            self._wakeup = None
+
+    # ------------------------------------------------------------------ the watchdog
+
+    def watch_steps(self, watching: bool) -> None:
+        """Marks the span in which training steps run (the watchdog acts only inside it)."""
+        self._last_beat = time.monotonic()
+        self._watching = watching
+
+    @contextlib.contextmanager
+    def paused(self):
+        """An evaluation or a save: as long as it takes, it is no stuck step."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+            self._last_beat = time.monotonic()
+
+    def _watch(self, read_end: int) -> None:
+        """The watchdog thread: wakes on a signal (see the module docstring, 4)."""
+        while True:
+            try:
+                data = os.read(read_end, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            numbers = [number for number in data if number in SIGNALS]
+            if numbers and self._watching:
+                self._time_the_step(numbers[0], time.monotonic())
+
+    def _time_the_step(self, number: int, signalled_at: float) -> None:
+        while self._watching:
+            since = max(self._last_beat, signalled_at)
+            if not self._paused and time.monotonic() - since > self.stuck_after_s:
+                self._end_stuck(number)
+            time.sleep(min(1.0, self.stuck_after_s / 10))
+
+    def _end_stuck(self, number: int) -> None:
+        try:
+            last = self.last_checkpoint()
+        except Exception:  # noqa: BLE001: the line must come out whatever the storage does
+            last = None
+        rank = os.environ.get("HOROVOD_RANK", "0")
+        line = (f"error (rank {rank}): no training step ended within {self.stuck_after_s:g} s of "
+                f"{signal.Signals(number).name} (the step is stuck in the input reader, or in a collective waiting "
+                f"for another rank; --stop_timeout_s): stopped without saving; last checkpoint: {last or 'none'}\n")
+        with contextlib.suppress(OSError):
+            os.write(2, line.encode())
+        os._exit(128 + number)
 
     def _handle(self, number, frame) -> None:
         del frame
@@ -93,6 +178,7 @@ class SignalStop:
     def poll(self, trainer, env, step: int) -> None:
         """After each step: raises Interrupted when this rank, or (several ranks) any rank, was signalled
         (or found the launcher's stop file)."""
+        self._last_beat = time.monotonic()
         if self.received is None and self.stop_file_written():
             self.received = signal.SIGTERM
         if not env.distributed:

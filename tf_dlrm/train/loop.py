@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -119,10 +120,13 @@ def train(
     on_step=None,
     on_eval=None,
     stopper: EarlyStopping | None = None,
+    evaluation=None,
 ) -> TrainResult:
     """Runs the loop; ``on_step(step, epoch, batch_in_epoch)`` is called after each step (checkpoints),
     ``on_eval(step, result)`` after each evaluation (``--keep_best``). ``stopper``: the run's early
-    stopping (a resumed run's carries its counts), else one made from ``config``."""
+    stopping (a resumed run's carries its counts), else one made from ``config``. ``evaluation``: a
+    context manager factory each evaluation runs inside (the stop watchdog's pause: an evaluation is
+    no stuck step)."""
     steps_per_epoch = train_reader.num_batches
     if steps_per_epoch == 0:
         raise ValueError(
@@ -138,6 +142,8 @@ def train(
         eval_every = max(1, steps_per_epoch // config.evals_per_epoch) if config.evals_per_epoch else 0
     if stopper is None and config.early_stopping_patience:
         stopper = EarlyStopping(config.early_stopping_patience, config.early_stopping_min_delta, config.early_stopping_metric)
+    if valid_reader is not None:
+        _check_evaluation_schedule(config, eval_every, start_step, total_steps, stopper, reporter)
     global_batch = train_reader.global_batch_size
 
     evals: list[EvalResult] = []
@@ -150,7 +156,8 @@ def train(
 
     def run_eval():
         nonlocal last_eval_step
-        result = evaluate(trainer, valid_reader, where=f"evaluation at step {step}", max_batches=config.eval_max_batches)
+        with evaluation() if evaluation is not None else contextlib.nullcontext():
+            result = evaluate(trainer, valid_reader, where=f"evaluation at step {step}", max_batches=config.eval_max_batches)
         evals.append(result)
         last_eval_step = step
         part = f", partial: the first {result.batches} of {valid_reader.num_batches} batches" if result.partial else ""
@@ -213,6 +220,34 @@ def train(
         run_eval()
     throughput = timed_samples / timed_seconds if timed_seconds > 0 else float("nan")
     return TrainResult(step, throughput, evals[-1] if evals else None, evals, stopped_early)
+
+
+def _check_evaluation_schedule(config: LoopConfig, eval_every: int, start_step: int, total_steps: int,
+                               stopper: EarlyStopping | None, reporter: Reporter) -> None:
+    """Says when the schedule evaluates only at the end; refuses early stopping that could never act.
+
+    Evaluations during the run fall on the multiples of ``eval_every`` after ``start_step`` and before
+    ``total_steps`` (the end has its own). Early stopping acts on one of them, after ``patience``
+    evaluations without improvement (the first sets the best; a resumed run carries its counts)."""
+    during = len(range(eval_every * (start_step // eval_every + 1), total_steps, eval_every)) if eval_every else 0
+    if config.eval_every_steps:
+        schedule = f"--eval_every_steps={config.eval_every_steps}"
+    elif eval_every:
+        schedule = f"--evals_per_epoch={config.evals_per_epoch} (every {eval_every} steps)"
+    else:
+        schedule = "--evals_per_epoch=0 (only at the end)"
+    steps = f"{total_steps - start_step} steps" + (f" from step {start_step}" if start_step else "")
+    if stopper is not None:
+        needed = stopper.patience - stopper.waited + (1 if stopper.best is None else 0)
+        if during < needed:
+            raise ValueError(
+                f"--early_stopping_patience={stopper.patience} can never stop this run: {schedule} evaluates {during} "
+                f"time(s) before its last step ({steps}), and a stop needs {needed}. Expected evaluations often enough "
+                f"for the patience to act (a smaller --eval_every_steps, or a longer run). Received: {schedule}, "
+                f"--early_stopping_patience={stopper.patience}, {steps}")
+    elif during == 0 and config.eval_every_steps:  # (--evals_per_epoch with a short --max_steps is the usual quick run)
+        reporter.say(f"note: {schedule} is longer than the run ({steps}): the validation split is evaluated only "
+                     "at the end")
 
 
 def _synchronize_hot_rows(trainer) -> None:

@@ -22,7 +22,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import launch, run_python
+from conftest import launch, one_each, run_python
 from tf_dlrm.checkpoint import checkpointer as checkpoint
 from tf_dlrm.checkpoint import store as checkpoint_store
 
@@ -188,7 +188,7 @@ def test_a_save_killed_half_way_leaves_the_previous_checkpoint_and_resumes(datas
     save = tmp_path / "save"
     args = ["main.py", f"--dataset_path={datasets / 'keys'}", *FLAGS, "--max_steps=4", "--checkpoint_every_steps=2",
             f"--save_checkpoint_path={save}"]
-    process = subprocess.Popen([sys.executable, *args], cwd=REPO, env=worker_env({checkpoint.DELAY_ENV: "5"}),
+    process = subprocess.Popen([sys.executable, *one_each(args)], cwd=REPO, env=worker_env({checkpoint.DELAY_ENV: "5"}),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     half_written = save / ".ckpt-00000004.tmp" / "dynamic" / "dynamic_rank0.npz"
     try:
