@@ -32,7 +32,7 @@ def make_dataset(name: str, directory: str, num_train: int, num_valid: int, seed
         inputs = [os.path.join(SAMPLES, "criteo_1tb_day0_sample_1k.tsv")]
         subprocess.run(
             [sys.executable, "-m", "tf_dlrm.preprocessing.criteo", f"--input={','.join(inputs)}", f"--output_dir={path}",
-             "--split=fraction", "--test_fraction=0.2", "--frequency_threshold=2"],
+             "--split=fraction", "--test_fraction=0.2", "--valid_fraction=0", "--frequency_threshold=2"],
             cwd=REPO, check=True, capture_output=True,
         )
     else:

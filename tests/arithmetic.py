@@ -108,13 +108,13 @@ def auc_standard_error(auc: float, positives: int, negatives: int) -> float:
 
 
 def split_label_counts(dataset_directory) -> tuple[int, int]:
-    """(positives, negatives) of the ``test`` split of a split_binary dataset."""
+    """(positives, negatives) of the ``validation`` split of a synthetic split_binary dataset."""
     import os
 
     from tf_dlrm.spec.feature_spec import FeatureSpec
 
     spec = FeatureSpec.load(os.path.join(str(dataset_directory), "feature_spec.yaml"))
-    labels = np.fromfile(spec.split_files("test").label, dtype=np.uint8)
+    labels = np.fromfile(spec.split_files("validation").label, dtype=np.uint8)
     positives = int(labels.sum())
     return positives, int(labels.size - positives)
 

@@ -34,13 +34,16 @@ def parse(argv):
 
 
 def predict(config, name, out_dir, whole_split=False):
-    from tf_dlrm.cli import builder, modes
+    from tf_dlrm.cli import builder, modes, preflight
+    from tf_dlrm.cli.evaluation_splits import resolve
     from tf_dlrm.train.loop import evaluate
 
     session = modes.open_session(config)
     header = modes.restore(session)
     embedding = session.model.embedding
-    reader = builder.make_reader(session.spec, config.valid_split, config.valid_batch_size, session.env, embedding, False, config.seed,
+    # The split --mode=eval reads (NVIDIA's TFRecords: its record directories).
+    split = resolve(config.valid_split, config.test_split, preflight.available_splits(config, session.spec)).valid
+    reader = builder.make_reader(session.spec, split, config.valid_batch_size, session.env, embedding, False, config.seed,
                                  config.dataset_type)
     result = evaluate(session.trainer, reader)
     every_rank = every_rank_metrics(session.trainer, reader)

@@ -85,7 +85,7 @@ print(json.dumps({
     "stopping": parse("--eval_every_steps=7", "--eval_max_batches=3", "--early_stopping_patience=2",
                       "--early_stopping_min_delta=0.001", "--valid_split=valid", "--test_split=test"),
     "both": parse("--evals_per_epoch=1", "--eval_every_steps=7"),
-    "same_split": parse("--test_split=test"),
+    "same_split": parse("--valid_split=test", "--test_split=test"),
     "negative": parse("--early_stopping_patience=-1"),
 }))
 """
@@ -93,7 +93,7 @@ print(json.dumps({
 
 def test_evaluation_and_early_stopping_flags_parse_and_refuse():
     result = run_fresh(EVALUATION_FLAGS)
-    assert result["default"] == [1, 0, 0, 0, 0.0, False, ""]
+    assert result["default"] == [1, 0, 0, 0, 0.0, False, "auto"]
     # --eval_every_steps replaces the per-epoch schedule; early stopping keeps the best state.
     assert result["stopping"] == [0, 7, 3, 2, 0.001, True, "test"]
     # Given both, even --evals_per_epoch at its default value: one line naming both.

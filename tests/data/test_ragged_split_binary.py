@@ -68,10 +68,10 @@ def test_each_rank_reads_its_rows_as_written(variable):
 
 
 def test_the_padded_last_batch_holds_empty_rows(variable):
-    reader = SplitBinaryReader(variable, "test", 128, local_categorical=[3], last_batch="pad")
+    reader = SplitBinaryReader(variable, "validation", 128, local_categorical=[3], last_batch="pad")
     (*_, last) = list(reader.dataset())
     rows = last[1][0].to_list()
-    assert len(rows) == 128 and rows[:300 - 256] == rows_by_numpy(variable, "test", variable.categorical_features[3])[256:]
+    assert len(rows) == 128 and rows[:300 - 256] == rows_by_numpy(variable, "validation", variable.categorical_features[3])[256:]
     assert rows[300 - 256:] == [[]] * (128 - 44)
 
 

@@ -29,10 +29,10 @@ def _files(directory) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
-    """synthetic_small with 40k train / 10k valid samples, generated in 16k-sample blocks."""
+    """synthetic_small with 40k train / 10k validation / 6k test samples, generated in 16k-sample blocks."""
     directory = tmp_path_factory.mktemp("synthetic_small")
     spec = FeatureSpec.load(SMALL_SPEC, check_files=False)
-    written = synthetic.generate(spec, str(directory), 40_000, 10_000, seed=7, block_size=16_384)
+    written = synthetic.generate(spec, str(directory), 40_000, 10_000, seed=7, block_size=16_384, num_test_samples=6_000)
     return directory, written
 
 
@@ -54,29 +54,41 @@ def test_written_spec_and_metadata(small):
     spec = FeatureSpec.load(str(directory / "feature_spec.yaml"))  # checks every file's size
     assert spec.to_dict() == written.to_dict()
     assert spec.split_files("train").num_samples == 40_000
-    assert spec.split_files("test").num_samples == 10_000
+    # A validation split to choose by and a test split to report: NVIDIA's names are train and test.
+    assert spec.splits == ["train", "validation", "test"]
+    assert spec.split_files("validation").num_samples == 10_000 and spec.split_files("test").num_samples == 6_000
     metadata = spec.metadata
-    assert 0.75 <= metadata["oracle_valid_auc"] <= 0.88
-    assert 0.3 < metadata["oracle_valid_logloss"] < 0.6
+    assert 0.75 <= metadata["oracle_valid_auc"] <= 0.88 and 0.75 <= metadata["oracle_test_auc"] <= 0.88
+    assert metadata["oracle_valid_auc"] != metadata["oracle_test_auc"]  # other samples
+    assert 0.3 < metadata["oracle_valid_logloss"] < 0.6 and 0.3 < metadata["oracle_test_logloss"] < 0.6
     assert 0.18 < metadata["train_positive_rate"] < 0.35
-    assert (metadata["num_train_samples"], metadata["num_valid_samples"], metadata["seed"]) == (40_000, 10_000, 7)
+    assert (metadata["num_train_samples"], metadata["num_valid_samples"], metadata["num_test_samples"],
+            metadata["seed"]) == (40_000, 10_000, 6_000, 7)
     assert isinstance(metadata["generator"], str) and metadata["generator"]
     assert not any(name.endswith((".partial", ".tmp")) for name in _files(directory))
 
 
 def test_oracle_auc_is_the_auc_of_the_hidden_probabilities(small):
     directory, written = small
-    labels = np.fromfile(directory / "test" / "label.bin", np.bool_)
+    labels = np.fromfile(directory / "validation" / "label.bin", np.bool_)
     assert 0.18 < labels.mean() < 0.35
-    # Replay the valid split (one block of 10k, stream [seed, 2, 0]) from the hidden model.
+    # Replay the validation split (one block of 10k, stream [seed, 2, 0]) from the hidden model.
     model = hidden_model.HiddenModel(written, seed=7)
     rng = np.random.default_rng([7, 2, 0])
     numerical, ranks, ids = model.sample(rng, 10_000)
     probabilities = 1 / (1 + np.exp(-model.logits(numerical, ranks)))
     np.testing.assert_array_equal(rng.random(10_000) < probabilities, labels)
-    np.testing.assert_array_equal(ids[3], np.fromfile(directory / "test" / "cat_3.bin", written.dtype("cat_3.bin")))
+    np.testing.assert_array_equal(ids[3], np.fromfile(directory / "validation" / "cat_3.bin", written.dtype("cat_3.bin")))
     assert exact_auc(labels, probabilities) == pytest.approx(written.metadata["oracle_valid_auc"], abs=1e-6)
     assert logloss(labels, probabilities) == pytest.approx(written.metadata["oracle_valid_logloss"], abs=1e-6)
+    # The test split (stream [seed, 3, 0]): its oracle figures are the hidden model's on its own labels.
+    test_labels = np.fromfile(directory / "test" / "label.bin", np.bool_)
+    rng = np.random.default_rng([7, 3, 0])
+    numerical, ranks, _ = model.sample(rng, 6_000)
+    test_probabilities = 1 / (1 + np.exp(-model.logits(numerical, ranks)))
+    np.testing.assert_array_equal(rng.random(6_000) < test_probabilities, test_labels)
+    assert exact_auc(test_labels, test_probabilities) == pytest.approx(written.metadata["oracle_test_auc"], abs=1e-6)
+    assert logloss(test_labels, test_probabilities) == pytest.approx(written.metadata["oracle_test_logloss"], abs=1e-6)
     # the hidden model is much better than chance and than a constant
     assert logloss(labels, np.full(labels.shape, labels.mean())) > written.metadata["oracle_valid_logloss"] + 0.05
 
@@ -113,7 +125,7 @@ def test_same_seed_same_bytes_other_seed_differs(tmp_path):
     synthetic.generate(spec, str(tmp_path / "c"), 5000, 2000, seed=12, block_size=2048)
     a, b, c = (_files(tmp_path / name) for name in "abc")
     # (.tf_dlrm_output.json: the manifest of the files the generator wrote, see tf_dlrm.io.publish)
-    assert sorted(a) == [".tf_dlrm_output.json", "feature_spec.yaml"] + sorted(f"{s}/{f}" for s in ("test", "train") for f in (
+    assert sorted(a) == [".tf_dlrm_output.json", "feature_spec.yaml"] + sorted(f"{s}/{f}" for s in ("train", "validation") for f in (
         "cat_0.bin", "cat_1.bin", "cat_2.bin", "label.bin", "numerical.bin"))
     assert a == b
     assert all(a[name] != c[name] for name in a if name.endswith(".bin"))
@@ -153,9 +165,17 @@ def test_command_line(tmp_path):
                "--num_train_samples=3000", "--num_valid_samples=1000", "--seed=3"]
     completed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
-    assert "oracle_valid_auc=" in completed.stdout
+    assert "oracle_valid_auc=" in completed.stdout and "oracle_test_auc" not in completed.stdout
     spec = FeatureSpec.load(str(output / "feature_spec.yaml"))
-    assert spec.metadata["seed"] == 3 and spec.split_files("test").num_samples == 1000
+    assert spec.metadata["seed"] == 3 and spec.splits == ["train", "validation"]
+    assert spec.split_files("validation").num_samples == 1000 and "oracle_test_auc" not in spec.metadata
+    # --num_test_samples adds the test split and its oracle AUC, which the summary line names too.
+    tested = subprocess.run(command + ["--num_test_samples=500"], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert tested.returncode == 0, tested.stderr
+    spec = FeatureSpec.load(str(output / "feature_spec.yaml"))
+    assert spec.splits == ["train", "validation", "test"] and spec.split_files("test").num_samples == 500
+    assert "+ 500 test samples" in tested.stdout and f"oracle_test_auc={spec.metadata['oracle_test_auc']}" in tested.stdout
 
     bad = subprocess.run(command[:3] + [f"--feature_spec={tmp_path / 'absent.yaml'}"] + command[4:],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)

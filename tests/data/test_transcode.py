@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tf_dlrm.data.csv_values import TranscodeError
+from tf_dlrm.data.fractions import command_line_valid_fraction
 from tf_dlrm.data.transcode import transcode
 from tf_dlrm.spec.feature_spec import FeatureSpec
 from tf_dlrm.spec.format import FeatureSpecError
@@ -222,6 +223,31 @@ def test_command_line(tmp_path):
     assert failed.returncode != 0
     assert f"{tmp_path / 'data.csv'}, line 3:" in failed.stderr and "label must be 0 or 1" in failed.stderr
     assert not (tmp_path / "out2").exists()
+
+
+def test_command_line_test_fraction_comes_with_a_validation_split(tmp_path):
+    """On the command line --valid_fraction defaults to --test_fraction: a held-out test split always comes with a
+    validation split to choose by (main.py never chooses by test); --valid_fraction=0 keeps the two splits."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    rows = _rows(np.random.default_rng(5), 20)
+    _write_csv(tmp_path / "data.csv", rows)
+    spec_path = _write_spec(tmp_path, _raw_spec({"train": ["data.csv"]}))
+    command = [sys.executable, "-m", "tf_dlrm.data.transcode", f"--input_spec={spec_path}", "--test_fraction=0.25"]
+    three = subprocess.run(command + [f"--output_dir={tmp_path / 'three'}"], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert three.returncode == 0, three.stderr
+    assert "train=10 samples, validation=5 samples, test=5 samples" in three.stdout
+    _check_output(tmp_path / "three", "validation", rows[10:15])
+    two = subprocess.run(command + ["--valid_fraction=0", f"--output_dir={tmp_path / 'two'}"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert two.returncode == 0, two.stderr
+    assert "train=15 samples, test=5 samples" in two.stdout
+    assert FeatureSpec.load(str(tmp_path / "two" / "feature_spec.yaml")).splits == ["train", "test"]
+
+
+def test_command_line_valid_fraction():
+    assert command_line_valid_fraction(None, 0.1) == 0.1 and command_line_valid_fraction(None, 0.0) == 0.0
+    assert command_line_valid_fraction(0.0, 0.1) == 0.0 and command_line_valid_fraction(0.05, 0.1) == 0.05
 
 
 def test_fractions_divide_the_train_split_in_row_order(tmp_path):

@@ -73,7 +73,7 @@ def main(local_data: str, out_path: str) -> None:
 
     served = tf.saved_model.load(f"{REMOTE}/export").signatures["serving_default"]
     spec = FeatureSpec.load(f"{REMOTE}/data/feature_spec.yaml")
-    reader = SplitBinaryReader(spec, "test", 500, last_batch="keep")
+    reader = SplitBinaryReader(spec, "validation", 500, last_batch="keep")
     scores, labels = [], []
     for batch in range(reader.num_batches):
         numerical, categorical, label = reader.read_batch(batch)

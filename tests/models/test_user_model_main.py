@@ -98,7 +98,7 @@ def validation_split(data: str, path: str) -> tuple[str, np.ndarray]:
 
     spec = FeatureSpec.load(os.path.join(data, "feature_spec.yaml"))
     count = len(spec.categorical_features)
-    reader = SplitBinaryReader(spec, "test", 1500, rank=0, world_size=1, global_categorical=(),
+    reader = SplitBinaryReader(spec, "validation", 1500, rank=0, world_size=1, global_categorical=(),
                                local_categorical=tuple(range(count)), last_batch="drop", shuffle=False)
     numerical, categorical, label = reader.read_batch(0)
     ids = np.stack([np.asarray(c).astype(np.int64) for c in categorical], axis=1)

@@ -221,7 +221,8 @@ def test_command_line(tmp_path, generated_criteo):
     result = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["rows"] == {"train": 160, "test": 40}
+    # A held-out test split comes with a validation split of the same share (--valid_fraction's default).
+    assert summary["rows"] == {"train": 120, "validation": 40, "test": 40}
     FeatureSpec.load(str(tmp_path / "out" / "feature_spec.yaml"), check_files=True)
     missing = subprocess.run(
         [sys.executable, "-m", "tf_dlrm.preprocessing.criteo", f"--input={tmp_path / 'nope.tsv'}", f"--output_dir={tmp_path / 'x'}"],

@@ -18,7 +18,7 @@ def test_model_learns_preprocessed_criteo_rows(tmp_path, criteo_real_or_generate
     data, log = tmp_path / "criteo", tmp_path / "log.jsonl"
     run_python([
         "-m", "tf_dlrm.preprocessing.criteo", f"--input={criteo_real_or_generated.csv}", f"--output_dir={data}", "--frequency_threshold=1",
-        "--split=fraction", "--test_fraction=0.25",
+        "--split=fraction", "--test_fraction=0.25", "--valid_fraction=0",  # 150 rows to train on and evaluate
     ])
     run_python([
         "main.py", f"--dataset_path={data}", "--embedding_dim=8", "--bottom_mlp_dims=16,8", "--top_mlp_dims=16,1",

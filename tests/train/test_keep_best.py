@@ -28,16 +28,16 @@ def events(path) -> list[dict]:
     return [json.loads(line) for line in open(path, encoding="utf-8").read().splitlines()]
 
 
-def add_inverted_split(data, name: str = "inverted") -> None:
-    """A copy of the ``test`` split under ``name`` with 1 - label (labels are one byte: bool)."""
-    shutil.copytree(data / "test", data / name)
-    labels = np.fromfile(data / "test" / "label.bin", np.uint8)
+def add_inverted_split(data, name: str = "inverted", source: str = "validation") -> None:
+    """A copy of the ``source`` split under ``name`` with 1 - label (labels are one byte: bool)."""
+    shutil.copytree(data / source, data / name)
+    labels = np.fromfile(data / source / "label.bin", np.uint8)
     (1 - labels).astype(np.uint8).tofile(data / name / "label.bin")
     spec_path = data / "feature_spec.yaml"
     spec = yaml.safe_load(open(spec_path))
     spec["source_spec"][name] = [
-        {**entry, "files": [path.replace("test/", f"{name}/", 1) for path in entry["files"]]}
-        for entry in spec["source_spec"]["test"]
+        {**entry, "files": [path.replace(f"{source}/", f"{name}/", 1) for path in entry["files"]]}
+        for entry in spec["source_spec"][source]
     ]
     yaml.safe_dump(spec, open(spec_path, "w"), sort_keys=False)
 
@@ -78,6 +78,7 @@ def test_keep_best_reports_restores_and_saves_the_best_evaluation(tmp_path):
     assert abs(tested[0]["positive_rate"] - (1 - best["positive_rate"])) <= 1e-12
     assert tested[0]["samples"] == best["samples"] == 4000
     assert final["test_auc"] == tested[0]["auc"] and final["test_ne"] == tested[0]["ne"]
+    assert (final["split"], final["selected_on"], final["test_split"]) == ("validation", "validation", "inverted")
     assert f"test (inverted) at step {best['step']}: AUC {tested[0]['auc']:.6f}" in trained.stderr
     assert {"auc", "logloss", "ne", "calibration", "positive_rate", "test_auc", "test_ne"} <= scalar_tags(board)
     # Saved every 7 steps (with each evaluation), 2 kept: the best one was kept past its turn, and at the

@@ -78,7 +78,9 @@ def test_training_reaches_the_oracle_auc(synthetic, single_process_run):
 
 def test_final_log_line_follows_the_contract(single_process_run):
     assert set(single_process_run) - {"log"} == {"event", "auc", "logloss", "ne", "calibration", "positive_rate",
-                                                 "train_samples_per_s", "steps", "world_size"}
+                                                 "train_samples_per_s", "steps", "world_size", "split", "selected_on"}
+    # The figures are the validation split's, at the last state: nothing chose it.
+    assert (single_process_run["split"], single_process_run["selected_on"]) == ("validation", None)
     assert single_process_run["world_size"] == 1
     assert single_process_run["steps"] == 3 * (200_000 // 1024)
     assert single_process_run["train_samples_per_s"] > 0

@@ -74,11 +74,16 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
                       "(<dataset>/<split>/categorical_<i>/...); synthetic: random batches of the spec's shape made in memory "
                       "(benchmarking without disk; random labels).")
         f.DEFINE_string("train_split", "train", "source_spec split to train on.")
-        f.DEFINE_string("valid_split", "test", "source_spec split to evaluate on ('' or none: no evaluation); a split the "
-                        "spec does not have, or an empty one, is refused before training.")
-        f.DEFINE_string("test_split", "", "source_spec split evaluated once at the end, at the state --valid_split chose "
-                        "(--keep_best, --early_stopping_patience); reported as test_auc etc., never used to select ('': none); "
-                        "must differ from --valid_split; --mode=eval reports it too.")
+        f.DEFINE_string("valid_split", "auto", "source_spec split evaluated during training, the one --keep_best, "
+                        "--early_stopping_patience and --auc_threshold choose by; auto: the dataset's validation split "
+                        "(validation, valid or val), else its test split, evaluated but never chosen on (see --select_on_test); "
+                        "'' or none: no evaluation. A split the spec does not have, or an empty one, is refused before training.")
+        f.DEFINE_string("test_split", "auto", "source_spec split evaluated once at the end, at the state --valid_split chose, "
+                        "and reported as test_auc etc.; it never chooses. auto: test, unless it is the --valid_split; '' or "
+                        "none: no test split; must differ from --valid_split; --mode=eval reports it too.")
+        f.DEFINE_bool("select_on_test", False, "Let --keep_best, --early_stopping_patience and --auc_threshold choose by "
+                      "the test split when it is the evaluated split (a dataset without a validation split, or "
+                      "--valid_split=test); its figures then overstate the model's on new data. Without it they are refused there.")
     with _topic("training", flag_values):
         f.DEFINE_enum("mode", "train", list(MODES), "What to do: train; eval: a checkpoint's metrics on the validation "
                       "split; inference: time predictions per --inference_batch_sizes; export: a TF SavedModel for serving "
@@ -399,7 +404,8 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         inference_batch_sizes=parse_dims(nvidia_flags.inference_batch_sizes_of(values), "inference_batch_sizes"),
         # Early stopping ends with the best state: it keeps it as --keep_best does.
         keep_best=values.keep_best or values.early_stopping_patience > 0,
-        test_split="" if values.test_split in ("", "none") else values.test_split,
+        test_split=values.test_split,
+        select_on_test=values.select_on_test,
         horovod_cycle_time_ms=parse_cycle_time(values.horovod_cycle_time_ms),
     )
 

@@ -2,7 +2,7 @@
 
 - train: the training loop with periodic evaluation, checkpoints, signals and ``--keep_best``;
 - eval: exact AUC, logloss, NE, calibration and positive rate of a checkpoint on the validation split
-  (and ``--test_split``), on any world size and plan;
+  and the test split, on any world size and plan;
 - inference: latency (mean, p50, p90, p99) and throughput of the forward pass per global batch
   size, from a checkpoint (or the initial weights when none is given);
 - export: a TF SavedModel with full tables and a serving signature (:mod:`tf_dlrm.cli.export`;
@@ -182,9 +182,9 @@ def step_traffic_of(trainer, global_batch_size: int, world_size: int):
 
 def run_train(config, stop=None) -> dict:
     """Trains on this rank; returns the final record (``auc``, ``logloss``, ``ne``, ``calibration``,
-    ``positive_rate``, ``train_samples_per_s``, ``steps``, ``world_size``; with ``--keep_best`` or
-    early stopping ``best_step``; with ``--test_split`` ``test_auc``, ``test_logloss``, ``test_ne``,
-    ``test_calibration`` and ``test_positive_rate``)."""
+    ``positive_rate`` of the evaluated split named by ``split``, ``selected_on``, ``train_samples_per_s``, ``steps``,
+    ``world_size``; with ``--keep_best`` or early stopping ``best_step``; with a test split (``test_split``)
+    ``test_auc``, ``test_logloss``, ``test_ne``, ``test_calibration`` and ``test_positive_rate``)."""
     from tf_dlrm.sharding.traffic import describe as describe_traffic
     from tf_dlrm.train.precision import read_cpu_info
     from tf_dlrm.cli import builder, hot_rows_setup, preflight
@@ -194,9 +194,9 @@ def run_train(config, stop=None) -> dict:
     from tf_dlrm.train.loop import evaluate, train
 
     preflight.check_output_paths(config)  # before anything costly: no mistake in a path costs a run
-    evaluating = []  # whether a validation split and a test split are read: checked before the model is built
-    session = open_session(config, start(config, lambda spec: evaluating.extend(
-        [preflight.check_valid_split(config, spec), preflight.check_test_split(config, spec)])))
+    resolved = []  # the splits evaluated: checked before the model is built
+    session = open_session(config, start(config, lambda spec: resolved.append(preflight.check_splits(config, spec))))
+    splits = resolved[0]
     env, spec, plan, trainer, reporter = session.env, session.spec, session.plan, session.trainer, session.reporter
     intra, inter = session.threads
     rank_bytes = [plan.rank_bytes(r) for r in range(env.world_size)]
@@ -233,15 +233,15 @@ def run_train(config, stop=None) -> dict:
     valid_reader = None
     # Random in-memory batches (--dataset_type=synthetic) are evaluated on the spec's split files.
     valid_type = "split_tfrecords" if config.dataset_type == "split_tfrecords" else "tf_raw"
-    if evaluating[0]:
-        valid_reader = builder.make_reader(spec, config.valid_split, config.valid_batch_size, env, embedding, False,
+    if splits.valid:
+        valid_reader = builder.make_reader(spec, splits.valid, config.valid_batch_size, env, embedding, False,
                                            config.seed, valid_type)
-        preflight.check_not_empty(config.valid_split, valid_reader)
+        preflight.check_not_empty(splits.valid, valid_reader)
     test_reader = None
-    if evaluating[1]:
-        test_reader = builder.make_reader(spec, config.test_split, config.valid_batch_size, env, embedding, False,
+    if splits.test:
+        test_reader = builder.make_reader(spec, splits.test, config.valid_batch_size, env, embedding, False,
                                           config.seed, valid_type)
-        preflight.check_not_empty(config.test_split, test_reader, "test_split")
+        preflight.check_not_empty(splits.test, test_reader, "test_split")
     checkpointer = session.checkpointer
     data = checkpoint_checks.data_record(train_reader, config.batch_size)
     start_step = checkpointer.restore_for_training(config, train_reader.num_batches, data)
@@ -312,8 +312,8 @@ def run_train(config, stop=None) -> dict:
     if test_reader is not None:
         # Once, at the state selection chose: this figure never chose anything.
         tested = evaluate(trainer, test_reader, where=f"test evaluation at step {final_step}")
-        reporter.say(f"test ({config.test_split}) at step {final_step}: {tested.metrics.describe()}  ({tested.samples} samples)")
-        reporter.event("final_test", step=final_step, split=config.test_split, **tested.record())
+        reporter.say(f"test ({splits.test}) at step {final_step}: {tested.metrics.describe()}  ({tested.samples} samples)")
+        reporter.event("final_test", step=final_step, split=splits.test, **tested.record())
         reporter.scalars(final_step, **{f"test_{name}": value for name, value in tested.metrics.as_dict().items()})
     model = session.model
     if getattr(model.embedding, "dynamic_only", False):
@@ -329,6 +329,10 @@ def run_train(config, stop=None) -> dict:
         "train_samples_per_s": result.train_samples_per_s,
         "steps": result.steps,
         "world_size": env.world_size,
+        # Which split each figure comes from: auc etc. of ``split``, the test_* of ``test_split``; ``selected_on``
+        # names the split that chose the reported state or stopped the run (None: nothing chose).
+        "split": splits.valid or None,
+        "selected_on": splits.valid if valid_reader is not None and splits.selects and _selecting(config) else None,
     }
     if keeper is not None:
         record["best_step"] = final_step
@@ -336,45 +340,61 @@ def run_train(config, stop=None) -> dict:
         record["partial"] = True
     summary = {
         "steps": result.steps, "world size": env.world_size, "precision": session.policy,
-        **_metric_lines("validation", last),
+        "reported state": _reported_state(final_step, record["selected_on"], keeper, config),
+        **_metric_lines(splits.valid_role, last, splits.valid),
         "train samples/s": record["train_samples_per_s"], "stopped early": result.stopped_early,
     }
     if tested is not None:
         record.update({f"test_{name}": value for name, value in tested.metrics.as_dict().items()})
-        summary.update(_metric_lines(f"test ({config.test_split})", tested))
+        record["test_split"] = splits.test
+        summary.update(_metric_lines("test", tested, splits.test))
     return _finish(session, record, summary)
+
+
+def _selecting(config) -> bool:
+    """Whether evaluations choose anything: the state (``--keep_best``, early stopping) or the last step (``--auc_threshold``)."""
+    return config.keep_best or config.loop.auc_threshold is not None
+
+
+def _reported_state(step: int, selected_on: str | None, keeper, config) -> str:
+    """The summary's line saying which state the figures below are of, and what chose it."""
+    if selected_on is None:
+        return f"step {step}, the last (nothing chose it)"
+    if keeper is not None:
+        return f"step {step}, the best {config.loop.early_stopping_metric} on {selected_on}"
+    return f"step {step}, the last (--auc_threshold watched {selected_on})"
 
 
 # ---------------------------------------------------------------------- eval
 
 
 def run_eval(config) -> dict:
-    """The metrics of a checkpoint on ``--valid_split`` (its first ``--eval_max_batches`` batches when
-    given) and, with ``--test_split``, on that split too (``test_auc`` etc.)."""
-    from tf_dlrm.cli import builder
+    """The metrics of a checkpoint on the validation split (its first ``--eval_max_batches`` batches when
+    given) and on the test split too (``test_auc`` etc.), as :mod:`tf_dlrm.cli.evaluation_splits` resolves them."""
+    from tf_dlrm.cli import builder, evaluation_splits, preflight
     from tf_dlrm.train.loop import evaluate
 
     session = open_session(config)
     header = restore(session)
-    splits = [config.valid_split] + ([config.test_split] if config.test_split else [])
-    available = session.spec.splits
-    if config.dataset_type == "split_tfrecords":  # NVIDIA's layout: a split is a directory of records
-        from tf_dlrm.data.split_tfrecords import splits_of
-
-        available = splits_of(session.spec)
-    for flag, split in zip(("valid_split", "test_split"), splits):
+    available = preflight.available_splits(config, session.spec)
+    resolved = evaluation_splits.resolve(config.valid_split, config.test_split, available)
+    named = [(flag, split) for flag, split in (("valid_split", resolved.valid), ("test_split", resolved.test)) if split]
+    if not named:
+        raise ValueError(f"--mode=eval: --valid_split='{config.valid_split}' and --test_split='{config.test_split}' name "
+                         f"no split of {session.spec.source} to evaluate (its splits: {available})")
+    for flag, split in named:
         if split not in available:
             raise ValueError(f"--{flag}={split} is not a split of {session.spec.source}: {available}")
     results = []
-    for index, split in enumerate(splits):
+    for index, (_, split) in enumerate(named):
         reader = builder.make_reader(
             session.spec, split, config.valid_batch_size, session.env, session.model.embedding, False, config.seed,
             dataset_type=config.dataset_type,
         )
         results.append(evaluate(session.trainer, reader, max_batches=0 if index else config.loop.eval_max_batches))
-    result = results[0]
+    result, role = results[0], resolved.valid_role if resolved.valid else "test"
     record = {
-        "mode": "eval", **result.metrics.as_dict(), "samples": result.samples,
+        "mode": "eval", **result.metrics.as_dict(), "samples": result.samples, "split": named[0][1],
         "checkpoint": header["path"], "steps": header["step"], "world_size": session.env.world_size,
         "train_samples_per_s": None,
     }
@@ -382,18 +402,21 @@ def run_eval(config) -> dict:
         record["partial"] = True
     summary = {
         "checkpoint": header["path"], "step": header["step"], "world size": session.env.world_size,
-        "validation samples": result.samples, **_metric_lines("validation", result),
+        f"{role} samples": result.samples, **_metric_lines(role, result, named[0][1]),
         "eval seconds": result.seconds,
     }
     if len(results) > 1:
         record.update({f"test_{name}": value for name, value in results[1].metrics.as_dict().items()})
         record["test_samples"] = results[1].samples
-        summary.update({"test samples": results[1].samples, **_metric_lines(f"test ({config.test_split})", results[1])})
+        record["test_split"] = resolved.test
+        summary.update({"test samples": results[1].samples, **_metric_lines("test", results[1], resolved.test)})
     return _finish(session, record, summary)
 
 
-def _metric_lines(label: str, result) -> dict:
-    """Summary lines of one evaluation (None when there was none)."""
+def _metric_lines(role: str, result, split: str = "") -> dict:
+    """Summary lines of one evaluation (None when there was none), labelled by the split's role and, when its
+    name says something else, the split: ``validation AUC``, ``validation (valid) AUC``, ``test AUC``."""
+    label = role if split in ("", role) else f"{role} ({split})"
     names = {"auc": "AUC", "logloss": "logloss", "ne": "NE", "calibration": "calibration", "positive_rate": "positive rate"}
     values = result.metrics.as_dict() if result is not None else dict.fromkeys(names)
     return {f"{label} {names[name]}": value for name, value in values.items()}
@@ -418,7 +441,10 @@ def _batches(session: Session, batch_size: int, count: int = 8):
     from tf_dlrm.cli import builder
 
     spec, config = session.spec, session.config
-    split = config.valid_split if config.valid_split in spec.splits else config.train_split
+    from tf_dlrm.cli.evaluation_splits import resolve
+
+    valid = resolve(config.valid_split, config.test_split, spec.splits).valid
+    split = valid if valid in spec.splits else config.train_split
     reader = builder.make_reader(
         spec, split, batch_size, session.env, session.model.embedding, False, config.seed, dataset_type=config.dataset_type
     )

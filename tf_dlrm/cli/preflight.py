@@ -8,16 +8,19 @@ the same way. What is checked:
   ``--save_checkpoint_path`` failed only after all training, losing the trained model;
 - checkpoints outlive the process: ``ram://`` is refused for ``--save_checkpoint_path`` and
   ``--restore_checkpoint_path`` on the command line (a saved checkpoint vanished with its process);
-- splits: ``--valid_split`` must name a split of the spec (a typo used to train without ever
-  evaluating) and hold at least one sample; ``--valid_split=''`` (or ``none``, unless the spec has a
-  split of that name) trains without evaluation; ``--test_split`` likewise (none by default), and
-  ``--early_stopping_patience`` needs a validation split.
+- splits: ``--valid_split`` and ``--test_split`` are resolved against the dataset's splits
+  (:mod:`tf_dlrm.cli.evaluation_splits`); a split named by hand must be one of the dataset's (a typo used
+  to train without ever evaluating) and hold at least one sample; ``--valid_split=''`` (or ``none``, unless
+  the spec has a split of that name) trains without evaluation; ``--early_stopping_patience`` needs a
+  validation split, and no flag chooses by the test split without ``--select_on_test``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
+from tf_dlrm.cli import evaluation_splits
 from tf_dlrm.io import files
 
 
@@ -97,22 +100,31 @@ def check_output_paths(config) -> None:
     _check_writable_file("log_path", config.log_path)
 
 
-def check_valid_split(config, spec) -> bool:
-    """Whether to evaluate; raises ValueError on a ``--valid_split`` that the spec does not have, or
-    on ``--early_stopping_patience`` without a validation split."""
-    if not config.valid_split or (config.valid_split == "none" and "none" not in spec.splits):
-        if config.loop.early_stopping_patience:
-            raise ValueError(f"--early_stopping_patience={config.loop.early_stopping_patience} counts evaluations of "
-                             f"the validation split, and --valid_split='{config.valid_split}' names none: give one")
-        return False
-    return _check_split(config, spec, "valid_split", config.valid_split, "or give --valid_split='' to train without evaluation")
+def available_splits(config, spec) -> list[str]:
+    """The dataset's splits: the spec's, or the record directories of NVIDIA's pre-batched TFRecords."""
+    if config.dataset_type == "split_tfrecords":
+        from tf_dlrm.data.split_tfrecords import splits_of
+
+        return splits_of(spec)
+    return list(spec.splits)
 
 
-def check_test_split(config, spec) -> bool:
-    """Whether a ``--test_split`` is evaluated at the end; raises ValueError on one the spec does not have."""
-    if not config.test_split:
-        return False
-    return _check_split(config, spec, "test_split", config.test_split, "or leave --test_split out")
+def check_splits(config, spec) -> evaluation_splits.EvaluationSplits:
+    """The splits the run evaluates (:mod:`tf_dlrm.cli.evaluation_splits`), '' for one it does not; raises
+    ValueError naming the flag on a split the dataset lacks, on ``--early_stopping_patience`` without a
+    validation split, and on a choice by the test split that ``--select_on_test`` did not allow."""
+    splits = available_splits(config, spec)
+    resolved = evaluation_splits.resolve(config.valid_split, config.test_split, splits, config.select_on_test)
+    if not resolved.valid and config.loop.early_stopping_patience:
+        raise ValueError(f"--early_stopping_patience={config.loop.early_stopping_patience} counts evaluations of "
+                         f"the validation split, and --valid_split='{config.valid_split}' names none (the dataset's "
+                         f"splits: {splits}): give one")
+    evaluation_splits.check_selection(resolved, splits, config.keep_best, config.loop.early_stopping_patience,
+                                      config.loop.auc_threshold)
+    valid = resolved.valid and _check_split(config, spec, "valid_split", resolved.valid,
+                                            "or give --valid_split='' to train without evaluation")
+    test = resolved.test and _check_split(config, spec, "test_split", resolved.test, "or leave --test_split out")
+    return dataclasses.replace(resolved, valid=resolved.valid if valid else "", test=resolved.test if test else "")
 
 
 def _check_split(config, spec, flag: str, split: str, otherwise: str) -> bool:

@@ -48,8 +48,11 @@ class RunConfig:
     keep_best: bool = False
     # --horovod_cycle_time_ms: None is auto (tf_dlrm.cli.cycle_time).
     horovod_cycle_time_ms: float | None = None
-    # --test_split: evaluated once at the end, at the state selection chose ('': none).
+    # --test_split: evaluated once at the end, at the state selection chose ('' or none: none; auto: resolved
+    # against the dataset's splits with --valid_split, tf_dlrm.cli.evaluation_splits).
     test_split: str = ""
+    # --select_on_test: selection may choose by the test split when it is the evaluated one.
+    select_on_test: bool = False
     # --log_format: jsonl (tf_dlrm's events) or dllogger (NVIDIA's records, tf_dlrm.train.dllogger_log).
     log_format: str = "jsonl"
     # Every flag's value, the PARAMETER record of a DLLogger log (compare=False: not a setting of the run).
@@ -66,7 +69,7 @@ class RunConfig:
             raise ValueError(f"Expected --valid_batch_size > 0. Received: --valid_batch_size={self.valid_batch_size}")
         if self.dataset_type != "synthetic" and not self.dataset_path:
             raise ValueError(f"--dataset_path is required with --dataset_type={self.dataset_type}")
-        if self.test_split and self.test_split == self.valid_split:
+        if self.test_split not in ("", "none", "auto") and self.test_split == self.valid_split:
             raise ValueError(
                 f"Expected --test_split to differ from --valid_split (the validation split selects, the test split "
                 f"reports). Received: --test_split={self.test_split} --valid_split={self.valid_split}")

@@ -4,6 +4,10 @@ With ``n`` rows, the last ``floor(n * test_fraction + 0.5)`` are ``test`` and th
 ``floor(n * valid_fraction + 0.5)`` before them ``validation`` (none when ``valid_fraction`` is 0:
 two splits, the Kaggle convention); never shuffled, so the test rows are the latest ones. Shared by
 :mod:`tf_dlrm.preprocessing.splits` and :mod:`tf_dlrm.data.transcode`.
+
+On the command line ``--valid_fraction`` defaults to ``--test_fraction`` (:func:`command_line_valid_fraction`): a
+run asked for a held-out test split also gets a validation split to choose its state by, so that the test
+figures stay held-out (``main.py`` never chooses by ``test``); ``--valid_fraction=0`` keeps two splits.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ def check_fractions(test_fraction: float, valid_fraction: float) -> None:
     if not 0.0 <= valid_fraction < 1.0 or test_fraction + valid_fraction >= 1.0:
         raise ValueError(f"--valid_fraction must lie in [0, 1 - test_fraction). Received: valid_fraction={valid_fraction}, "
                          f"test_fraction={test_fraction}")
+
+
+def command_line_valid_fraction(valid_fraction: float | None, test_fraction: float) -> float:
+    """``--valid_fraction``'s value: as given, else (None) the same share as ``--test_fraction``."""
+    return test_fraction if valid_fraction is None else valid_fraction
 
 
 def fraction_ranges(total: int, test_fraction: float, valid_fraction: float = 0.0) -> list[tuple[str, int, int]]:

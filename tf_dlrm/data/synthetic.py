@@ -14,13 +14,16 @@ signal sits on ids seen often enough to be learnt from a few hundred thousand sa
 parts are scaled on a calibration sample to fixed shares of a target logit spread, and the bias is
 set so the mean click probability hits ``positive_rate``.
 
-The validation split is written as ``test`` (NVIDIA's name); ``metadata.oracle_valid_auc`` is the
-exact AUC of the true probabilities on the generated validation labels: the best a model can do.
+Splits: ``train``, ``validation`` (``--num_valid_samples``: what a run chooses its state by) and, with
+``--num_test_samples``, ``test`` (NVIDIA's name for the held-out split a run reports). ``metadata.oracle_valid_auc``
+is the exact AUC of the true probabilities on the generated validation labels, ``oracle_test_auc`` on the test
+labels: the best a model can do on each.
 
 Usage::
 
     python -m tf_dlrm.data.synthetic --feature_spec=feature_specs/synthetic_small.yaml \\
-        --output_dir=/tmp/synthetic --num_train_samples=200000 --num_valid_samples=50000 --seed=1
+        --output_dir=/tmp/synthetic --num_train_samples=200000 --num_valid_samples=50000 \\
+        --num_test_samples=50000 --seed=1
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ from tf_dlrm.spec.format import TEST_SPLIT, TRAIN_SPLIT
 from tf_dlrm.io.publish import staged_output
 
 DEFAULT_BLOCK_SIZE = 1 << 18
-_SPLIT_STREAMS = {TRAIN_SPLIT: 1, TEST_SPLIT: 2}
+VALIDATION_SPLIT = "validation"
+# Each split draws from its own random stream; the validation split keeps the stream the held-out split had when
+# it was the only one, so the same seed still gives the same training and validation samples.
+_SPLIT_STREAMS = {TRAIN_SPLIT: 1, VALIDATION_SPLIT: 2, TEST_SPLIT: 3}
 
 
 def generate(
@@ -52,10 +58,11 @@ def generate(
     seed: int = 0,
     config: GeneratorConfig = GeneratorConfig(),
     block_size: int = DEFAULT_BLOCK_SIZE,
+    num_test_samples: int = 0,
 ) -> FeatureSpec:
     """Writes a synthetic dataset for ``spec`` under ``output_dir`` and returns its spec.
 
-    Writes ``train/`` and ``test/`` (validation) in NVIDIA's split_binary layout, then
+    Writes ``train/``, ``validation/`` and (``num_test_samples`` > 0) ``test/`` in NVIDIA's split_binary layout, then
     ``feature_spec.yaml``, into a temporary sibling published by a rename, so an interrupted run
     leaves nothing half written. The same arguments give byte-identical files.
 
@@ -63,7 +70,8 @@ def generate(
         ValueError: on a negative sample count or a non-positive block size.
         OutputDirectoryError: ``output_dir`` holds files this tool did not write, or the input spec.
     """
-    for name, value in (("num_train_samples", num_train_samples), ("num_valid_samples", num_valid_samples)):
+    for name, value in (("num_train_samples", num_train_samples), ("num_valid_samples", num_valid_samples),
+                        ("num_test_samples", num_test_samples)):
         if value < 0:
             raise ValueError(f"Expected {name} >= 0. Received: {name}={value}")
     if block_size <= 0:
@@ -72,29 +80,32 @@ def generate(
     inputs = [spec.source] if os.path.isfile(str(spec.source)) else []
     # Staged in a temporary sibling and published by one rename (tf_dlrm.io.publish).
     with staged_output(output_dir, "--output_dir", "tf_dlrm.data.synthetic", inputs) as workspace:
-        out_spec = _generate_into(spec, workspace, num_train_samples, num_valid_samples, seed, config, block_size)
+        counts = {TRAIN_SPLIT: num_train_samples, VALIDATION_SPLIT: num_valid_samples}
+        if num_test_samples:
+            counts[TEST_SPLIT] = num_test_samples
+        out_spec = _generate_into(spec, workspace, counts, seed, config, block_size)
     out_spec.base_directory = output_dir
     out_spec.source = os.path.join(output_dir, "feature_spec.yaml")
     return out_spec
 
 
-def _generate_into(spec, workspace, num_train_samples, num_valid_samples, seed, config, block_size) -> FeatureSpec:
+def _generate_into(spec, workspace, counts, seed, config, block_size) -> FeatureSpec:
     """The body of :func:`generate`, writing into ``workspace``."""
     # --variable_hotness: every multi-hot feature holds 1 to hotness ids a row, stored with a lengths file.
     variable = [name for name in spec.categorical_features if spec.hotness(name) > 1] if config.variable_hotness else []
     if variable and config.hashed_keys:
         raise ValueError("Expected at most one of variable_hotness and hashed_keys. Received: both")
-    out_spec = with_split_binary_sources(spec, [TRAIN_SPLIT, TEST_SPLIT], workspace, variable)
+    out_spec = with_split_binary_sources(spec, list(counts), workspace, variable)
     model = HiddenModel(out_spec, seed, config)
     if config.hashed_keys:
         _make_dynamic(out_spec)
-    counts = {TRAIN_SPLIT: num_train_samples, TEST_SPLIT: num_valid_samples}
     writers = {}
     try:
-        # Both splits stay as .partial files until both are complete.
-        for split in (TRAIN_SPLIT, TEST_SPLIT):
+        # Every split stays as .partial files until all are complete.
+        for split in counts:
             writers[split] = SplitBinaryWriter(out_spec, split)
-        valid_labels, valid_probabilities, train_positives = [], [], 0
+        held_out = {split: ([], []) for split in counts if split != TRAIN_SPLIT}  # labels, true probabilities
+        train_positives = 0
         for split, writer in writers.items():
             for block, start in enumerate(range(0, counts[split], block_size)):
                 rng = np.random.default_rng([seed, _SPLIT_STREAMS[split], block])
@@ -105,9 +116,9 @@ def _generate_into(spec, workspace, num_train_samples, num_valid_samples, seed, 
                 if config.hashed_keys:
                     ids = _as_keys(ids)
                 writer.append(labels, numerical if model.num_numerical else None, ids)
-                if split == TEST_SPLIT:
-                    valid_labels.append(labels)
-                    valid_probabilities.append(probabilities)
+                if split in held_out:
+                    held_out[split][0].append(labels)
+                    held_out[split][1].append(probabilities)
                 else:
                     train_positives += int(labels.sum())
         for writer in writers.values():
@@ -116,15 +127,17 @@ def _generate_into(spec, workspace, num_train_samples, num_valid_samples, seed, 
         for writer in writers.values():
             writer.abort()
         raise
-    labels = np.concatenate(valid_labels) if valid_labels else np.zeros(0, bool)
-    probabilities = np.concatenate(valid_probabilities) if valid_probabilities else np.zeros(0)
-    auc = metrics.exact_auc(labels, probabilities) if labels.size else float("nan")
+    oracle = {}
+    for split, short in ((VALIDATION_SPLIT, "valid"), (TEST_SPLIT, "test")):
+        if split in held_out:
+            oracle |= _oracle_figures(short, *held_out[split])
+    num_train_samples = counts[TRAIN_SPLIT]
     out_spec.metadata.update(
         {
-            "oracle_valid_auc": None if math.isnan(auc) else round(float(auc), 6),
-            "oracle_valid_logloss": round(metrics.logloss(labels, probabilities), 6) if labels.size else None,
+            **oracle,
             "num_train_samples": int(num_train_samples),
-            "num_valid_samples": int(num_valid_samples),
+            "num_valid_samples": int(counts[VALIDATION_SPLIT]),
+            **({"num_test_samples": int(counts[TEST_SPLIT])} if TEST_SPLIT in counts else {}),
             "train_positive_rate": round(train_positives / num_train_samples, 6) if num_train_samples else None,
             "seed": int(seed),
             "generator": (
@@ -136,6 +149,17 @@ def _generate_into(spec, workspace, num_train_samples, num_valid_samples, seed, 
     )
     out_spec.save(os.path.join(workspace, "feature_spec.yaml"))
     return out_spec
+
+
+def _oracle_figures(short: str, labels: list, probabilities: list) -> dict:
+    """``oracle_<short>_auc`` and ``oracle_<short>_logloss``: the hidden model's own figures on a split's labels."""
+    labels = np.concatenate(labels) if labels else np.zeros(0, bool)
+    probabilities = np.concatenate(probabilities) if probabilities else np.zeros(0)
+    auc = metrics.exact_auc(labels, probabilities) if labels.size else float("nan")
+    return {
+        f"oracle_{short}_auc": None if math.isnan(auc) else round(float(auc), 6),
+        f"oracle_{short}_logloss": round(metrics.logloss(labels, probabilities), 6) if labels.size else None,
+    }
 
 
 def _as_keys(ids: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -164,9 +188,12 @@ def _define_flags() -> None:
     from absl import flags
 
     flags.DEFINE_string("feature_spec", None, "FeatureSpec yaml giving features and cardinalities (its sources are ignored).")
-    flags.DEFINE_string("output_dir", None, "Directory for train/, test/ and feature_spec.yaml.")
+    flags.DEFINE_string("output_dir", None, "Directory for train/, validation/, test/ and feature_spec.yaml.")
     flags.DEFINE_integer("num_train_samples", 1_000_000, "Training samples.", lower_bound=0)
-    flags.DEFINE_integer("num_valid_samples", 100_000, "Validation samples (the 'test' split).", lower_bound=0)
+    flags.DEFINE_integer("num_valid_samples", 100_000, "Validation samples (the 'validation' split: what a run "
+                         "chooses its state by).", lower_bound=0)
+    flags.DEFINE_integer("num_test_samples", 0, "Test samples (the 'test' split, which a run reports and never "
+                         "chooses by; 0: none).", lower_bound=0)
     flags.DEFINE_integer("seed", 0, "Seed of the hidden model and the samples.")
     flags.DEFINE_float("zipf_exponent", GeneratorConfig.zipf_exponent, "Power-law exponent of id popularity.")
     flags.DEFINE_float("positive_rate", GeneratorConfig.positive_rate, "Mean click probability.")
@@ -189,13 +216,16 @@ def main(argv: Sequence[str]) -> None:
                                  hashed_keys=options.hashed_keys, variable_hotness=options.variable_hotness)
         written = generate(
             spec, options.output_dir, options.num_train_samples, options.num_valid_samples,
-            seed=options.seed, config=config, block_size=options.block_size,
+            seed=options.seed, config=config, block_size=options.block_size, num_test_samples=options.num_test_samples,
         )
     except (ValueError, OSError) as error:  # FeatureSpecError is a ValueError
         sys.exit(f"error: {error}")
+    test = options.num_test_samples
     print(
-        f"wrote {options.num_train_samples} train + {options.num_valid_samples} valid samples to {written.source}; "
+        f"wrote {options.num_train_samples} train + {options.num_valid_samples} valid"
+        f"{f' + {test} test' if test else ''} samples to {written.source}; "
         f"oracle_valid_auc={written.metadata['oracle_valid_auc']}"
+        + (f", oracle_test_auc={written.metadata['oracle_test_auc']}" if test else "")
     )
 
 

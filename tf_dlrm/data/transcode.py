@@ -49,10 +49,12 @@ itself (transcoding in place), is refused.
 Usage::
 
     python -m tf_dlrm.data.transcode --input_spec=my_data/feature_spec.yaml --output_dir=my_data/binary [--engine=spark]
-    python -m tf_dlrm.data.transcode --input_spec=... --output_dir=... --valid_fraction=0.1 --test_fraction=0.1
+    python -m tf_dlrm.data.transcode --input_spec=... --output_dir=... --test_fraction=0.1
 
 The second divides the ``train`` split's rows in row order into train, ``validation`` and ``test``
-(:mod:`tf_dlrm.data.fractions`; local engine), counting vocabularies over the rows left in train.
+(:mod:`tf_dlrm.data.fractions`; local engine), counting vocabularies over the rows left in train. On the command
+line ``--valid_fraction`` defaults to ``--test_fraction``: a held-out test split comes with a validation split to
+choose by (``--valid_fraction=0``: train and test only).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ from tf_dlrm.data.csv_declarations import HASH, Declarations, read_declarations,
 from tf_dlrm.data.csv_values import (CATEGORICAL, HASHED, LABEL, NUMERICAL, VOCABULARY, Column, CsvLayout, TranscodeError,
                                      count_block, count_table, parse_block, parse_cells)
 from tf_dlrm.data.csv_vocabulary import Vocabulary, build_vocabulary
-from tf_dlrm.data.fractions import TEST, check_fractions, fraction_ranges
+from tf_dlrm.data.fractions import TEST, check_fractions, command_line_valid_fraction, fraction_ranges
 from tf_dlrm.data.layout import categorical_file_name, with_split_binary_sources
 from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.spec.format import CSV, PARQUET, TRAIN_SPLIT
@@ -406,8 +408,9 @@ def _define_flags() -> None:
                          lower_bound=1)
     flags.DEFINE_enum("engine", "local", list(ENGINES), "local: this process; spark: PySpark (same bytes).")
     flags.DEFINE_string("spark_master", "local[*]", "Spark master URL (--engine=spark).")
-    flags.DEFINE_float("valid_fraction", 0.0, "Divide the train split in row order: this share of its rows, just "
-                       "before the test rows, becomes a 'validation' split (0: none).")
+    flags.DEFINE_float("valid_fraction", None, "Divide the train split in row order: this share of its rows, just "
+                       "before the test rows, becomes a 'validation' split, the one training chooses by (default: as "
+                       "--test_fraction; 0: none).")
     flags.DEFINE_float("test_fraction", 0.0, "Divide the train split in row order: its last rows, this share, become "
                        "a 'test' split (0: none).")
     flags.mark_flags_as_required(["input_spec", "output_dir"])
@@ -426,7 +429,8 @@ def main(argv: Sequence[str]) -> None:
 
             engine = SparkEngine(master=options.spark_master)
         spec = transcode(options.input_spec, options.output_dir, block_lines=options.block_lines, engine=engine,
-                         valid_fraction=options.valid_fraction, test_fraction=options.test_fraction)
+                         valid_fraction=command_line_valid_fraction(options.valid_fraction, options.test_fraction),
+                         test_fraction=options.test_fraction)
     except (ValueError, OSError, ImportError, RuntimeError) as error:  # TranscodeError, FeatureSpecError: ValueErrors
         sys.exit(f"error: {error}")
     finally:

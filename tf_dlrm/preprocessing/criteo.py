@@ -3,8 +3,9 @@ r"""Criteo click logs -> split_binary dataset + ``feature_spec.yaml`` (what ``ma
     python -m tf_dlrm.preprocessing.criteo --input=day_0.gz,...,day_23.gz --output_dir=DIR \
         --frequency_threshold=3 --split=days [--engine=local|spark] [--spark_master=URL]
     python -m tf_dlrm.preprocessing.criteo --input=train.txt --output_dir=DIR --split=fraction --test_fraction=0.1
-    python -m tf_dlrm.preprocessing.criteo --input=train.txt --output_dir=DIR --split=fraction --valid_fraction=0.1 \
-        --test_fraction=0.1    # three splits: train, validation (select on it), test (report it)
+        # three splits: train, validation (select on it; --valid_fraction, by default as --test_fraction), test (report it)
+    python -m tf_dlrm.preprocessing.criteo --input=train.txt --output_dir=DIR --split=fraction --test_fraction=0.1 \
+        --valid_fraction=0    # two splits, the Kaggle convention: train, test
 
 Inputs: TSV without header (1TB days, Kaggle ``train.txt``) or CSV with the Criteo header, plain
 or ``.gz``. The transform (label as bool; integers ``log(1 + max(x, 0))`` as float16, missing 0;
@@ -33,7 +34,7 @@ import time
 import numpy as np
 
 from tf_dlrm.preprocessing.criteo_format import NUM_CATEGORICAL, NUM_INTEGER
-from tf_dlrm.data.fractions import check_fractions
+from tf_dlrm.data.fractions import check_fractions, command_line_valid_fraction
 from tf_dlrm.preprocessing.splits import SPLIT_RULES, TRAIN, make_plan
 from tf_dlrm.preprocessing.vocabulary import Vocabulary, VocabularyError
 from tf_dlrm.data.split_binary import SplitBinaryWriter
@@ -280,8 +281,8 @@ def _define_flags():
     flags.DEFINE_enum("split", "fraction", list(SPLIT_RULES), "fraction: last --test_fraction of rows is test; "
                       "days: day_0..22 train, day_23 halves test/validation; none: all train.")
     flags.DEFINE_float("test_fraction", 0.1, "--split=fraction: share of rows (from the end) that go to test.")
-    flags.DEFINE_float("valid_fraction", 0.0, "--split=fraction: share of rows, just before the test rows, that go "
-                       "to a 'validation' split (0: none, two splits).")
+    flags.DEFINE_float("valid_fraction", None, "--split=fraction: share of rows, just before the test rows, that go "
+                       "to a 'validation' split, the one training chooses by (default: as --test_fraction; 0: none, two splits).")
     flags.DEFINE_string("vocab_dir", None, "Reuse the vocabulary of an earlier run (its OUTPUT_DIR/vocabulary).")
     flags.DEFINE_bool("strict", False, "Stop at the first bad row instead of skipping and counting it.")
     flags.DEFINE_integer("num_workers", 0, "--engine=local: worker processes (0: all cores).")
@@ -308,7 +309,9 @@ def main(argv) -> None:
             engine=values.engine,
             split=values.split,
             test_fraction=values.test_fraction,
-            valid_fraction=values.valid_fraction,
+            # --split=days writes its own validation half of day 23; --split=none no held-out split.
+            valid_fraction=command_line_valid_fraction(values.valid_fraction, values.test_fraction)
+            if values.split == "fraction" or values.valid_fraction is not None else 0.0,
             vocab_dir=values.vocab_dir,
             strict=values.strict,
             num_workers=values.num_workers,

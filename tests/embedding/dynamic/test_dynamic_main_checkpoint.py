@@ -79,7 +79,7 @@ def read_valid(data):
     from tf_dlrm.spec.feature_spec import FeatureSpec
 
     spec = FeatureSpec.load(str(data / "feature_spec.yaml"))
-    split = data / "test"
+    split = data / "validation"
     labels = np.fromfile(split / "label.bin", np.bool_).astype(np.float32)
     numerical = np.fromfile(split / "numerical.bin", np.float16).astype(np.float32).reshape(len(labels), -1)
     keys = np.stack([np.fromfile(split / name, np.int64) for name in spec.categorical_features], axis=1)
