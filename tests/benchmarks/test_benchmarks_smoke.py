@@ -132,3 +132,16 @@ def test_checkpoint_verify_records():
     assert all(r["benchmark"] == "checkpoint_verify" and "cpu" in r for r in records)
     assert records[0]["threads"] == 1 and records[1]["threads"] >= 1 and records[0]["gib"] > 0.02
     assert records[2]["thread_pool_over_one_thread"] > 0
+
+
+def test_sparse_ops_times_every_op_on_the_same_rows():
+    completed = run_python(["benchmarks/sparse_ops.py", "--rows=2000", "--dim=8", "--ids=300", "--repeats=1", "--calls=1"],
+                           timeout=300)
+    records = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("{")]
+    ops = {r["op"] for r in records}
+    assert {"gather", "scatter_sub", "scatter_update", "unique", "unsorted_segment_sum"} <= ops, ops
+    assert "tf_dlrm_sparse_apply_sgd" in ops  # the kernel library is built by the installer
+    touched = {r["rows_touched"] for r in records}
+    assert len(touched) == 1 and 0 < touched.pop() <= 300  # distinct rows of the 300 drawn, the same for every op
+    for record in records:
+        assert all(0 < value < float("inf") for value in record["ms"].values()), record
