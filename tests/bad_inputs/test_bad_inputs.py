@@ -92,7 +92,9 @@ CASES = [
     Case("typo in --valid_split", _nothing, ("--valid_split=tset",),
          r"--valid_split=tset is not a split of \S+feature_spec.yaml \(its splits: \['train', 'test'\]\); name one of them, "
          r"or give --valid_split='' to train without evaluation"),
-    Case("early stopping that can never act", _nothing, ("--eval_every_steps=100", "--early_stopping_patience=2", "--max_steps=6"),
+    # The tiny dataset has train and test only: --select_on_test lets the patience choose on test at all.
+    Case("early stopping that can never act", _nothing,
+         ("--eval_every_steps=100", "--early_stopping_patience=2", "--max_steps=6", "--select_on_test"),
          re.escape("--early_stopping_patience=2 can never stop this run: --eval_every_steps=100 evaluates 0 time(s) "
                    "before its last step (6 steps), and a stop needs 3. Expected evaluations often enough for the patience "
                    "to act (a smaller --eval_every_steps, or a longer run). Received: --eval_every_steps=100, "
