@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -19,6 +20,18 @@ def worker_env(extra: dict | None = None) -> dict:
     env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", "")})
     env.update(extra or {})
     return env
+
+
+# TensorFlow 2.21 writes these two lines at import whatever TF_CPP_MIN_LOG_LEVEL says (absl's logs
+# before its initialisation go to stderr): they are TensorFlow's, not the output a test checks.
+_TENSORFLOW_IMPORT_LOG = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|I\d{4} [\d:.]+ +\d+ port\.cc:\d+\] oneDNN custom operations are on\..*)$")
+
+
+def own_lines(text: str) -> list[str]:
+    """The lines of a process's output without TensorFlow's import-time log lines."""
+    return [line for line in text.strip().splitlines() if not _TENSORFLOW_IMPORT_LOG.match(line)]
 
 
 def one_each(args: list[str]) -> list[str]:

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import make_synthetic_small, run_python
+from tests.conftest import make_synthetic_small, own_lines, run_python
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEC = os.path.join(REPO, "feature_specs", "synthetic_small.yaml")
@@ -269,7 +269,7 @@ def test_nvidia_dcnv2_script_line_stops_in_one_line(tmp_path):
     completed = run_python(["-u", "dcnv2.py", "--dataset_path", str(tmp_path), "--amp", "--xla", "--save_checkpoint_path",
                             str(checkpoints)], check=False)
     assert completed.returncode == 2, completed.stderr[-2000:]
-    assert completed.stderr.strip().splitlines() == [
+    assert own_lines(completed.stderr) == [
         f"error (rank 0): {REFUSED_VALUES[('interaction', 'cross')]}"], completed.stderr[-2000:]
     assert not checkpoints.exists()
 
@@ -283,3 +283,22 @@ def test_nvidia_scripts_put_their_defaults_before_the_line():
     assert argv[argv.index("--learning_rate") + 1] == "24" and argv[argv.index("--optimizer") + 1] == "sgd"
     dcnv2 = script_argv("dcnv2.py", ["dcnv2.py"])
     assert dcnv2[dcnv2.index("--optimizer") + 1] == "adam" and dcnv2[dcnv2.index("--learning_rate") + 1] == "0.0001"
+
+
+def test_a_line_overriding_a_script_default_is_not_a_flag_given_twice():
+    """dlrm.py puts its --warmup_steps 8000 ahead of the line: the line's --warmup_steps 100 overrides it (NVIDIA's
+    meaning), while the same flag twice on the line itself is still refused."""
+    from absl import flags as absl_flags
+
+    from tf_dlrm.cli.flags import define_flags, refuse_repeated_flags
+    from tf_dlrm.cli.nvidia_scripts import script_argv, user_argv
+
+    values = absl_flags.FlagValues()
+    define_flags(flag_values=values)
+    argv = script_argv("dlrm.py", ["dlrm.py", "--warmup_steps", "100"])
+    assert argv.count("--warmup_steps") == 2
+    refuse_repeated_flags(user_argv(argv), values)
+    twice = script_argv("dlrm.py", ["dlrm.py", "--warmup_steps", "100", "--warmup_steps=5"])
+    with pytest.raises(ValueError, match="--warmup_steps is given twice"):
+        refuse_repeated_flags(user_argv(twice), values)
+    assert user_argv(["main.py", "--embedding_dim=4"]) == ["main.py", "--embedding_dim=4"]

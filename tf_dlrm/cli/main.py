@@ -12,6 +12,7 @@ from absl import app, flags
 
 from tf_dlrm.cli.flag_reference import HELP_ARGUMENTS, help_text
 from tf_dlrm.cli.flags import config_from_flags, define_flags, refuse_repeated_flags
+from tf_dlrm.cli.nvidia_scripts import user_argv
 from tf_dlrm.train.interrupt import exit_now
 
 try:
@@ -28,7 +29,7 @@ def main(argv):
 
     stop = SignalStop().install()
     try:
-        refuse_repeated_flags(sys.argv, FLAGS)
+        refuse_repeated_flags(user_argv(sys.argv), FLAGS)
         config = config_from_flags(FLAGS)
         from tf_dlrm.cli import modes, preflight
 

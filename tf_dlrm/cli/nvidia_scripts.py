@@ -26,3 +26,13 @@ SCRIPT_DEFAULTS = {
 def script_argv(script: str, argv: list[str]) -> list[str]:
     """``argv`` of NVIDIA's ``script`` as ``main.py``'s: the script's defaults first, then the user's flags."""
     return [argv[0], *SCRIPT_DEFAULTS[script], *argv[1:]]
+
+
+def user_argv(argv: list[str]) -> list[str]:
+    """``argv`` without the defaults :func:`script_argv` put ahead of the user's flags (unchanged for
+    ``main.py``): the user's own flags override those defaults by design, so only they are checked for a
+    flag given twice."""
+    for defaults in SCRIPT_DEFAULTS.values():
+        if argv[1:1 + len(defaults)] == defaults:
+            return [argv[0], *argv[1 + len(defaults):]]
+    return list(argv)
