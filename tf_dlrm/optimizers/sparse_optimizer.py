@@ -74,7 +74,15 @@ def gather(variable, rows: tf.Tensor) -> tf.Tensor:
 
 
 def scatter_sub(variable, rows: tf.Tensor, values: tf.Tensor) -> None:
-    tf_variable(variable).scatter_sub(tf.IndexedSlices(values, rows))
+    """``variable[rows] -= values`` for distinct ``rows`` (what :meth:`SparseOptimizer.apply` is given).
+
+    Written as a gather, a subtraction and a ``scatter_update``: the same float32 operation on each
+    element as ``scatter_sub``, so the same bits, but TensorFlow 2.21's arithmetic scatters
+    (``scatter_sub``/``scatter_add``) run several times slower than its ``scatter_update``
+    (benchmarks/sparse_ops.py). With repeated rows it would drop all but one update: callers pass the
+    rows of :func:`deduplicate`."""
+    target = tf_variable(variable)
+    target.scatter_update(tf.IndexedSlices(tf.gather(target, rows) - values, rows))
 
 
 def scatter_update(variable, rows: tf.Tensor, values: tf.Tensor) -> None:
