@@ -29,7 +29,7 @@ from tf_dlrm.ops.embedding_bag import apply_sgd_to_distinct_rows, distinct_rows
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.embedding.split_tables import gather_float32, is_split
 from tf_dlrm.embedding.variable_kind import layout_of
-from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, deduplicate, tf_variable
+from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, deduplicate, scatter_sub
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD
 from tf_dlrm.embedding.split_update import SplitTableUpdate, float32_gradient
 from tf_dlrm.embedding.table_optimizers import TableOptimizers
@@ -138,7 +138,7 @@ class SparseUpdater:
         scale = 1.0 / self.env.world_size
         if self.plain_sgd:
             for variable, (rows, summed) in zip(self.hot, hot_gradients):
-                tf_variable(variable).scatter_sub(tf.IndexedSlices(summed * (learning_rate * scale), rows))
+                scatter_sub(variable, rows, summed * (learning_rate * scale))  # distinct rows: deduplicated
             for variable, gradient in zip(self.shards, shard_gradients):
                 if id(variable) in self.split_updates:
                     self.split_updates[id(variable)].apply_sgd_repeated(float32_gradient(gradient), learning_rate * scale)

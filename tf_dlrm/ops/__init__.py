@@ -1,9 +1,12 @@
 """tf_dlrm's own CPU kernels (``dot_interaction.cc``: DLRM's dot interaction; ``embedding_bag.cc``:
 pooled multi-hot lookups, their gradient over distinct rows, SGD on distinct rows;
-``assemble_columns.cc``: the embedding layer's output put in feature order in one copy), compiled by
+``assemble_columns.cc``: the embedding layer's output put in feature order in one copy;
+``deduplicate.cc``: a gradient's repeated rows summed, for the sparse optimizers; ``id_index.h``:
+the distinct-row index the last two share), compiled by
 ``python -m tf_dlrm.ops.build`` (``scripts/install.sh`` runs it) into ``_tf_dlrm_ops.so`` beside
 the sources. Their Python wrappers live beside them: :mod:`tf_dlrm.ops.dot_interaction`,
-:mod:`tf_dlrm.ops.embedding_bag`, :mod:`tf_dlrm.ops.assemble`.
+:mod:`tf_dlrm.ops.embedding_bag`, :mod:`tf_dlrm.ops.assemble`, and
+:func:`tf_dlrm.optimizers.sparse_optimizer.deduplicate`.
 
 :func:`kernels` loads the library once per process. Without it (not built, or built for another
 TensorFlow) the layers fall back to plain TensorFlow ops, which compute the same values more

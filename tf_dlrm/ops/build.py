@@ -47,9 +47,13 @@ def tensorflow_version() -> str:
     raise SystemExit("tf_dlrm.ops.build: TensorFlow is not installed in this environment")
 
 
+def headers() -> list[str]:
+    return sorted(glob.glob(os.path.join(HERE, "*.h")))
+
+
 def build_key(flags: list[str]) -> str:
     digest = hashlib.sha256()
-    for path in sources():
+    for path in sources() + headers():
         with open(path, "rb") as handle:
             digest.update(handle.read())
     digest.update(" ".join([tensorflow_version(), *flags]).encode())

@@ -35,6 +35,7 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
+#include "id_index.h"
 
 namespace tf_dlrm {
 namespace {
@@ -71,15 +72,6 @@ inline float Scale(Combiner combiner, int64_t count) {
   if (combiner == Combiner::kSum) return 1.0f;
   const float safe = static_cast<float>(count > 1 ? count : 1);
   return combiner == Combiner::kMean ? 1.0f / safe : 1.0f / std::sqrt(safe);
-}
-
-// Rows are read in an order known ahead (ids): asking for the row kPrefetch ids ahead hides most of
-// the memory latency of reading rows scattered over a table larger than the caches.
-constexpr int64_t kPrefetch = 4;
-
-inline void PrefetchRow(const float* row, int64_t width) {
-  const char* bytes = reinterpret_cast<const char*>(row);
-  for (int64_t at = 0; at < width * static_cast<int64_t>(sizeof(float)); at += 64) __builtin_prefetch(bytes + at);
 }
 
 // The entries' ids and row splits, checked, as plain pointers (ids widened to int64 on read).
@@ -292,42 +284,6 @@ class EmbeddingBagOp : public OpKernel, BagAttributes {
   }
 };
 
-// Open addressing over ids of one table slice: the slot of each distinct id, in first-seen order.
-class IdIndex {
- public:
-  explicit IdIndex(int64_t expected) {
-    int64_t capacity = 16;
-    while (capacity < 2 * expected) capacity *= 2;
-    keys_.assign(capacity, -1);
-    slots_.resize(capacity);
-    mask_ = capacity - 1;
-  }
-
-  // The slot of `id` (>= 0), a new one (the next free number) when first seen.
-  int32_t Find(int64_t id) {
-    uint64_t at = (static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> 20;
-    while (true) {
-      at &= mask_;
-      if (keys_[at] == id) return slots_[at];
-      if (keys_[at] < 0) {
-        keys_[at] = id;
-        slots_[at] = static_cast<int32_t>(distinct_.size());
-        distinct_.push_back(id);
-        return slots_[at];
-      }
-      ++at;
-    }
-  }
-
-  const std::vector<int64_t>& distinct() const { return distinct_; }
-
- private:
-  std::vector<int64_t> keys_;
-  std::vector<int32_t> slots_;
-  std::vector<int64_t> distinct_;
-  uint64_t mask_ = 0;
-};
-
 template <typename Index, typename Split>
 class EmbeddingBagGradOp : public OpKernel, BagAttributes {
  public:
@@ -379,44 +335,22 @@ class EmbeddingBagGradOp : public OpKernel, BagAttributes {
       }
       std::vector<int32_t> slot_of(size);
       std::vector<int64_t> code_of(size);
-      auto visit = [&](auto&& find) {
-        int64_t position = 0;
-        for (int e : slice.entries) {
-          const Index* ids = entries.values[e];
-          const Split* split = entries.splits[e];
-          const int64_t shift = offsets_[e] - slice.offset;
-          for (int64_t s = 0; s < batch; ++s) {
-            for (int64_t k = split[s]; k < split[s + 1]; ++k, ++position) {
-              slot_of[position] = find(static_cast<int64_t>(ids[k]) + shift);
-              code_of[position] = e * batch + s;
-            }
+      DistinctIds ids_of_slice(largest, size);
+      int64_t position = 0;
+      for (int e : slice.entries) {
+        const Index* ids = entries.values[e];
+        const Split* split = entries.splits[e];
+        const int64_t shift = offsets_[e] - slice.offset;
+        for (int64_t s = 0; s < batch; ++s) {
+          for (int64_t k = split[s]; k < split[s + 1]; ++k, ++position) {
+            slot_of[position] = ids_of_slice.Find(static_cast<int64_t>(ids[k]) + shift);
+            code_of[position] = e * batch + s;
           }
         }
-      };
-      if (largest < 8 * size + 4096) {
-        // Ids no larger than a few times their count (a small table, or many lookups): a direct
-        // id -> slot array, cheaper than hashing.
-        std::vector<int32_t> slot(largest + 1, -1);
-        visit([&](int64_t id) {
-          if (slot[id] < 0) {
-            slot[id] = static_cast<int32_t>(slice.distinct.size());
-            slice.distinct.push_back(id);
-          }
-          return slot[id];
-        });
-      } else {
-        IdIndex index(size);
-        visit([&](int64_t id) { return index.Find(id); });
-        slice.distinct = index.distinct();
       }
-      const int64_t distinct = static_cast<int64_t>(slice.distinct.size());
-      // Counting sort of the occurrences by row.
-      slice.starts.assign(distinct + 1, 0);
-      for (int64_t p = 0; p < size; ++p) ++slice.starts[slot_of[p] + 1];
-      for (int64_t u = 0; u < distinct; ++u) slice.starts[u + 1] += slice.starts[u];
-      std::vector<int64_t> fill(slice.starts.begin(), slice.starts.end() - 1);
-      slice.occurrences.resize(size);
-      for (int64_t p = 0; p < size; ++p) slice.occurrences[fill[slot_of[p]]++] = code_of[p];
+      slice.distinct = ids_of_slice.distinct();
+      GroupBySlot(slot_of.data(), size, static_cast<int64_t>(slice.distinct.size()), [&](int64_t p) { return code_of[p]; },
+                  &slice.starts, &slice.occurrences);
     };
     auto* threads = context->device()->tensorflow_cpu_worker_threads();
     ::tensorflow::Shard(threads->num_threads, threads->workers, static_cast<int64_t>(groups.size()), 1 << 20,

@@ -18,9 +18,18 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tf_dlrm.ops import kernels
+
 
 def deduplicate(gradient: tf.IndexedSlices):
-    """``(unique rows [U], summed gradient [U, width], position [n] of each entry in unique)``."""
+    """``(unique rows [U], summed gradient [U, width], position [n] of each entry in unique)``.
+
+    The rows in order of first occurrence, each row's values added in their order from zero: with
+    tf_dlrm's kernel library one multi-threaded op (``tf_dlrm/ops/deduplicate.cc``), else
+    ``tf.unique`` and ``tf.math.unsorted_segment_sum``, the same bits either way."""
+    library = kernels()
+    if library is not None and gradient.values.dtype == tf.float32 and gradient.values.shape.rank == 2:
+        return library.tf_dlrm_deduplicate(indices=gradient.indices, values=gradient.values)
     unique, position = tf.unique(gradient.indices)
     summed = tf.math.unsorted_segment_sum(gradient.values, position, tf.shape(unique)[0])
     return unique, summed, position
