@@ -2,7 +2,7 @@
 pooled multi-hot lookups, their gradient over distinct rows, SGD on distinct rows;
 ``assemble_columns.cc``: the embedding layer's output put in feature order in one copy;
 ``deduplicate.cc``: a gradient's repeated rows summed, for the sparse optimizers; ``id_index.h``:
-the distinct-row index the last two share), compiled by
+the distinct-row index it shares with ``embedding_bag.cc``), compiled by
 ``python -m tf_dlrm.ops.build`` (``scripts/install.sh`` runs it) into ``_tf_dlrm_ops.so`` beside
 the sources. Their Python wrappers live beside them: :mod:`tf_dlrm.ops.dot_interaction`,
 :mod:`tf_dlrm.ops.embedding_bag`, :mod:`tf_dlrm.ops.assemble`, and
