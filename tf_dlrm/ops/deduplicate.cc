@@ -6,7 +6,7 @@
 // bits). Why a kernel: TensorFlow 2.21's CPU unsorted_segment_sum runs several times slower than
 // 2.18's, and the sparse optimizers run it on every gradient read through a plain gather. Here one
 // pass finds the rows (a direct array or a hash index, id_index.h), then the threads add the
-// values into their rows, each thread its own columns.
+// values into their rows in order (row_blocks.h).
 
 #include <algorithm>
 #include <cstdint>
@@ -17,6 +17,7 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
 #include "id_index.h"
+#include "row_blocks.h"
 
 namespace tf_dlrm {
 namespace {
@@ -28,9 +29,6 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 using ::tensorflow::errors::InvalidArgument;
 using ::tensorflow::shape_inference::InferenceContext;
-
-// One cache line of float32 columns.
-constexpr int64_t kColumnsPerChunk = 16;
 
 template <typename Index>
 class DeduplicateOp : public OpKernel {
@@ -67,33 +65,12 @@ class DeduplicateOp : public OpKernel {
     const float* source = values.flat<float>().data();
     float* summed = summed_tensor->flat<float>().data();
     std::fill(summed, summed + unique_count * width, 0.0f);
-    // Work is cut by columns first: every thread streams through the values in order, adding its
-    // columns of each entry into its row, whatever the skew of the ids (a hot row's many entries are
-    // shared out, not left to one thread). Many threads also cut the rows into ranges, each range's
-    // thread skipping the entries of other rows.
-    auto* threads = context->device()->tensorflow_cpu_worker_threads();
-    const int64_t chunks = (width + kColumnsPerChunk - 1) / kColumnsPerChunk;
-    const int64_t ranges = std::max<int64_t>(1, (2 * threads->num_threads + chunks - 1) / std::max<int64_t>(chunks, 1));
-    const int64_t rows_per_range = (unique_count + ranges - 1) / ranges;
-    auto work = [&](int64_t begin, int64_t end) {
-      while (begin < end) {
-        const int64_t range = begin / chunks;
-        const int64_t last = std::min(end, (range + 1) * chunks);  // this range's units in [begin, end)
-        const int64_t first_column = (begin % chunks) * kColumnsPerChunk;
-        const int64_t end_column = std::min(width, (last - range * chunks) * kColumnsPerChunk);
-        const int64_t first_row = range * rows_per_range, end_row = std::min(unique_count, first_row + rows_per_range);
-        for (int64_t i = 0; i < count; ++i) {
-          const int64_t u = position[i];
-          if (u < first_row || u >= end_row) continue;
-          const float* __restrict row = source + i * width;
-          float* __restrict target = summed + u * width;
-          for (int64_t j = first_column; j < end_column; ++j) target[j] += row[j];
-        }
-        begin = last;
-      }
-    };
-    const int64_t cost = count * std::min<int64_t>(width, kColumnsPerChunk) / ranges + 1;
-    ::tensorflow::Shard(threads->num_threads, threads->workers, ranges * chunks, cost, work);
+    ForEachEntryInRowBlocks(context, count, width * static_cast<int64_t>(sizeof(float)), [&](int64_t i) { return position[i]; },
+                            [&](int64_t i, int64_t u) {
+                              const float* __restrict row = source + i * width;
+                              float* __restrict target = summed + u * width;
+                              for (int64_t j = 0; j < width; ++j) target[j] += row[j];
+                            });
   }
 };
 

@@ -18,7 +18,8 @@
 // of rows sums its rows' upstream gradients. The sparse optimizers then touch each row once.
 //
 // TfDlrmSparseApplySgd(table, rows, gradient, learning_rate): table[rows[u]] -= rate * gradient[u],
-// multi-threaded over u; the rows must be distinct (as TfDlrmEmbeddingBagGrad's are).
+// multi-threaded over u when the rows are distinct (as TfDlrmEmbeddingBagGrad's are); with
+// distinct_rows=false, repeated rows get their entries in order, the threads sharing out blocks of rows.
 
 #include <algorithm>
 #include <atomic>
@@ -36,6 +37,7 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
 #include "id_index.h"
+#include "row_blocks.h"
 
 namespace tf_dlrm {
 namespace {
@@ -648,10 +650,21 @@ class SparseApplyCatchUpAdamOp : public OpKernel {
   float beta_1_, beta_2_, keep_1_, keep_2_, epsilon_;
 };
 
+// target[j] -= rate * source[j], rounded after the product and after the difference (no fused
+// multiply-add): the same bits as TensorFlow's sparse SGD kernels.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+void SubtractScaled(float* __restrict target, const float* __restrict source, float rate, int64_t width) {
+  for (int64_t j = 0; j < width; ++j) target[j] -= rate * source[j];
+}
+#pragma GCC pop_options
+
 template <typename Index>
 class SparseApplySgdOp : public OpKernel {
  public:
-  explicit SparseApplySgdOp(OpKernelConstruction* context) : OpKernel(context) {}
+  explicit SparseApplySgdOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("distinct_rows", &distinct_rows_));
+  }
 
   void Compute(OpKernelContext* context) override {
     const Tensor& rows = context->input(1);
@@ -680,6 +693,14 @@ class SparseApplySgdOp : public OpKernel {
     const float rate = rate_tensor.scalar<float>()();
     float* data = table->flat<float>().data();
     const float* values = gradient.flat<float>().data();
+    if (!distinct_rows_) {
+      // A repeated row gets its entries one after another, in their order (as TensorFlow's
+      // sequential sparse SGD); the threads share out blocks of rows.
+      ForEachEntryInRowBlocks(context, count, width * static_cast<int64_t>(sizeof(float)),
+                              [&](int64_t u) { return static_cast<int64_t>(row[u]); },
+                              [&](int64_t u, int64_t r) { SubtractScaled(data + r * width, values + u * width, rate, width); });
+      return;
+    }
     auto work = [&](int64_t begin, int64_t end) {
       for (int64_t u = begin; u < end; ++u) {
         if (u + kPrefetch < end) PrefetchRow(data + static_cast<int64_t>(row[u + kPrefetch]) * width, width);
@@ -691,6 +712,9 @@ class SparseApplySgdOp : public OpKernel {
     auto* threads = context->device()->tensorflow_cpu_worker_threads();
     ::tensorflow::Shard(threads->num_threads, threads->workers, count, 2 * width, work);
   }
+
+ private:
+  bool distinct_rows_ = true;
 };
 
 ::tensorflow::Status BagShape(InferenceContext* c) {
@@ -760,6 +784,7 @@ REGISTER_OP("TfDlrmSparseApplySgd")
     .Input("gradient: float")
     .Input("learning_rate: float")
     .Attr("Tindices: {int32, int64}")
+    .Attr("distinct_rows: bool = true")
     .SetShapeFn([](InferenceContext* c) { return ::tensorflow::OkStatus(); });
 
 #define TF_DLRM_REGISTER_BAG(index, split)                                                                  \

@@ -126,6 +126,13 @@ def apply_sgd_to_distinct_rows(variable, gradient: tf.IndexedSlices, learning_ra
                                           learning_rate=tf.cast(learning_rate, tf.float32))
 
 
+def apply_sgd_to_repeated_rows(variable, gradient: tf.IndexedSlices, learning_rate) -> None:
+    """``variable[rows] -= learning_rate * values`` for a gradient with repeated rows, each row's
+    entries applied one after another in their order, on all CPU threads (each its own columns)."""
+    bag_kernel().tf_dlrm_sparse_apply_sgd(table=_tf_variable(variable).handle, rows=gradient.indices, gradient=gradient.values,
+                                          learning_rate=tf.cast(learning_rate, tf.float32), distinct_rows=False)
+
+
 def apply_lazy_adam_to_distinct_rows(variable, m, v, rows, gradient, alpha, beta_1: float, beta_2: float,
                                      epsilon: float) -> bool:
     """Lazy Adam on distinct ``rows`` in one multi-threaded pass over the table and both moments

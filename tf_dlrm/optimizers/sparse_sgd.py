@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from tf_dlrm.ops.embedding_bag import apply_sgd_to_repeated_rows, bag_kernel
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, tf_variable
 
 
@@ -19,12 +20,17 @@ class SparseSGD(SparseOptimizer):
 
     @staticmethod
     def apply_repeated(variable, gradient: tf.IndexedSlices, learning_rate) -> None:
-        """``variable[indices] -= learning_rate * values``, repeated indices applied one after another.
+        """``variable[indices] -= learning_rate * values``, repeated indices applied one after another
+        in their order.
 
-        TensorFlow's proximal-SGD kernel with zero L1 and L2 is exactly this update (``prox / (1 + 0)``)
-        in one fused pass over the rows, where ``scatter_sub`` would need a scaled copy of the values
-        first and a slower scatter after.
+        With tf_dlrm's kernel library, one multi-threaded pass (each thread its own columns). Without
+        it, TensorFlow's proximal-SGD kernel with zero L1 and L2, which is exactly this update
+        (``prox / (1 + 0)``) in one single-threaded pass, where ``scatter_sub`` would need a scaled
+        copy of the values first (and TensorFlow 2.21 runs both several times slower than 2.18 did).
         """
+        if bag_kernel() is not None and gradient.values.dtype == tf.float32:
+            apply_sgd_to_repeated_rows(variable, gradient, learning_rate)
+            return
         zero = tf.zeros([], gradient.values.dtype)
         tf.raw_ops.ResourceSparseApplyProximalGradientDescent(
             var=tf_variable(variable).handle, alpha=tf.cast(learning_rate, gradient.values.dtype), l1=zero, l2=zero,
