@@ -1,8 +1,9 @@
 """tf_dlrm's own CPU kernels (``dot_interaction.cc``: DLRM's dot interaction; ``embedding_bag.cc``:
 pooled multi-hot lookups, their gradient over distinct rows, SGD on distinct rows;
 ``assemble_columns.cc``: the embedding layer's output put in feature order in one copy;
-``deduplicate.cc``: a gradient's repeated rows summed, for the sparse optimizers; ``id_index.h``:
-the distinct-row index it shares with ``embedding_bag.cc``), compiled by
+``deduplicate.cc``: a gradient's repeated rows summed, for the sparse optimizers; beside them the
+headers they share, ``id_index.h``: the index of distinct rows, ``row_blocks.h``: entries added into
+rows in order on all threads), compiled by
 ``python -m tf_dlrm.ops.build`` (``scripts/install.sh`` runs it) into ``_tf_dlrm_ops.so`` beside
 the sources. Their Python wrappers live beside them: :mod:`tf_dlrm.ops.dot_interaction`,
 :mod:`tf_dlrm.ops.embedding_bag`, :mod:`tf_dlrm.ops.assemble`, and
