@@ -6,6 +6,8 @@ r"""Criteo click logs -> split_binary dataset + ``feature_spec.yaml`` (what ``ma
         # three splits: train, validation (select on it; --valid_fraction, by default as --test_fraction), test (report it)
     python -m preprocessing.criteo --input=train.txt --output_dir=DIR --split=fraction --test_fraction=0.1 \
         --valid_fraction=0    # two splits, the Kaggle convention: train, test
+    preprocessing/prepare_dataset.sh RAW_DIR OUTPUT_DIR [--flag=value ...]
+        # a directory of day_0 .. day_23 (or train.txt) with this project's usual settings
 
 Inputs: TSV without header (1TB days, Kaggle ``train.txt``) or CSV with the Criteo header, plain
 or ``.gz``. The transform (label as bool; integers ``log(1 + max(x, 0))`` as float16, missing 0;
