@@ -340,6 +340,9 @@ def run() -> None:
     from tf_dlrm.io.stop_signals import stopping_cleanly
 
     _define_flags()
+    if any(argument in ("-h", "--help", "-?", "--helpshort") for argument in sys.argv[1:]):
+        # Help that was asked for is no failure (absl's own --help exits 1).
+        app.usage(shorthelp=True, writeto_stdout=True, exitcode=0)
     with stopping_cleanly("preprocessing.criteo"):
         app.run(main)
 
