@@ -16,12 +16,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @functools.lru_cache(maxsize=None)
-def _tree(path: str) -> ast.Module:
+def parsed(path: str) -> ast.Module:
     with open(path, encoding="utf-8") as handle:
         return ast.parse(handle.read(), path)
 
 
-def _defined(body) -> dict[str, ast.AST | None]:
+def bound_names(body) -> dict[str, ast.AST | None]:
     """Names bound at the level of ``body`` (branches of ``if`` and ``try`` included), with their class node."""
     names: dict[str, ast.AST | None] = {}
     for node in body:
@@ -36,7 +36,7 @@ def _defined(body) -> dict[str, ast.AST | None]:
             names.update({(alias.asname or alias.name).split(".")[0]: None for alias in node.names})
         elif isinstance(node, (ast.If, ast.Try)):
             for branch in [node.body, node.orelse, *(h.body for h in getattr(node, "handlers", []))]:
-                names.update(_defined(branch))
+                names.update(bound_names(branch))
     return names
 
 
@@ -54,14 +54,14 @@ def dotted_name_exists(name: str, root: str = REPO) -> bool:
         path = module_file(parts[:end], root)
         if path is None:
             continue
-        rest, scope = parts[end:], _defined(_tree(path).body)
+        rest, scope = parts[end:], bound_names(parsed(path).body)
         for attribute in rest:
             if attribute not in scope:
                 return False
             node = scope[attribute]
             if node is None:  # a function, a value or an imported name: what it holds is not read here
                 return True
-            scope = _defined(node.body)
+            scope = bound_names(node.body)
         return True
     return False
 
