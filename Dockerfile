@@ -14,10 +14,12 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/tf_dlrm
-# Install first from the files that decide the environment, so code edits reuse this layer.
+# Install first from the files that decide the environment, so code edits reuse this layer. The editable install
+# maps the packages it finds at this step: both top-level packages must be there (for the console scripts).
 COPY setup.cfg pyproject.toml README.md ./
 COPY scripts/ scripts/
 COPY tf_dlrm/__init__.py tf_dlrm/__init__.py
+COPY preprocessing/__init__.py preprocessing/__init__.py
 COPY main.py ./
 RUN PYTHON=python3.11 bash scripts/install.sh
 

@@ -165,11 +165,11 @@ def naive_preprocess(path: str, output_dir: str, frequency_threshold: int, test_
 
 def _run_case(args) -> None:
     """Child process: runs one engine ``--repeats`` times, prints the seconds of each run as JSON."""
-    from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess
+    from preprocessing.criteo import PreprocessConfig, preprocess
 
     spark = None
     if args.case == "spark":
-        from tf_dlrm.preprocessing.spark_engine import make_session
+        from preprocessing.spark_engine import make_session
 
         spark = make_session(args.spark_master, conf={"spark.ui.showConsoleProgress": "false"})
     seconds, cpu_seconds = [], []

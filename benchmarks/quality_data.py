@@ -1,5 +1,5 @@
 """Datasets of the quality benchmarks, made the way a user would: synthetic specs with their oracle
-AUC, and the real Criteo sample rows of ``$TF_DLRM_CRITEO_SAMPLES`` (default ``../shared/data``) through ``python -m tf_dlrm.preprocessing.criteo``."""
+AUC, and the real Criteo sample rows of ``$TF_DLRM_CRITEO_SAMPLES`` (default ``../shared/data``) through ``python -m preprocessing.criteo``."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def make_dataset(name: str, directory: str, num_train: int, num_valid: int, seed
         # the last 20% by row order as validation: a smoke-sized quality check, not a benchmark of record.
         inputs = [os.path.join(SAMPLES, "criteo_1tb_day0_sample_1k.tsv")]
         subprocess.run(
-            [sys.executable, "-m", "tf_dlrm.preprocessing.criteo", f"--input={','.join(inputs)}", f"--output_dir={path}",
+            [sys.executable, "-m", "preprocessing.criteo", f"--input={','.join(inputs)}", f"--output_dir={path}",
              "--split=fraction", "--test_fraction=0.2", "--valid_fraction=0", "--frequency_threshold=2"],
             cwd=REPO, check=True, capture_output=True,
         )

@@ -30,10 +30,9 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tf_dlrm.parallel.env import initialize  # noqa: E402
 from tf_dlrm.embedding.table_init import initial_table_slice  # noqa: E402
 from tf_dlrm.embedding import (  # noqa: E402
-    BroadcastInitialState, DistributedEmbedding, FeatureConfig, Model, TableConfig, optimizers,
+    BroadcastInitialState, DistributedEmbedding, FeatureConfig, Model, TableConfig, initialize, optimizers,
 )
 
 NUM_DENSE = 3

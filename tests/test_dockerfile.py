@@ -237,6 +237,9 @@ def test_replaying_the_dockerfile_builds_a_working_image(steps, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     final = json.loads(log.read_text().splitlines()[-1])
     assert final["event"] == "final" and final["steps"] == 2, final
+    # The dataset tools run there too.
+    result = stage.run(["python", "-m", "preprocessing.criteo", "--help"], timeout=120)
+    assert result.returncode == 0 and "--output_dir" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
 
 
 def test_docker_builds_the_image(tmp_path):

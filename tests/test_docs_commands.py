@@ -3,7 +3,9 @@
 A page marks a fenced ``bash`` block to run with the line ``<!-- test: run -->`` just before it; the
 block may be followed by ``<!-- test: output -->`` and a fenced block of the lines its output must
 contain, in order (``...`` in a line matches anything; a line that is only ``...`` is a reminder that
-lines were left out). A page's blocks run in order, in one sandbox: a directory with a link to every
+lines were left out). A block of any language after ``<!-- test: file NAME -->`` is written to ``NAME``, for
+the blocks after it to run (a page's Python example, then the commands that run it). A page's blocks run in
+order, in one sandbox: a directory with a link to every
 top-level entry of the repository but ``data/``, so that ``.venv/bin/python``, ``main.py`` and
 ``feature_specs/`` mean what they mean in a checkout, and what a block writes under ``data/`` stays in
 the sandbox. ``python`` and ``horovodrun`` are the virtual environment's. The commands on the pages are
@@ -24,6 +26,7 @@ from conftest import REPO
 
 RUN = "<!-- test: run -->"
 OUTPUT = "<!-- test: output -->"
+FILE = re.compile(r"<!-- test: file ([\w.-]+) -->")
 RANK_PREFIX = re.compile(r"^\[\d+\]<std(out|err)>:")  # horovodrun's prefix of each rank's lines
 NOT_LINKED = {"data", "runs", "build", ".git", ".pytest_cache"}
 
@@ -33,6 +36,7 @@ class Block(NamedTuple):
     line: int  # 1-based line of the block's opening fence
     command: str
     expected: tuple[str, ...]
+    file: str | None = None  # the block is this file's text, written, not run
 
 
 def _fenced(lines: list[str], start: int, page: str) -> tuple[list[str], int]:
@@ -52,6 +56,11 @@ def blocks_of(page: str) -> list[Block]:
         lines = handle.read().split("\n")
     found, index = [], 0
     while index < len(lines):
+        file = FILE.fullmatch(lines[index].strip())
+        if file:
+            text, index = _fenced(lines, index + 1, page)
+            found.append(Block(page, index - len(text) - 1, "\n".join(text) + "\n", (), file.group(1)))
+            continue
         if lines[index].strip() != RUN:
             index += 1
             continue
@@ -96,6 +105,10 @@ def sandbox(directory) -> str:
 
 
 def run_block(block: Block, directory: str) -> None:
+    if block.file:
+        with open(os.path.join(directory, block.file), "w", encoding="utf-8") as handle:
+            handle.write(block.command)
+        return
     environment = dict(os.environ)
     environment.update({
         "PATH": os.path.join(REPO, ".venv", "bin") + os.pathsep + environment.get("PATH", ""),
@@ -124,9 +137,15 @@ def test_documented_commands_run(page, tmp_path):
 def test_the_marker_parser_and_the_output_match(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(f"text\n{RUN}\n```bash\necho a\necho b\n```\n\n{OUTPUT}\n```text\na...\n...\nb\n```\n"
-                    f"```bash\nnot run\n```\n{RUN}\n```bash\ntrue\n```\n")
+                    f"```bash\nnot run\n```\n{RUN}\n```bash\ntrue\n```\n"
+                    f"<!-- test: file x.py -->\n```python\nprint(2)\n```\n{RUN}\n```bash\npython3 x.py\n```\n")
     blocks = blocks_of(os.path.relpath(page, REPO))
-    assert [(b.line, b.command, b.expected) for b in blocks] == [(3, "echo a\necho b", ("a...", "...", "b")), (18, "true", ())]
+    assert [(b.line, b.command, b.expected, b.file) for b in blocks] == [
+        (3, "echo a\necho b", ("a...", "...", "b"), None), (18, "true", (), None), (22, "print(2)\n", (), "x.py"),
+        (26, "python3 x.py", (), None)]
+    for block in blocks[2:]:
+        run_block(block, str(tmp_path))
+    assert (tmp_path / "x.py").read_text() == "print(2)\n"
     assert missing_lines(("a...", "b"), "xa1\nabc\nb\n") is None
     assert missing_lines(("b", "a..."), "abc\nb\n") == "a..."  # in order
     assert missing_lines(("validation AUC 0.8...",), "validation AUC 0.79") == "validation AUC 0.8..."

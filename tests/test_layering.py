@@ -3,6 +3,8 @@
 Every ``import`` of a tf_dlrm module is checked, at module level or inside a function (a lazy import
 hides an upward dependency, it does not remove it), ``import x`` and ``from x import y`` alike. A
 package or top-level module missing from :data:`LAYERS` fails too, so a new one must be placed.
+Above all of tf_dlrm sit the repository's own clients of it (``preprocessing/``, ``main.py``, the
+example scripts): tf_dlrm never imports them.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import NamedTuple
 
 import pytest
 
-PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tf_dlrm")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(REPO, "tf_dlrm")
 
 # Bottom to top. A package may import the packages of the levels below its own, never above; packages
 # on one level are independent of each other.
@@ -30,7 +33,6 @@ LAYERS = (
     ("models",),        # the models and their shared layers
     ("train",),         # the step, the loop, metrics, guards
     ("checkpoint",),    # checkpoints and export
-    ("preprocessing",),  # Criteo logs to split_binary
     ("cli",),           # main.py's flags, modes and process set-up
 )
 LEVEL = {package: level for level, packages in enumerate(LAYERS) for package in packages}
@@ -65,27 +67,53 @@ def imported_modules(node: ast.AST) -> list[str]:
     return []
 
 
-def package_edges(root: str = PACKAGE) -> tuple[list[Edge], set[str]]:
-    """Every import between two different tf_dlrm packages, and every package (or top-level module) seen."""
-    edges, packages = [], set()
+def import_sites(root: str):
+    """``(path, line, imported module)`` of every absolute import in the ``.py`` files under ``root``."""
     for directory, _, files in os.walk(root):
         for name in sorted(files):
             if not name.endswith(".py"):
                 continue
             path = os.path.join(directory, name)
-            source = package_of(module_of(path, root))
-            if source:
-                packages.add(source)
             with open(path, encoding="utf-8") as handle:
                 tree = ast.parse(handle.read(), path)
             for node in ast.walk(tree):
                 for module in imported_modules(node):
-                    if not module.startswith("tf_dlrm."):
-                        continue
-                    target = package_of(module)
-                    if source and target != source:
-                        edges.append(Edge(os.path.relpath(path, os.path.dirname(root)), node.lineno, source, target))
+                    yield path, node.lineno, module
+
+
+def package_edges(root: str = PACKAGE) -> tuple[list[Edge], set[str]]:
+    """Every import between two different tf_dlrm packages, and every package (or top-level module) seen."""
+    edges, packages = [], set()
+    for directory, _, files in os.walk(root):
+        packages.update(package_of(module_of(os.path.join(directory, name), root)) for name in files if name.endswith(".py"))
+    for path, line, module in import_sites(root):
+        source = package_of(module_of(path, root))
+        if not module.startswith("tf_dlrm."):
+            continue
+        target = package_of(module)
+        if source and target != source:
+            edges.append(Edge(os.path.relpath(path, os.path.dirname(root)), line, source, target))
+    packages.discard("")
     return edges, packages
+
+
+def clients_of_the_library(repo: str = REPO) -> set[str]:
+    """The importable names at the top of the repository other than tf_dlrm: its packages and modules."""
+    names = set()
+    for name in os.listdir(repo):
+        path = os.path.join(repo, name)
+        if name.endswith(".py") and os.path.isfile(path):
+            names.add(name[: -len(".py")])
+        elif os.path.isfile(os.path.join(path, "__init__.py")) and name != "tf_dlrm":
+            names.add(name)
+    return names
+
+
+def imports_of_clients(root: str, clients: set[str]) -> list[str]:
+    """``path:line: ...`` for every import, under ``root``, of a module of ``clients``."""
+    return [f"{os.path.relpath(path, os.path.dirname(root))}:{line}: imports '{module}', which is above tf_dlrm "
+            f"(a client of the library); expected tf_dlrm to import only tf_dlrm and third-party modules"
+            for path, line, module in import_sites(root) if module.split(".")[0] in clients]
 
 
 def violations(edges: list[Edge], level: dict[str, int]) -> list[str]:
@@ -111,6 +139,22 @@ def test_no_import_runs_up_the_layers():
     edges, _ = package_edges()
     found = violations(edges, LEVEL)
     assert not found, "upward imports:\n" + "\n".join(found)
+
+
+def test_tf_dlrm_never_imports_its_clients():
+    clients = clients_of_the_library()
+    assert {"preprocessing", "main"} <= clients, clients
+    found = imports_of_clients(PACKAGE, clients)
+    assert not found, "imports of code above tf_dlrm:\n" + "\n".join(found)
+
+
+def test_an_import_of_a_client_is_reported(tmp_path):
+    root = tmp_path / "tf_dlrm"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "fractions.py").write_text("import os\n\ndef f():\n    from preprocessing.splits import make_plan\n")
+    found = imports_of_clients(str(root), {"preprocessing", "main"})
+    assert found == ["tf_dlrm/data/fractions.py:4: imports 'preprocessing.splits', which is above tf_dlrm (a client of "
+                     "the library); expected tf_dlrm to import only tf_dlrm and third-party modules"]
 
 
 def test_the_walk_sees_real_edges():

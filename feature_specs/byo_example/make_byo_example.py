@@ -4,7 +4,7 @@
 
 (the default sample is in ``$TF_DLRM_CRITEO_SAMPLES``, else ``../shared/data`` beside the repository).
 
-Runs ``tf_dlrm.preprocessing.criteo`` on the sample (frequency threshold 2, last 20% of rows as test), then
+Runs ``preprocessing.criteo`` on the sample (frequency threshold 2, last 20% of rows as test), then
 writes the result back out as plain CSV with integer ids: ``train.csv``, ``test.csv`` and the
 ``feature_spec.yaml`` that describes them (``type: csv`` chunks), i.e. the files a user brings.
 Numerical values are written as the shortest decimal that reads back to the same float16, so
@@ -41,7 +41,7 @@ HEADER_COMMENT = """\
 
 def build(sample: str, directory: str) -> None:
     sys.path.insert(0, REPOSITORY)
-    from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess
+    from preprocessing.criteo import PreprocessConfig, preprocess
     from tf_dlrm.spec.feature_spec import FeatureSpec
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -70,7 +70,7 @@ def build(sample: str, directory: str) -> None:
                 split: [{"type": "csv", "features": [LABEL] + NUMERICAL + CATEGORICAL, "files": [f"{split}.csv"], "header": True}]
                 for split in spec.splits
             },
-            "metadata": {"made_from": "criteo_kaggle_sample_200.csv via tf_dlrm.preprocessing.criteo (frequency_threshold 2)"},
+            "metadata": {"made_from": "criteo_kaggle_sample_200.csv via preprocessing.criteo (frequency_threshold 2)"},
         }
     with open(os.path.join(directory, "feature_spec.yaml"), "w", encoding="utf-8") as stream:
         stream.write(HEADER_COMMENT)

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess
+from preprocessing.criteo import PreprocessConfig, preprocess
 from tf_dlrm.data.synthetic import generate
 from tf_dlrm.data.transcode import transcode
 from tf_dlrm.spec.feature_spec import FeatureSpec
@@ -47,7 +47,7 @@ def test_criteo_refuses_a_directory_with_a_spec_and_a_users_notes(tmp_path, tsv)
     (out / "checkpoints" / "ckpt.npy").write_bytes(b"weights")
     before = listing(out)
     with pytest.raises(OutputDirectoryError, match=r"--output_dir=\S+out is not empty and was not written by "
-                                                   r"tf_dlrm.preprocessing.criteo .*refusing to replace it"):
+                                                   r"preprocessing.criteo .*refusing to replace it"):
         criteo([tsv], out)
     assert listing(out) == before
     assert sorted(os.listdir(tmp_path)) == ["out"]  # no temporary sibling left
@@ -68,7 +68,7 @@ def test_criteo_replaces_its_own_earlier_output_but_not_after_a_user_added_a_fil
     assert os.path.isfile(out / MANIFEST)
     criteo([tsv], out)  # its own files only: replaced
     (out / "README.txt").write_text("what this dataset is")
-    with pytest.raises(OutputDirectoryError, match=r"holds 1 file\(s\) that tf_dlrm.preprocessing.criteo did not write, e.g. README.txt"):
+    with pytest.raises(OutputDirectoryError, match=r"holds 1 file\(s\) that preprocessing.criteo did not write, e.g. README.txt"):
         criteo([tsv], out)
     assert (out / "README.txt").read_text() == "what this dataset is"
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess
+from preprocessing.criteo import PreprocessConfig, preprocess
 from tf_dlrm.spec.feature_spec import FeatureSpec
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,8 +14,8 @@ from criteo_reference import (
     read_rows,
     read_split,
 )
-from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess
-from tf_dlrm.preprocessing.criteo_format import BadRowError
+from preprocessing.criteo import PreprocessConfig, preprocess
+from preprocessing.criteo_format import BadRowError
 
 
 def run_local(inputs, output_dir, **settings) -> dict:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from criteo_reference import classify, integer, read_rows
-from tf_dlrm.preprocessing.criteo_format import REASONS, CriteoFormatError, InputFormat, detect_format, parse_block
+from preprocessing.criteo_format import REASONS, CriteoFormatError, InputFormat, detect_format, parse_block
 
 TSV = InputFormat(b"\t", header=False)
 GOOD = ["1"] + ["5"] * 13 + ["0a1b2c3d"] * 26

@@ -21,9 +21,9 @@ from criteo_reference import (
     read_rows,
     read_split,
 )
-from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess
-from tf_dlrm.preprocessing.criteo_format import CriteoFormatError
-from tf_dlrm.preprocessing.vocabulary import Vocabulary
+from preprocessing.criteo import PreprocessConfig, preprocess
+from preprocessing.criteo_format import CriteoFormatError
+from preprocessing.vocabulary import Vocabulary
 from tf_dlrm.spec.feature_spec import FeatureSpec
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -215,7 +215,7 @@ def test_days_split_needs_day_names(tmp_path, generated_criteo):
 
 def test_command_line(tmp_path, generated_criteo):
     command = [
-        sys.executable, "-m", "tf_dlrm.preprocessing.criteo", f"--input={generated_criteo.csv}", f"--output_dir={tmp_path / 'out'}",
+        sys.executable, "-m", "preprocessing.criteo", f"--input={generated_criteo.csv}", f"--output_dir={tmp_path / 'out'}",
         "--frequency_threshold=2", "--test_fraction=0.2", "--num_workers=2",
     ]
     result = subprocess.run(command, cwd=REPOSITORY, capture_output=True, text=True, timeout=120)
@@ -225,7 +225,7 @@ def test_command_line(tmp_path, generated_criteo):
     assert summary["rows"] == {"train": 120, "validation": 40, "test": 40}
     FeatureSpec.load(str(tmp_path / "out" / "feature_spec.yaml"), check_files=True)
     missing = subprocess.run(
-        [sys.executable, "-m", "tf_dlrm.preprocessing.criteo", f"--input={tmp_path / 'nope.tsv'}", f"--output_dir={tmp_path / 'x'}"],
+        [sys.executable, "-m", "preprocessing.criteo", f"--input={tmp_path / 'nope.tsv'}", f"--output_dir={tmp_path / 'x'}"],
         cwd=REPOSITORY, capture_output=True, text=True, timeout=120,
     )
     assert missing.returncode != 0 and "file not found" in missing.stderr
@@ -235,8 +235,8 @@ def test_command_line(tmp_path, generated_criteo):
 def test_fraction_plan_across_files_follows_the_row_order(sizes):
     """Boundaries falling inside files, on file edges and across an empty file: every data line's
     split is the one its position in the whole sequence gives."""
-    from tf_dlrm.preprocessing.criteo_format import InputFormat
-    from tf_dlrm.preprocessing.splits import InputFile, make_plan
+    from preprocessing.criteo_format import InputFormat
+    from preprocessing.splits import InputFile, make_plan
 
     files = [InputFile(i, f"f{i}", False, InputFormat(b"\t", False), n) for i, n in enumerate(sizes)]
     plan = make_plan(files, "fraction", test_fraction=0.2, valid_fraction=0.15)

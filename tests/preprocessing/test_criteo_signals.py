@@ -1,4 +1,4 @@
-"""SIGTERM and SIGKILL to ``python -m tf_dlrm.preprocessing.criteo`` while its workers run: SIGTERM ends
+"""SIGTERM and SIGKILL to ``python -m preprocessing.criteo`` while its workers run: SIGTERM ends
 the workers and removes the temporary output (exit 143, one line); after a SIGKILL the workers end with
 their parent and the next run removes the temporary output the killed one left."""
 
@@ -48,7 +48,7 @@ def raw_log(tmp_path_factory):
 
 
 def start_and_signal_once_working(raw_log, output, number) -> tuple[subprocess.Popen, list[int], str]:
-    process = subprocess.Popen([sys.executable, "-m", "tf_dlrm.preprocessing.criteo", f"--input={raw_log}",
+    process = subprocess.Popen([sys.executable, "-m", "preprocessing.criteo", f"--input={raw_log}",
                                 f"--output_dir={output}", "--num_workers=2"], cwd=REPO, env=worker_env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     workers, deadline = [], time.time() + 120
@@ -71,7 +71,7 @@ def test_sigterm_ends_the_workers_and_removes_the_temporary_output(raw_log, tmp_
     output = tmp_path / "out"
     process, workers, stderr = start_and_signal_once_working(raw_log, output, signal.SIGTERM)
     assert process.returncode == 143, stderr[-3000:]
-    assert "tf_dlrm.preprocessing.criteo: stopped by SIGTERM; nothing was published" in stderr, stderr[-3000:]
+    assert "preprocessing.criteo: stopped by SIGTERM; nothing was published" in stderr, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     time.sleep(1)
     assert not [pid for pid in workers if alive(pid)], "workers outlived the tool"
@@ -88,7 +88,7 @@ def test_after_sigkill_the_workers_end_and_a_rerun_cleans_up(raw_log, tmp_path):
     assert not [pid for pid in workers if alive(pid)], "workers outlived their killed parent"
     left = temporaries(output)
     assert left, "the killed run left no temporary output (nothing to clean up: the test proves nothing)"
-    rerun = subprocess.run([sys.executable, "-m", "tf_dlrm.preprocessing.criteo", f"--input={raw_log}",
+    rerun = subprocess.run([sys.executable, "-m", "preprocessing.criteo", f"--input={raw_log}",
                             f"--output_dir={output}", "--num_workers=2"], cwd=REPO, env=worker_env(),
                            capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]

@@ -9,13 +9,13 @@ import pytest
 pytest.importorskip("pyspark", reason="the Spark engine needs PySpark: TF_DLRM_EXTRAS=test,spark bash scripts/install.sh")
 
 from criteo_reference import copy_days, corrupt_copy, files_of  # noqa: E402
-from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess  # noqa: E402
-from tf_dlrm.preprocessing.criteo_format import BadRowError  # noqa: E402
+from preprocessing.criteo import PreprocessConfig, preprocess  # noqa: E402
+from preprocessing.criteo_format import BadRowError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def spark():
-    from tf_dlrm.preprocessing.spark_engine import make_session
+    from preprocessing.spark_engine import make_session
 
     session = make_session(
         "local[2]",

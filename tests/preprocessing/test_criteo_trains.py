@@ -1,4 +1,4 @@
-"""Criteo rows -> tf_dlrm.preprocessing.criteo -> main.py learns them.
+"""Criteo rows -> preprocessing.criteo -> main.py learns them.
 
 On the 200 real Kaggle rows ($TF_DLRM_CRITEO_SAMPLES) where present, else on 200 generated rows in the
 same layout (one launch either way: see ``criteo_real_or_generated``). 200 rows are too few for a
@@ -17,7 +17,7 @@ from conftest import run_python
 def test_model_learns_preprocessed_criteo_rows(tmp_path, criteo_real_or_generated):
     data, log = tmp_path / "criteo", tmp_path / "log.jsonl"
     run_python([
-        "-m", "tf_dlrm.preprocessing.criteo", f"--input={criteo_real_or_generated.csv}", f"--output_dir={data}", "--frequency_threshold=1",
+        "-m", "preprocessing.criteo", f"--input={criteo_real_or_generated.csv}", f"--output_dir={data}", "--frequency_threshold=1",
         "--split=fraction", "--test_fraction=0.25", "--valid_fraction=0",  # 150 rows to train on and evaluate
     ])
     run_python([

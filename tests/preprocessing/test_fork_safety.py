@@ -15,7 +15,7 @@ from conftest import REPO, worker_env
 SCRIPT = """
 import gc
 import tensorflow as tf
-from tf_dlrm.preprocessing.local_engine import LocalEngine
+from preprocessing.local_engine import LocalEngine
 
 gc.disable()
 iterator = iter(tf.data.Dataset.range(100).map(lambda x: x + 1).prefetch(4))

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 # that nobody reads; then the pass fails.
 BLOCKED_FEEDER = textwrap.dedent("""
     import time
-    from tf_dlrm.preprocessing.local_engine import LocalEngine
+    from preprocessing.local_engine import LocalEngine
 
     def slow(payload):
         time.sleep(600)

@@ -99,16 +99,16 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         f.DEFINE_string("embedding_dims", "", "Per-table widths, e.g. cat_0.bin:16,cat_3.bin:64 (overrides the spec's "
                         "embedding_dim and --embedding_dim; DLRM's dot interaction needs one width, --interaction=cat does not).")
         f.DEFINE_string("embedding_init", str(DEFAULT_EMBEDDING_INIT_BOUND), "Initial embedding values: uniform in [-b, b] "
-                        "for this b, or sqrt_rows for b = 1/sqrt(rows) of each table (the DLRM reference's init, and the default "
-                        "until 2026-11-25: figures measured before then used it); dynamic tables too.")
+                        "for this b, or sqrt_rows for b = 1/sqrt(rows) of each table (the DLRM reference's init); dynamic "
+                        "tables too.")
         define_model_flags(argv, flag_values=flag_values)
     with _topic("sharding", flag_values):
         f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise", *nvidia_flags.VALUE_ALIASES["dist_strategy"]],
                       "How embedding tables are sharded (NVIDIA's memory_balanced, basic and memory_optimized mean auto).")
         f.DEFINE_integer("column_slice_threshold", None, "Tables with more elements than this are column-sliced.")
         f.DEFINE_integer("data_parallel_threshold", None, "Tables with fewer elements (rows x width) than this are "
-                         "replicated (data-parallel), as NVIDIA's flag; given, --data_parallel_rows applies only if given too. "
-                         "Until 2026-11-26 this flag counted rows: use --data_parallel_rows for rows.")
+                         "replicated (data-parallel), as NVIDIA's flag; given, --data_parallel_rows applies only if given too "
+                         "(--data_parallel_rows counts rows).")
         f.DEFINE_integer("data_parallel_rows", 2048, "Tables with fewer rows are replicated (data-parallel).")
         f.DEFINE_bool("data_parallel_input", False, "Read local batches of every feature and exchange ids with one alltoall.")
         f.DEFINE_float("hot_rows_budget", 0.0, "Replicate the most looked-up rows of the model-parallel tables on every rank, "

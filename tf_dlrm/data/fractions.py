@@ -3,7 +3,7 @@
 With ``n`` rows, the last ``floor(n * test_fraction + 0.5)`` are ``test`` and the
 ``floor(n * valid_fraction + 0.5)`` before them ``validation`` (none when ``valid_fraction`` is 0:
 two splits, the Kaggle convention); never shuffled, so the test rows are the latest ones. Shared by
-:mod:`tf_dlrm.preprocessing.splits` and :mod:`tf_dlrm.data.transcode`.
+:mod:`preprocessing.splits` and :mod:`tf_dlrm.data.transcode`.
 
 On the command line ``--valid_fraction`` defaults to ``--test_fraction`` (:func:`command_line_valid_fraction`): a
 run asked for a held-out test split also gets a validation split to choose its state by, so that the test

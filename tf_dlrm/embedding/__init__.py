@@ -12,6 +12,8 @@
 - :class:`Model`: a ``keras.Model`` whose ``fit`` runs :class:`TrainingStep` (per-table sparse
   updates, dense gradients averaged over ranks); a hand-written loop calls a ``TrainingStep``
   itself. :class:`BroadcastInitialState` starts every rank from rank 0's dense weights.
+- :func:`initialize`: Horovod initialised when ``horovodrun`` started this process, else one process; returns
+  this process's rank and world size (a :class:`tf_dlrm.parallel.env.DistributedEnv`).
 """
 
 from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
@@ -20,8 +22,9 @@ from tf_dlrm.embedding.model import BroadcastInitialState, Model, sharded_variab
 from tf_dlrm.embedding.planning import plan_tables
 from tf_dlrm.embedding.table_config import Combiner, DynamicStorage, FeatureConfig, Placement, TableConfig
 from tf_dlrm.embedding.training_step import TrainingStep
+from tf_dlrm.parallel.env import initialize
 
 __all__ = [
     "BroadcastInitialState", "Combiner", "DistributedEmbedding", "DynamicStorage", "FeatureConfig", "Model",
-    "Placement", "TableConfig", "TrainingStep", "optimizers", "plan_tables", "sharded_variables",
+    "Placement", "TableConfig", "TrainingStep", "initialize", "optimizers", "plan_tables", "sharded_variables",
 ]

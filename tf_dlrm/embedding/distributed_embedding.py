@@ -1,6 +1,6 @@
 """DistributedEmbedding: executes a ShardingPlan for a list of features; holds only this rank's shards.
 
-Features and tables. Each feature (a :class:`tf_dlrm.cli.embedding_dims.FeatureConfig`) reads one
+Features and tables. Each feature (a :class:`tf_dlrm.embedding.FeatureConfig`) reads one
 table; several features may read the same table; a feature may be one-hot, fixed multi-hot or
 ragged, pooled by ``sum``, ``mean`` or ``sqrtn``; tables may have different widths.
 
@@ -76,12 +76,10 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
     """Embedding tables sharded table-wise and column-wise over ranks, pooled per feature.
 
     Args:
-        plan: a :class:`ShardingPlan` (or its ``to_dict()``).
-        rank: this process's rank (``plan.world_size`` ranks in all).
+        feature_configs: :class:`FeatureConfig` (or dicts), a list in input order or a dict of them; each
+            names its table, a :class:`TableConfig` (the tables come from the features) or a plan's table name.
         seed: initial values depend only on ``(seed, table)``.
         data_parallel_input: read local batches of every feature and exchange ids (see module doc).
-        features: :class:`FeatureConfig` (or dicts) in input order; default one one-hot ``sum``
-            feature per table, named like it.
         validate_ids: check every id against its table's rows (and ragged rows against hotness).
         deduplicate_exchange: send each destination one row per distinct id of its samples and the
             samples' indices (:mod:`tf_dlrm.embedding.dedup_exchange`) instead of one row per
@@ -94,6 +92,12 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             its limits); looked up with TensorFlow ops (the embedding-bag kernel reads float32 only).
         init_bound: initial values uniform in ``[-init_bound, init_bound]``; None: ``1/sqrt(rows)`` per table
             (:mod:`tf_dlrm.embedding.table_init`).
+        strategy, data_parallel_threshold, column_slice_threshold: how the planner places the tables whose
+            placement is ``auto`` (:func:`tf_dlrm.sharding.planner.make_plan`); unused when ``plan`` is given.
+        plan: a :class:`ShardingPlan` (or its ``to_dict()``) to execute instead of planning.
+        env: this process's rank and world size (a :class:`tf_dlrm.parallel.env.DistributedEnv`); default
+            :func:`tf_dlrm.parallel.env.current_env` (Horovod's ranks under horovodrun, else one process).
+        dynamic_shards: shards of the dynamic tables (default one per rank).
     """
 
     def __init__(self, feature_configs, *, seed: int = 0, data_parallel_input: bool = True, validate_ids: bool = True,

@@ -48,7 +48,7 @@ class EmbeddingBank(keras.layers.Layer):
         cardinalities: rows of each table, in feature-spec order.
         embedding_dim: ``D`` of every table, or one width per table.
         seed: initial values come from ``(seed, table)`` (see :mod:`tf_dlrm.embedding.table_init`).
-        features: :class:`tf_dlrm.cli.embedding_dims.FeatureConfig` (or dicts) naming tables
+        features: :class:`tf_dlrm.embedding.FeatureConfig` (or dicts) naming tables
             ``t0, t1, ...`` or the names in ``table_names``; default one one-hot feature per table.
         table_names: the tables' names (default ``t<i>``).
         init_bound: initial values uniform in ``[-init_bound, init_bound]``; None: ``1/sqrt(rows)``.

@@ -1,4 +1,4 @@
-"""Every writer of a directory (tf_dlrm.preprocessing.criteo, transcode, synthetic, export) goes through here.
+"""Every writer of a directory (preprocessing.criteo, transcode, synthetic, export) goes through here.
 
 The rules, so that no run ever loses a user's file:
 

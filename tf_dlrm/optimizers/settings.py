@@ -80,7 +80,7 @@ class LearningRateSchedule:
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
     """``loss_scale``: float16 only (ignored for float32 and bfloat16): a static scale, or 0 for
-    dynamic loss scaling (see :class:`tf_dlrm.train.step.LossScale`). Rates of 0 mean the
+    dynamic loss scaling (see :class:`tf_dlrm.embedding.training_step.LossScale`). Rates of 0 mean the
     schedule's base. Weight decays are L2 coefficients: added to the gradient of the touched
     embedding rows, and to the MLPs' gradients (LAMB: inside its trust ratio instead)."""
 

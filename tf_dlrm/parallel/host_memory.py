@@ -9,7 +9,7 @@ Read from Linux's own files, before anything large is allocated:
 
 Ranks on one host share its RAM, and ranks in one cgroup share its limit: :func:`groups` puts the
 ranks of a job together by host and by cgroup, so a check can compare each group's planned bytes with
-what that group has (see :func:`tf_dlrm.cli.builder.check_host_memory`).
+what that group has (see :func:`tf_dlrm.sharding.memory_plan.check_limits`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``tf_dlrm.preprocessing.criteo --keys=hashed``: raw int64 keys from Criteo rows, no vocabulary;
+"""``preprocessing.criteo --keys=hashed``: raw int64 keys from Criteo rows, no vocabulary;
 the keys follow the documented formula (checked with an independent pure-Python SplitMix64); the
 Spark engine writes the same bytes (when PySpark is installed); a bad flag mix is refused."""
 
@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "preprocessing"))
 from criteo_reference import files_of  # noqa: E402
 
-from tf_dlrm.preprocessing.criteo import PreprocessConfig, preprocess  # noqa: E402
+from preprocessing.criteo import PreprocessConfig, preprocess  # noqa: E402
 from tf_dlrm.spec.feature_spec import FeatureSpec  # noqa: E402
 
 MASK = (1 << 64) - 1
@@ -56,7 +56,7 @@ def test_capacity_comes_from_the_training_keys(tmp_path, monkeypatch, criteo):
     all ranks: 900 training rows plan a few kilobytes, not the 26 million rows of a fixed default."""
     import math
 
-    from tf_dlrm.preprocessing import hashed_keys
+    from preprocessing import hashed_keys
 
     output = tmp_path / "sized"
     preprocess(PreprocessConfig(inputs=(criteo.tsv,), output_dir=str(output), keys="hashed", num_workers=1))
@@ -79,7 +79,7 @@ def test_hashed_keys_refuse_vocabulary_flags(tmp_path, generated_criteo):
 
 def test_spark_writes_the_same_hashed_bytes(tmp_path, criteo_real_or_generated):
     pytest.importorskip("pyspark", reason="the Spark engine needs PySpark")
-    from tf_dlrm.preprocessing.spark_engine import make_session
+    from preprocessing.spark_engine import make_session
 
     session = make_session("local[2]", conf={"spark.sql.shuffle.partitions": "2", "spark.ui.showConsoleProgress": "false"})
     try:

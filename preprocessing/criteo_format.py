@@ -18,10 +18,10 @@ Validation, per row (the first failing check names the reason):
 
 Transform: integers ``x`` -> ``log(1 + max(x, 0))`` computed in float64 and rounded to float16 (a
 missing value is 0); categorical hashes -> their 32-bit value (``-1`` for missing), mapped to ids by
-:mod:`tf_dlrm.preprocessing.vocabulary`.
+:mod:`preprocessing.vocabulary`.
 
 Everything here works on a *block*: bytes holding whole lines, each ending with ``\\n``. Parsing
-is vectorised with numpy (no per-field Python loop; see :mod:`tf_dlrm.preprocessing.field_decoding`), and
+is vectorised with numpy (no per-field Python loop; see :mod:`preprocessing.field_decoding`), and
 both engines call the same functions, which is what makes their outputs identical byte for byte.
 """
 
@@ -32,7 +32,7 @@ import re
 
 import numpy as np
 
-from tf_dlrm.preprocessing.field_decoding import decode_hashes, decode_integers, words_ending_at
+from preprocessing.field_decoding import decode_hashes, decode_integers, words_ending_at
 
 NUM_INTEGER = 13
 NUM_CATEGORICAL = 26

@@ -16,7 +16,7 @@ import gzip
 import os
 from typing import Iterator
 
-from tf_dlrm.preprocessing.criteo_format import normalize_line_ends
+from preprocessing.criteo_format import normalize_line_ends
 
 DETECT_LINES = 101  # header + 100 data lines are checked by detect_format
 _HEAD_BYTES = 1 << 20

@@ -3,8 +3,8 @@
 Spark reads the inputs (``textFile``, gzip by extension, one partition per gzip file), counts lines
 per partition so every row keeps its file and line number, reduces the frequency counts by key
 bucket across the cluster, broadcasts the vocabulary, and transforms every partition on the
-executors. Parsing and the transform are the numpy functions of :mod:`tf_dlrm.preprocessing.criteo_format`
-and :mod:`tf_dlrm.preprocessing.vocabulary`, called on blocks of lines exactly as the local engine calls
+executors. Parsing and the transform are the numpy functions of :mod:`preprocessing.criteo_format`
+and :mod:`preprocessing.vocabulary`, called on blocks of lines exactly as the local engine calls
 them: this is what makes both engines' outputs identical byte for byte.
 
 Executors write each partition's finished arrays under ``<output temp dir>/_spark_parts``; the
@@ -26,12 +26,12 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from tf_dlrm.preprocessing.bad_rows import BadRowTally, merge_tallies, strict_error
-from tf_dlrm.preprocessing.criteo_format import NUM_CATEGORICAL, NUM_INTEGER, detect_format, parse_block
-from tf_dlrm.preprocessing.input_blocks import DETECT_LINES, check_compression
-from tf_dlrm.preprocessing.local_engine import transform_blocks
-from tf_dlrm.preprocessing.splits import TRAIN, InputFile, SplitPlan
-from tf_dlrm.preprocessing.vocabulary import CountTable, Vocabulary
+from preprocessing.bad_rows import BadRowTally, merge_tallies, strict_error
+from preprocessing.criteo_format import NUM_CATEGORICAL, NUM_INTEGER, detect_format, parse_block
+from preprocessing.input_blocks import DETECT_LINES, check_compression
+from preprocessing.local_engine import transform_blocks
+from preprocessing.splits import TRAIN, InputFile, SplitPlan
+from preprocessing.vocabulary import CountTable, Vocabulary
 
 _SUMMARY = -1  # reduce key of the per-partition summaries in the count pass
 

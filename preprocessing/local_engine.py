@@ -1,7 +1,7 @@
 """The local engine: all cores of one machine, memory bounded by the task window and the vocabulary.
 
 Three passes over the inputs, each a stream of tasks (groups of blocks, see
-:mod:`tf_dlrm.preprocessing.input_blocks`):
+:mod:`preprocessing.input_blocks`):
 
 0. plan: cut every file into blocks and count each block's lines, so every row has a file and line
    number (plain files: workers read their byte ranges in parallel; gzip files: one worker per file);
@@ -29,12 +29,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from tf_dlrm.preprocessing import input_blocks
-from tf_dlrm.preprocessing.bad_rows import BadRowTally, merge_tallies, strict_error
-from tf_dlrm.preprocessing.criteo_format import InputFormat, ParsedBlock, detect_format, parse_block
-from tf_dlrm.preprocessing.input_blocks import Block
-from tf_dlrm.preprocessing.splits import TRAIN, InputFile, SplitPlan
-from tf_dlrm.preprocessing.vocabulary import CountAccumulator, CountTable, Vocabulary
+from preprocessing import input_blocks
+from preprocessing.bad_rows import BadRowTally, merge_tallies, strict_error
+from preprocessing.criteo_format import InputFormat, ParsedBlock, detect_format, parse_block
+from preprocessing.input_blocks import Block
+from preprocessing.splits import TRAIN, InputFile, SplitPlan
+from preprocessing.vocabulary import CountAccumulator, CountTable, Vocabulary
 
 DEFAULT_BLOCK_BYTES = 1 << 20  # small, so that a block's numpy temporaries fit a CPU's L2 cache
 COUNT_TASK_BYTES = 32 << 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Sequence
 
-from tf_dlrm.preprocessing.criteo_format import REASONS, BadRowError, ParsedBlock
+from preprocessing.criteo_format import REASONS, BadRowError, ParsedBlock
 
 FIRST_KEPT = 10  # bad rows listed per reason in preprocess_report.json
 

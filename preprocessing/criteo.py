@@ -1,17 +1,19 @@
 r"""Criteo click logs -> split_binary dataset + ``feature_spec.yaml`` (what ``main.py`` reads).
 
-    python -m tf_dlrm.preprocessing.criteo --input=day_0.gz,...,day_23.gz --output_dir=DIR \
+    python -m preprocessing.criteo --input=day_0.gz,...,day_23.gz --output_dir=DIR \
         --frequency_threshold=3 --split=days [--engine=local|spark] [--spark_master=URL]
-    python -m tf_dlrm.preprocessing.criteo --input=train.txt --output_dir=DIR --split=fraction --test_fraction=0.1
+    python -m preprocessing.criteo --input=train.txt --output_dir=DIR --split=fraction --test_fraction=0.1
         # three splits: train, validation (select on it; --valid_fraction, by default as --test_fraction), test (report it)
-    python -m tf_dlrm.preprocessing.criteo --input=train.txt --output_dir=DIR --split=fraction --test_fraction=0.1 \
+    python -m preprocessing.criteo --input=train.txt --output_dir=DIR --split=fraction --test_fraction=0.1 \
         --valid_fraction=0    # two splits, the Kaggle convention: train, test
+    preprocessing/prepare_dataset.sh RAW_DIR OUTPUT_DIR [--flag=value ...]
+        # a directory of day_0 .. day_23 (or train.txt) with this project's usual settings
 
 Inputs: TSV without header (1TB days, Kaggle ``train.txt``) or CSV with the Criteo header, plain
 or ``.gz``. The transform (label as bool; integers ``log(1 + max(x, 0))`` as float16, missing 0;
 categorical hashes -> ids: 0 missing, 1 rare/unseen, 2.. by descending training count) is
-described in :mod:`tf_dlrm.preprocessing.criteo_format` and :mod:`tf_dlrm.preprocessing.vocabulary`; the splits in
-:mod:`tf_dlrm.preprocessing.splits`.
+described in :mod:`preprocessing.criteo_format` and :mod:`preprocessing.vocabulary`; the splits in
+:mod:`preprocessing.splits`.
 
 ``OUTPUT_DIR`` gets ``feature_spec.yaml``, ``<split>/label.bin, numerical.bin, cat_<i>.bin``,
 ``vocabulary/`` (reuse it with ``--vocab_dir`` to transform new days with the same ids) and
@@ -33,15 +35,16 @@ import time
 
 import numpy as np
 
-from tf_dlrm.preprocessing.criteo_format import NUM_CATEGORICAL, NUM_INTEGER
 from tf_dlrm.data.fractions import check_fractions, command_line_valid_fraction
-from tf_dlrm.preprocessing.splits import SPLIT_RULES, TRAIN, make_plan
-from tf_dlrm.preprocessing.vocabulary import Vocabulary, VocabularyError
-from tf_dlrm.data.split_binary import SplitBinaryWriter
 from tf_dlrm.data.layout import nvidia_spec
+from tf_dlrm.data.split_binary import SplitBinaryWriter
+from tf_dlrm.io.publish import staged_output
 from tf_dlrm.spec.feature_spec import FeatureSpec
 from tf_dlrm.spec.format import categorical_dtype_for
-from tf_dlrm.io.publish import staged_output
+
+from preprocessing.criteo_format import NUM_CATEGORICAL, NUM_INTEGER
+from preprocessing.splits import SPLIT_RULES, TRAIN, make_plan
+from preprocessing.vocabulary import Vocabulary, VocabularyError
 
 ENGINES = ("local", "spark")
 SPEC_FILE = "feature_spec.yaml"
@@ -56,7 +59,7 @@ TRANSFORM = {
     ),
 }
 
-log = logging.getLogger("tf_dlrm.preprocessing.criteo")
+log = logging.getLogger("preprocessing.criteo")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +78,7 @@ class PreprocessConfig:
     num_workers: int = 0
     spark_master: str = "local[*]"
     block_bytes: int = 1 << 20  # bytes parsed at a time (tests use small blocks)
-    keys: str = "vocabulary"  # or "hashed": raw int64 keys for dynamic tables (tf_dlrm.preprocessing.hashed_keys)
+    keys: str = "vocabulary"  # or "hashed": raw int64 keys for dynamic tables (preprocessing.hashed_keys)
     # --keys=hashed: each dynamic table's capacity in rows per rank; None: from the data (dynamic_capacity_of)
     dynamic_capacity: int | None = None
 
@@ -123,10 +126,10 @@ def expand_inputs(patterns) -> tuple[str, ...]:
 
 def _make_engine(config: PreprocessConfig, spark):
     if config.engine == "local":
-        from tf_dlrm.preprocessing.local_engine import LocalEngine
+        from preprocessing.local_engine import LocalEngine
 
         return LocalEngine(num_workers=config.num_workers, block_bytes=config.block_bytes)
-    from tf_dlrm.preprocessing.spark_engine import SparkEngine
+    from preprocessing.spark_engine import SparkEngine
 
     return SparkEngine(spark=spark, master=config.spark_master, block_bytes=config.block_bytes)
 
@@ -146,7 +149,7 @@ def preprocess(config: PreprocessConfig, spark=None) -> dict:
     """
     paths = expand_inputs(config.inputs)
     inputs = [*paths, config.vocab_dir]
-    with staged_output(config.output_dir, "--output_dir", "tf_dlrm.preprocessing.criteo", inputs) as workspace:
+    with staged_output(config.output_dir, "--output_dir", "preprocessing.criteo", inputs) as workspace:
         return _preprocess_into(workspace, paths, config, spark)
 
 
@@ -173,7 +176,7 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
         counted_rows = None
         hashed = config.keys == "hashed"
         if hashed:
-            from tf_dlrm.preprocessing.hashed_keys import HashedKeys
+            from preprocessing.hashed_keys import HashedKeys
 
             vocabulary = HashedKeys()
         if vocabulary is None:
@@ -191,7 +194,7 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
         spec = nvidia_spec(
             NUM_INTEGER, cardinalities, splits=plan.names, base_directory=workspace,
             metadata={
-                "source": "tf_dlrm.preprocessing.criteo",
+                "source": "preprocessing.criteo",
                 "transform": dict(TRANSFORM),
                 "frequency_threshold": threshold,
                 "split": plan.metadata(),
@@ -244,8 +247,8 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
 
 def _size_dynamic_tables(spec) -> dict:
     """Each dynamic table's capacity from the distinct keys of its training file
-    (:func:`tf_dlrm.preprocessing.hashed_keys.capacity_from_keys`); returns them by feature."""
-    from tf_dlrm.preprocessing.hashed_keys import capacity_from_keys
+    (:func:`preprocessing.hashed_keys.capacity_from_keys`); returns them by feature."""
+    from preprocessing.hashed_keys import capacity_from_keys
 
     sized = {}
     for chunk in spec.chunks(TRAIN):
@@ -258,7 +261,7 @@ def _size_dynamic_tables(spec) -> dict:
 
 def _make_dynamic(spec, capacity: int) -> None:
     """--keys=hashed: every categorical feature becomes a dynamic table of int64 raw keys."""
-    from tf_dlrm.preprocessing.hashed_keys import TRANSFORM as HASHED_TRANSFORM
+    from preprocessing.hashed_keys import TRANSFORM as HASHED_TRANSFORM
 
     for name in spec.categorical_features:
         spec.feature_spec[name] = {"dtype": "int64", "dynamic": True, "capacity": capacity, "eviction": "lru"}
@@ -320,12 +323,12 @@ def main(argv) -> None:
             dynamic_capacity=values.dynamic_capacity,
         )
     except ValueError as error:
-        sys.exit(f"tf_dlrm.preprocessing.criteo: error: {error}")
+        sys.exit(f"preprocessing.criteo: error: {error}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         report = preprocess(config)
     except (ValueError, OSError, ImportError, RuntimeError) as error:  # the message says what to fix
-        sys.exit(f"tf_dlrm.preprocessing.criteo: error: {error}")
+        sys.exit(f"preprocessing.criteo: error: {error}")
     print(json.dumps({"output_dir": config.output_dir, "rows": report["rows"],
                       "bad_rows": report["bad_rows"]["total"], "cardinalities": report["cardinalities"]}))
 
@@ -337,7 +340,10 @@ def run() -> None:
     from tf_dlrm.io.stop_signals import stopping_cleanly
 
     _define_flags()
-    with stopping_cleanly("tf_dlrm.preprocessing.criteo"):
+    if any(argument in ("-h", "--help", "-?", "--helpshort") for argument in sys.argv[1:]):
+        # Help that was asked for is no failure (absl's own --help exits 1).
+        app.usage(shorthelp=True, writeto_stdout=True, exitcode=0)
+    with stopping_cleanly("preprocessing.criteo"):
         app.run(main)
 
 

@@ -6,7 +6,7 @@ SplitMix64 finaliser of :mod:`tf_dlrm.sharding.dynamic_routing` (a bijection of 
 (feature, value) pairs get distinct keys, spread over the whole int64 range. No frequency threshold:
 a dynamic table's capacity, eviction and ``min_count`` play that part while training.
 
-:class:`HashedKeys` has the interface of :class:`tf_dlrm.preprocessing.vocabulary.Vocabulary` that the
+:class:`HashedKeys` has the interface of :class:`preprocessing.vocabulary.Vocabulary` that the
 engines use (``prepare``, ``lookup``), so both engines apply it in the same shared transform and
 write the same bytes.
 """

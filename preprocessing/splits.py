@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from tf_dlrm.data.fractions import fraction_ranges
-from tf_dlrm.preprocessing.criteo_format import InputFormat
+from preprocessing.criteo_format import InputFormat
 
 TRAIN = "train"
 TEST = "test"
