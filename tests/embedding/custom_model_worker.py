@@ -45,7 +45,25 @@ HISTORY = 6
 NUM_DENSE = 3
 
 
-def make_features() -> list[FeatureConfig]:
+def make_features(placements: str = "chosen") -> list[FeatureConfig]:
+    """``chosen``: the placements above. ``auto``: the planner places every table but the replicated one, and
+    the optimizers move so that the hard case is the planner's: the shared items table (a one-hot and a ragged
+    reader) trains with row-wise Adagrad, users with lazy Adam, categories with Adagrad (no hot rows)."""
+    if placements == "auto":
+        row_wise = optimizers.RowWiseAdagrad(learning_rate=0.05)
+        items = TableConfig("items", ROWS["items"], 8, optimizer=row_wise)
+        users = TableConfig("users", ROWS["users"], 8, optimizer=optimizers.LazyAdam(learning_rate=0.01, epsilon=1e-4))
+        categories = TableConfig("categories", ROWS["categories"], 8, optimizer=optimizers.Adagrad(learning_rate=0.05))
+        queries = TableConfig("queries", 1, 8, optimizer=row_wise, placement=Placement(dynamic=DynamicStorage(capacity=4000)))
+        devices = TableConfig("devices", ROWS["devices"], 4, optimizer=optimizers.SGD(learning_rate=0.1), placement="replicated")
+        return [
+            FeatureConfig("item", items),
+            FeatureConfig("history", items, hotness=HISTORY, ragged=True, combiner="mean"),
+            FeatureConfig("user", users),
+            FeatureConfig("category", categories),
+            FeatureConfig("device", devices),
+            FeatureConfig("query", queries),
+        ]
     # Table-wise: row-wise state (the categories table's) stays exact only where no column-sliced table is read by a
     # multi-hot feature.
     items = TableConfig("items", ROWS["items"], 8, optimizer=optimizers.LazyAdam(learning_rate=0.01, epsilon=1e-4), placement="table_wise")
@@ -114,9 +132,9 @@ def local_dataset(data: dict, global_batch: int, rank: int, world_size: int) -> 
     return tf.data.Dataset.from_tensor_slices((features, tf.gather(data["label"], rows))).batch(local)
 
 
-def build(seed: int) -> InterestModel:
+def build(seed: int, placements: str = "chosen") -> InterestModel:
     keras.utils.set_random_seed(seed)  # the same dense initial weights on every rank
-    model = InterestModel(DistributedEmbedding(make_features(), seed=seed, name="embedding"))
+    model = InterestModel(DistributedEmbedding(make_features(placements), seed=seed, name="embedding"))
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss=keras.losses.BinaryCrossentropy(from_logits=True))
     return model
 
@@ -187,9 +205,10 @@ def main(argv=None) -> None:
     parser.add_argument("--export", default=None, help="with --restore, one process: the SavedModel to write")
     parser.add_argument("--loop", choices=("fit", "manual"), default="fit",
                         help="manual: a hand-written loop calling a TrainingStep instead of model.fit")
+    parser.add_argument("--placements", choices=("chosen", "auto"), default="chosen", help="see make_features")
     args = parser.parse_args(argv)
     env = initialize()
-    model = build(args.seed)
+    model = build(args.seed, args.placements)
     data = make_data(args.steps * args.global_batch, args.seed)
     dataset = local_dataset(data, args.global_batch, env.rank, env.world_size)
     if args.restore:
@@ -206,6 +225,9 @@ def main(argv=None) -> None:
         export_saved_model(model, args.export, SIGNATURE)
         arrays["probe_scores"] = model(probe_batch(args.seed), training=False).numpy()
     if env.is_chief:
+        if args.placements == "auto":  # what the planner chose
+            plan = model.embedding.plan
+            arrays["slices_per_table"] = np.array([len(plan.table_slices(t)) for t in range(len(plan.tables))])
         np.savez(args.output, **arrays)
 
 

@@ -106,12 +106,21 @@ def make_features(spec: FeatureSpec) -> tuple[FeatureConfig, ...]:
                  for name in spec.categorical_features)
 
 
-def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: ShardingConfig, world_size: int) -> ShardingPlan:
+def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: ShardingConfig, world_size: int,
+                       optimizer: OptimizerConfig | None = None) -> ShardingPlan:
     """The plan of ``sharding`` for ``world_size`` ranks. One process replicates nothing: all its
     tables are local anyway, and in one fused variable they take one gather and one sparse update
-    per step instead of two, with no dense gradient of the small tables."""
+    per step instead of two, with no dense gradient of the small tables. With a row-wise embedding
+    ``optimizer``, a table that several lookups per sample read stays whole
+    (:func:`tf_dlrm.embedding.planning.row_wise_kept_whole`)."""
+    from tf_dlrm.embedding.planning import row_wise_kept_whole
+    from tf_dlrm.optimizers.config import make_sparse_optimizer
+
     tables = model_tables(spec, model)
     features, _ = model_features(spec, model)
+    names = [t.name for t in tables]
+    row_wise = optimizer is not None and make_sparse_optimizer(optimizer).row_wise
+    kept_whole = row_wise_kept_whole(names, features, f"--embedding_optimizer={optimizer.embedding_optimizer}" if row_wise else None)
     placements = None
     if sharding.data_parallel_elements is not None and world_size > 1:
         placements = ["replicated" if t.elements < sharding.data_parallel_elements else "auto" for t in tables]
@@ -121,8 +130,9 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
         strategy=sharding.strategy,
         data_parallel_threshold=sharding.data_parallel_threshold if world_size > 1 else 0,
         column_slice_threshold=sharding.column_slice_threshold,
-        readers=table_readers(feature_tables(features, [t.name for t in tables]), len(tables)),
+        readers=table_readers(feature_tables(features, names), len(tables)),
         placements=placements,
+        kept_whole=kept_whole,
     )
 
 

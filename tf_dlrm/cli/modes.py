@@ -127,7 +127,7 @@ def open_session(config, started=None) -> Session:
     env, spec, reporter, threads = started or start(config)
     choice = builder.apply_precision(choose_precision(config.amp, bool(tf.config.list_physical_devices("GPU"))))
     report_precision(reporter, config, choice)
-    plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size)
+    plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size, config.optimizer)
     hot = hot_rows_setup.hot_row_plan(spec, plan, config.sharding, env, config.train_split, config.batch_size)
     # Every rank's host RAM and cgroup headroom, so that all ranks refuse a plan together, before any table exists.
     limits = host_memory.groups(collectives.allgather_json(env, host_memory.this_process(), "memory_limits"))

@@ -129,7 +129,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             if plan is None:
                 plan = plan_tables(self.table_configs, self.features, self.env.world_size, strategy=strategy,
                                    data_parallel_threshold=data_parallel_threshold,
-                                   column_slice_threshold=column_slice_threshold)
+                                   column_slice_threshold=column_slice_threshold,
+                                   unplanned=getattr(self, "dynamic_table_configs", ()))
             plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
             given = [(t.name, t.rows, t.dim) for t in plan.tables]
             if given != [(t.name, t.vocabulary_size, t.embedding_dim) for t in self.table_configs]:

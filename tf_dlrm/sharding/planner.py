@@ -156,7 +156,7 @@ def _balance_widths(tables, owned: list, base: int, readers: Sequence[int]) -> l
 def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Strategy = "auto",
               data_parallel_threshold: int = 2048, column_slice_threshold: int | None = None,
               bytes_per_element: int = 4, readers: Sequence[int] | None = None,
-              placements: Sequence[str] | None = None) -> ShardingPlan:
+              placements: Sequence[str] | None = None, kept_whole: Sequence[str | None] | None = None) -> ShardingPlan:
     """Plans where each table lives on `world_size` ranks.
 
     Tables with fewer than `data_parallel_threshold` rows are replicated on every rank; the
@@ -182,12 +182,18 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
         placements: Per table, ``auto`` (the strategy and thresholds decide), or a request the plan
             honours whatever the strategy: ``replicated`` (every rank, at any world size),
             ``table_wise`` (one slice) or ``column_wise`` (``min(world_size, dim)`` slices).
+        kept_whole: Per table, None, or why its columns must not be cut (its optimizer's state
+            could not stay exact on slices): such a table is never column-sliced, whatever the
+            strategy and the slice threshold, and a ``column_wise`` placement of it is refused at
+            every world size, one process included, so that a model is accepted or refused the
+            same way on any number of ranks.
 
     Returns:
         A `ShardingPlan`; the same arguments always give the same plan.
 
     Raises:
-        ValueError: On a bad world size, strategy, threshold or table list.
+        ValueError: On a bad world size, strategy, threshold or table list, or a ``column_wise``
+            placement of a table kept whole.
     """
     tables = tuple(tables)
     _check_int("world_size", world_size, 1)
@@ -199,6 +205,7 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
     _check_tables(tables)
     readers = _check_readers(readers, tables)
     placements = _check_placements(placements, tables)
+    kept_whole = _check_kept_whole(kept_whole, tables, placements)
     replicated = tuple(t for t, s in enumerate(tables)
                        if placements[t] == "replicated" or (placements[t] == "auto" and s.rows < data_parallel_threshold))
     model_parallel = [t for t in range(len(tables)) if t not in set(replicated)]
@@ -212,7 +219,7 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
             fewest = {t: min(most[t], -(-tables[t].elements // column_slice_threshold))
                       for t in model_parallel}
         for t in model_parallel:
-            if placements[t] == "table_wise":
+            if placements[t] == "table_wise" or kept_whole[t] is not None:
                 fewest[t] = most[t] = 1
             elif placements[t] == "column_wise":
                 fewest[t] = most[t]
@@ -250,6 +257,18 @@ def _check_placements(placements, tables) -> tuple[str, ...]:
             raise ValueError(f"Expected the placement of table {table.name!r} in {list(PLACEMENTS)}. "
                              f"Received: {placement!r}")
     return placements
+
+
+def _check_kept_whole(kept_whole, tables, placements) -> tuple[str | None, ...]:
+    if kept_whole is None:
+        return (None,) * len(tables)
+    kept_whole = tuple(kept_whole)
+    if len(kept_whole) != len(tables):
+        raise ValueError(f"Expected one kept_whole entry per table ({len(tables)}). Received: kept_whole={list(kept_whole)}")
+    for table, placement, reason in zip(tables, placements, kept_whole):
+        if reason is not None and placement == "column_wise":
+            raise ValueError(f"Table {table.name!r} cannot be placed column_wise: {reason}")
+    return kept_whole
 
 
 def _check_readers(readers, tables) -> tuple[int, ...]:
