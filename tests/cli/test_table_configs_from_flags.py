@@ -10,6 +10,7 @@ import pytest
 from tf_dlrm.cli import builder
 from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
 from tf_dlrm.embedding import optimizers
+from tf_dlrm.models.dlrm import DLRMConfig
 from tf_dlrm.models.wide_deep import WideDeepConfig
 from tf_dlrm.optimizers.settings import LearningRateSchedule, OptimizerConfig
 from tf_dlrm.parallel.env import DistributedEnv
@@ -85,3 +86,24 @@ def test_dynamic_spec_builds_the_same_layer_with_dynamic_placements():
     again = embedding(keys, training=False).numpy()
     assert np.any(again[0, 0] != 0) and np.all(again[1, 0] == 0)
     assert embedding.get_config()["feature_configs"][0]["table"]["placement"]["dynamic"]["capacity_scope"] == "total"
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_rowwise_adagrad_keeps_multi_hot_tables_whole_and_every_rank_trains(world_size):
+    """--embedding_optimizer=rowwise_adagrad --dist_strategy=column_wise on multi-hot data: row-wise state is exact on
+    column slices only for one one-hot lookup per sample, so the multi-hot tables stay whole and the one-hot ones are
+    cut; every rank's trainer accepts its layer (it refused the plan it was given before)."""
+    spec = FeatureSpec.load("feature_specs/synthetic_multi_hot.yaml", check_files=False)
+    config = ModelConfig(embedding_dim=8, params=DLRMConfig((8,), (8, 1), interaction="cat"))
+    sharding = ShardingConfig(strategy="column_wise", data_parallel_threshold=0)
+    run = OptimizerConfig(LearningRateSchedule(0.01), embedding_optimizer="rowwise_adagrad")
+    plan = builder.make_sharding_plan(spec, config, sharding, world_size, run)
+    slices = {name: len(plan.table_slices(t)) for t, name in enumerate(spec.categorical_features)}
+    assert all(slices[name] == 1 for name in spec.categorical_features if spec.hotness(name) > 1 or spec.ragged(name)), slices
+    assert any(count > 1 for count in slices.values()), slices  # the one-hot tables are still cut
+    # Without the optimizer (a plan for SGD), the same strategy cuts the multi-hot tables too.
+    assert any(len(builder.make_sharding_plan(spec, config, sharding, world_size).table_slices(t)) > 1
+               for t, name in enumerate(spec.categorical_features) if spec.hotness(name) > 1)
+    for rank in range(world_size):
+        env = DistributedEnv(rank=rank, world_size=world_size)
+        Trainer(builder.build_model(spec, plan, config, env, seed=1, optimizer=run), env, run)
