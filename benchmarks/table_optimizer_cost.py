@@ -20,9 +20,9 @@ import tensorflow as tf
 
 from emit import emit  # also puts the repository on sys.path
 
-from tf_dlrm.optimizers.catch_up_adam import CatchUpAdam  # noqa: E402
-from tf_dlrm.optimizers.dense_adam import DenseAdam  # noqa: E402
-from tf_dlrm.optimizers.lazy_adam import LazyAdam  # noqa: E402
+from tf_dlrm.optimizers.catch_up_adam import SparseCatchUpAdam  # noqa: E402
+from tf_dlrm.optimizers.dense_adam import SparseDenseAdam  # noqa: E402
+from tf_dlrm.optimizers.lazy_adam import SparseLazyAdam  # noqa: E402
 
 
 def main():
@@ -33,7 +33,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--optimizers", default="lazy_adam,catch_up_adam,dense_adam")
     args = parser.parse_args()
-    made = {"lazy_adam": LazyAdam, "catch_up_adam": CatchUpAdam, "dense_adam": DenseAdam}
+    made = {"lazy_adam": SparseLazyAdam, "catch_up_adam": SparseCatchUpAdam, "dense_adam": SparseDenseAdam}
     rng = np.random.default_rng(0)
     for name in args.optimizers.split(","):
         optimizer = made[name]()

@@ -20,7 +20,7 @@ def build_family_model(name: str, params: dict, base_tables, base_features, cros
     from tf_dlrm.models.expanded_embedding import ExpandedEmbedding
     from tf_dlrm.models.ranking_model import column_sources
     from tf_dlrm.parallel.env import DistributedEnv
-    from tf_dlrm.train.step import table_optimizer_of
+    from tf_dlrm.embedding import optimizers as table_optimizers
 
     cls = registry.lookup(name)
     config = cls.make_config(params)
@@ -28,7 +28,7 @@ def build_family_model(name: str, params: dict, base_tables, base_features, cros
     plan = plan_of(tables)
     chosen = cls.table_optimizers(config, tables, len(base_tables))
     if optimizer is not None:
-        chosen = {t: table_optimizer_of(optimizer, o.name, o.learning_rate) for t, o in chosen.items()}
+        chosen = {t: table_optimizers.from_settings(optimizer, o.name, o.learning_rate) for t, o in chosen.items()}
     configs = {t.name: TableConfig(t.name, t.rows, t.dim, optimizer=chosen.get(i)) for i, t in enumerate(tables)}
     features, sources = cls.features(config, base_features, crossed)
     features = [dataclasses.replace(f, table=configs[f.table_name]) for f in features]

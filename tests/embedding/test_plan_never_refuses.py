@@ -20,7 +20,7 @@ from tf_dlrm.parallel.env import DistributedEnv
 OPTIMIZERS = {
     "sgd": optimizers.SGD(learning_rate=0.1),
     "adagrad": optimizers.Adagrad(learning_rate=0.1),
-    "row_wise_adagrad": optimizers.RowWiseAdagrad(learning_rate=0.1),
+    "rowwise_adagrad": optimizers.RowWiseAdagrad(learning_rate=0.1),
     "lazy_adam": optimizers.LazyAdam(learning_rate=0.01),
     "catch_up_adam": optimizers.CatchUpAdam(learning_rate=0.01),
     "ftrl": optimizers.FTRL(learning_rate=0.1),
@@ -91,5 +91,5 @@ def test_a_model_is_accepted_or_refused_the_same_way_on_every_n(optimizer, place
 
 def test_the_planner_still_cuts_a_row_wise_table_one_one_hot_feature_reads():
     """Kept whole only where needed: one one-hot reader keeps row-wise state exact on slices."""
-    features = features_of("row_wise_adagrad", "column_wise", "one_hot")
+    features = features_of("rowwise_adagrad", "column_wise", "one_hot")
     assert [outcome(features, n) for n in (1, 2, 3, 4)] == [1, 2, 3, 4]

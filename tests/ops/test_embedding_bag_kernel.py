@@ -238,9 +238,9 @@ def test_several_variables_in_one_op_write_any_column_order():
 
 
 def test_lazy_adam_kernel_matches_the_tensorflow_ops(monkeypatch):
-    """Three steps of LazyAdam.apply on distinct rows: the kernel against the gather/scatter ops."""
+    """Three steps of SparseLazyAdam.apply on distinct rows: the kernel against the gather/scatter ops."""
     from tf_dlrm.ops import embedding_bag
-    from tf_dlrm.optimizers.lazy_adam import LazyAdam
+    from tf_dlrm.optimizers.lazy_adam import SparseLazyAdam
 
     rng = np.random.default_rng(9)
     table = rng.normal(size=(500, 12)).astype(np.float32)
@@ -249,7 +249,7 @@ def test_lazy_adam_kernel_matches_the_tensorflow_ops(monkeypatch):
         with monkeypatch.context() as patch:
             if not kernel:
                 patch.setattr(embedding_bag, "bag_kernel", lambda: None)
-            optimizer = LazyAdam()
+            optimizer = SparseLazyAdam()
             variable = tf.Variable(table)
             earlier = variable.read_value()
             slots = optimizer.create_slots(variable)

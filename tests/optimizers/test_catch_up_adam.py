@@ -23,9 +23,9 @@ import tensorflow as tf
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.embedding.variable_kind import SliceLayout, set_layout
 from tf_dlrm.optimizers import catch_up_adam
-from tf_dlrm.optimizers.catch_up_adam import CatchUpAdam, skipped_step_tails
-from tf_dlrm.optimizers.dense_adam import DenseAdam
-from tf_dlrm.optimizers.lazy_adam import LazyAdam
+from tf_dlrm.optimizers.catch_up_adam import SparseCatchUpAdam, skipped_step_tails
+from tf_dlrm.optimizers.dense_adam import SparseDenseAdam
+from tf_dlrm.optimizers.lazy_adam import SparseLazyAdam
 from tf_dlrm.embedding.sparse_update import SparseUpdater
 
 ROWS, WIDTH, STEPS, RATE = 8, 3, 60, 0.05
@@ -84,7 +84,7 @@ def test_catch_up_equals_dense_adam_once_every_row_is_touched(problem, path, mon
     if path == "tensorflow_ops":
         monkeypatch.setattr(catch_up_adam, "bag_kernel", lambda: None)
     initial, touched, gradients, (w, m, v) = problem
-    actual, state = train(CatchUpAdam(BETA_1, BETA_2, EPSILON), initial, touched, gradients)
+    actual, state = train(SparseCatchUpAdam(BETA_1, BETA_2, EPSILON), initial, touched, gradients)
     np.testing.assert_allclose(actual, w, rtol=0, atol=TOLERANCE)
     np.testing.assert_allclose(state["m"], m, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(state["v"], v, rtol=1e-5, atol=1e-9)
@@ -94,7 +94,7 @@ def test_catch_up_equals_dense_adam_once_every_row_is_touched(problem, path, mon
 def test_lazy_adam_differs_from_dense_adam_on_this_problem(problem):
     """The test above can fail: without the catch-up the rows with gaps end far from dense Adam's."""
     initial, touched, gradients, (w, _, _) = problem
-    actual, _ = train(LazyAdam(BETA_1, BETA_2, EPSILON), initial, touched, gradients)
+    actual, _ = train(SparseLazyAdam(BETA_1, BETA_2, EPSILON), initial, touched, gradients)
     assert np.abs(actual - w).max() > 1000 * TOLERANCE
 
 
@@ -103,7 +103,7 @@ def test_catch_up_moves_only_the_touched_rows(problem, path, monkeypatch):
     if path == "tensorflow_ops":
         monkeypatch.setattr(catch_up_adam, "bag_kernel", lambda: None)
     initial, touched, gradients, _ = problem
-    actual, state = train(CatchUpAdam(BETA_1, BETA_2, EPSILON), initial, touched[:3], gradients[:3])
+    actual, state = train(SparseCatchUpAdam(BETA_1, BETA_2, EPSILON), initial, touched[:3], gradients[:3])
     never = sorted(set(range(ROWS)) - set(np.concatenate(touched[:3]).tolist()))
     assert never, "the first steps should leave some rows untouched"
     np.testing.assert_array_equal(actual[never], initial[never])
@@ -114,7 +114,7 @@ def test_dense_adam_equals_dense_adam_on_every_row(problem):
     initial, touched, gradients, (w, m, v) = problem
     # Up to the step before the last, where rows 3..7 have pending moves under lazy semantics.
     reference = dense_adam_reference(initial, touched[:-1], gradients[:-1])
-    actual, state = train(DenseAdam(BETA_1, BETA_2, EPSILON), initial, touched[:-1], gradients[:-1])
+    actual, state = train(SparseDenseAdam(BETA_1, BETA_2, EPSILON), initial, touched[:-1], gradients[:-1])
     np.testing.assert_allclose(actual, reference[0], rtol=0, atol=TOLERANCE)
     np.testing.assert_allclose(state["m"], reference[1], rtol=1e-5, atol=1e-7)
 
@@ -132,13 +132,13 @@ def test_skipped_step_tails_match_a_direct_sum():
 
 def test_bad_betas_are_refused_naming_them():
     with pytest.raises(ValueError, match=r"beta_1=0.9, beta_2=0.5"):
-        CatchUpAdam(beta_1=0.9, beta_2=0.5)
+        SparseCatchUpAdam(beta_1=0.9, beta_2=0.5)
 
 
 def test_one_optimizer_serves_two_traced_functions():
     """The same optimizer object is traced into two ``tf.function`` graphs (a train step and, e.g., a
     hot-row merge): a tensor cached from the first trace would be refused by the second."""
-    optimizer = CatchUpAdam(BETA_1, BETA_2, EPSILON)
+    optimizer = SparseCatchUpAdam(BETA_1, BETA_2, EPSILON)
     tables = [tf.Variable(tf.zeros([ROWS, WIDTH])) for _ in range(2)]
     slots = [optimizer.create_slots(table) for table in tables]
     for table, state in zip(tables, slots):

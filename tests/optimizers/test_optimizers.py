@@ -18,8 +18,8 @@ import tensorflow as tf
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.embedding.variable_kind import SliceLayout, set_layout
 from tf_dlrm.optimizers.lamb import Lamb
-from tf_dlrm.optimizers.lazy_adam import LazyAdam
-from tf_dlrm.optimizers.rowwise_adagrad import RowwiseAdagrad
+from tf_dlrm.optimizers.lazy_adam import SparseLazyAdam
+from tf_dlrm.optimizers.rowwise_adagrad import SparseRowwiseAdagrad
 from tf_dlrm.optimizers.sparse_adagrad import SparseAdagrad
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD
 from tf_dlrm.embedding.sparse_update import SparseUpdater
@@ -69,7 +69,7 @@ def test_adagrad():
 
 
 def test_rowwise_adagrad_with_weight_decay():
-    w, gradients, actual, state = run_updater(RowwiseAdagrad(initial_accumulator=0.1, epsilon=1e-7), weight_decay=DECAY)
+    w, gradients, actual, state = run_updater(SparseRowwiseAdagrad(initial_accumulator=0.1, epsilon=1e-7), weight_decay=DECAY)
     accumulator = np.full((6, 1), 0.1)
     for values in gradients:
         rows, g = summed_rows(values)
@@ -82,7 +82,7 @@ def test_rowwise_adagrad_with_weight_decay():
 
 
 def test_lazy_adam_leaves_untouched_rows_alone():
-    w, gradients, actual, state = run_updater(LazyAdam(beta_1=0.9, beta_2=0.99, epsilon=1e-8))
+    w, gradients, actual, state = run_updater(SparseLazyAdam(beta_1=0.9, beta_2=0.99, epsilon=1e-8))
     m, v = np.zeros_like(w), np.zeros_like(w)
     for t, values in enumerate(gradients, start=1):
         rows, g = summed_rows(values)
@@ -118,7 +118,7 @@ def test_lamb_trust_ratio_per_layer():
 
 def test_bad_arguments_name_the_value():
     with pytest.raises(ValueError, match="beta_1=1.5"):
-        LazyAdam(beta_1=1.5)
+        SparseLazyAdam(beta_1=1.5)
     with pytest.raises(ValueError, match="initial_accumulator=-1"):
         SparseAdagrad(initial_accumulator=-1)
 
@@ -175,7 +175,7 @@ def test_rowwise_adagrad_refuses_what_it_cannot_keep_exact(features, refused):
     layer = DistributedEmbedding.from_plan(plan, rank=0, features=[FeatureConfig(n, t, h) for n, t, h in features])
     layer.build()
     env = DistributedEnv(rank=0, world_size=2)
-    make = lambda: SparseUpdater(RowwiseAdagrad(), env, layer.sparse_variables, [], layer.padding_variables)  # noqa: E731
+    make = lambda: SparseUpdater(SparseRowwiseAdagrad(), env, layer.sparse_variables, [], layer.padding_variables)  # noqa: E731
     if refused:
         with pytest.raises(ValueError, match=r"--embedding_optimizer=rowwise_adagrad: row-wise optimizer state .* 't0'"):
             make()

@@ -15,12 +15,12 @@ import numpy as np
 from tf_dlrm.data.random_batches import RandomBatches
 from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.embedding import DistributedEmbedding
+from tf_dlrm.embedding import optimizers as table_optimizers
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.sharding.plan import ShardingPlan, TableSpec
 from tf_dlrm.sharding.planner import make_plan, table_readers
 from tf_dlrm.embedding.table_config import FeatureConfig, Placement, TableConfig, feature_tables
 from tf_dlrm.optimizers.settings import OptimizerConfig
-from tf_dlrm.train.step import table_optimizer_of
 from tf_dlrm.cli.embedding_dims import check_width_mapping
 from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
 from tf_dlrm.spec.feature_spec import FeatureSpec
@@ -114,12 +114,11 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
     ``optimizer``, a table that several lookups per sample read stays whole
     (:func:`tf_dlrm.embedding.planning.row_wise_kept_whole`)."""
     from tf_dlrm.embedding.planning import row_wise_kept_whole
-    from tf_dlrm.optimizers.config import make_sparse_optimizer
 
     tables = model_tables(spec, model)
     features, _ = model_features(spec, model)
     names = [t.name for t in tables]
-    row_wise = optimizer is not None and make_sparse_optimizer(optimizer).row_wise
+    row_wise = optimizer is not None and table_optimizers.from_settings(optimizer).make().row_wise
     kept_whole = row_wise_kept_whole(names, features, f"--embedding_optimizer={optimizer.embedding_optimizer}" if row_wise else None)
     placements = None
     if sharding.data_parallel_elements is not None and world_size > 1:
@@ -144,9 +143,8 @@ def check_memory_plan(plan: ShardingPlan, optimizer_config, hot=None, budget: in
     ``limits`` (:func:`tf_dlrm.parallel.host_memory.groups`: hosts' RAM, memory cgroups) need more than
     it has. Per-table optimizers (Wide & Deep's wide part) are counted as the embedding optimizer."""
     from tf_dlrm.sharding.memory_plan import check_budget, check_limits, plan_memory
-    from tf_dlrm.optimizers.config import make_sparse_optimizer
 
-    optimizer = make_sparse_optimizer(optimizer_config)
+    optimizer = table_optimizers.from_settings(optimizer_config).make()
     slots = len(optimizer.slots)
     hot_counts = {rows.table: rows.count for rows in hot.tables} if hot is not None and plan.world_size > 1 else {}
     memory = plan_memory(plan, 0 if optimizer.row_wise else slots, slots if optimizer.row_wise else 0, hot_counts,
@@ -183,7 +181,7 @@ def make_table_configs(spec: FeatureSpec, plan: ShardingPlan, config: ModelConfi
     tables = model_tables(spec, config)
     chosen = model_class(config).table_optimizers(model_params(config), tables, len(spec.categorical_features))
     if optimizer is not None:  # the run's hyper-parameters (--adagrad_*, --adam_*) for the model's choices
-        chosen = {t: table_optimizer_of(optimizer, o.name, o.learning_rate) for t, o in chosen.items()}
+        chosen = {t: table_optimizers.from_settings(optimizer, o.name, o.learning_rate) for t, o in chosen.items()}
     model_parallel = set(plan.model_parallel) if plan is not None else set()
     return [TableConfig(table.name, table.rows, table.dim, initializer=config.embedding_init_bound, optimizer=chosen.get(t),
                         placement=Placement(hot_rows=tuple((hot_rows or {}).get(t, ())),

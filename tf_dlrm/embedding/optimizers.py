@@ -8,7 +8,7 @@ hyper-parameters; :func:`get` also takes the snake_case name (``"lazy_adam"``) f
 on its schedule); a table whose ``optimizer`` is None trains with the trainer's default optimizer.
 
     table = TableConfig("items", 100_000, 16, optimizer=LazyAdam(learning_rate=3e-3))
-    table = TableConfig("users", 10_000, 16, optimizer="row_wise_adagrad")
+    table = TableConfig("users", 10_000, 16, optimizer="rowwise_adagrad")
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from tf_dlrm.optimizers.catch_up_adam import CatchUpAdam as _CatchUpAdam
-from tf_dlrm.optimizers.dense_adam import DenseAdam as _DenseAdam
-from tf_dlrm.optimizers.lazy_adam import LazyAdam as _LazyAdam
-from tf_dlrm.optimizers.rowwise_adagrad import RowwiseAdagrad as _RowwiseAdagrad
+from tf_dlrm.optimizers.catch_up_adam import SparseCatchUpAdam as _CatchUpAdam
+from tf_dlrm.optimizers.dense_adam import SparseDenseAdam as _DenseAdam
+from tf_dlrm.optimizers.lazy_adam import SparseLazyAdam as _LazyAdam
+from tf_dlrm.optimizers.rowwise_adagrad import SparseRowwiseAdagrad as _RowwiseAdagrad
 from tf_dlrm.optimizers.sparse_adagrad import SparseAdagrad as _SparseAdagrad
 from tf_dlrm.optimizers.sparse_ftrl import SparseFtrl as _SparseFtrl
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer
@@ -78,7 +78,7 @@ class RowWiseAdagrad(Adagrad):
     """Adagrad with one accumulator per row (the mean of the row's squared gradient): a table's
     state is one column instead of a copy of the table. A model may use one row-wise setting."""
 
-    name = "row_wise_adagrad"
+    name = "rowwise_adagrad"
 
     def make(self) -> SparseOptimizer:
         return _RowwiseAdagrad(self.initial_accumulator_value, self.epsilon)
@@ -168,3 +168,23 @@ def from_config(config: dict | None) -> TableOptimizer | None:
         return None
     config = dict(config)
     return OPTIMIZERS[config.pop("name")](**config)
+
+
+def from_settings(settings, name: str | None = None, learning_rate: float | None = None) -> TableOptimizer:
+    """The table optimizer a run's settings describe (``settings``: a
+    :class:`tf_dlrm.optimizers.settings.OptimizerConfig`): ``name`` (default its
+    ``embedding_optimizer``) with the run's hyper-parameters (``--adagrad_*``, ``--adam_*``), at
+    ``learning_rate`` (default the embedding base rate; both relative to the schedule, which drives
+    every rate). ``.make()`` gives the sparse optimizer that updates the rows."""
+    name = name or settings.embedding_optimizer
+    rate = learning_rate or settings.schedule.base * settings.embedding_rate_factor
+    if name in ("adagrad", "rowwise_adagrad"):
+        kind = Adagrad if name == "adagrad" else RowWiseAdagrad
+        return kind(rate, initial_accumulator_value=settings.adagrad_initial_accumulator, epsilon=settings.adagrad_epsilon)
+    if name == "ftrl":
+        return FTRL(rate, initial_accumulator_value=settings.adagrad_initial_accumulator)
+    if name in ("lazy_adam", "catch_up_adam", "dense_adam"):
+        return OPTIMIZERS[name](rate, beta_1=settings.adam_beta1, beta_2=settings.adam_beta2, epsilon=settings.adam_epsilon)
+    if name == "sgd":
+        return SGD(rate)
+    raise ValueError(f"Expected --embedding_optimizer in {sorted(OPTIMIZERS)}. Received: {name!r}")

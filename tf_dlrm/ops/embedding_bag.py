@@ -136,7 +136,7 @@ def apply_sgd_to_repeated_rows(variable, gradient: tf.IndexedSlices, learning_ra
 def apply_lazy_adam_to_distinct_rows(variable, m, v, rows, gradient, alpha, beta_1: float, beta_2: float,
                                      epsilon: float) -> bool:
     """Lazy Adam on distinct ``rows`` in one multi-threaded pass over the table and both moments
-    (:class:`tf_dlrm.optimizers.lazy_adam.LazyAdam` has the formula); False (nothing done) without
+    (:class:`tf_dlrm.optimizers.lazy_adam.SparseLazyAdam` has the formula); False (nothing done) without
     the kernel library."""
     library = bag_kernel()
     if library is None:

@@ -82,7 +82,7 @@ def skipped_step_tails(beta_1: float, beta_2: float, max_steps: int = MAX_TABLE_
     return tails
 
 
-class CatchUpAdam(SparseOptimizer):
+class SparseCatchUpAdam(SparseOptimizer):
     """Adam on touched rows, each first caught up on the zero-gradient steps it skipped.
 
     Args: beta_1, beta_2 (in [0, 1)), epsilon (> 0).

@@ -21,7 +21,7 @@ from tf_dlrm.optimizers.settings import check_adam_arguments
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, tf_variable
 
 
-class DenseAdam(SparseOptimizer):
+class SparseDenseAdam(SparseOptimizer):
     """Args: beta_1, beta_2 (in [0, 1)), epsilon (> 0)."""
 
     name = "dense_adam"

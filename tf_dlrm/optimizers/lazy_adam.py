@@ -19,7 +19,7 @@ from tf_dlrm.ops.embedding_bag import apply_lazy_adam_to_distinct_rows
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, gather, scatter_sub, scatter_update
 
 
-class LazyAdam(SparseOptimizer):
+class SparseLazyAdam(SparseOptimizer):
     """Args: beta_1, beta_2 (in [0, 1)), epsilon (> 0)."""
 
     name = "lazy_adam"

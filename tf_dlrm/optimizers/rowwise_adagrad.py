@@ -20,7 +20,7 @@ from tf_dlrm.optimizers.sparse_adagrad import SparseAdagrad
 from tf_dlrm.optimizers.sparse_optimizer import gather, scatter_sub, scatter_update
 
 
-class RowwiseAdagrad(SparseAdagrad):
+class SparseRowwiseAdagrad(SparseAdagrad):
     """Adagrad's arguments (initial_accumulator, epsilon); its state is ``[rows, 1]``."""
 
     name = "rowwise_adagrad"

@@ -49,7 +49,7 @@ class Trainer(TrainingStep):
         self.jit_compile = bool(jit_compile)
         # Tables without an optimizer of their own take --embedding_optimizer; the others (Wide &
         # Deep's wide tables) keep theirs, at their rate relative to the embedding rate.
-        default = table_optimizer_of(config)
+        default = table_optimizers.from_settings(config)
         sparse_optimizer, per_table, _ = table_optimizer_groups(embedding_layers(model), default=default)
         super().__init__(model, env, loss_fn=lambda x, y, y_pred, sample_weight: binary_cross_entropy(y, y_pred),
                          dense_optimizer=make_dense_optimizer(config), sparse_optimizer=sparse_optimizer or default.make(),
@@ -134,24 +134,3 @@ class Trainer(TrainingStep):
         called once per progress line, so ``-np 1`` and ``-np N`` logs compare line by line."""
         tensor = tf.reshape(tf.cast(value, tf.float32), [1])
         return float(collectives.grouped_mean(self.env, [tensor], name="mean_over_ranks")[0].numpy()[0])
-
-
-
-def table_optimizer_of(config: OptimizerConfig, name: str | None = None, learning_rate: float | None = None):
-    """The table optimizer (:mod:`tf_dlrm.embedding.optimizers`) that a run's settings describe:
-    ``name`` (default ``--embedding_optimizer``) with the run's hyper-parameters (``--adagrad_*``,
-    ``--adam_*``), at ``learning_rate`` (default the embedding base rate; both relative to the
-    schedule, which drives every rate)."""
-    name = name or config.embedding_optimizer
-    rate = learning_rate or config.schedule.base * config.embedding_rate_factor
-    if name in ("adagrad", "rowwise_adagrad", "row_wise_adagrad"):
-        kind = table_optimizers.Adagrad if name == "adagrad" else table_optimizers.RowWiseAdagrad
-        return kind(rate, initial_accumulator_value=config.adagrad_initial_accumulator, epsilon=config.adagrad_epsilon)
-    if name == "ftrl":
-        return table_optimizers.FTRL(rate, initial_accumulator_value=config.adagrad_initial_accumulator)
-    if name in ("lazy_adam", "catch_up_adam", "dense_adam"):
-        kind = table_optimizers.OPTIMIZERS[name]
-        return kind(rate, beta_1=config.adam_beta1, beta_2=config.adam_beta2, epsilon=config.adam_epsilon)
-    if name == "sgd":
-        return table_optimizers.SGD(rate)
-    raise ValueError(f"Expected --embedding_optimizer in {sorted(table_optimizers.OPTIMIZERS)}. Received: {name!r}")
