@@ -51,7 +51,7 @@ def test_tables_are_saved_as_the_owners_slices(tmp_path_factory):
     """-np 2 column-wise: each model-parallel table is two column-slice files, written by their owners,
     that join into the whole table (the first rows match the sharding-independent initial ones);
     replicated tables are one whole file; row-wise state is one [rows, 1] file per table."""
-    from tf_dlrm.cli.model_config import DEFAULT_EMBEDDING_INIT_BOUND
+    from tf_dlrm.embedding.table_config import DEFAULT_INIT_BOUND
     from tf_dlrm.embedding.table_init import initial_table_slice
 
     run = straight(tmp_path_factory)
@@ -65,7 +65,7 @@ def test_tables_are_saved_as_the_owners_slices(tmp_path_factory):
     assert [p.shape for p in parts] == [(5000, 4), (5000, 4)]
     saved = np.concatenate(parts, axis=1)
     np.testing.assert_array_equal(checkpoint_slices.read_table(directory, entry), saved)
-    initial = initial_table_slice(7, 7, 5000, 8, init_bound=DEFAULT_EMBEDDING_INIT_BOUND)  # main.py's --embedding_init
+    initial = initial_table_slice(7, 7, 5000, 8, init_bound=DEFAULT_INIT_BOUND)  # main.py's --embedding_init
     # Training touched few rows: most rows still equal the (sharding-independent) initial table.
     assert np.mean(np.all(saved == initial, axis=1)) > 0.5
     # Replicated tables (0-4 here) are written whole, once.

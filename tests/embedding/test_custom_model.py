@@ -7,7 +7,7 @@ Tolerance: ranks and one process add the same float32 numbers in other orders (t
 pooled gradients' sums, the replicated tables' counts), each sum off by a few units of 2**-24 relative; 12
 steps of Adam and Adagrad, whose updates divide by square roots of those sums, keep the drift near 1e-6
 relative. Every value is held to 1e-5 relative to max(|expected|, floor): the floor is 1e-3 for optimizer state,
-1e-2 for dense weights, and a table's initial bound 1/sqrt(rows) for its values, which are sums of steps of
+1e-2 for dense weights, and a table's initial bound (0.05) for its values, which are sums of steps of
 about 0.01 on starting values of that size: an entry that ends near zero keeps the absolute rounding of its
 path (12 steps of a few units of 2**-24 x 0.05, about 1e-8), not of its final size. A wrong gradient scale, a
 lost update or a mixed-up slice is off by 1e-3 or more. A dense weight takes Adam steps of lr * m / sqrt(v), about
@@ -33,15 +33,12 @@ def relative(actual, expected, floor: float = 1e-3) -> float:
 
 
 def floor_of(name: str) -> float:
-    """A table's initial bound 1/sqrt(rows) for its values; 1e-2 for dense weights; 1e-3 for optimizer state."""
-    from tests.embedding.custom_model_worker import ROWS
+    """A table's initial bound for its values (every table's, the dynamic one's too, is the default 0.05); 1e-2 for
+    dense weights; 1e-3 for optimizer state."""
+    from tf_dlrm.embedding.table_config import DEFAULT_INIT_BOUND
 
-    kind, _, table = name.partition("/")
-    if kind == "dense":
-        return 1e-2
-    if kind != "table":
-        return 1e-3
-    return 1.0 / np.sqrt(ROWS[table]) if table in ROWS else 1.0 / np.sqrt(4000)  # a dynamic table: its capacity
+    kind = name.partition("/")[0]
+    return DEFAULT_INIT_BOUND if kind == "table" else 1e-2 if kind == "dense" else 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +78,7 @@ def check_trained_like(many: dict, one_process: dict, world_size: int) -> None:
     from tf_dlrm.embedding.table_init import initial_table_slice
 
     for index, feature in enumerate(dict.fromkeys(f.table for f in make_features() if not f.table.dynamic)):
-        start = initial_table_slice(5, index, feature.vocabulary_size, feature.embedding_dim)
+        start = initial_table_slice(5, index, feature.vocabulary_size, feature.embedding_dim, init_bound=feature.init_bound)
         assert np.abs(one_process[f"table/{feature.name}"] - start).max() > 1e-3, f"{feature.name} did not train"
     for name in sorted(set(one_process) - {"slices_per_table"}):
         assert relative(many[name], one_process[name], floor_of(name)) <= 1e-5, f"{name} differs on {world_size} ranks"

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, worker_env
-from tf_dlrm.cli.model_config import DEFAULT_EMBEDDING_INIT_BOUND, ModelConfig, parse_embedding_init
+from tf_dlrm.cli.model_config import ModelConfig, parse_embedding_init
+from tf_dlrm.embedding.table_config import DEFAULT_INIT_BOUND
 from tf_dlrm.embedding.table_init import initial_table_rows, initial_table_slice
 
 CARDINALITIES = [3, 50, 40000]
@@ -31,7 +32,7 @@ def parse(argv):
 
 
 def test_flag_default_is_keras_bound_and_sqrt_rows_is_the_dlrm_init():
-    assert DEFAULT_EMBEDDING_INIT_BOUND == 0.05
+    assert DEFAULT_INIT_BOUND == 0.05
     assert parse([]).model.embedding_init_bound == 0.05
     assert parse(["--embedding_init=sqrt_rows"]).model.embedding_init_bound is None
     assert parse(["--embedding_init=0.01"]).model.embedding_init_bound == 0.01
@@ -113,14 +114,17 @@ def test_the_library_layer_takes_each_tables_initializer_and_keeps_it_in_its_con
     items = TableConfig("items", 30, 4, initializer=keras.initializers.RandomUniform(-0.02, 0.02))
     users = TableConfig("users", 30, 4)
     zeros = TableConfig("zeros", 30, 4, initializer="zeros")
-    layer = DistributedEmbedding([FeatureConfig("item", items), FeatureConfig("user", users), FeatureConfig("z", zeros)])
+    reference = TableConfig("reference", 30, 4, initializer="uniform_sqrt_rows")
+    layer = DistributedEmbedding([FeatureConfig("item", items), FeatureConfig("user", users), FeatureConfig("z", zeros),
+                                  FeatureConfig("r", reference)])
     layer.build()
     assert 0.018 < np.abs(layer.get_full_table("items")).max() <= 0.02
-    assert np.abs(layer.get_full_table("users")).max() > 0.15  # the default: 1/sqrt(30) = 0.183
+    assert 0.045 < np.abs(layer.get_full_table("users")).max() <= 0.05  # the default: main.py's 0.05
     assert not np.abs(layer.get_full_table("zeros")).any()
+    assert np.abs(layer.get_full_table("reference")).max() > 0.15  # the DLRM reference's 1/sqrt(30) = 0.183
     restored = DistributedEmbedding.from_config(layer.get_config())
     restored.build()
-    for name in ("items", "users", "zeros"):
+    for name in ("items", "users", "zeros", "reference"):
         np.testing.assert_array_equal(restored.get_full_table(name), layer.get_full_table(name))
     with pytest.raises(ValueError, match="initializer of table 'bad'"):
         TableConfig("bad", 30, 4, initializer=keras.initializers.GlorotUniform())

@@ -361,10 +361,13 @@ def test_plan_tables_counts_the_features_of_each_table():
     user, device, item = TableConfig("user", 4000, 16), TableConfig("device", 1000, 4), TableConfig("item", 4000, 16)
     features = [FeatureConfig("user_now", user), FeatureConfig("user_before", user, hotness=5),
                 FeatureConfig("device", device), FeatureConfig("item", item)]
-    plan = plan_tables([user, device, item], features, 2)
+    plan = plan_tables([user, device, item], features, 2, data_parallel_threshold=0)  # nothing replicated
     assert plan.tables_on_rank(0) == (0,) and plan.tables_on_rank(1) == (1, 2)
     one_each = [FeatureConfig(t.name, t) for t in (user, device, item)]
-    assert plan_tables([user, device, item], one_each, 2).tables_on_rank(0) == (0, 1)
+    assert plan_tables([user, device, item], one_each, 2, data_parallel_threshold=0).tables_on_rank(0) == (0, 1)
+    # By default, on several ranks, tables of fewer than 2048 rows are replicated, as main.py's.
+    assert plan_tables([user, device, item], one_each, 2).replicated == (1,)
+    assert plan_tables([user, device, item], one_each, 1).replicated == ()
 
 
 def test_placements_are_honoured_whatever_the_strategy():

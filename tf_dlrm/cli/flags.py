@@ -9,7 +9,10 @@ import functools
 from absl import flags
 
 from tf_dlrm.cli.embedding_dims import parse_width_mapping
-from tf_dlrm.cli.model_config import DEFAULT_EMBEDDING_INIT_BOUND, ModelConfig, ShardingConfig, parse_dims, parse_embedding_init
+from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig, parse_dims, parse_embedding_init
+from tf_dlrm.embedding.optimizers import DEFAULT_OPTIMIZER
+from tf_dlrm.embedding.planning import DEFAULT_DATA_PARALLEL_ROWS
+from tf_dlrm.embedding.table_config import DEFAULT_INIT_BOUND
 from tf_dlrm.sharding.memory_plan import parse_bytes
 from tf_dlrm.cli.cycle_time import parse_cycle_time
 from tf_dlrm.cli.run_config import RunConfig  # noqa: F401 (imported from here by cli and users)
@@ -98,7 +101,7 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
                         "file of that list, which overrides the spec's widths (--embedding_dims still wins).")
         f.DEFINE_string("embedding_dims", "", "Per-table widths, e.g. cat_0.bin:16,cat_3.bin:64 (overrides the spec's "
                         "embedding_dim and --embedding_dim; DLRM's dot interaction needs one width, --interaction=cat does not).")
-        f.DEFINE_string("embedding_init", str(DEFAULT_EMBEDDING_INIT_BOUND), "Initial embedding values: uniform in [-b, b] "
+        f.DEFINE_string("embedding_init", str(DEFAULT_INIT_BOUND), "Initial embedding values: uniform in [-b, b] "
                         "for this b, or sqrt_rows for b = 1/sqrt(rows) of each table (the DLRM reference's init); dynamic "
                         "tables too.")
         define_model_flags(argv, flag_values=flag_values)
@@ -109,7 +112,7 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         f.DEFINE_integer("data_parallel_threshold", None, "Tables with fewer elements (rows x width) than this are "
                          "replicated (data-parallel), as NVIDIA's flag; given, --data_parallel_rows applies only if given too "
                          "(--data_parallel_rows counts rows).")
-        f.DEFINE_integer("data_parallel_rows", 2048, "Tables with fewer rows are replicated (data-parallel).")
+        f.DEFINE_integer("data_parallel_rows", DEFAULT_DATA_PARALLEL_ROWS, "Tables with fewer rows are replicated (data-parallel).")
         f.DEFINE_bool("data_parallel_input", False, "Read local batches of every feature and exchange ids with one alltoall.")
         f.DEFINE_float("hot_rows_budget", 0.0, "Replicate the most looked-up rows of the model-parallel tables on every rank, "
                        "up to this fraction of their memory (0: off; only cold rows travel). Several ranks, one-hot features, fixed "
@@ -149,7 +152,7 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         f.DEFINE_float("dense_learning_rate", 0.001, "Base learning rate of the MLPs' optimizer, on the schedule of "
                        "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. Adam wants about 1e-3, SGD about 0.5.")
         # catch_up_adam: dense Adam's model at lazy Adam's cost (benchmarks/results/quality_real.md).
-        f.DEFINE_enum("embedding_optimizer", "catch_up_adam", list(EMBEDDING_OPTIMIZERS),
+        f.DEFINE_enum("embedding_optimizer", DEFAULT_OPTIMIZER.name, list(EMBEDDING_OPTIMIZERS),
                       "Sparse optimizer of the embedding tables (touched rows only, repeated ids summed first; state sharded "
                       "like the tables); not given: --optimizer's family when that is given. rowwise_adagrad: one "
                       "accumulator per row (exact across column slices); ftrl: FTRL-Proximal (McMahan et al. 2013); "
@@ -159,7 +162,7 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
                       "less table+state memory than catch_up_adam, for memory-bound tables); dense_adam: every row moves "
                       "every step, as Keras's Adam on an Embedding (small tables only). Compared in "
                       "benchmarks/results/quality_real.md.")
-        f.DEFINE_float("embedding_learning_rate", 0.003, "Base learning rate of the embedding optimizer, on the schedule of "
+        f.DEFINE_float("embedding_learning_rate", DEFAULT_OPTIMIZER.learning_rate, "Base learning rate of the embedding optimizer, on the schedule of "
                        "--learning_rate; 0, or not given while --learning_rate is: --learning_rate. catch_up_adam and lazy_adam "
                        "want about 3e-3, adagrad 0.1, sgd about 1. Not given, a model may choose its own (--model=deepfm "
                        "and wide_deep: 0.01 with catch_up_adam or lazy_adam; their embedding_learning_rates).")

@@ -6,12 +6,11 @@ import dataclasses
 import math
 from typing import Sequence
 
+from tf_dlrm.embedding.planning import DEFAULT_DATA_PARALLEL_ROWS
+from tf_dlrm.embedding.table_config import DEFAULT_INIT_BOUND
 from tf_dlrm.embedding.table_init import check_init_bound
 from tf_dlrm.sharding.plan import Strategy
 
-# Keras's Embedding draws from [-0.05, 0.05]; see benchmarks/results/model_quality.md for the measurement
-# that made it the default over the DLRM reference's 1/sqrt(rows).
-DEFAULT_EMBEDDING_INIT_BOUND = 0.05
 
 
 def parse_positive_or(text: str, keyword: str, flag: str, meaning: str) -> float | None:
@@ -54,7 +53,7 @@ class ModelConfig:
     name: str = "dlrm"
     params: object = None
     embedding_dims: tuple[tuple[str, int], ...] = ()
-    embedding_init_bound: float | None = DEFAULT_EMBEDDING_INIT_BOUND
+    embedding_init_bound: float | None = DEFAULT_INIT_BOUND
     embedding_widths: tuple[int, ...] = ()
 
     def __post_init__(self):
@@ -72,7 +71,7 @@ class ModelConfig:
 @dataclasses.dataclass(frozen=True)
 class ShardingConfig:
     strategy: str = Strategy.AUTO.value
-    data_parallel_threshold: int = 2048  # rows (--data_parallel_rows)
+    data_parallel_threshold: int = DEFAULT_DATA_PARALLEL_ROWS  # rows (--data_parallel_rows)
     # NVIDIA's --data_parallel_threshold: tables of fewer elements (rows x width) are replicated too; None: no such rule.
     data_parallel_elements: int | None = None
     column_slice_threshold: int | None = None

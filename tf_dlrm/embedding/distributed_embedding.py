@@ -65,7 +65,7 @@ from tf_dlrm.sharding.plan import ShardingPlan
 from tf_dlrm.embedding.pooling import normalize_ids, pooled_lookup
 from tf_dlrm.embedding.split_tables import check_split_options
 from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
-from tf_dlrm.embedding.planning import plan_tables
+from tf_dlrm.embedding.planning import DEFAULT_DATA_PARALLEL_ROWS, plan_tables
 from tf_dlrm.embedding.table_config import TableConfig, as_feature_config, default_features, feature_tables, tables_of
 from tf_dlrm.embedding.table_init import check_init_bound
 from tf_dlrm.embedding.variable_kind import VariableKind, mark, set_layout
@@ -94,6 +94,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             (:mod:`tf_dlrm.embedding.table_init`).
         strategy, data_parallel_threshold, column_slice_threshold: how the planner places the tables whose
             placement is ``auto`` (:func:`tf_dlrm.sharding.planner.make_plan`); unused when ``plan`` is given.
+            On several ranks, tables of fewer than ``data_parallel_threshold`` rows (default 2048, as
+            ``main.py``'s ``--data_parallel_rows``) are replicated.
         plan: a :class:`ShardingPlan` (or its ``to_dict()``) to execute instead of planning.
         env: this process's rank and world size (a :class:`tf_dlrm.parallel.env.DistributedEnv`); default
             :func:`tf_dlrm.parallel.env.current_env` (Horovod's ranks under horovodrun, else one process).
@@ -102,7 +104,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
 
     def __init__(self, feature_configs, *, seed: int = 0, data_parallel_input: bool = True, validate_ids: bool = True,
                  deduplicate_exchange: bool = False, use_kernel: bool = True, strategy: str = "auto",
-                 data_parallel_threshold: int = 0, column_slice_threshold: int | None = None, plan=None, env=None,
+                 data_parallel_threshold: int = DEFAULT_DATA_PARALLEL_ROWS, column_slice_threshold: int | None = None, plan=None, env=None,
                  hot_rows=None, split_embedding_tables: bool = False, init_bound: float | None = None,
                  dynamic_shards: int | None = None, **kwargs):
         super().__init__(**kwargs)

@@ -5,7 +5,8 @@ A table's optimizer updates only the rows a step touched (the sparse update of
 whatever moves a column slice moves its state. Every class takes ``learning_rate`` and its own
 hyper-parameters; :func:`get` also takes the snake_case name (``"lazy_adam"``) for the defaults.
 ``learning_rate=None`` means the trainer's embedding rate (``main.py``'s ``--embedding_learning_rate``
-on its schedule); a table whose ``optimizer`` is None trains with the trainer's default optimizer.
+on its schedule); a table whose ``optimizer`` is None trains with the trainer's default optimizer,
+:data:`DEFAULT_OPTIMIZER` unless the trainer is given another.
 
     table = TableConfig("items", 100_000, 16, optimizer=LazyAdam(learning_rate=3e-3))
     table = TableConfig("users", 10_000, 16, optimizer="rowwise_adagrad")
@@ -143,6 +144,9 @@ class FTRL:
 
 
 OPTIMIZERS = {cls.name: cls for cls in (SGD, Adagrad, RowWiseAdagrad, LazyAdam, CatchUpAdam, DenseAdam, FTRL)}
+# The optimizer of a table that names none, in the library and in main.py (--embedding_optimizer,
+# --embedding_learning_rate): chosen on real data (benchmarks/results/model_quality.md).
+DEFAULT_OPTIMIZER = CatchUpAdam(learning_rate=0.003)
 TableOptimizer = SGD | Adagrad | RowWiseAdagrad | LazyAdam | CatchUpAdam | DenseAdam | FTRL
 
 

@@ -9,8 +9,13 @@ from tf_dlrm.sharding.planner import make_plan, table_readers
 from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig, feature_tables
 
 
+# Tables of fewer rows are replicated on every rank (several ranks only): their lookups need no exchange,
+# and their dense gradients are small. main.py's --data_parallel_rows defaults to it.
+DEFAULT_DATA_PARALLEL_ROWS = 2048
+
+
 def plan_tables(tables: Sequence[TableConfig], features: Sequence[FeatureConfig], world_size: int, strategy: str = "auto",
-                data_parallel_threshold: int = 0, column_slice_threshold: int | None = None,
+                data_parallel_threshold: int = DEFAULT_DATA_PARALLEL_ROWS, column_slice_threshold: int | None = None,
                 unplanned: Sequence[TableConfig] = ()) -> ShardingPlan:
     """The plan of ``tables`` (in order) on ``world_size`` ranks, honouring each table's placement
     (see :func:`make_plan`); a table read by several ``features`` costs the planner one exchanged

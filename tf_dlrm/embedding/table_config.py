@@ -146,14 +146,19 @@ def as_placement(value) -> Placement:
 
 
 INITIALIZERS = ("uniform_sqrt_rows", "zeros")
+# The default initial values: uniform in [-0.05, 0.05], as Keras's Embedding draws; measured better than the DLRM
+# reference's 1/sqrt(rows) on real data (benchmarks/results/model_quality.md).
+DEFAULT_INIT_BOUND = 0.05
 
 
 def initial_bound(initializer, owner: str) -> float | None:
-    """The half-width ``b`` of uniform ``[-b, b]`` initial values an initializer asks for (None:
-    ``1/sqrt(rows)``; 0: zeros). Initial values are drawn from ``(seed, table)`` block by block, so
-    every sharding of a table starts from the same values: only uniform initializers symmetric
-    around zero (and zeros) can be drawn that way."""
-    if initializer is None or initializer == "uniform_sqrt_rows":
+    """The half-width ``b`` of uniform ``[-b, b]`` initial values an initializer asks for
+    (:data:`DEFAULT_INIT_BOUND` for None; None for ``"uniform_sqrt_rows"``: ``1/sqrt(rows)``; 0: zeros).
+    Initial values are drawn from ``(seed, table)`` block by block, so every sharding of a table starts
+    from the same values: only uniform initializers symmetric around zero (and zeros) can be drawn that way."""
+    if initializer is None:
+        return DEFAULT_INIT_BOUND
+    if initializer == "uniform_sqrt_rows":
         return None
     if initializer == "zeros":
         return 0.0
@@ -178,13 +183,14 @@ class TableConfig:
         name: unique table name.
         vocabulary_size: number of ids (rows).
         embedding_dim: length of each vector.
-        initializer: None or ``"uniform_sqrt_rows"`` (uniform in ``[-1/sqrt(rows), 1/sqrt(rows)]``),
-            ``"zeros"``, a bound ``b`` (uniform ``[-b, b]``), ``keras.initializers.RandomUniform(-b, b)``
-            or ``keras.initializers.Zeros()``; drawn from ``(seed, table)`` only (see
-            :func:`initial_bound`).
+        initializer: None (uniform in ``[-0.05, 0.05]``, :data:`DEFAULT_INIT_BOUND`),
+            ``"uniform_sqrt_rows"`` (uniform in ``[-1/sqrt(rows), 1/sqrt(rows)]``), ``"zeros"``, a bound
+            ``b`` (uniform ``[-b, b]``), ``keras.initializers.RandomUniform(-b, b)`` or
+            ``keras.initializers.Zeros()``; drawn from ``(seed, table)`` only (see :func:`initial_bound`).
         optimizer: an object of :mod:`tf_dlrm.embedding.optimizers` or its snake_case name; None:
-            the trainer's default (``tf_dlrm.embedding.Model``: ``SGD(learning_rate=0.01)``; ``main.py``:
-            ``--embedding_optimizer``).
+            the trainer's default (:data:`tf_dlrm.embedding.optimizers.DEFAULT_OPTIMIZER`,
+            ``CatchUpAdam(learning_rate=0.003)``, which ``main.py``'s ``--embedding_optimizer`` and
+            ``--embedding_learning_rate`` default to).
         placement: ``"auto"``, ``"table_wise"``, ``"column_wise"``, ``"replicated"`` or a
             :class:`Placement`.
     """

@@ -28,7 +28,7 @@ from tf_dlrm.embedding.hot_row_sync import HotRowSync
 from tf_dlrm.embedding.sparse_update import SparseUpdater
 from tf_dlrm.embedding.sublayers import sublayers
 from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
-from tf_dlrm.embedding.optimizers import SGD
+from tf_dlrm.embedding.optimizers import DEFAULT_OPTIMIZER
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer
 
 
@@ -75,7 +75,7 @@ def binary_cross_entropy(label, logits):
 def table_optimizer_groups(embeddings, default=None) -> tuple[SparseOptimizer | None, dict, float | None]:
     """``(base optimizer, {table: (optimizer, rate scale)}, base rate)`` from the table configs of the
     :class:`DistributedEmbedding` layers ``embeddings``; a table without an optimizer takes ``default``
-    (an object of :mod:`tf_dlrm.embedding.optimizers`; None: ``SGD()``).
+    (an object of :mod:`tf_dlrm.embedding.optimizers`; None: its ``DEFAULT_OPTIMIZER``).
 
     The step's sparse update keeps one optimizer as the base (group 0, at the base rate, scale 1)
     and the others as per-table choices at ``their rate / base rate`` (scale 1 for a rate of None: the
@@ -85,7 +85,7 @@ def table_optimizer_groups(embeddings, default=None) -> tuple[SparseOptimizer | 
     None when the base's own rate is (the trainer's). Returns ``(None, {}, None)`` when no layer was
     made from table configs."""
     given = default
-    default = SGD() if default is None else default
+    default = DEFAULT_OPTIMIZER if default is None else default
     per_table = {}
     for layer in embeddings:
         chosen = layer.table_optimizers()
@@ -174,7 +174,7 @@ class TrainingStep:
         if sparse_optimizer is None:
             sparse_optimizer, table_optimizers, base_rate = table_optimizer_groups(embedding_layers(model))
             if embedding_rate is None:
-                embedding_rate = SGD().learning_rate if base_rate is None else base_rate
+                embedding_rate = DEFAULT_OPTIMIZER.learning_rate if base_rate is None else base_rate
             if sparse_optimizer is None:
                 raise ValueError("Expected a sparse_optimizer, or embedding layers made from TableConfig objects")
         self.embedding_rate = 1.0 if embedding_rate is None else embedding_rate
