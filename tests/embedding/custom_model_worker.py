@@ -49,28 +49,19 @@ def make_features(placements: str = "chosen") -> list[FeatureConfig]:
     """``chosen``: the placements above. ``auto``: the planner places every table but the replicated one, and
     the optimizers move so that the hard case is the planner's: the shared items table (a one-hot and a ragged
     reader) trains with row-wise Adagrad, users with lazy Adam, categories with Adagrad (no hot rows)."""
-    if placements == "auto":
-        row_wise = optimizers.RowWiseAdagrad(learning_rate=0.05)
-        items = TableConfig("items", ROWS["items"], 8, optimizer=row_wise)
-        users = TableConfig("users", ROWS["users"], 8, optimizer=optimizers.LazyAdam(learning_rate=0.01, epsilon=1e-4))
-        categories = TableConfig("categories", ROWS["categories"], 8, optimizer=optimizers.Adagrad(learning_rate=0.05))
-        queries = TableConfig("queries", 1, 8, optimizer=row_wise, placement=Placement(dynamic=DynamicStorage(capacity=4000)))
-        devices = TableConfig("devices", ROWS["devices"], 4, optimizer=optimizers.SGD(learning_rate=0.1), placement="replicated")
-        return [
-            FeatureConfig("item", items),
-            FeatureConfig("history", items, hotness=HISTORY, ragged=True, combiner="mean"),
-            FeatureConfig("user", users),
-            FeatureConfig("category", categories),
-            FeatureConfig("device", devices),
-            FeatureConfig("query", queries),
-        ]
-    # Table-wise: row-wise state (the categories table's) stays exact only where no column-sliced table is read by a
-    # multi-hot feature.
-    items = TableConfig("items", ROWS["items"], 8, optimizer=optimizers.LazyAdam(learning_rate=0.01, epsilon=1e-4), placement="table_wise")
-    users = TableConfig("users", ROWS["users"], 8, optimizer=optimizers.Adagrad(learning_rate=0.05), placement="column_wise")
     row_wise = optimizers.RowWiseAdagrad(learning_rate=0.05)
-    categories = TableConfig("categories", ROWS["categories"], 8, optimizer=row_wise,
-                             placement=Placement("table_wise", hot_rows=range(10)))
+    lazy_adam, adagrad = optimizers.LazyAdam(learning_rate=0.01, epsilon=1e-4), optimizers.Adagrad(learning_rate=0.05)
+    if placements == "auto":
+        items = TableConfig("items", ROWS["items"], 8, optimizer=row_wise)
+        users = TableConfig("users", ROWS["users"], 8, optimizer=lazy_adam)
+        categories = TableConfig("categories", ROWS["categories"], 8, optimizer=adagrad)
+    else:
+        # Table-wise: row-wise state (the categories table's) stays exact only where no column-sliced table is read
+        # by a multi-hot feature.
+        items = TableConfig("items", ROWS["items"], 8, optimizer=lazy_adam, placement="table_wise")
+        users = TableConfig("users", ROWS["users"], 8, optimizer=adagrad, placement="column_wise")
+        categories = TableConfig("categories", ROWS["categories"], 8, optimizer=row_wise,
+                                 placement=Placement("table_wise", hot_rows=range(10)))
     queries = TableConfig("queries", 1, 8, optimizer=row_wise, placement=Placement(dynamic=DynamicStorage(capacity=4000)))
     devices = TableConfig("devices", ROWS["devices"], 4, optimizer=optimizers.SGD(learning_rate=0.1), placement="replicated")
     return [
@@ -134,7 +125,9 @@ def local_dataset(data: dict, global_batch: int, rank: int, world_size: int) -> 
 
 def build(seed: int, placements: str = "chosen") -> InterestModel:
     keras.utils.set_random_seed(seed)  # the same dense initial weights on every rank
-    model = InterestModel(DistributedEmbedding(make_features(placements), seed=seed, name="embedding"))
+    # auto: the planner replicates the categories table (500 rows) and keeps items (2000 rows) model-parallel.
+    threshold = {"data_parallel_threshold": 1000} if placements == "auto" else {}
+    model = InterestModel(DistributedEmbedding(make_features(placements), seed=seed, name="embedding", **threshold))
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss=keras.losses.BinaryCrossentropy(from_logits=True))
     return model
 

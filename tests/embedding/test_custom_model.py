@@ -102,8 +102,8 @@ def test_every_placement_auto_trains_on_n_ranks_like_one_process(one_process_aut
     launch(world_size, [WORKER, f"--output={path}", "--placements=auto"], timeout=600)
     many = dict(np.load(path))
     assert sorted(many) == sorted(one_process_auto)
-    items = 0  # the first table of make_features
-    assert many["slices_per_table"][items] == 1
+    items, categories = 0, 2  # in the order of first use in make_features (the dynamic table is not planned)
+    assert many["slices_per_table"][items] == 1 and many["slices_per_table"][categories] == 0  # whole; replicated
     check_trained_like(many, one_process_auto, world_size)
 
 
