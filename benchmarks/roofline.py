@@ -214,13 +214,13 @@ def commit() -> str:
     return done.stdout.strip() or "unknown"
 
 
-def markdown(records: list[dict], command: str) -> str:
+def markdown(records: list[dict], command: str, measured_commit: str) -> str:
     cpu = machine()
     lines = [
         "# Roofline: training rate against this machine's matmul rate and memory bandwidth",
         "",
         f"CPU: {cpu.get('model', 'unknown')} ({os.cpu_count()} cores seen), bf16 native: {cpu['bf16_native']}; "
-        f"commit {commit()}; {time.strftime('%Y-%m-%d', time.gmtime())}.",
+        f"commit {measured_commit}; {time.strftime('%Y-%m-%d', time.gmtime())}.",
         "",
         f"    {command}",
         "",
@@ -271,6 +271,7 @@ def main(argv=None) -> list[dict]:
     from train_throughput import configure_threads
 
     configure_threads(0, 0)
+    measured_commit = commit()  # now: the tree may move on while this runs
     bandwidth = Bandwidth(args.stream_elements)
     records = []
     with tempfile.TemporaryDirectory(prefix="tf_dlrm_roofline_") as temporary:
@@ -282,7 +283,7 @@ def main(argv=None) -> list[dict]:
     if args.markdown:
         command = "python benchmarks/roofline.py " + " ".join(argv if argv is not None else sys.argv[1:])
         with open(args.markdown, "w") as handle:
-            handle.write(markdown(records, command))
+            handle.write(markdown(records, command, measured_commit))
     return records
 
 
