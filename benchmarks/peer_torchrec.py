@@ -26,7 +26,9 @@ The matmul rate beside the ratio is there because TorchRec's dense layers run on
 non-Intel CPU takes its generic AVX2 path (MKL checks the vendor; ``MKL_DEBUG_CPU_TYPE=5``, the old override,
 is ignored by MKL 2020 Update 1 and later, which torch ships). The variant ``mkl_intel_path`` preloads a
 library whose ``mkl_serv_intel_cpu_true`` answers yes (compiled here with ``cc``), so MKL picks its AVX-512
-code as on an Intel CPU: the ratio on an even matmul footing. ``stock`` is torch as installed.
+code as on an Intel CPU: the ratio on an even matmul footing. ``stock`` is torch as installed. On a machine other
+jobs share, torch's OpenMP threads spin at every barrier and two of them can stall each other for whole time slices:
+``OMP_WAIT_POLICY=PASSIVE`` in the environment makes them sleep instead (TensorFlow's threads are its own pool).
 
 Prints one JSON line per worker run (``"benchmark": "peer_torchrec_run"``) and one summary line per thread
 count, optimizer and variant (``"benchmark": "peer_torchrec"``): the medians over rounds of both rates,
