@@ -11,8 +11,8 @@ TorchRec, the script says so in one line and exits 0.
 The model is DLRM with the dot interaction (``torchrec.models.dlrm.DLRM``: the bottom MLP, ReLU on every
 layer, the strict lower triangle of pairwise dot products next to the bottom output, the top MLP with a linear
 logit) on an ``EmbeddingBagCollection`` of the config's tables (sum pooling), sharded by
-``DistributedModelParallel`` on a one-process gloo group with the table optimizer fused into the backward
-(``apply_optimizer_in_backward``: FBGEMM's CPU TBE); the MLPs train with plain SGD, as tf_dlrm's do. The
+``DistributedModelParallel`` on a one-process gloo group, every table table-wise with the table optimizer fused into
+the backward (``apply_optimizer_in_backward``: FBGEMM's CPU TBE); the MLPs train with plain SGD, as tf_dlrm's do. The
 batches are the config's synthetic dataset (``train_throughput.py``'s, seed ``--seed``), read once and
 written for the worker: both frameworks train on the same samples. Each worker trains one model per
 optimizer, taking turns among them, after ``--warmup_steps``; each framework reports the dense multiply-adds
@@ -244,7 +244,11 @@ def torchrec_worker(args) -> None:
     import torch
     import torch.distributed as dist
     import torchrec
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import ShardingType
     from torchrec.models.dlrm import DLRM
     from torchrec.modules.embedding_configs import PoolingType
     from torchrec.optim import RowWiseAdagrad
@@ -282,7 +286,15 @@ def torchrec_worker(args) -> None:
                      dense_arch_layer_sizes=shape["bottom_mlp_dims"], over_arch_layer_sizes=shape["top_mlp_dims"])
         optimizer_class, keywords = table_optimizers[optimizer]
         apply_optimizer_in_backward(optimizer_class, model.sparse_arch.parameters(), keywords)
-        model = DistributedModelParallel(model, device=torch.device("cpu"))
+        # Every table table-wise on the fused kernel: the planner's own choice replicates small tables
+        # (data_parallel), and those the optimizer-in-backward leaves unchanged, where tf_dlrm updates all.
+        constraints = {f"t{t}": ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value],
+                                                     compute_kernels=[EmbeddingComputeKernel.FUSED.value])
+                       for t in range(len(keys))}
+        planner = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"), batch_size=batch,
+                                           constraints=constraints)
+        plan = planner.collective_plan(model, pg=dist.GroupMember.WORLD)
+        model = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan)
         dense = [p for name, p in model.named_parameters() if "sparse_arch" not in name]
         return model, torch.optim.SGD(dense, lr=args.learning_rate)
 
