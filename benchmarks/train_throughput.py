@@ -50,12 +50,30 @@ class BenchConfig:
     bottom_mlp_dims: tuple[int, ...]
     top_mlp_dims: tuple[int, ...]
     batch_size: int
+    model: str = "dlrm"  # tf_dlrm's --model; the naive and mlp_only cases are DLRMs and take only "dlrm"
+    # The model's hyper-parameters as (name, value) pairs of its Config; empty: a DLRM of the two MLPs.
+    # Plain pairs, so that reading CONFIGS imports no TensorFlow.
+    params: tuple[tuple[str, object], ...] = ()
+
+    def model_config(self):
+        """The :class:`tf_dlrm.cli.model_config.ModelConfig` that ``main.py`` would build for this shape."""
+        from tf_dlrm.cli.model_config import ModelConfig
+        from tf_dlrm.models.registry import lookup
+
+        params = dict(self.params) or {"bottom_mlp_dims": self.bottom_mlp_dims, "top_mlp_dims": self.top_mlp_dims}
+        return ModelConfig(self.embedding_dim, name=self.model, params=lookup(self.model).Config(**params))
 
 
 CONFIGS = {
     # Criteo 1TB's shape, every table capped at 100k rows; NVIDIA's DLRM MLPs.
     "criteo_capped": BenchConfig("feature_specs/criteo_capped.yaml", 128, (512, 256, 128), (1024, 1024, 512, 256, 1), 2048),
     # The same tables with dim 16 and small MLPs: the embedding path weighs more.
+    # MLPerf Training's DLRM-DCNv2 shape (multi-hot, sum pooling) on the same capped tables, as tf_dlrm's DCNv2
+    # builds it: three cross layers of rank 512, then the 1024-1024-512-256 MLP and the logit. tf_dlrm's DCNv2
+    # crosses the raw numerical features where MLPerf's runs them through a 512-256-128 bottom MLP first.
+    "dlrm_dcnv2_capped": BenchConfig("feature_specs/dlrm_dcnv2_capped.yaml", 128, (), (1024, 1024, 512, 256, 1), 2048,
+                                     model="dcnv2", params=(("num_cross_layers", 3), ("cross_low_rank", 512),
+                                                            ("cross_structure", "stacked"), ("deep_mlp_dims", (1024, 1024, 512, 256)))),
     "small": BenchConfig("feature_specs/criteo_capped.yaml", 16, (512, 256, 64, 16), (512, 256, 1), 2048),
     # For smoke tests only.
     "tiny": BenchConfig("feature_specs/synthetic_small.yaml", 8, (16, 8), (16, 1), 256),
@@ -127,6 +145,16 @@ def read_batches(spec, batch_size: int, count: int):
     return batches
 
 
+def build_tf_dlrm(config: BenchConfig, spec, env, seed: int, split_tables: bool = False):
+    """The built tf_dlrm model of the config, sharded as ``main.py`` shards it by default."""
+    from tf_dlrm.cli import builder
+    from tf_dlrm.cli.model_config import ShardingConfig
+
+    model_config = config.model_config()
+    plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), env.world_size)
+    return builder.build_model(spec, plan, model_config, env, seed, split_embedding_tables=split_tables)
+
+
 class Case:
     """One measured implementation: its step function and its batches, as tensors."""
 
@@ -142,6 +170,10 @@ class Case:
         on_gpu = bool(tf.config.list_physical_devices("GPU"))
         policy = builder.set_precision(self.amp, on_gpu)
         self.precision = {"float32": "fp32", "mixed_bfloat16": "bf16", "mixed_float16": "fp16"}[policy]
+        self.model = None  # tf_dlrm's model, once built
+        if self.impl != "tf_dlrm" and config.model != "dlrm":
+            raise ValueError(f"Expected a DLRM config for case {name} (it builds a DLRM of the two MLPs). "
+                             f"Received: a config of --model={config.model}")
         try:
             if self.impl == "naive_keras":
                 self.step, self.batches = self._naive(config, spec, batches, learning_rate)
@@ -198,21 +230,15 @@ class Case:
 
         return step, [(tf.constant(n), tf.constant(l)) for n, _, l in batches]
 
-    @staticmethod
-    def _tf_dlrm(config, spec, batches, learning_rate, seed, xla, embedding_optimizer="sgd", split_tables=False):
+    def _tf_dlrm(self, config, spec, batches, learning_rate, seed, xla, embedding_optimizer="sgd", split_tables=False):
         import tensorflow as tf
 
-        from tf_dlrm.cli import builder
-        from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
-        from tf_dlrm.models.dlrm import DLRMConfig
         from tf_dlrm.optimizers.settings import LearningRateSchedule, OptimizerConfig
         from tf_dlrm.parallel.env import DistributedEnv
         from tf_dlrm.train.step import Trainer
 
         env = DistributedEnv()
-        model_config = ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
-        plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), env.world_size)
-        model = builder.build_model(spec, plan, model_config, env, seed, split_embedding_tables=split_tables)
+        model = self.model = build_tf_dlrm(config, spec, env, seed, split_tables)
         optimizer = OptimizerConfig(LearningRateSchedule(learning_rate), embedding_optimizer=embedding_optimizer)
         trainer = Trainer(model, env, optimizer, jit_compile=xla)
         embedding = model.embedding
