@@ -159,7 +159,8 @@ def predict(cardinalities: Sequence[int], dim: int, world_size: int, global_batc
     """The slowest rank's step; ``exchange_bytes`` (per rank) replaces the plan's alltoall bytes
     (hot-row replication: cold rows plus the hot-gradient allgather, at the alltoall's rate).
 
-    With ``link``, each collective also pays its bytes at the link's rate and its messages' latency (an
+    With ``link``, each collective also pays its bytes (an alltoall: the more of those sent and received)
+    at the link's rate and its messages' latency (an
     alltoall: N - 1 messages each way, forward and backward; a ring allreduce: 2 (N - 1) steps), on top
     of the rates measured (what the collective costs the ranks' CPUs, which a link does not remove).
     With ``cores`` (ranks sharing one machine's cores, as in an emulated cluster), the compute of a
@@ -178,7 +179,11 @@ def predict(cardinalities: Sequence[int], dim: int, world_size: int, global_batc
         exchange = sent / rates["alltoall_bytes_per_s"]
         allreduce = traffic.allreduce_sent / rates["allreduce_bytes_per_s"]
         if link is not None and world_size > 1:
-            exchange += link.seconds(sent, 2 * (world_size - 1))
+            # Full duplex: each alltoall takes as long as the busier of the rank's two directions.
+            wire = sent if exchange_bytes is not None else (
+                max(traffic.alltoall_forward_sent, traffic.alltoall_forward_received)
+                + max(traffic.alltoall_backward_sent, traffic.alltoall_backward_received))
+            exchange += link.seconds(wire, 2 * (world_size - 1))
             allreduce += link.seconds(traffic.allreduce_sent, 2 * (world_size - 1))
         steps.append({"dense_s": compute, "embedding_s": embedding, "exchange_s": exchange, "allreduce_s": allreduce,
                       "step_s": compute + embedding + exchange + allreduce})
