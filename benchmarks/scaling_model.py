@@ -159,8 +159,8 @@ def predict(cardinalities: Sequence[int], dim: int, world_size: int, global_batc
     """The slowest rank's step; ``exchange_bytes`` (per rank) replaces the plan's alltoall bytes
     (hot-row replication: cold rows plus the hot-gradient allgather, at the alltoall's rate).
 
-    With ``link``, each collective also pays its bytes (an alltoall: the more of those sent and received)
-    at the link's rate and its messages' latency (an
+    With ``link``, each collective also pays its bytes (an alltoall: those sent and those received, one
+    after the other) at the link's rate and its messages' latency (an
     alltoall: N - 1 messages each way, forward and backward; a ring allreduce: 2 (N - 1) steps), on top
     of the rates measured (what the collective costs the ranks' CPUs, which a link does not remove).
     With ``cores`` (ranks sharing one machine's cores, as in an emulated cluster), the compute of a
@@ -179,10 +179,14 @@ def predict(cardinalities: Sequence[int], dim: int, world_size: int, global_batc
         exchange = sent / rates["alltoall_bytes_per_s"]
         allreduce = traffic.allreduce_sent / rates["allreduce_bytes_per_s"]
         if link is not None and world_size > 1:
-            # Full duplex: each alltoall takes as long as the busier of the rank's two directions.
+            # Gloo's alltoall sends to a peer only once the peer's receive is announced, and that notice
+            # travels on the same TCP stream as the peer's own data: when two ranks enter apart, the second's
+            # notice waits behind its data and the pair's two directions go one after the other. So the link
+            # carries a rank's sent and received bytes in turn: the worst case, which 2 ranks measure (more
+            # ranks fill the wait with other peers' bytes and come in under it).
             wire = sent if exchange_bytes is not None else (
-                max(traffic.alltoall_forward_sent, traffic.alltoall_forward_received)
-                + max(traffic.alltoall_backward_sent, traffic.alltoall_backward_received))
+                traffic.alltoall_forward_sent + traffic.alltoall_forward_received
+                + traffic.alltoall_backward_sent + traffic.alltoall_backward_received)
             exchange += link.seconds(wire, 2 * (world_size - 1))
             allreduce += link.seconds(traffic.allreduce_sent, 2 * (world_size - 1))
         steps.append({"dense_s": compute, "embedding_s": embedding, "exchange_s": exchange, "allreduce_s": allreduce,
