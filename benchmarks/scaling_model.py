@@ -14,7 +14,8 @@ and for each world size N and global batch B, prints:
   bytes of the dense gradients (:mod:`tf_dlrm.sharding.traffic`);
 - the step time these predict: ``max over ranks of (dense FLOPs / FLOP rate + gathered values x
   cost per value + alltoall bytes / alltoall rate + allreduce bytes / allreduce rate)``, no overlap
-  assumed, each rank as fast as one rank measured here and the network as fast as Gloo's loopback.
+  assumed, each rank as fast as one rank measured here and the network as fast as Gloo's loopback; and
+  (``predicted_on_links``) the same on networks of the ``--links`` rates and ``--latency_us`` (:class:`Link`).
 
 The rates come from ``benchmarks/step_breakdown.py`` output (``--rates``; its Horovod ranks): the
 dense forward+backward milliseconds at a known local batch give FLOP/s, the exchange and allreduce
@@ -285,6 +286,9 @@ def main(argv=None) -> list[dict]:
                              "each run at its link's bandwidth and latency")
     parser.add_argument("--cores", type=int, default=0,
                         help="cores the emulated cluster's ranks shared (their compute slows beyond that many ranks)")
+    parser.add_argument("--links", default="25000,100000,200000",
+                        help="network rates (Mbit/s each way per host) to predict the MLPerf tables on")
+    parser.add_argument("--latency_us", type=float, default=5.0, help="one-way latency of those networks")
     parser.add_argument("--world_sizes", default="8,16,64,256")
     parser.add_argument("--batch_sizes", default="32768,262144")
     samples = os.environ.get("TF_DLRM_CRITEO_SAMPLES") or os.path.join(os.path.dirname(REPOSITORY), "shared", "data")
@@ -297,6 +301,7 @@ def main(argv=None) -> list[dict]:
     if not 0 < args.hot_rows_budget <= 1:
         raise SystemExit(f"--hot_rows_budget must be in (0, 1]. Received: {args.hot_rows_budget}")
     rates = rates_from_breakdown(read_jsonl(args.rates))
+    links = [float(b) for b in args.links.split(",") if b]
     out = [{"benchmark": "scaling_model_rates", **{k: (round(v, 12) if isinstance(v, float) else v) for k, v in rates.items()}}]
     tables = len(MLPERF_CRITEO_1TB_CARDINALITIES)
     distributions = {}
@@ -322,6 +327,11 @@ def main(argv=None) -> list[dict]:
                 "allreduce_bytes_sent_per_rank_per_step": traffic[0].allreduce_sent,
                 "allreduce_payload_bytes": traffic[0].allreduce_payload,
                 "predicted": {**prediction["slowest_rank"], "samples_per_s": round(prediction["samples_per_s"], 1)},
+                # The same ranks on a network of each --links rate (bytes at the link's rate on top of their CPU cost).
+                "predicted_on_links": {
+                    f"{bandwidth:g}": {**linked["slowest_rank"], "samples_per_s": round(linked["samples_per_s"], 1)}
+                    for bandwidth, linked in ((b, predict(MLPERF_CRITEO_1TB_CARDINALITIES, 128, world_size, batch, rates,
+                                                          link=Link(b, args.latency_us))) for b in links)},
                 # Two choices of hot rows: the budget's hottest, and of those only rows expected at
                 # least N times per step (the ones whose replication saves bytes; see scaling_hot_rows).
                 "with_hot_rows": {name: with_hot_rows(prediction, exponents, args.hot_rows_budget, batch, rates)
