@@ -248,10 +248,12 @@ class EmulatedCluster:
                 processes.append(subprocess.Popen(["ip", "netns", "exec", host, *command], cwd=cwd,
                                                   env=self.rank_environment(rank, port, env), stdin=subprocess.DEVNULL,
                                                   stdout=logs[rank], stderr=subprocess.STDOUT, start_new_session=True))
-            deadline = time.time() + timeout
+            deadline, timed_out = time.time() + timeout, False
             while any(p.poll() is None for p in processes):
-                failed = any(p.returncode not in (None, 0) for p in processes)
-                if failed or time.time() > deadline:
+                if any(p.returncode not in (None, 0) for p in processes):
+                    break
+                if time.time() > deadline:
+                    timed_out = True
                     break
                 time.sleep(0.2)
             for process in processes:
@@ -261,7 +263,7 @@ class EmulatedCluster:
                 log.seek(0)
                 results.append((processes[rank].returncode, log.read()))
                 log.close()
-            if time.time() > deadline:
+            if timed_out:
                 raise ClusterError(f"the ranks did not end in {timeout:.0f} s; rank 0's output:\n{results[0][1][-3000:]}")
             return results
         finally:
@@ -389,9 +391,12 @@ def main(argv=None) -> int:
             results = cluster.run(command, timeout=args.timeout)
             for rank, (code, output) in enumerate(results):
                 sys.stdout.write("".join(f"[{rank}] {line}\n" for line in output.splitlines()))
-            # A rank ended by a signal reads as the shell writes it (128 + signal), as horovodrun's ranks do.
+            # A rank ended by a signal reads as the shell writes it (128 + signal); a rank that failed by
+            # itself (a positive code) is named before those the others' failure made this stop.
             codes = [code if code >= 0 else 128 - code for code, _ in results]
-            return next((code for code in codes if code), 0)
+            if any(codes):
+                print(f"emulated_cluster: the ranks exited with {codes}", file=sys.stderr)
+            return next((code for code, _ in results if code > 0), max(codes))
     except ClusterError as error:
         print(f"emulated_cluster: {error}", file=sys.stderr)
         return 1
