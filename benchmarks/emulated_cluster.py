@@ -325,8 +325,6 @@ def breakdown(cluster: EmulatedCluster, args) -> list[dict]:
 
     config = CONFIGS[args.config]
     batch = args.batch_size or config.batch_size
-    if batch % cluster.ranks:
-        raise ClusterError(f"--batch_size={batch} does not divide by --ranks={cluster.ranks}")
     with tempfile.TemporaryDirectory(prefix="tf_dlrm_cluster_breakdown.") as directory:
         spec = make_dataset(dataclasses.replace(config, batch_size=batch), os.path.join(directory, "data"), batch * 2, 1)
         out_dir = os.path.join(directory, "out")
@@ -380,6 +378,15 @@ def main(argv=None) -> int:
             return 0
         if not args.breakdown and not command:
             raise ClusterError("nothing to run: give -- COMMAND, --breakdown or --cleanup")
+        if args.breakdown:
+            sys.path.insert(0, BENCHMARKS)
+            from train_throughput import CONFIGS
+
+            if args.config not in CONFIGS:
+                raise ClusterError(f"Expected --config in {sorted(CONFIGS)}. Received: --config={args.config}")
+            batch = args.batch_size or CONFIGS[args.config].batch_size
+            if batch % args.ranks:
+                raise ClusterError(f"--batch_size={batch} does not divide by --ranks={args.ranks}")
         signal.signal(signal.SIGTERM, _raise_interrupt)
         with EmulatedCluster(args.ranks, args.bandwidth_mbit, args.latency_us, args.prefix) as cluster:
             print(f"emulated cluster: {cluster.ranks} hosts {', '.join(cluster.addresses)}, links "
