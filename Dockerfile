@@ -10,7 +10,7 @@ FROM python:3.11-slim-bookworm
 # Debian's versions are left to the pinned base image (pinning them breaks on every point release).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++ make cmake patch procps openssh-client openssh-server \
+    && apt-get install -y --no-install-recommends g++ make cmake patch procps openssh-client openssh-server iproute2 \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /opt/tf_dlrm

@@ -1,7 +1,7 @@
 r"""A scaling model of hybrid-parallel DLRM, pure Python (no TensorFlow, no Horovod).
 
     python benchmarks/scaling_model.py --rates=BREAKDOWN.jsonl [--check_measured=SCALING.jsonl]
-        [--check_breakdown=BREAKDOWN_AT_ANOTHER_BATCH.jsonl]
+        [--check_breakdown=BREAKDOWN_AT_ANOTHER_BATCH.jsonl] [--check_emulated=EMULATED.jsonl --cores=2]
         [--world_sizes=8,16,64,256] [--batch_sizes=32768,262144] [--criteo_sample=TSV]
 
 For the MLPerf Criteo 1TB tables (26 cardinalities, dim 128, the ``--max-ind-range=40000000`` profile
@@ -14,13 +14,19 @@ and for each world size N and global batch B, prints:
   bytes of the dense gradients (:mod:`tf_dlrm.sharding.traffic`);
 - the step time these predict: ``max over ranks of (dense FLOPs / FLOP rate + gathered values x
   cost per value + alltoall bytes / alltoall rate + allreduce bytes / allreduce rate)``, no overlap
-  assumed, each rank as fast as one rank measured here and the network as fast as Gloo's loopback.
+  assumed, each rank as fast as one rank measured here and the network as fast as Gloo's loopback; and
+  (``predicted_on_links``) the same on networks of the ``--links`` rates and ``--latency_us`` (:class:`Link`).
 
 The rates come from ``benchmarks/step_breakdown.py`` output (``--rates``; its Horovod ranks): the
 dense forward+backward milliseconds at a known local batch give FLOP/s, the exchange and allreduce
 milliseconds at known bytes give bytes/s, lookup + update at known gathered values give seconds per
 value. With ``--check_measured`` (``benchmarks/scaling.py`` output) it predicts the same config at
 that run's world size and batch and prints predicted vs measured samples/s (goal: within 25%).
+
+With ``--check_emulated`` (``benchmarks/emulated_cluster.py --breakdown`` output: ranks in network
+namespaces on links shaped to a bandwidth) it predicts each run at its link's bandwidth and latency
+(:class:`Link`), with ``--cores`` the cores those ranks shared, and prints predicted vs measured
+step, phase by phase.
 
 With hot-row replication (``with_hot_rows``, one entry per id distribution): the hottest rows of the
 model-parallel tables, chosen as the planner does under ``--hot_rows_budget`` (a fraction of their
@@ -135,23 +141,89 @@ def rates_from_breakdown(records: list[dict], dim: int = 128) -> dict:
             "allreduce_bytes_per_s": statistics.median(ar), "seconds_per_gathered_value": statistics.median(per_value)}
 
 
+class Link:
+    """A host's network link: ``bandwidth_mbit`` each way (full duplex, a non-blocking switch) and a
+    one-way ``latency_us`` per message."""
+
+    def __init__(self, bandwidth_mbit: float, latency_us: float = 0.0):
+        if bandwidth_mbit <= 0 or latency_us < 0:
+            raise ValueError(f"Expected bandwidth_mbit > 0 and latency_us >= 0. Received: bandwidth_mbit={bandwidth_mbit}, "
+                             f"latency_us={latency_us}")
+        self.bytes_per_s, self.latency_s = bandwidth_mbit * 1e6 / 8, latency_us * 1e-6
+
+    def seconds(self, sent_bytes: float, messages: int) -> float:
+        return sent_bytes / self.bytes_per_s + messages * self.latency_s
+
+
 def predict(cardinalities: Sequence[int], dim: int, world_size: int, global_batch: int, rates: dict,
-            exchange_bytes: Sequence[float] | None = None) -> dict:
+            exchange_bytes: Sequence[float] | None = None, link: Link | None = None, cores: int = 0) -> dict:
     """The slowest rank's step; ``exchange_bytes`` (per rank) replaces the plan's alltoall bytes
-    (hot-row replication: cold rows plus the hot-gradient allgather, at the alltoall's rate)."""
+    (hot-row replication: cold rows plus the hot-gradient allgather, at the alltoall's rate).
+
+    With ``link``, each collective also pays its bytes (an alltoall: those sent and those received, one
+    after the other) at the link's rate and its messages' latency (an
+    alltoall: N - 1 messages each way, forward and backward; a ring allreduce: 2 (N - 1) steps), on top
+    of the rates measured (what the collective costs the ranks' CPUs, which a link does not remove).
+    With ``cores`` (ranks sharing one machine's cores, as in an emulated cluster), the compute of a
+    rank slows by ``max(1, N / cores)`` against the calibration run's ``max(1, N_calibrated / cores)``.
+    """
     figures = plan_figures(cardinalities, dim, world_size, global_batch)
+    shared = 1.0
+    if cores:
+        shared = max(1.0, world_size / cores) / max(1.0, rates["calibrated_on"]["world_size"] / cores)
     steps = []
     for rank, traffic in enumerate(figures["traffic"]):
-        compute = figures["dense_flops"] / rates["dense_flop_per_s"]
-        embedding = figures["gathered_values"][rank] * rates["seconds_per_gathered_value"]
+        compute = figures["dense_flops"] / rates["dense_flop_per_s"] * shared
+        embedding = figures["gathered_values"][rank] * rates["seconds_per_gathered_value"] * shared
         sent = traffic.alltoall_forward_sent + traffic.alltoall_backward_sent
-        exchange = (sent if exchange_bytes is None else exchange_bytes[rank]) / rates["alltoall_bytes_per_s"]
+        sent = sent if exchange_bytes is None else exchange_bytes[rank]
+        exchange = sent / rates["alltoall_bytes_per_s"]
         allreduce = traffic.allreduce_sent / rates["allreduce_bytes_per_s"]
+        if link is not None and world_size > 1:
+            # Gloo's alltoall sends to a peer only once the peer's receive is announced, and that notice
+            # travels on the same TCP stream as the peer's own data: when two ranks enter apart, the second's
+            # notice waits behind its data and the pair's two directions go one after the other. So the link
+            # carries a rank's sent and received bytes in turn: the worst case, which 2 ranks measure (more
+            # ranks fill the wait with other peers' bytes and come in under it).
+            wire = sent if exchange_bytes is not None else (
+                traffic.alltoall_forward_sent + traffic.alltoall_forward_received
+                + traffic.alltoall_backward_sent + traffic.alltoall_backward_received)
+            exchange += link.seconds(wire, 2 * (world_size - 1))
+            allreduce += link.seconds(traffic.allreduce_sent, 2 * (world_size - 1))
         steps.append({"dense_s": compute, "embedding_s": embedding, "exchange_s": exchange, "allreduce_s": allreduce,
                       "step_s": compute + embedding + exchange + allreduce})
     slowest = max(steps, key=lambda s: s["step_s"])
     return {"figures": figures, "slowest_rank": {k: round(v, 4) for k, v in slowest.items()},
             "samples_per_s": global_batch / slowest["step_s"]}
+
+
+def check_emulated(records: list[dict], rates: dict, cores: int) -> list[dict]:
+    """Predicted against measured step of each emulated-cluster run (``benchmarks/emulated_cluster.py
+    --breakdown``: world size x link), the measured phases of its slowest rank beside them."""
+    runs = {}
+    for record in records:
+        if record.get("emulated_cluster") and record.get("benchmark") == "step_breakdown":
+            runs.setdefault((record["world_size"], record["bandwidth_mbit"], record["latency_us"],
+                             record["global_batch_size"]), []).append(record)
+    out = []
+    for (world_size, bandwidth, latency, batch), ranks in sorted(runs.items()):
+        slowest = max(ranks, key=lambda r: r["phase_sum_ms"])
+        prediction = predict(criteo_capped_cardinalities(), 128, world_size, batch, rates, link=Link(bandwidth, latency),
+                             cores=cores)["slowest_rank"]
+        predicted_ms = prediction["step_s"] * 1e3
+        ms = slowest["ms"]
+        out.append({
+            "benchmark": "scaling_model_emulated", "config": "criteo_capped", "world_size": world_size,
+            "bandwidth_mbit": bandwidth, "latency_us": latency, "global_batch_size": batch, "cores": cores,
+            "measured_ms": {"compute": slowest["compute_ms"], "exchange": ms["exchange"], "allreduce": ms["allreduce"],
+                            "phase_sum": slowest["phase_sum_ms"], "fused_step": max(r["step_ms"] for r in ranks)},
+            "predicted_ms": {"compute": round((prediction["dense_s"] + prediction["embedding_s"]) * 1e3, 2),
+                             "exchange": round(prediction["exchange_s"] * 1e3, 2),
+                             "allreduce": round(prediction["allreduce_s"] * 1e3, 2), "step": round(predicted_ms, 2)},
+            "predicted_over_measured": round(predicted_ms / slowest["phase_sum_ms"], 3),
+            "within_20_percent": abs(predicted_ms / slowest["phase_sum_ms"] - 1) <= 0.2,
+        })
+    return out
 
 
 def zipf_exponents(path: str, columns: int = 26) -> dict:
@@ -209,6 +281,14 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--check_breakdown", default="",
                         help="step_breakdown.py output (JSON lines) of criteo_capped at another batch: its fused train "
                              "step (step_ms, slowest rank) is the measured figure")
+    parser.add_argument("--check_emulated", default="",
+                        help="benchmarks/emulated_cluster.py --breakdown output (JSON lines) of criteo_capped to predict, "
+                             "each run at its link's bandwidth and latency")
+    parser.add_argument("--cores", type=int, default=0,
+                        help="cores the emulated cluster's ranks shared (their compute slows beyond that many ranks)")
+    parser.add_argument("--links", default="25000,100000,200000",
+                        help="network rates (Mbit/s each way per host) to predict the MLPerf tables on")
+    parser.add_argument("--latency_us", type=float, default=5.0, help="one-way latency of those networks")
     parser.add_argument("--world_sizes", default="8,16,64,256")
     parser.add_argument("--batch_sizes", default="32768,262144")
     samples = os.environ.get("TF_DLRM_CRITEO_SAMPLES") or os.path.join(os.path.dirname(REPOSITORY), "shared", "data")
@@ -221,6 +301,7 @@ def main(argv=None) -> list[dict]:
     if not 0 < args.hot_rows_budget <= 1:
         raise SystemExit(f"--hot_rows_budget must be in (0, 1]. Received: {args.hot_rows_budget}")
     rates = rates_from_breakdown(read_jsonl(args.rates))
+    links = [float(b) for b in args.links.split(",") if b]
     out = [{"benchmark": "scaling_model_rates", **{k: (round(v, 12) if isinstance(v, float) else v) for k, v in rates.items()}}]
     tables = len(MLPERF_CRITEO_1TB_CARDINALITIES)
     distributions = {}
@@ -246,6 +327,11 @@ def main(argv=None) -> list[dict]:
                 "allreduce_bytes_sent_per_rank_per_step": traffic[0].allreduce_sent,
                 "allreduce_payload_bytes": traffic[0].allreduce_payload,
                 "predicted": {**prediction["slowest_rank"], "samples_per_s": round(prediction["samples_per_s"], 1)},
+                # The same ranks on a network of each --links rate (bytes at the link's rate on top of their CPU cost).
+                "predicted_on_links": {
+                    f"{bandwidth:g}": {**linked["slowest_rank"], "samples_per_s": round(linked["samples_per_s"], 1)}
+                    for bandwidth, linked in ((b, predict(MLPERF_CRITEO_1TB_CARDINALITIES, 128, world_size, batch, rates,
+                                                          link=Link(b, args.latency_us))) for b in links)},
                 # Two choices of hot rows: the budget's hottest, and of those only rows expected at
                 # least N times per step (the ones whose replication saves bytes; see scaling_hot_rows).
                 "with_hot_rows": {name: with_hot_rows(prediction, exponents, args.hot_rows_budget, batch, rates)
@@ -278,6 +364,8 @@ def main(argv=None) -> list[dict]:
                         "predicted_samples_per_s": round(prediction["samples_per_s"], 1), "measured_samples_per_s": round(measured, 1),
                         "predicted_over_measured": round(ratio, 3), "within_25_percent": abs(ratio - 1) <= 0.25,
                         "predicted_step": prediction["slowest_rank"]})
+    if args.check_emulated:
+        out.extend(check_emulated(read_jsonl(args.check_emulated), rates, args.cores))
     for line in out:
         print(json.dumps(line), flush=True)
     return out

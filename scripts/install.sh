@@ -88,26 +88,40 @@ build_horovod_wheel() {
   rm -rf "$work"
 }
 
+# System packages for the tests of several machines, installed where this installer may (root with
+# apt-get); elsewhere the tests that need them are skipped, saying so. Outside the environment's
+# stamp: they concern the machine, not ./.venv.
+# apt_install WHAT SKIPPED PACKAGE...: WHAT is logged, SKIPPED names the tests skipped without them.
+apt_install() {
+  local what="$1" skipped="$2"
+  shift 2
+  if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
+    log "installing $* ($what)"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+             "$@" >/dev/null; }; then
+      log "installing $* failed: $skipped will be skipped"
+    fi
+  else
+    log "no $* here and no root apt-get to install it: $skipped will be skipped"
+  fi
+}
+
 # horovodrun reaches the ranks of other machines through ssh; tests/parallel/test_two_hosts.py
-# launches two "hosts" on loopback addresses through an sshd of its own. The system's OpenSSH is
-# installed where this installer may (root with apt-get); elsewhere that test is skipped, saying so.
-# Outside the environment's stamp: it concerns the machine, not ./.venv.
+# launches two "hosts" on loopback addresses through an sshd of its own.
 install_ssh() {
   [[ "${TF_DLRM_NO_SSHD:-0}" != "1" ]] || return 0
   if command -v ssh >/dev/null 2>&1 && { command -v sshd >/dev/null 2>&1 || [[ -x /usr/sbin/sshd ]]; }; then
     return 0
   fi
-  if [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1; then
-    log "installing openssh-server (horovodrun's ssh to other hosts; the two-host test)"
-    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-             openssh-client openssh-server >/dev/null; }; then
-      log "installing openssh-server failed: tests/parallel/test_two_hosts.py will be skipped"
-    fi
-  else
-    log "no OpenSSH server here and no root apt-get to install it: tests/parallel/test_two_hosts.py will be skipped"
-  fi
+  apt_install "horovodrun's ssh to other hosts; the two-host test" tests/parallel/test_two_hosts.py \
+    openssh-client openssh-server
 }
 install_ssh
+
+# benchmarks/emulated_cluster.py makes network namespaces and shapes their links with ip and tc;
+# tests/parallel/test_emulated_cluster.py runs four ranks on them.
+command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 ||
+  apt_install "ip and tc for the emulated cluster" tests/parallel/test_emulated_cluster.py iproute2
 
 gpu_build=""
 if [[ "${TF_DLRM_FORCE_CPU:-0}" != "1" ]] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then

@@ -47,6 +47,25 @@ def test_prediction_is_the_sum_of_its_parts():
     assert math.isclose(step["dense_s"], dense, rel_tol=1e-3)
 
 
+def test_a_link_adds_its_bytes_and_latency_and_shared_cores_slow_compute():
+    rates = {"dense_flop_per_s": 1e11, "alltoall_bytes_per_s": 1e9, "allreduce_bytes_per_s": 1e9,
+             "seconds_per_gathered_value": 1e-9, "calibrated_on": {"world_size": 2}}
+    cardinalities = scaling_model.criteo_capped_cardinalities()
+    alone = scaling_model.predict(cardinalities, 128, 4, 4096, rates)
+    linked = scaling_model.predict(cardinalities, 128, 4, 4096, rates, link=scaling_model.Link(800, 10), cores=2)
+    traffic = max(linked["figures"]["traffic"], key=lambda t: t.alltoall_forward_sent + t.alltoall_backward_sent)
+    rank = linked["figures"]["traffic"].index(traffic)
+    alone_rank = scaling_model.predict(cardinalities, 128, 4, 4096, rates)["figures"]["traffic"][rank]
+    assert alone_rank.allreduce_sent == traffic.allreduce_sent
+    # 800 Mbit/s is 1e8 bytes/s; 6 messages of 10 us per collective on 4 ranks.
+    allreduce_link = traffic.allreduce_sent / 1e8 + 6 * 10e-6
+    assert math.isclose(linked["slowest_rank"]["allreduce_s"], alone["slowest_rank"]["allreduce_s"] + allreduce_link, rel_tol=1e-3)
+    # 4 ranks on 2 cores against a calibration of 2 ranks on 2: twice the compute.
+    assert math.isclose(linked["slowest_rank"]["dense_s"], 2 * alone["slowest_rank"]["dense_s"], rel_tol=1e-3)
+    with pytest.raises(ValueError, match="bandwidth_mbit > 0"):
+        scaling_model.Link(0)
+
+
 def test_zipf_fit_recovers_an_exact_power_law(tmp_path):
     # Id k (1-based) appears round(1000 / k) times in feature 0: an exponent of 1.
     lines = []
