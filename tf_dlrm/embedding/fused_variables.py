@@ -53,9 +53,12 @@ class FusedVariables:
                                 f"{[(f.name, f.hotness) for f in readers]} (feature, hotness)")
         problem = None
         if problems:
+            # Plans from make_plan keep such tables whole (kept_whole); a plan given by hand, or a row-wise
+            # optimizer the step was given while the tables name none, may still cut one.
             problem = ("row-wise optimizer state stays exact on a column-sliced table only when one one-hot feature "
-                       f"reads it: {'; '.join(problems)}. Shard it table-wise (placement='table_wise', --dist_strategy=table_wise "
-                       "or a higher --column_slice_threshold), or use --embedding_optimizer=adagrad")
+                       f"reads it: {'; '.join(problems)}. Keep the table whole (a plan from plan_tables, its TableConfig's "
+                       "placement 'auto' or 'table_wise'; in main.py --dist_strategy=table_wise or a higher "
+                       "--column_slice_threshold), or use an optimizer with state per element (Adagrad)")
         return SliceLayout([s.table for s in slices], [(s.column_start, s.column_end) for s in slices],
                            [self.plan.tables[s.table].dim for s in slices], split_tables=split,
                            row_offsets=list(offsets) if len(offsets) else None, row_wise_problem=problem)

@@ -76,7 +76,7 @@ class SparseUpdater:
         layouts = [layout_of(v) for v in self.shards + list(padding)]
         problems = {layout.row_wise_problem for layout in layouts if layout is not None and layout.row_wise_problem}
         if optimizer.row_wise and problems:
-            raise ValueError(f"--embedding_optimizer={optimizer.name}: {problems.pop()}")
+            raise ValueError(f"Row-wise optimizer {optimizer.name}: {problems.pop()}")
         self.split_tables = next((layout.split_tables for layout in layouts if layout is not None), ())
         self._column_of_table = {t: i for i, t in enumerate(self.split_tables)}
 
