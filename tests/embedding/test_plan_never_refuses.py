@@ -23,6 +23,7 @@ OPTIMIZERS = {
     "rowwise_adagrad": optimizers.RowWiseAdagrad(learning_rate=0.1),
     "lazy_adam": optimizers.LazyAdam(learning_rate=0.01),
     "catch_up_adam": optimizers.CatchUpAdam(learning_rate=0.01),
+    "dense_adam": optimizers.DenseAdam(learning_rate=0.01),
     "ftrl": optimizers.FTRL(learning_rate=0.1),
 }
 PLACEMENTS = ("auto", "table_wise", "column_wise", "replicated")
