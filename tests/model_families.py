@@ -2,7 +2,7 @@
 
 For tests of DCNv2, DeepFM and Wide & Deep on hand-made tables: the model's own tables and features
 come from the model class (:meth:`RankingModel.tables`, :meth:`RankingModel.features`), and the
-embedding is an :class:`ExpandedEmbedding` when the model derives features from the columns.
+embedding reads the local batch of every column when the model derives features from them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ def build_family_model(name: str, params: dict, base_tables, base_features, cros
     from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
     from tf_dlrm.embedding.table_config import TableConfig
     from tf_dlrm.models import registry
-    from tf_dlrm.models.expanded_embedding import ExpandedEmbedding
     from tf_dlrm.models.ranking_model import column_sources
     from tf_dlrm.parallel.env import DistributedEnv
     from tf_dlrm.embedding import optimizers as table_optimizers
@@ -33,9 +32,8 @@ def build_family_model(name: str, params: dict, base_tables, base_features, cros
     features, sources = cls.features(config, base_features, crossed)
     features = [dataclasses.replace(f, table=configs[f.table_name]) for f in features]
     env = DistributedEnv(rank=rank, world_size=plan.world_size)
-    if tuple(sources) != column_sources(len(base_features)):
-        embedding = ExpandedEmbedding(features, plan=plan, env=env, seed=seed, sources=sources, name="embedding")
-    else:
-        embedding = DistributedEmbedding(features, plan=plan, env=env, seed=seed, data_parallel_input=data_parallel_input,
-                                         name="embedding")
-    return plan, cls(embedding, num_numerical, num_categorical=len(base_features), seed=seed, config=config)
+    derived = tuple(sources) != column_sources(len(base_features))
+    embedding = DistributedEmbedding(features, plan=plan, env=env, seed=seed,
+                                     data_parallel_input=data_parallel_input or derived, name="embedding")
+    return plan, cls(embedding, num_numerical, num_categorical=len(base_features), seed=seed, config=config,
+                     sources=sources)

@@ -24,6 +24,7 @@ from tf_dlrm.optimizers.settings import OptimizerConfig
 from tf_dlrm.cli.embedding_dims import check_width_mapping
 from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
 from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.spec.format import NUMERICAL_CHANNEL
 from tf_dlrm.models import registry
 from tf_dlrm.models.ranking_model import RankingModel, column_sources
 from tf_dlrm.train.precision import PrecisionChoice, choose_precision
@@ -197,10 +198,10 @@ def make_embedding(spec: FeatureSpec, plan: ShardingPlan | None, config: ModelCo
     """The unbuilt embedding layer of the model of ``config``, executing ``plan`` on ``env.rank``.
 
     Fixed tables: a :class:`DistributedEmbedding` over :func:`make_table_configs`' tables (the same
-    layer and configs a user's own model holds), or an :class:`ExpandedEmbedding` when the model
-    derives features from the columns (DeepFM's and Wide & Deep's width-1 features). Dynamic tables
-    (:mod:`tf_dlrm.cli.dynamic_builder`): a ``DynamicEmbedding`` (the plan then only describes their
-    sizes; ``num_shards``: the shards of every table, default the world size)."""
+    layer and configs a user's own model holds); a model that derives features from the columns
+    (DeepFM's and Wide & Deep's width-1 features) reads the local batch of every column. Dynamic tables
+    (:mod:`tf_dlrm.cli.dynamic_builder`): the plan then only describes their sizes; ``num_shards``:
+    the shards of every table, default the world size."""
     from tf_dlrm.cli import dynamic_builder
 
     features, sources = model_features(spec, config)
@@ -220,11 +221,7 @@ def make_embedding(spec: FeatureSpec, plan: ShardingPlan | None, config: ModelCo
         return dynamic_builder.make_dynamic_embedding(spec, config.embedding_init_bound, env, seed, widths, num_shards=num_shards)
     tables = {t.name: t for t in make_table_configs(spec, plan, config, optimizer, hot_rows, split_embedding_tables)}
     features = [dataclasses.replace(f, table=tables[f.table_name]) for f in features]
-    if derived:
-        from tf_dlrm.models.expanded_embedding import ExpandedEmbedding
-
-        return ExpandedEmbedding(features, plan=plan, env=env, seed=seed, sources=sources, name="embedding")
-    return DistributedEmbedding(features, plan=plan, env=env, seed=seed, data_parallel_input=data_parallel_input,
+    return DistributedEmbedding(features, plan=plan, env=env, seed=seed, data_parallel_input=data_parallel_input or derived,
                                 deduplicate_exchange=deduplicate_exchange, name="embedding")
 
 
@@ -243,7 +240,7 @@ def build_model(
     cls = model_class(config)
     with _users_model(config, cls, "its construction or build"):
         model = cls(embedding, len(spec.numerical_features), num_categorical=len(spec.categorical_features),
-                    seed=seed, config=model_params(config))
+                    seed=seed, config=model_params(config), sources=model_features(spec, config)[1])
         if serving:
             build_with_dummy_batch(model, len(spec.numerical_features), embedding, env.world_size)
         else:  # no eager forward (op by op, with the exchange's collectives) only to create the weights
@@ -254,37 +251,41 @@ def build_model(
 def build_with_dummy_batch(model: RankingModel, num_numerical: int, embedding, world_size: int, local_batch: int = 1) -> None:
     """Creates all weights by calling the model once on zeros shaped like a real batch (Keras then also
     records the input signature that a SavedModel export serves)."""
-    global_batch = local_batch * world_size
-
-    def zeros(feature: int, rows: int):
-        hotness = embedding.features[feature].hotness if hasattr(embedding, "features") else 1
-        return np.zeros([rows] if hotness == 1 else [rows, hotness], np.int32)
-
-    categorical = [zeros(f, global_batch) for f in embedding.global_categorical]
-    categorical += [zeros(f, local_batch) for f in embedding.local_categorical]
     if not embedding.built:
         # Built here, eagerly: inside the model's first (symbolic) call Keras would defer the tables'
         # initialisation, which then needs a second full copy of each shard.
         embedding.build()
-    model((np.zeros([local_batch, num_numerical], np.float32), tuple(categorical)))
+    model(zero_batch(model.input_modes, embedding, num_numerical, local_batch, world_size))
+
+
+def zero_batch(input_modes, embedding, num_numerical: int, local_batch: int, world_size: int) -> dict:
+    """A batch of zeros shaped as a reader gives it for ``input_modes`` (ids of the global batch or the local one)."""
+    hotness = {f.name: f.hotness for f in embedding.features}
+    batch = {}
+    for name, mode in input_modes.items():
+        rows = local_batch * world_size if mode == "global" else local_batch
+        if name == NUMERICAL_CHANNEL:
+            batch[name] = np.zeros([rows, num_numerical], np.float32)
+        else:
+            batch[name] = np.zeros([rows] if hotness.get(name, 1) == 1 else [rows, hotness[name]], np.int32)
+    return batch
 
 
 def make_reader(
-    spec: FeatureSpec, split: str, global_batch_size: int, env: DistributedEnv, embedding, training: bool, seed: int,
+    spec: FeatureSpec, split: str, global_batch_size: int, env: DistributedEnv, input_modes, training: bool, seed: int,
     dataset_type: str = "tf_raw", synthetic_batches: int = 64,
 ):
-    """The reader of one split for this rank: split_binary files, or random in-memory batches."""
+    """The reader of one split for this rank: split_binary files, or random in-memory batches;
+    ``input_modes``: what the model reads here (``model.input_modes``)."""
     if dataset_type == "split_tfrecords":
         from tf_dlrm.data.split_tfrecords import SplitTFRecordsReader
 
         return SplitTFRecordsReader(spec, split, global_batch_size, rank=env.rank, world_size=env.world_size,
-                                    global_categorical=embedding.global_categorical,
-                                    local_categorical=embedding.local_categorical)
+                                    input_modes=input_modes)
     if dataset_type == "synthetic":
         return RandomBatches(
             spec, synthetic_batches * global_batch_size, global_batch_size, rank=env.rank, world_size=env.world_size,
-            global_categorical=embedding.global_categorical, local_categorical=embedding.local_categorical,
-            seed=seed if training else seed + 1,
+            input_modes=input_modes, seed=seed if training else seed + 1,
         )
     return SplitBinaryReader(
         spec,
@@ -292,8 +293,7 @@ def make_reader(
         global_batch_size,
         rank=env.rank,
         world_size=env.world_size,
-        global_categorical=embedding.global_categorical,
-        local_categorical=embedding.local_categorical,
+        input_modes=input_modes,
         last_batch="drop" if training else "pad",
         shuffle=training,
         seed=seed,

@@ -111,7 +111,7 @@ class ServingModule(tf.Module):
                 name = input_name(feature)
                 columns.append(checked_multi_hot(name, feature, inputs[name], self.hotness[index],
                                                  self.all_cardinalities[index]))
-        logits = self.model((inputs["numerical"], tuple(columns)), training=False)
+        logits = self.model({"numerical": inputs["numerical"], **dict(zip(self.features, columns))}, training=False)
         return {"probability": tf.reshape(tf.sigmoid(tf.cast(logits, tf.float32)), [-1])}
 
     def inputs_info(self) -> dict:

@@ -227,19 +227,19 @@ def run_train(config, stop=None) -> dict:
         f"alltoall bytes per step (max over ranks) {exchange}"
     )
 
-    embedding = session.model.embedding
-    train_reader = builder.make_reader(spec, config.train_split, config.batch_size, env, embedding, True, config.seed,
+    inputs = session.model.input_modes
+    train_reader = builder.make_reader(spec, config.train_split, config.batch_size, env, inputs, True, config.seed,
                                        config.dataset_type)
     valid_reader = None
     # Random in-memory batches (--dataset_type=synthetic) are evaluated on the spec's split files.
     valid_type = "split_tfrecords" if config.dataset_type == "split_tfrecords" else "tf_raw"
     if splits.valid:
-        valid_reader = builder.make_reader(spec, splits.valid, config.valid_batch_size, env, embedding, False,
+        valid_reader = builder.make_reader(spec, splits.valid, config.valid_batch_size, env, inputs, False,
                                            config.seed, valid_type)
         preflight.check_not_empty(splits.valid, valid_reader)
     test_reader = None
     if splits.test:
-        test_reader = builder.make_reader(spec, splits.test, config.valid_batch_size, env, embedding, False,
+        test_reader = builder.make_reader(spec, splits.test, config.valid_batch_size, env, inputs, False,
                                           config.seed, valid_type)
         preflight.check_not_empty(splits.test, test_reader, "test_split")
     checkpointer = session.checkpointer
@@ -388,7 +388,7 @@ def run_eval(config) -> dict:
     results = []
     for index, (_, split) in enumerate(named):
         reader = builder.make_reader(
-            session.spec, split, config.valid_batch_size, session.env, session.model.embedding, False, config.seed,
+            session.spec, split, config.valid_batch_size, session.env, session.model.input_modes, False, config.seed,
             dataset_type=config.dataset_type,
         )
         results.append(evaluate(session.trainer, reader, max_batches=0 if index else config.loop.eval_max_batches))
@@ -446,9 +446,9 @@ def _batches(session: Session, batch_size: int, count: int = 8):
     valid = resolve(config.valid_split, config.test_split, spec.splits).valid
     split = valid if valid in spec.splits else config.train_split
     reader = builder.make_reader(
-        spec, split, batch_size, session.env, session.model.embedding, False, config.seed, dataset_type=config.dataset_type
+        spec, split, batch_size, session.env, session.model.input_modes, False, config.seed, dataset_type=config.dataset_type
     )
-    batches = [(numerical, categorical) for numerical, categorical, _ in reader.dataset(epoch=0).take(count)]
+    batches = [features for features, _ in reader.dataset(epoch=0).take(count)]
     if not batches:
         raise ValueError(f"--inference_batch_sizes={batch_size}: the {split} split has no batch of that size to time")
     return batches
@@ -462,16 +462,16 @@ def run_inference(config, warmup: int = 5) -> dict:
     if header is None:
         session.reporter.say("no checkpoint given: timing the initial weights")
     model = session.model
-    forward = tf.function(lambda numerical, categorical: tf.sigmoid(model((numerical, categorical), training=False)))
+    forward = tf.function(lambda features: tf.sigmoid(model(features, training=False)))
     timed = config.loop.max_steps if config.loop.max_steps > 0 else 100
     results = []
     for batch_size in config.inference_batch_sizes:
         batches = _batches(session, batch_size)
         seconds = []
         for index in range(warmup + timed):
-            numerical, categorical = batches[index % len(batches)]
+            features = batches[index % len(batches)]
             started = time.perf_counter()
-            forward(numerical, categorical).numpy()  # .numpy() waits for the result
+            forward(features).numpy()  # .numpy() waits for the result
             if index >= warmup:
                 seconds.append(time.perf_counter() - started)
         figures = latency_figures(seconds, batch_size)

@@ -367,17 +367,50 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             checks.append((feature.name, self.cardinalities[self.feature_tables[f]], hotness))
         return checks
 
-    def call(self, categorical, local_batch=None, training=None):
-        """``categorical``: the ids of :attr:`global_categorical` then :attr:`local_categorical`
-        features. ``local_batch`` (the local batch size) is needed only by a rank that reads no ids.
+    @property
+    def input_modes(self) -> dict[str, str]:
+        """``{feature name: "global" or "local"}``: the ids this rank must be given in :meth:`call`, each for
+        the global batch (the model-parallel loader: a rank reads the global batch of the features whose
+        tables it owns, with ``data_parallel_input=False``) or for its local batch."""
+        modes = {self.features[f].name: "global" for f in self.global_categorical}
+        modes.update({self.features[f].name: "local" for f in self.local_categorical})
+        if not self.dynamic_only:
+            modes.update({f.name: "local" for f in getattr(self, "dynamic_features", ())})
+        return modes
 
-        Returns ``[b, F, D]`` when every feature has width ``D``, else ``[b, sum of widths]``."""
-        if isinstance(categorical, Mapping):
-            return self._call_features(categorical, self.training_default if training is None else training)
-        categorical = list(categorical)
+    def call(self, inputs, local_batch=None, training=None, stacked=False):
+        """``inputs``: ``{feature name: ids}`` of the features in :attr:`input_modes` (others are ignored).
+        ``local_batch`` (the local batch size) is needed only by a rank that reads no local ids.
+
+        Returns ``{feature name: [b, width]}``; with ``stacked``, one tensor in feature order instead:
+        ``[b, F, D]`` when every feature has width ``D``, else ``[b, sum of widths]``."""
+        if not isinstance(inputs, Mapping):
+            raise TypeError(f"Expected a dict of ids by feature name ({list(self.input_modes)}). "
+                            f"Received: {type(inputs).__name__}")
+        training = self.training_default if training is None else training
+        missing = [name for name in self.input_modes if name not in inputs]
+        if missing:
+            raise ValueError(f"Expected ids of every feature {list(self.input_modes)}. Missing: {missing}")
         if self.dynamic_only:
-            training = self.training_default if training is None else training
-            return self.dynamic_layer(categorical, local_batch=local_batch, training=bool(training))
+            vectors = self.dynamic_layer([inputs[f.name] for f in self.features], local_batch=local_batch,
+                                         training=bool(training))
+            return vectors if stacked else {f.name: vectors[:, i] for i, f in enumerate(self.features)}
+        pooled = self._lookup([inputs[self.features[f].name] for f in self._input_features()], local_batch)
+        if self.dynamic_layer is None:
+            return pooled if stacked else self.split_features(pooled)
+        pieces = self.split_features(pooled)
+        vectors = self.dynamic_layer([inputs[f.name] for f in self.dynamic_features], training=bool(training))
+        for index, feature in enumerate(self.dynamic_features):
+            pieces[feature.name] = vectors[:, index]
+        if not stacked:
+            return {f.name: pieces[f.name] for f in self.output_features}
+        joined = tf.concat([tf.cast(pieces[f.name], self.compute_dtype) for f in self.output_features], axis=1)
+        widths = {int(p.shape[-1]) for p in pieces.values()}
+        return tf.reshape(joined, [-1, len(self.output_features), widths.pop()]) if len(widths) == 1 else joined
+
+    def _lookup(self, categorical, local_batch=None):
+        """The ids of :meth:`_input_features`, in that order -> the stacked output of :meth:`call`."""
+        categorical = list(categorical)
         if local_batch is None:
             local_batch = self._local_batch_from(categorical)
         ids = self._normalized(self._input_features(), categorical)
@@ -413,19 +446,6 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if self.embedding_dim is None:
             return pooled
         return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
-
-    def _call_features(self, inputs: Mapping, training=None) -> dict:
-        """``{feature name: ids}`` -> ``{feature name: [b, width]}`` (the public form)."""
-        missing = [f.name for f in self.output_features if f.name not in inputs]
-        if missing:
-            raise ValueError(f"Expected ids of every feature {[f.name for f in self.output_features]}. Missing: {missing}")
-        pooled = {} if self.dynamic_only else self.split_features(
-            self.call([inputs[self.features[f].name] for f in self._input_features()]))
-        if self.dynamic_layer is not None:
-            vectors = self.dynamic_layer([inputs[f.name] for f in self.dynamic_features], training=bool(training))
-            for index, feature in enumerate(self.dynamic_features):
-                pooled[feature.name] = vectors[:, index]
-        return {f.name: pooled[f.name] for f in self.output_features}
 
     def _single_op_lookup(self, ids) -> tf.Tensor:
         """One process: every feature pooled by one kernel op, straight into feature order."""

@@ -7,7 +7,7 @@ and Wide & Deep's wide part. Pure Python, no TensorFlow.
   features (:mod:`tf_dlrm.spec.crossed_features`, hashed by :mod:`tf_dlrm.models.layers.crossed_ids`).
 
 A feature's *source* says where its ids come from: ``("column", i)`` reads column ``i``;
-``("cross", i, j)`` hashes columns ``i`` and ``j`` (:class:`tf_dlrm.models.expanded_embedding.ExpandedEmbedding`).
+``("cross", i, j)`` hashes columns ``i`` and ``j`` (:meth:`tf_dlrm.models.ranking_model.RankingModel.embedding_inputs`).
 """
 
 from __future__ import annotations

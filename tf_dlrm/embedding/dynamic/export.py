@@ -45,6 +45,7 @@ class DynamicServing(tf.Module):
         self.row_metadata = [v for state in states for v in (state.occupied, state.row_key)]
         self.num_numerical = model.num_numerical
         self.num_tables = len(embedding.table_configs)
+        self.names = [f.name for f in model.embedding.features]  # the model's inputs, one per table
         self.numerical_features = list(numerical_features or [f"num_{i}" for i in range(self.num_numerical)])
         self.categorical_features = list(categorical_features or [f"table {t}" for t in range(self.num_tables)])
         self.serve = tf.function(self._serve, input_signature=[
@@ -54,8 +55,8 @@ class DynamicServing(tf.Module):
 
     def _serve(self, numerical, categorical):
         numerical, categorical = checked_batch(numerical, categorical, self.numerical_features, self.categorical_features)
-        keys = tuple(categorical[:, t] for t in range(self.num_tables))
-        logits = self._forward((numerical, keys))
+        keys = {name: categorical[:, t] for t, name in enumerate(self.names)}
+        logits = self._forward({"numerical": numerical, **keys})
         return {"probability": tf.reshape(tf.sigmoid(logits), [-1])}
 
 
