@@ -1,7 +1,8 @@
-"""A model that is none of tf_dlrm's four, built from the public API only (tests/embedding/custom_model_worker.py:
-a lazy-Adam table shared by a one-hot and a ragged multi-hot feature, a column-wise Adagrad table, a row-wise
-Adagrad table with hot rows, a replicated SGD table, a dynamic table of raw int64 keys), trained with ``model.fit`` on 2 and 3 ranks, equals one
-process: every table, every table's optimizer state and every dense weight.
+"""A model that is none of tf_dlrm's, built from the public API only (tests/embedding/interest_model.py: a
+lazy-Adam table shared by a one-hot and a ragged multi-hot feature, a column-wise Adagrad table, a row-wise
+Adagrad table with hot rows, a replicated SGD table, a dynamic table of raw int64 keys), trained with
+``model.fit`` on 2 and 3 ranks by tests/embedding/custom_model_worker.py, equals one process: every table,
+every table's optimizer state and every dense weight.
 
 Tolerance: ranks and one process add the same float32 numbers in other orders (the dense allreduce, the
 pooled gradients' sums, the replicated tables' counts), each sum off by a few units of 2**-24 relative; 12
@@ -54,7 +55,7 @@ def test_one_process_keeps_each_tables_own_optimizer_state(one_process):
     assert sorted(k for k in one_process if k.startswith("state/")) == [
         "state/categories/accumulator", "state/items/m", "state/items/v", "state/queries/accumulator",
         "state/users/accumulator"]
-    from tests.embedding.custom_model_worker import make_data
+    from tests.embedding.interest_model import make_data
 
     seen = np.unique(make_data(12 * 48, 5)["query"])  # the worker's 12 steps of 48 rows
     np.testing.assert_array_equal(one_process["dynamic/queries/keys"], seen)  # one row per key seen, none evicted
@@ -74,7 +75,7 @@ def test_fit_on_n_ranks_equals_one_process(one_process, world_size, tmp_path):
 
 
 def check_trained_like(many: dict, one_process: dict, world_size: int) -> None:
-    from tests.embedding.custom_model_worker import make_features
+    from tests.embedding.interest_model import make_features
     from tf_dlrm.embedding.table_init import initial_table_slice
 
     for index, feature in enumerate(dict.fromkeys(f.table for f in make_features() if not f.table.dynamic)):

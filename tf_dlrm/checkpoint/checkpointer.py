@@ -39,6 +39,7 @@ from tf_dlrm.checkpoint import embedding_state
 from tf_dlrm.checkpoint import slices
 from tf_dlrm.checkpoint import store
 from tf_dlrm.checkpoint.checks import RestoreChecks
+from tf_dlrm.embedding.training_step import embedding_layer
 from tf_dlrm.io import files
 from tf_dlrm.train.guards import non_finite_arrays
 from tf_dlrm.train.memory_watch import MemoryWatch
@@ -102,10 +103,10 @@ class Checkpointer(RestoreChecks):
         # --keep_best / --early_stopping_patience: a callable giving the choice so far (the metric, its best
         # value and step, evaluations since) to save in each manifest; its best step's checkpoint is kept on disk.
         self.selection = None
-        self.embedding = trainer.model.embedding
+        self.embedding = embedding_layer(trainer.model)
         # Dynamic tables (tf_dlrm.embedding.dynamic) have no full-table layout: checkpoint_dynamic saves their rows.
         self.dynamic = dynamic_tables.is_dynamic(self.embedding)
-        self.fixed_tables = [] if self.dynamic else list(self.embedding.plan.tables)
+        self.fixed_tables = [] if self.embedding.plan is None else list(self.embedding.plan.tables)
         model_name = trainer.model.name
         self.dense = [(_relative(v.path), v) for v in trainer.mlp]
         # Optimizer slots are named after the model variable: "adam/dlrm_bottom_mlp_dense_0_kernel_momentum".
@@ -305,7 +306,7 @@ class Checkpointer(RestoreChecks):
                 "note": "training draws no other random numbers",
             },
             "saved_world_size": self.env.world_size,
-            "saved_plan": None if self.dynamic else self.embedding.plan.to_dict(),
+            "saved_plan": None if self.embedding.plan is None else self.embedding.plan.to_dict(),
             "model": model,
             "optimizer": optimizer_record,
             "tables": tables,

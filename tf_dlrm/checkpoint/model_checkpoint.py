@@ -23,19 +23,12 @@ import numpy as np
 from tf_dlrm.checkpoint import dynamic_tables, slices, store
 from tf_dlrm.parallel.collectives import allgather_json, broadcast_json
 from tf_dlrm.checkpoint.store import CheckpointError
-from tf_dlrm.embedding.training_step import embedding_layers
+from tf_dlrm.embedding.training_step import embedding_layer
 from tf_dlrm.io import files
 
 FORMAT = "tf_dlrm.model_checkpoint"
 DYNAMIC = "dynamic"
 VERSION = 1
-
-
-def _layer_of(model):
-    layers = embedding_layers(model)
-    if len(layers) != 1:
-        raise ValueError(f"Expected one DistributedEmbedding in the model. Received: {len(layers)}")
-    return layers[0]
 
 
 def _fixed_tables(layer) -> tuple:
@@ -63,7 +56,7 @@ def _dense(model, step) -> list[tuple[str, object]]:
 def save(model, directory: str, keep: int = 2) -> str:
     """Collective: writes a checkpoint of ``model`` (built and trained with its training step) under
     ``directory``; returns its path."""
-    step, layer = model.training_step, _layer_of(model)
+    step, layer = model.training_step, embedding_layer(model)
     env = layer.env
     step.synchronize_hot_rows()
     number = int(step.step.numpy())
@@ -119,7 +112,7 @@ def restore(model, path: str) -> int:
     """Collective: fills ``model``'s tables, their optimizer state, dense weights and dense optimizer
     from the checkpoint at ``path`` (or the latest under it), whatever world size saved it; returns
     its step. ``model`` must be built with the same tables."""
-    step, layer = model.training_step, _layer_of(model)
+    step, layer = model.training_step, embedding_layer(model)
     directory = store.resolve(path)
     with files.open_file(files.join(directory, store.MANIFEST), encoding="utf-8") as handle:
         manifest = json.load(handle)

@@ -53,11 +53,11 @@ def model_class(model: ModelConfig) -> type:
 
 def model_params(model: ModelConfig):
     """The model's own hyper-parameters: ``model.params``, or its ``Config``'s defaults."""
-    cls = model_class(model)
+    config_class = registry.config_class(model_class(model))
     if model.params is None:
-        return cls.Config()
-    if not isinstance(model.params, cls.Config):
-        raise TypeError(f"Expected the hyper-parameters of --model={model.name} as a {cls.Config.__qualname__}. "
+        return config_class()
+    if not isinstance(model.params, config_class):
+        raise TypeError(f"Expected the hyper-parameters of --model={model.name} as a {config_class.__qualname__}. "
                         f"Received: {type(model.params).__qualname__}")
     return model.params
 
@@ -66,6 +66,8 @@ def model_identity(model: ModelConfig) -> dict:
     """What a checkpoint records of the model: ``name`` (its registered name or import path), ``config``
     (its hyper-parameters as JSON data) and, for messages, ``flags`` (``{config key: flag name}``)."""
     cls = model_class(model)
+    if registry.is_library_model(cls):
+        return {"name": registry.reference_of(cls), "config": {}, "flags": {}}
     return {"name": registry.reference_of(cls), "config": cls.config_record_of(model_params(model)), "flags": cls.flag_names()}
 
 
@@ -248,6 +250,48 @@ def build_model(
     return model
 
 
+def build_library_model(spec: FeatureSpec, config: ModelConfig, env: DistributedEnv, seed: int):
+    """A user's :class:`tf_dlrm.embedding.Model` (``--model=package.module:Name``, see
+    :func:`tf_dlrm.models.registry.is_library_model`), made and built on this rank: its one
+    embedding layer's features must be named like the spec's categorical features (their ids, as the
+    reader yields them) and its tables place themselves (their :class:`TableConfig` placements, planned
+    for this run's ranks). Dense weights are created by one call on a batch of zeros."""
+    import inspect
+
+    import keras
+
+    from tf_dlrm.embedding.model import Model
+    from tf_dlrm.embedding.training_step import embedding_layers
+
+    factory = model_class(config)
+    keras.utils.set_random_seed(seed)  # the same dense initial weights on every rank (rank 0's are broadcast too)
+    with _users_model(config, factory, "its construction"):
+        takes_spec = "feature_spec" in inspect.signature(factory).parameters
+        model = factory(feature_spec=spec) if takes_spec else factory()
+    if not isinstance(model, Model):
+        raise registry.ModelError(f"--model={config.name}: expected a tf_dlrm.embedding.Model. Received: {type(model).__qualname__}")
+    layers = embedding_layers(model)
+    if len(layers) != 1:
+        raise registry.ModelError(f"--model={config.name}: expected one DistributedEmbedding in the model (main.py "
+                                  f"checkpoints one layer's tables). Received: {len(layers)}")
+    layer = layers[0]
+    if layer.env.world_size != env.world_size:
+        raise registry.ModelError(f"--model={config.name}: its DistributedEmbedding was made for {layer.env.world_size} "
+                                  f"rank(s), the run has {env.world_size}: leave its env out (Horovod's is the default)")
+    names = list(spec.categorical_features)
+    unknown = [f.name for f in layer.output_features if f.name not in names]
+    if unknown:
+        raise registry.ModelError(f"--model={config.name}: features {unknown} are not categorical features of "
+                                  f"{spec.source}. Expected feature names among {names}")
+    if NUMERICAL_CHANNEL in names:
+        raise ValueError(f"{spec.source}: a categorical feature is named {NUMERICAL_CHANNEL!r}, the key of the "
+                         "numerical features in a model's input; rename it")
+    with _users_model(config, factory, "its first call"):
+        model.build()
+        model(zero_batch(model.input_modes, layer, len(spec.numerical_features), 1, env.world_size))
+    return model
+
+
 def build_with_dummy_batch(model: RankingModel, num_numerical: int, embedding, world_size: int, local_batch: int = 1) -> None:
     """Creates all weights by calling the model once on zeros shaped like a real batch (Keras then also
     records the input signature that a SavedModel export serves)."""
@@ -260,13 +304,11 @@ def build_with_dummy_batch(model: RankingModel, num_numerical: int, embedding, w
 
 def zero_batch(input_modes, embedding, num_numerical: int, local_batch: int, world_size: int) -> dict:
     """A batch of zeros shaped as a reader gives it for ``input_modes`` (ids of the global batch or the local one)."""
-    hotness = {f.name: f.hotness for f in embedding.features}
-    batch = {}
+    hotness = {f.name: f.hotness for f in embedding.output_features}
+    batch = {NUMERICAL_CHANNEL: np.zeros([local_batch, num_numerical], np.float32)}
     for name, mode in input_modes.items():
         rows = local_batch * world_size if mode == "global" else local_batch
-        if name == NUMERICAL_CHANNEL:
-            batch[name] = np.zeros([rows, num_numerical], np.float32)
-        else:
+        if name != NUMERICAL_CHANNEL:
             batch[name] = np.zeros([rows] if hotness.get(name, 1) == 1 else [rows, hotness[name]], np.int32)
     return batch
 

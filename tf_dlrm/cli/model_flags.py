@@ -43,12 +43,13 @@ def define_model_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -
     if named and ":" in named:
         models[named] = registry.lookup(named)
     flags.DEFINE_string("model", "dlrm", f"Model on the sharded embedding: one of {list(registry.registered())}, or an "
-                        "import path package.module:Class of a subclass of tf_dlrm.models.ranking_model.RankingModel.",
+                        "import path package.module:Name of a tf_dlrm.embedding.Model subclass (or a function making one) or of a "
+                        "tf_dlrm.models.ranking_model.RankingModel subclass.",
                         flag_values=flag_values)
     owners: dict[str, list[str]] = {}
     fields: dict[str, dataclasses.Field] = {}
     for name, cls in models.items():
-        for field in dataclasses.fields(cls.Config):
+        for field in dataclasses.fields(registry.config_class(cls)):
             flag = field.metadata.get("flag") or field.name
             if flag in fields and fields[flag].default != field.default:
                 raise ValueError(f"Models {owners[flag]} and {name} define --{flag} with different defaults: "
@@ -82,10 +83,10 @@ def _define(flag: str, field: dataclasses.Field, help_text: str, flag_values) ->
 def model_from_flags(values: flags.FlagValues) -> tuple[str, object]:
     """``(--model, its Config)`` from parsed flags; a flag of another model given explicitly is refused."""
     cls = registry.lookup(values.model)
-    own = {f.metadata.get("flag") or f.name: f for f in dataclasses.fields(cls.Config)}
+    own = {f.metadata.get("flag") or f.name: f for f in dataclasses.fields(registry.config_class(cls))}
     others = {}
     for name, other in _DEFINED.items():
-        for field in dataclasses.fields(other.Config):
+        for field in dataclasses.fields(registry.config_class(other)):
             flag = field.metadata.get("flag") or field.name
             if flag not in own and values[flag].present:
                 others.setdefault(flag, []).append(name)
@@ -97,4 +98,4 @@ def model_from_flags(values: flags.FlagValues) -> tuple[str, object]:
         # A model's flags are defined when define_model_flags saw it (registered, or in its argv).
         value = normalized_value(flag, values[flag].value) if flag in values else field.default
         params[field.name] = parse_dims(value, flag) if isinstance(field.default, tuple) else value
-    return values.model, cls.Config(**params)
+    return values.model, registry.config_class(cls)(**params)

@@ -22,6 +22,7 @@ import numpy as np
 from tf_dlrm.checkpoint import checkpointer as checkpoint
 from tf_dlrm.checkpoint import lock as checkpoint_lock
 from tf_dlrm.checkpoint import store as checkpoint_store
+from tf_dlrm.embedding.training_step import embedding_layer
 from tf_dlrm.io import files
 from tf_dlrm.parallel import collectives, host_memory
 
@@ -105,7 +106,8 @@ def set_cycle_time(config) -> str:
 
     from tf_dlrm.cli import builder
 
-    stacks = builder.model_class(config.model).dense_stacks(builder.model_params(config.model))
+    cls = builder.model_class(config.model)
+    stacks = [] if builder.registry.is_library_model(cls) else cls.dense_stacks(builder.model_params(config.model))
     # cycle_time counts two stacks (DLRM's bottom and top MLPs); a model with one passes it as the top.
     bottom, top = (stacks[0], stacks[-1]) if len(stacks) > 1 else ((), stacks[0] if stacks else ())
     return cycle_time.apply(config.horovod_cycle_time_ms, bottom, top, config.batch_size, launched_world_size())
@@ -127,16 +129,24 @@ def open_session(config, started=None) -> Session:
     env, spec, reporter, threads = started or start(config)
     choice = builder.apply_precision(choose_precision(config.amp, bool(tf.config.list_physical_devices("GPU"))))
     report_precision(reporter, config, choice)
-    plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size, config.optimizer)
-    hot = hot_rows_setup.hot_row_plan(spec, plan, config.sharding, env, config.train_split, config.batch_size)
     # Every rank's host RAM and cgroup headroom, so that all ranks refuse a plan together, before any table exists.
     limits = host_memory.groups(collectives.allgather_json(env, host_memory.this_process(), "memory_limits"))
-    memory = builder.check_memory_plan(plan, config.optimizer, hot, config.sharding.memory_per_rank,
-                                       config.sharding.hot_row_sync_every, limits)
-    model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input,
-                                deduplicate_exchange=config.sharding.deduplicate_exchange,
-                                hot_rows=hot_rows_setup.as_layer_option(hot),
-                                split_embedding_tables=config.sharding.split_embedding_tables, optimizer=config.optimizer)
+    if builder.registry.is_library_model(builder.model_class(config.model)):
+        # A library model places its own tables (their TableConfig placements): built first, its plan read back.
+        hot = None
+        model = builder.build_library_model(spec, config.model, env, config.seed)
+        plan = embedding_layer(model).plan
+        memory = builder.check_memory_plan(plan, config.optimizer, None, config.sharding.memory_per_rank,
+                                           config.sharding.hot_row_sync_every, limits) if plan is not None else []
+    else:
+        plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size, config.optimizer)
+        hot = hot_rows_setup.hot_row_plan(spec, plan, config.sharding, env, config.train_split, config.batch_size)
+        memory = builder.check_memory_plan(plan, config.optimizer, hot, config.sharding.memory_per_rank,
+                                           config.sharding.hot_row_sync_every, limits)
+        model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input,
+                                    deduplicate_exchange=config.sharding.deduplicate_exchange,
+                                    hot_rows=hot_rows_setup.as_layer_option(hot),
+                                    split_embedding_tables=config.sharding.split_embedding_tables, optimizer=config.optimizer)
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla,
                       compress_dense_gradients=config.bf16_dense_allreduce,
                       hot_row_sync_every=config.sharding.hot_row_sync_every)
@@ -144,7 +154,8 @@ def open_session(config, started=None) -> Session:
     memory = builder.check_dense_memory(memory, trainer, config.sharding.memory_per_rank)
     trainer.broadcast_initial_state()
     checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, builder.model_identity(config.model), env, reporter)
-    reporter.say(plan.describe())
+    if plan is not None:
+        reporter.say(plan.describe())
     reporter.say("memory per rank (embedding tables, their optimizer state, hot rows, dense weights and their "
                  "optimizer state):\n  " + "\n  ".join(m.describe() for m in memory))
     hot_rows_setup.report_plan(reporter, hot, config.sharding.hot_row_sync_every)
@@ -172,7 +183,7 @@ def step_traffic_of(trainer, global_batch_size: int, world_size: int):
     The ids' alltoall of ``--data_parallel_input`` is not counted (ids, not embeddings)."""
     from tf_dlrm.sharding.traffic import step_traffic
 
-    embedding = trainer.model.embedding
+    embedding = embedding_layer(trainer.model)
     # Dynamic tables (tf_dlrm.embedding.dynamic) route keys by hash, so their bytes depend on the batch: not counted here.
     exchanges = getattr(embedding, "exchanges", False) and hasattr(embedding, "send_widths")
     widths = list(embedding.send_widths) if exchanges and world_size > 1 else [0] * world_size
@@ -216,7 +227,7 @@ def run_train(config, stop=None) -> dict:
         hot_row_sync_every=config.sharding.hot_row_sync_every,
         split_embedding_tables=config.sharding.split_embedding_tables,
     )
-    for event, fields in session.model.describe(xla=config.xla).items():
+    for event, fields in (session.model.describe(xla=config.xla) if hasattr(session.model, "describe") else {}).items():
         fields = dict(fields)
         line = fields.pop("line", None)
         reporter.event(event, **fields)  # after the config event: a log's first line stays config
@@ -316,14 +327,14 @@ def run_train(config, stop=None) -> dict:
         reporter.event("final_test", step=final_step, split=splits.test, **tested.record())
         reporter.scalars(final_step, **{f"test_{name}": value for name, value in tested.metrics.as_dict().items()})
     model = session.model
-    if getattr(model.embedding, "dynamic_only", False):
+    if getattr(embedding_layer(model), "dynamic_only", False):
         # Rows, evictions and rejections of every dynamic table, summed over ranks (collective).
-        counters = model.embedding.dynamic_layer.global_counters()
+        counters = embedding_layer(model).dynamic_layer.global_counters()
         reporter.event("dynamic_tables", tables=counters)
         reporter.say("dynamic tables: " + ", ".join(
             f"{name} {c['rows']} rows, {c['evictions']} evictions, {c['rejections']} rejections" for name, c in counters.items()))
 
-    hot_rows_setup.report_measured(reporter, model.embedding, session.trainer)
+    hot_rows_setup.report_measured(reporter, embedding_layer(model), session.trainer)
     record = {
         **(last.metrics.as_dict() if last else dict.fromkeys(f.name for f in dataclasses.fields(ClickMetrics))),
         "train_samples_per_s": result.train_samples_per_s,

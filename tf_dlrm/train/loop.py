@@ -259,5 +259,5 @@ def _synchronize_hot_rows(trainer) -> None:
 def _rates(trainer: Trainer, rate: float) -> str:
     """The learning rates in force, for a message: the schedule's, the embeddings' and the MLPs'."""
     config = trainer.config
-    return (f"learning rate {rate:.6g}: embeddings ({config.embedding_optimizer}) {rate * config.embedding_rate_factor:.6g}, "
+    return (f"learning rate {rate:.6g}: embeddings ({config.embedding_optimizer}) {rate * trainer.embedding_rate_factor:.6g}, "
             f"MLPs ({config.optimizer}) {rate * config.dense_rate_factor:.6g}")

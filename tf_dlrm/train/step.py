@@ -57,7 +57,11 @@ class Trainer(TrainingStep):
         # Tables without an optimizer of their own take --embedding_optimizer; the others (Wide &
         # Deep's wide tables) keep theirs, at their rate relative to the embedding rate.
         default = table_optimizers.from_settings(config)
-        sparse_optimizer, per_table, _ = table_optimizer_groups(embedding_layers(model), default=default)
+        sparse_optimizer, per_table, base_rate = table_optimizer_groups(embedding_layers(model), default=default)
+        # The schedule shapes every rate: a model whose tables name their optimizer's rate (a library model)
+        # trains its base group at that rate over the schedule's base, like --embedding_learning_rate.
+        self.embedding_rate_factor = (config.embedding_rate_factor if base_rate in (None, default.learning_rate)
+                                      else base_rate / config.schedule.base)
         super().__init__(model, env, loss_fn=lambda x, y, y_pred, sample_weight: binary_cross_entropy(y, y_pred),
                          dense_optimizer=make_dense_optimizer(config), sparse_optimizer=sparse_optimizer or default.make(),
                          table_optimizers=per_table,
@@ -76,7 +80,7 @@ class Trainer(TrainingStep):
     def rates(self):
         rate = self.config.schedule.tensor(self.step)
         self.learning_rate.assign(rate)
-        return rate * self.config.embedding_rate_factor, rate * self.config.dense_rate_factor
+        return rate * self.embedding_rate_factor, rate * self.config.dense_rate_factor
 
     def apply_dense(self, mlp_grads, dense_rate) -> None:
         decay = self.config.dense_weight_decay
