@@ -23,7 +23,9 @@ from tf_dlrm.parallel.env import current_env, initialize  # noqa: E402
 from tf_dlrm.embedding.serving import export_saved_model  # noqa: E402
 from tf_dlrm.checkpoint import model_checkpoint  # noqa: E402
 from tf_dlrm.embedding import BroadcastInitialState, TrainingStep  # noqa: E402
-from tests.embedding.interest_model import NUM_DENSE, InterestModel, make_data, make_embedding  # noqa: E402
+from tests.embedding.interest_model import (  # noqa: E402
+    NUM_DENSE, InterestModel, make_data, make_embedding, probe_batch, write_probe,
+)
 
 def local_dataset(data: dict, global_batch: int, rank: int, world_size: int) -> tf.data.Dataset:
     """Rank r's rows ``[r*b, (r+1)*b)`` of every global batch, in order."""
@@ -74,14 +76,6 @@ SIGNATURE = {"item": tf.TensorSpec([None], tf.int64), "history": tf.RaggedTensor
              "numerical": tf.TensorSpec([None, NUM_DENSE], tf.float32)}
 
 
-def probe_batch(seed: int, count: int = 40) -> dict:
-    """Rows never trained on (another seed), for comparing served scores with the model's."""
-    data = make_data(count, seed + 100)
-    history = tf.RaggedTensor.from_row_lengths(data["history_values"], data["history_lengths"])
-    return {**{name: tf.constant(data[name]) for name in ("item", "user", "category", "device", "query", "numerical")},
-            "history": history}
-
-
 def train_by_hand(model: InterestModel, dataset: tf.data.Dataset) -> None:
     """The loop a user writes around the library's step: the same updates as ``fit``."""
     first, _ = next(iter(dataset))
@@ -109,6 +103,7 @@ def main(argv=None) -> None:
     parser.add_argument("--save", default=None, help="checkpoint directory written after training")
     parser.add_argument("--restore", default=None, help="restore this checkpoint instead of training")
     parser.add_argument("--export", default=None, help="with --restore, one process: the SavedModel to write")
+    parser.add_argument("--probe", default=None, help="with --export: where to write the probe rows the test serves")
     parser.add_argument("--loop", choices=("fit", "manual"), default="fit",
                         help="manual: a hand-written loop calling a TrainingStep instead of model.fit")
     parser.add_argument("--placements", choices=("chosen", "auto"), default="chosen", help="see make_features")
@@ -130,6 +125,8 @@ def main(argv=None) -> None:
     if args.export:
         export_saved_model(model, args.export, SIGNATURE)
         arrays["probe_scores"] = model(probe_batch(args.seed), training=False).numpy()
+        if args.probe and env.is_chief:
+            write_probe(args.probe, args.seed)
     if env.is_chief:
         if args.placements == "auto":  # what the planner chose
             plan = model.embedding.plan

@@ -149,3 +149,43 @@ def write_dataset(directory: str, splits: dict[str, tuple[int, int]]) -> str:
             writer.append(data["label"], data["numerical"], [data["item"], history, data["user"], data["category"],
                                                              data["device"], data["query"]])
     return directory
+
+
+SERVE = """
+import sys
+import numpy as np
+import tensorflow as tf
+loaded = tf.saved_model.load(sys.argv[1])
+probe = dict(np.load(sys.argv[2]))
+scores = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in probe.items()})["output"].numpy()
+assert not any(name.startswith("tf_dlrm") for name in sys.modules), "tf_dlrm was imported"
+np.save(sys.argv[3], scores)
+"""
+
+
+def probe_batch(seed: int, count: int = 40) -> dict:
+    """Rows never trained on (another seed), for comparing served scores with the model's."""
+    data = make_data(count, seed + 100)
+    history = tf.RaggedTensor.from_row_lengths(data["history_values"], data["history_lengths"])
+    return {**{name: tf.constant(data[name]) for name in ("item", "user", "category", "device", "query", "numerical")},
+            "history": history}
+
+
+def write_probe(path: str, seed: int) -> None:
+    """:func:`probe_batch` as the serving signature takes it (a ragged input as values and row lengths)."""
+    probe = probe_batch(seed)
+    flat = {name: value.numpy() for name, value in probe.items() if name != "history"}
+    flat.update(history_values=probe["history"].values.numpy(), history_row_lengths=probe["history"].row_lengths().numpy())
+    np.savez(path, **flat)
+
+
+def serve_without_tf_dlrm(exported: str, probe: str, output: str) -> np.ndarray:
+    """The scores of ``probe`` (:func:`write_probe`'s file) served from ``exported`` by a process that never
+    imports tf_dlrm, run outside the repository with no PYTHONPATH to it."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", SERVE, exported, probe, output], check=True, cwd=os.path.dirname(output),
+                   env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
+    return np.load(output)

@@ -118,25 +118,9 @@ def test_a_hand_written_loop_around_the_training_step_equals_fit(one_process, tm
         assert relative(manual[name], one_process[name], floor_of(name)) <= 1e-5, f"{name}: the loop differs from fit"
 
 
-SERVE = """
-import sys
-import numpy as np
-import tensorflow as tf
-loaded = tf.saved_model.load(sys.argv[1])
-probe = dict(np.load(sys.argv[2]))
-scores = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in probe.items()})["output"].numpy()
-assert not any(name.startswith("tf_dlrm") for name in sys.modules), "tf_dlrm was imported"
-np.save(sys.argv[3], scores)
-"""
-
-
 @pytest.mark.multirank
 def test_checkpoint_on_two_ranks_restores_on_three_and_serves_without_tf_dlrm(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    from tests.embedding.custom_model_worker import probe_batch
+    from tests.embedding.interest_model import serve_without_tf_dlrm
 
     checkpoints = tmp_path / "checkpoints"
     launch(2, [WORKER, f"--output={tmp_path / 'saved.npz'}", f"--save={checkpoints}"], timeout=600)
@@ -149,17 +133,9 @@ def test_checkpoint_on_two_ranks_restores_on_three_and_serves_without_tf_dlrm(tm
     # One process without tf_dlrm's kernels restores the 2-rank checkpoint and exports; plain TensorFlow
     # (a process that never imports tf_dlrm) serves it.
     exported = tmp_path / "serving"
-    run_python([WORKER, f"--output={tmp_path / 'export.npz'}", f"--restore={checkpoints}", f"--export={exported}"],
-               timeout=600, env={"TF_DLRM_DISABLE_KERNELS": "1"})
+    run_python([WORKER, f"--output={tmp_path / 'export.npz'}", f"--restore={checkpoints}", f"--export={exported}",
+                f"--probe={tmp_path / 'probe.npz'}"], timeout=600, env={"TF_DLRM_DISABLE_KERNELS": "1"})
     expected = dict(np.load(tmp_path / "export.npz"))["probe_scores"]
-    probe = probe_batch(5)
-    flat = {name: value.numpy() for name, value in probe.items() if name != "history"}
-    flat.update(history_values=probe["history"].values.numpy(), history_row_lengths=probe["history"].row_lengths().numpy())
-    np.savez(tmp_path / "probe.npz", **flat)
-    # The serving process runs outside the repository, with no PYTHONPATH to it.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, "-c", SERVE, str(exported), str(tmp_path / "probe.npz"), str(tmp_path / "served.npy")],
-                   check=True, cwd=str(tmp_path), env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
-    served = np.load(tmp_path / "served.npy")
+    served = serve_without_tf_dlrm(str(exported), str(tmp_path / "probe.npz"), str(tmp_path / "served.npy"))
     assert served.shape == expected.shape == (40, 1)
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-6)

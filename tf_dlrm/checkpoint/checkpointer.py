@@ -284,11 +284,16 @@ class Checkpointer(RestoreChecks):
                 file = f"{folder}/{_file_safe(name)}.npy"
                 files[file] = store.write_npy(root, file, variable.numpy())
                 entries.append({"name": name, "file": file})
-        model = model_record(self.spec, self.model_config, self.model_identity)
+        # A library model's checkpoint (tf_dlrm.checkpoint.model_checkpoint) has no run around it: no spec,
+        # no flags; its tables and dense weights are checked by shape and name on restore.
+        model = model_record(self.spec, self.model_config, self.model_identity) if self.spec is not None else None
         selection = self.selection() if self.selection else None
-        optimizer_record = self.trainer.config.record()
-        files[MODEL_CONFIG] = store.write_text(root, MODEL_CONFIG, json.dumps({"model": model, "optimizer": optimizer_record, "seed": self.seed}, indent=1))
-        files[SPEC_COPY] = store.write_text(root, SPEC_COPY, yaml.safe_dump(self.spec.to_dict(), sort_keys=False))
+        config = getattr(self.trainer, "config", None)
+        optimizer_record = config.record() if config is not None else {"name": None, "embedding_optimizer": None}
+        if self.spec is not None:
+            files[MODEL_CONFIG] = store.write_text(root, MODEL_CONFIG, json.dumps(
+                {"model": model, "optimizer": optimizer_record, "seed": self.seed}, indent=1))
+            files[SPEC_COPY] = store.write_text(root, SPEC_COPY, yaml.safe_dump(self.spec.to_dict(), sort_keys=False))
         position = self._position(step)
         manifest = {
             "format": FORMAT,
@@ -297,7 +302,7 @@ class Checkpointer(RestoreChecks):
             "step": int(step),
             "position": position,
             "data": self.data or {},
-            "learning_rate": float(self.trainer.learning_rate.numpy()),
+            "learning_rate": float(self.trainer.learning_rate.numpy()) if hasattr(self.trainer, "learning_rate") else None,
             "rng": {
                 "seed": self.seed,
                 "data_order": "numpy.random.default_rng([seed, epoch]).permutation(batches of the epoch)",
@@ -375,7 +380,8 @@ class Checkpointer(RestoreChecks):
                     variable.assign(load_array(directory, file, variable.shape, variable.dtype))
             collectives.broadcast_variables(self.env, variables)
             self.trainer.step.assign(header["step"])
-            self.trainer.learning_rate.assign(header["learning_rate"])
+            if hasattr(self.trainer, "learning_rate") and header["learning_rate"] is not None:
+                self.trainer.learning_rate.assign(header["learning_rate"])
             if hasattr(self.trainer, "hot_rows_written"):
                 self.trainer.hot_rows_written()  # the restored replicas are the merged state
         figures = memory.gathered(self.env)

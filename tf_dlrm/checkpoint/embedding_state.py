@@ -43,8 +43,9 @@ def check(directory: str, manifest: dict, trainer, cardinalities, widths) -> lis
     right shape; returns the entries in restore order (slot, then table)."""
     updater = trainer.sparse
     saved = manifest["optimizer"].get("embedding_optimizer", "sgd")
-    wanted = trainer.config.embedding_optimizer
-    if saved != wanted:
+    config = getattr(trainer, "config", None)  # main.py's flags; a library model's tables name their optimizers
+    wanted = config.embedding_optimizer if config is not None else saved
+    if saved is not None and saved != wanted:
         raise CheckpointError(
             f"checkpoint {directory} was trained with --embedding_optimizer={saved}; the flags give "
             f"--embedding_optimizer={wanted}, whose state cannot be restored from it"
