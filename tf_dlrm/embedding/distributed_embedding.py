@@ -295,37 +295,37 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if self.dynamic_only:
             return
         self.group_offsets, self.replicated_offsets = [], []
-        self.group_kernel, self.replicated_kernel = [], []
+        self._group_kernel, self._replicated_kernel = [], []
         for (width, slices), entries in zip(self.groups, self.entries):
             variable, offsets = self._fused_variable(f"shards_w{width}", slices, VariableKind.SHARDED)
             self.shard_variables.append(variable)
             self.group_offsets.append(offsets)
-            self.group_kernel.append(self._pools_with_kernel(slices, entries) and not self.deduplicate_exchange)
+            self._group_kernel.append(self._pools_with_kernel(slices, entries) and not self.deduplicate_exchange)
         for (width, slices), entries in zip(self.replicated_groups, self.replicated_entries):
             variable, offsets = self._fused_variable(f"replicated_w{width}", slices, VariableKind.REPLICATED)
             self.replicated_variables.append(variable)
             self.replicated_offsets.append(offsets)
-            self.replicated_kernel.append(self._pools_with_kernel(slices, entries))
+            self._replicated_kernel.append(self._pools_with_kernel(slices, entries))
         # Read once per call by the kernel: their gradients' rows are distinct (the sparse update
         # skips its own deduplication).
-        for variable, kernel in zip(self.shard_variables + self.replicated_variables, self.group_kernel + self.replicated_kernel):
+        for variable, kernel in zip(self.shard_variables + self.replicated_variables, self._group_kernel + self._replicated_kernel):
             if kernel:
                 mark_distinct_rows(variable)
         # A multi-hot feature of a whole (not column-sliced) table is pooled by the kernel on
         # whichever rank owns it (_pools_with_kernel), which checks its ids there.
-        self.kernel_checked_features = frozenset(
+        self._kernel_checked_features = frozenset(
             f for f, feature in enumerate(self.features)
             if not feature.one_hot and len(self.plan.table_slices(self.feature_tables[f])) == 1 and self.use_kernel
             and bag_kernel() is not None and not self.split_embedding_tables)
         # One process with a multi-hot feature and no column-sliced table: every variable, the
         # one-hot features' included, is pooled by one kernel op writing feature order directly (no
         # per-width blocks, concat or permutation, forward or backward).
-        self.single_op = (not self.env.distributed and not self.data_parallel_input and bool(self.kernel_checked_features)
+        self._single_op = (not self.env.distributed and not self.data_parallel_input and bool(self._kernel_checked_features)
                           and all(len(self.plan.table_slices(t)) == 1 for t in set(self.feature_tables)))
         if self.single_op:
             for variable in self.shard_variables + self.replicated_variables:
                 mark_distinct_rows(variable)
-            self.kernel_checked_features = frozenset(range(self.num_features))
+            self._kernel_checked_features = frozenset(range(self.num_features))
         self._build_hot_rows()
         distributed = self.env.distributed and self.exchanges
         self.padding_variables = []
@@ -341,6 +341,26 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             # Grappler would prune an alltoall whose result nobody reads, and the other ranks
             # would wait forever: their sum is stored here.
             self.id_sink = self.add_weight(name="id_sink", shape=(), dtype="int64", initializer="zeros", trainable=False)
+
+    # The kernel paths chosen at build are taken only while the kernels are on where the call is traced:
+    # inside tf_dlrm.ops.kernels_off (an export's serving graph, XLA's trace) the same layer traces
+    # TensorFlow's own ops, with the same values.
+
+    @property
+    def group_kernel(self) -> list[bool]:
+        return [kernel and bag_kernel() is not None for kernel in self._group_kernel]
+
+    @property
+    def replicated_kernel(self) -> list[bool]:
+        return [kernel and bag_kernel() is not None for kernel in self._replicated_kernel]
+
+    @property
+    def kernel_checked_features(self) -> frozenset:
+        return self._kernel_checked_features if bag_kernel() is not None else frozenset()
+
+    @property
+    def single_op(self) -> bool:
+        return self._single_op and bag_kernel() is not None
 
     @property
     def sparse_variables(self) -> list:
