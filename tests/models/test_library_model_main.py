@@ -30,8 +30,8 @@ WORKER = "tests/embedding/custom_model_worker.py"
 BATCH, STEPS = 48, 40
 
 
-def flags(data: str) -> list[str]:
-    return [f"--dataset_path={data}", f"--model={MODEL}", f"--batch_size={BATCH}", "--valid_batch_size=480",
+def flags(data: str, model: str = MODEL) -> list[str]:
+    return [f"--dataset_path={data}", f"--model={model}", f"--batch_size={BATCH}", "--valid_batch_size=480",
             "--learning_rate=0.01", "--optimizer=adam", "--epochs=1", "--print_freq=20", "--seed=5"]
 
 
@@ -79,3 +79,16 @@ def test_library_model_trains_through_main_and_its_checkpoints_move_both_ways(da
     served = serve_without_tf_dlrm(str(exported), str(tmp_path / "probe.npz"), str(tmp_path / "served.npy"))
     assert served.shape == expected.shape == (40, 1)
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("model, extra, message", [
+    (MODEL, ["--deduplicate_exchange"], f"--deduplicate_exchange lay out the tables main.py makes from the spec; "
+                                        f"--model={MODEL} makes its own"),
+    (MODEL, ["--xla"], "--xla compiles the part of a model after its embedding lookup, which InterestModel does not name"),
+    ("tests.embedding.interest_model:make_features", [],
+     "--model=tests.embedding.interest_model:make_features: expected a tf_dlrm.embedding.Model. Received: list"),
+])
+def test_what_main_cannot_do_with_a_library_model_is_refused_in_one_line(dataset, model, extra, message):
+    refused = run_python(["main.py", *flags(dataset, model), "--max_steps=2", *extra], check=False)
+    assert refused.returncode != 0
+    assert message in refused.stderr, refused.stderr[-2000:]

@@ -292,6 +292,18 @@ def build_library_model(spec: FeatureSpec, config: ModelConfig, env: Distributed
     return model
 
 
+def check_library_sharding(name: str, sharding: ShardingConfig) -> None:
+    """Refuses main.py's table-layout flags for a library model, whose tables say their own placement."""
+    given = [flag for flag, used in (("--data_parallel_input", sharding.data_parallel_input),
+                                     ("--deduplicate_exchange", sharding.deduplicate_exchange),
+                                     ("--hot_rows_budget", bool(sharding.hot_rows_budget)),
+                                     ("--split_embedding_tables", sharding.split_embedding_tables)) if used]
+    if given:
+        raise ValueError(f"{', '.join(given)} lay out the tables main.py makes from the spec; --model={name} makes its "
+                         "own: give its TableConfig a Placement (hot_rows=, storage=) and its DistributedEmbedding "
+                         "data_parallel_input= or deduplicate_exchange= instead")
+
+
 def build_with_dummy_batch(model: RankingModel, num_numerical: int, embedding, world_size: int, local_batch: int = 1) -> None:
     """Creates all weights by calling the model once on zeros shaped like a real batch (Keras then also
     records the input signature that a SavedModel export serves)."""

@@ -133,6 +133,7 @@ def open_session(config, started=None) -> Session:
     limits = host_memory.groups(collectives.allgather_json(env, host_memory.this_process(), "memory_limits"))
     if builder.registry.is_library_model(builder.model_class(config.model)):
         # A library model places its own tables (their TableConfig placements): built first, its plan read back.
+        builder.check_library_sharding(config.model.name, config.sharding)
         hot = None
         model = builder.build_library_model(spec, config.model, env, config.seed)
         plan = embedding_layer(model).plan
