@@ -15,7 +15,7 @@ import re
 from absl import flags
 
 from tf_dlrm.cli.model_config import parse_dims
-from tf_dlrm.cli.nvidia_flags import REFUSED_VALUES, VALUE_ALIASES, normalized_value
+from tf_dlrm.cli.nvidia_flags import VALUE_ALIASES, normalized_value
 from tf_dlrm.models import registry
 
 # The models whose flags this process defined (registered ones, plus one named by import path).
@@ -74,7 +74,7 @@ def _define(flag: str, field: dataclasses.Field, help_text: str, flag_values) ->
         flags.DEFINE_string(flag, ",".join(str(v) for v in default), help_text, flag_values=flag_values)
     elif choices:
         # NVIDIA's spellings parse too: aliases become tf_dlrm's value, refused ones a one-line error.
-        nvidia = [*VALUE_ALIASES.get(flag, {}), *(value for name, value in REFUSED_VALUES if name == flag)]
+        nvidia = list(VALUE_ALIASES.get(flag, {}))
         flags.DEFINE_enum(flag, default, [*choices, *nvidia], help_text, flag_values=flag_values)
     else:
         flags.DEFINE_string(flag, default, help_text, flag_values=flag_values)

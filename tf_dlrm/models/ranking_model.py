@@ -66,6 +66,14 @@ def check_widths(widths, flag: str) -> tuple[int, ...]:
     return widths
 
 
+def check_cross(num_layers, low_rank) -> None:
+    """``--num_cross_layers`` >= 1 and ``--cross_low_rank`` >= 0 (0: full rank), integers; a ValueError names the flag."""
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"Expected --num_cross_layers >= 1. Received: --num_cross_layers={num_layers!r}")
+    if isinstance(low_rank, bool) or not isinstance(low_rank, int) or low_rank < 0:
+        raise ValueError(f"Expected --cross_low_rank >= 0 (0: full rank). Received: --cross_low_rank={low_rank!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class NoOptions:
     """The ``Config`` of a model without hyper-parameters of its own."""
