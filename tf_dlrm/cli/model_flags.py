@@ -42,9 +42,11 @@ def define_model_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -
     named = model_in_argv(argv)
     if named and ":" in named:
         models[named] = registry.lookup(named)
-    flags.DEFINE_string("model", "dlrm", f"Model on the sharded embedding: one of {list(registry.registered())}, or an "
-                        "import path package.module:Name of a tf_dlrm.embedding.Model subclass (or a function making one) or of a "
-                        "tf_dlrm.models.ranking_model.RankingModel subclass.",
+    # The registered names are not listed here: a model added in its own file changes no other (the
+    # error for an unknown name lists them).
+    flags.DEFINE_string("model", "dlrm", "Model on the sharded embedding: a model of tf_dlrm by name (dlrm, dcnv2, ...: "
+                        "docs/models.md), or an import path package.module:Name of a tf_dlrm.embedding.Model subclass "
+                        "(or a function making one) or of a tf_dlrm.models.ranking_model.RankingModel subclass.",
                         flag_values=flag_values)
     owners: dict[str, list[str]] = {}
     fields: dict[str, dataclasses.Field] = {}
