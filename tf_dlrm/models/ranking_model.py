@@ -120,6 +120,9 @@ class RankingModel(Model):
             raise TypeError(f"Expected config to be a {self.Config.__qualname__}. Received: {type(config).__qualname__}")
         kwargs.setdefault("name", self.model_name or type(self).__name__.lower())
         super().__init__(**kwargs)
+        if not hasattr(embedding, "input_modes"):
+            raise TypeError(f"Expected a tf_dlrm.embedding.DistributedEmbedding (its dynamic tables placed with "
+                            f"Placement(dynamic=...)). Received: {type(embedding).__qualname__}")
         self.model_config = config
         self.embedding = embedding
         self.num_numerical = int(num_numerical)
