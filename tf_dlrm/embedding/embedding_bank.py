@@ -17,7 +17,7 @@ Any embedding layer of tf_dlrm (this reference bank, or the sharded
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Mapping, Sequence
 
 import keras
 import numpy as np
@@ -108,8 +108,21 @@ class EmbeddingBank(keras.layers.Layer):
             return tf.math.divide_no_nan(total, tf.sqrt(count))
         return total
 
-    def call(self, categorical, local_batch=None):
-        vectors = [self._pool(f, ids) for f, ids in enumerate(categorical)]
+    @property
+    def input_modes(self) -> dict[str, str]:
+        """Every feature's ids for the local batch (one process holds every table)."""
+        return {feature.name: "local" for feature in self.features}
+
+    def call(self, inputs, local_batch=None, training=None, stacked=False):
+        """``{feature name: ids}`` -> ``{feature name: [b, width]}``, or with ``stacked`` the
+        :class:`DistributedEmbedding`'s stacked form (``[b, F, D]``, or ``[b, sum of widths]``). A sequence of
+        ids in feature order gives the stacked form too."""
+        if isinstance(inputs, Mapping):
+            vectors = [self._pool(f, inputs[feature.name]) for f, feature in enumerate(self.features)]
+        else:
+            vectors, stacked = [self._pool(f, ids) for f, ids in enumerate(inputs)], True
+        if not stacked:
+            return {feature.name: tf.cast(v, self.compute_dtype) for feature, v in zip(self.features, vectors)}
         if self.embedding_dim is None:
             return tf.cast(tf.concat(vectors, axis=1), self.compute_dtype)
         return tf.cast(tf.stack(vectors, axis=1), self.compute_dtype)

@@ -122,7 +122,7 @@ class RankingModel(Model):
         super().__init__(**kwargs)
         if not hasattr(embedding, "input_modes"):
             raise TypeError(f"Expected a tf_dlrm.embedding.DistributedEmbedding (its dynamic tables placed with "
-                            f"Placement(dynamic=...)). Received: {type(embedding).__qualname__}")
+                            f"Placement(dynamic=...)) or an EmbeddingBank. Received: {type(embedding).__qualname__}")
         self.model_config = config
         self.embedding = embedding
         self.num_numerical = int(num_numerical)
