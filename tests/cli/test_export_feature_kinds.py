@@ -61,7 +61,7 @@ MODELS = {
 }
 
 
-def batch(seed: int) -> tuple[dict, tuple]:
+def batch(seed: int) -> tuple[dict, dict]:
     """``(signature inputs, the model's own input)`` of one batch: ragged rows of 0 to 4 ids (one empty)."""
     rng = np.random.default_rng(seed)
     numerical = rng.normal(size=[BATCH, 2]).astype(np.float32)
@@ -74,8 +74,8 @@ def batch(seed: int) -> tuple[dict, tuple]:
               "tags": tags.astype(np.int64), "history_values": values.astype(np.int64),
               "history_row_lengths": lengths.astype(np.int64)}
     history = tf.RaggedTensor.from_row_lengths(tf.constant(values, tf.int64), tf.constant(lengths, tf.int64))
-    own = (tf.constant(numerical), (tf.constant(site, tf.int64), tf.constant(city, tf.int64), tf.constant(tags, tf.int64),
-                                    history))
+    own = {"numerical": tf.constant(numerical), "site": tf.constant(site, tf.int64), "city": tf.constant(city, tf.int64),
+           "tags": tf.constant(tags, tf.int64), "history": history}
     return inputs, own
 
 

@@ -44,7 +44,7 @@ def test_logit_is_bias_plus_id_weights_plus_linear_numerical():
     model.ids_term.bias.assign([b])
     numerical = rng.normal(size=(5, 3)).astype(np.float32)
     a, c = rng.integers(0, 10, 5).astype(np.int32), rng.integers(0, 7, 5).astype(np.int32)
-    logits = model((numerical, (a, c))).numpy()
+    logits = model({"numerical": numerical, "a": a, "b": c}).numpy()
     expected = b + tables[0][a, 0] + tables[1][c, 0] + numerical @ v[:, 0]
     np.testing.assert_allclose(logits[:, 0], expected, rtol=1e-6, atol=1e-6)
     clone = LogisticRegression.from_config(model.get_config())

@@ -28,7 +28,8 @@ def test_model_configs_check_every_flag():
         (DCNv2Config, {"deep_mlp_dims": ()}, "--deep_mlp_dims"),
         (WideDeepConfig, {"wide_optimizer": "adam"}, "--wide_optimizer"),
         (DLRMConfig, {"top_mlp_dims": (8, 2)}, "--top_mlp_dims to end with 1"),
-        (DLRMConfig, {"interaction": "cross"}, r"--interaction in \['dot', 'cat'\]. Received: 'cross'"),
+        (DLRMConfig, {"interaction": "fm"}, r"--interaction in \['dot', 'cat', 'cross'\]. Received: 'fm'"),
+        (DLRMConfig, {"interaction": "cross", "num_cross_layers": 0}, "Received: --num_cross_layers=0"),
     ]:
         with pytest.raises(ValueError, match=message):
             config(**kwargs)
@@ -93,8 +94,8 @@ def test_flags_select_the_model():
     assert (model.name, model.params) == ("dcnv2", DCNv2Config(2, 8, "parallel", (64, 32)))
     cli.FLAGS.unparse_flags()
     # A flag of another model is refused, naming the models it belongs to.
-    cli.FLAGS(["main.py", "--dataset_type=synthetic", "--model=dlrm", "--cross_low_rank=8"])
-    with pytest.raises(ValueError, match="--cross_low_rank applies to --model=dcnv2 only. Received: --model=dlrm"):
+    cli.FLAGS(["main.py", "--dataset_type=synthetic", "--model=dlrm", "--cross_structure=parallel"])
+    with pytest.raises(ValueError, match="--cross_structure applies to --model=dcnv2 only. Received: --model=dlrm"):
         config_from_flags(cli.FLAGS)
     cli.FLAGS.unparse_flags()
 
@@ -126,8 +127,8 @@ def test_models_serialise_and_predict_alike(model):
     _, network = build_family_model(model, params, BASE_TABLES, BASE_FEATURES, CROSSED,
                                     lambda tables: make_plan(tables, 1, "table_wise"), 3, 0, seed=4)
     rng = np.random.default_rng(0)
-    inputs = (rng.normal(size=(5, 3)).astype(np.float32),
-              (rng.integers(0, 10, 5), rng.integers(0, 20, (5, 3)), rng.integers(0, 30, 5)))
+    inputs = {"numerical": rng.normal(size=(5, 3)).astype(np.float32),
+              "a": rng.integers(0, 10, 5), "b": rng.integers(0, 20, (5, 3)), "c": rng.integers(0, 30, 5)}
     logits = network(inputs)
     assert logits.shape == (5, 1) and logits.dtype == "float32"
     clone = type(network).from_config(network.get_config())

@@ -97,9 +97,9 @@ def validation_split(data: str, path: str) -> tuple[str, np.ndarray]:
     from tf_dlrm.spec.feature_spec import FeatureSpec
 
     spec = FeatureSpec.load(os.path.join(data, "feature_spec.yaml"))
-    count = len(spec.categorical_features)
-    reader = SplitBinaryReader(spec, "validation", 1500, rank=0, world_size=1, global_categorical=(),
-                               local_categorical=tuple(range(count)), last_batch="drop", shuffle=False)
+    # input_modes=None: every categorical feature's local ids, in spec order (one rank: the whole batch).
+    reader = SplitBinaryReader(spec, "validation", 1500, rank=0, world_size=1, input_modes=None, last_batch="drop",
+                               shuffle=False)
     numerical, categorical, label = reader.read_batch(0)
     ids = np.stack([np.asarray(c).astype(np.int64) for c in categorical], axis=1)
     np.savez(path, numerical=np.asarray(numerical, np.float32), categorical=ids)
