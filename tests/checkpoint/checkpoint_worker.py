@@ -42,8 +42,8 @@ def predict(config, name, out_dir, whole_split=False):
     header = modes.restore(session)
     # The split --mode=eval reads (NVIDIA's TFRecords: its record directories).
     split = resolve(config.valid_split, config.test_split, preflight.available_splits(config, session.spec)).valid
-    reader = builder.make_reader(session.spec, split, config.valid_batch_size, session.env, session.model.input_modes, False,
-                                 config.seed, config.dataset_type)
+    reader = builder.make_reader(session.spec, split, config.valid_batch_size, session.env, session.model.input_modes,
+                                 False, config.seed, config.dataset_type)
     result = evaluate(session.trainer, reader)
     every_rank = every_rank_metrics(session.trainer, reader)
     features, label = first_batch(session.spec, reader)
@@ -59,15 +59,19 @@ def predict(config, name, out_dir, whole_split=False):
 
 
 def first_batch(spec, reader) -> tuple:
-    """``(features, label)`` of the reader's first batch: ``read_batch(0)`` where the reader has it (its ids
-    in the order of its global columns, then its local ones), else the dataset's first element."""
+    """``(features, label)`` of the reader's first batch: its ``read_batch(0)`` (ids listed global columns
+    first, then local ones) as a features dict where the reader has it, else the dataset's first element."""
     from tf_dlrm.spec.format import NUMERICAL_CHANNEL
 
     if not hasattr(reader, "read_batch"):
         return next(iter(reader.dataset()))
+    import tensorflow as tf
+
     numerical, categorical, label = reader.read_batch(0)
-    names = [spec.categorical_features[i] for i in list(reader.global_categorical) + list(reader.local_categorical)]
-    return {NUMERICAL_CHANNEL: numerical, **dict(zip(names, categorical))}, label
+    columns = list(reader.global_categorical) + list(reader.local_categorical)
+    # A ragged feature's ids come as (values, row lengths), as the dataset makes its RaggedTensor of them.
+    categorical = [tf.RaggedTensor.from_row_lengths(*ids) if isinstance(ids, tuple) else ids for ids in categorical]
+    return {NUMERICAL_CHANNEL: numerical, **{spec.categorical_features[c]: ids for c, ids in zip(columns, categorical)}}, label
 
 
 def every_rank_metrics(trainer, reader) -> dict:
@@ -97,25 +101,24 @@ def write_split(spec, reader, stem: str) -> None:
 
 
 def serving_batch(spec, features) -> dict:
-    """A batch (one process; ``features`` as a reader yields them, every feature read) as the exported
-    SavedModel's inputs: ``numerical``, ``categorical`` (the one-hot features' ids), and each multi-hot
-    feature's ids by its input name (a ragged one as values and row lengths)."""
+    """A batch (one process, every feature read) as the exported SavedModel's inputs: ``numerical``, and each
+    categorical feature's ids under its input name: ``[batch]`` one-hot, ``[batch, hotness]`` fixed multi-hot,
+    a ragged one as values and row lengths."""
     import tensorflow as tf
 
     from tf_dlrm.embedding.serving import input_name
     from tf_dlrm.spec.format import NUMERICAL_CHANNEL
 
-    batch, one_hot = {"numerical": np.asarray(features[NUMERICAL_CHANNEL], np.float32)}, []
+    batch = {"numerical": np.asarray(features[NUMERICAL_CHANNEL], np.float32)}
     for feature in spec.categorical_features:
-        ids = features[feature]
+        ids, name = features[feature], input_name(feature)
         if isinstance(ids, tf.RaggedTensor):
-            batch[f"{input_name(feature)}_values"] = ids.values.numpy().astype(np.int64)
-            batch[f"{input_name(feature)}_row_lengths"] = ids.row_lengths().numpy().astype(np.int64)
+            batch[f"{name}_values"] = ids.values.numpy().astype(np.int64)
+            batch[f"{name}_row_lengths"] = ids.row_lengths().numpy().astype(np.int64)
         elif spec.hotness(feature) == 1 and not spec.ragged(feature):
-            one_hot.append(np.asarray(ids).reshape(-1).astype(np.int64))
+            batch[name] = np.asarray(ids).reshape(-1).astype(np.int64)
         else:
-            batch[input_name(feature)] = np.asarray(ids).astype(np.int64)
-    batch["categorical"] = np.stack(one_hot, axis=1) if one_hot else np.zeros([len(batch["numerical"]), 0], np.int64)
+            batch[name] = np.asarray(ids).astype(np.int64)
     return batch
 
 

@@ -102,7 +102,7 @@ def main(argv=None) -> None:
     parser.add_argument("--output", required=True)
     parser.add_argument("--save", default=None, help="checkpoint directory written after training")
     parser.add_argument("--restore", default=None, help="restore this checkpoint instead of training")
-    parser.add_argument("--export", default=None, help="with --restore, one process: the SavedModel to write")
+    parser.add_argument("--export", default=None, help="with --restore, one process (kernels on or off): the SavedModel to write")
     parser.add_argument("--probe", default=None, help="with --export: where to write the probe rows the test serves")
     parser.add_argument("--loop", choices=("fit", "manual"), default="fit",
                         help="manual: a hand-written loop calling a TrainingStep instead of model.fit")
@@ -124,7 +124,8 @@ def main(argv=None) -> None:
     arrays = state_arrays(model)
     if args.export:
         export_saved_model(model, args.export, SIGNATURE)
-        arrays["probe_scores"] = model(probe_batch(args.seed), training=False).numpy()
+        # What the SavedModel serves: the probability of each probe row.
+        arrays["probe_scores"] = tf.reshape(tf.sigmoid(model(probe_batch(args.seed), training=False)), [-1]).numpy()
         if args.probe and env.is_chief:
             write_probe(args.probe, args.seed)
     if env.is_chief:

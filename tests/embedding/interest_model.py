@@ -157,7 +157,7 @@ import numpy as np
 import tensorflow as tf
 loaded = tf.saved_model.load(sys.argv[1])
 probe = dict(np.load(sys.argv[2]))
-scores = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in probe.items()})["output"].numpy()
+scores = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in probe.items()})["probability"].numpy()
 assert not any(name.startswith("tf_dlrm") for name in sys.modules), "tf_dlrm was imported"
 np.save(sys.argv[3], scores)
 """

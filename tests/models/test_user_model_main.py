@@ -92,8 +92,10 @@ def test_user_model_through_main(tmp_path_factory):
 
 
 def validation_split(data: str, path: str) -> tuple[str, np.ndarray]:
-    """Every validation row as the serving signature takes them (``path``), and their labels."""
+    """Every validation row as the serving signature takes them (``path``: ``numerical`` and one input of ids
+    per categorical feature, under its serving name), and their labels."""
     from tf_dlrm.data.reader import SplitBinaryReader
+    from tf_dlrm.embedding.serving import input_name
     from tf_dlrm.spec.feature_spec import FeatureSpec
 
     spec = FeatureSpec.load(os.path.join(data, "feature_spec.yaml"))
@@ -101,6 +103,7 @@ def validation_split(data: str, path: str) -> tuple[str, np.ndarray]:
     reader = SplitBinaryReader(spec, "validation", 1500, rank=0, world_size=1, input_modes=None, last_batch="drop",
                                shuffle=False)
     numerical, categorical, label = reader.read_batch(0)
-    ids = np.stack([np.asarray(c).astype(np.int64) for c in categorical], axis=1)
-    np.savez(path, numerical=np.asarray(numerical, np.float32), categorical=ids)
+    ids = {input_name(feature): np.asarray(column).reshape(-1).astype(np.int64)
+           for feature, column in zip(spec.categorical_features, categorical)}
+    np.savez(path, numerical=np.asarray(numerical, np.float32), **ids)
     return path, np.asarray(label).reshape(-1)

@@ -136,7 +136,7 @@ def check_same_data(directory: str, manifest: dict, current: dict, where: str) -
             )
 
 
-def _check_names(directory: str, what: str, saved: list[dict], variables: list[tuple], by_name: bool) -> None:
+def check_names(directory: str, what: str, saved: list[dict], variables: list[tuple], by_name: bool) -> None:
     """The saved entries fit the model's variables: by name between two ``main.py`` runs (the same model, built
     the same way); else one for one in order, each shape checked as it is read: Keras numbers a library
     model's unnamed layers per process (``dense``, ``dense_1``), so a script's names need not be another's."""
@@ -216,7 +216,7 @@ class RestoreChecks:
         if manifest.get("model") is not None and self.spec is not None:  # both saved and restored by main.py
             check_compatible(directory, manifest, self.spec, self.model_config, self.model_identity)
         dynamic_tables.check(directory, manifest, self.embedding, self.trainer.sparse.slot_names if for_training else None)
-        _check_names(directory, "dense weights", manifest["dense"], self.dense, manifest.get("model") is not None and self.spec is not None)
+        check_names(directory, "dense weights", manifest["dense"], self.dense, manifest.get("model") is not None and self.spec is not None)
         if for_training:
             self._check_training(directory, manifest)
             if resume and self.data and self._is_own(directory):
@@ -271,7 +271,7 @@ class RestoreChecks:
                 f"checkpoint {directory} was trained with --optimizer={saved}; the flags give "
                 f"--optimizer={config.optimizer}, whose state cannot be restored from it"
             )
-        _check_names(directory, "optimizer state", manifest["optimizer_state"], self.optimizer_state,
+        check_names(directory, "optimizer state", manifest["optimizer_state"], self.optimizer_state,
                      manifest.get("model") is not None and self.spec is not None)
         position, step = manifest["position"], manifest["step"]
         # A library model's checkpoint records no data position (its script fed its own batches).

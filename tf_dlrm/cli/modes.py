@@ -5,8 +5,9 @@
   and the test split, on any world size and plan;
 - inference: latency (mean, p50, p90, p99) and throughput of the forward pass per global batch
   size, from a checkpoint (or the initial weights when none is given);
-- export: a TF SavedModel with full tables and a serving signature (:mod:`tf_dlrm.cli.export`;
-  dynamic tables: their key maps, serving raw int64 keys).
+- export: a TF SavedModel with full tables and the one serving signature of every model, a library model's
+  too (:mod:`tf_dlrm.cli.export` over :mod:`tf_dlrm.embedding.serving`; dynamic tables: their key maps,
+  serving raw int64 keys).
 
 Each prints a one-screen summary on rank 0 and logs JSON lines ending with a ``final`` record.
 """
@@ -526,7 +527,9 @@ def run_export(config) -> dict:
                 manifest = checkpoint_store.read_manifest(directory)
                 checkpoint_store.verify_files(directory, manifest)
                 export.check_kind(directory, manifest, spec)  # before the spec comparison: the clearer error
-                checkpoint_store.check_compatible(directory, manifest, spec, config.model, builder.model_identity(config.model))
+                if manifest.get("model") is not None:  # saved by main.py (a script's checkpoint records no spec)
+                    checkpoint_store.check_compatible(directory, manifest, spec, config.model,
+                                                      builder.model_identity(config.model))
                 info = export.export_checkpoint(directory, manifest, config.saved_model_path, spec, config.model)
             outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started}
         except (ValueError, TypeError, KeyError, OSError) as error:  # every rank raises it below
