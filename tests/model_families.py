@@ -10,12 +10,13 @@ from __future__ import annotations
 
 def build_family_model(name: str, params: dict, base_tables, base_features, crossed, plan_of, num_numerical: int,
                        rank: int, seed: int, data_parallel_input: bool = False, optimizer=None):
-    """``(plan, unbuilt model)``: ``plan_of(tables)`` makes the plan of the model's tables; ``optimizer``
-    (an OptimizerConfig) gives the model's own per-table optimizers the run's hyper-parameters."""
+    """``(plan, unbuilt model)``: ``base_tables`` are :class:`TableConfig` objects (one per column);
+    ``plan_of(tables)`` makes the plan of the model's tables (the planner's ``TableSpec``s); ``optimizer`` (an
+    OptimizerConfig) gives the model's own per-table optimizers the run's hyper-parameters."""
     import dataclasses
 
     from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
-    from tf_dlrm.embedding.table_config import TableConfig
+    from tf_dlrm.embedding.planning import table_specs
     from tf_dlrm.models import registry
     from tf_dlrm.models.ranking_model import column_sources
     from tf_dlrm.parallel.env import DistributedEnv
@@ -24,11 +25,11 @@ def build_family_model(name: str, params: dict, base_tables, base_features, cros
     cls = registry.lookup(name)
     config = cls.make_config(params)
     tables = cls.tables(config, base_tables, crossed)
-    plan = plan_of(tables)
+    plan = plan_of(table_specs(tables))
     chosen = cls.table_optimizers(config, tables, len(base_tables))
     if optimizer is not None:
         chosen = {t: table_optimizers.from_settings(optimizer, o.name, o.learning_rate) for t, o in chosen.items()}
-    configs = {t.name: TableConfig(t.name, t.rows, t.dim, optimizer=chosen.get(i)) for i, t in enumerate(tables)}
+    configs = {t.name: dataclasses.replace(t, optimizer=chosen.get(i)) for i, t in enumerate(tables)}
     features, sources = cls.features(config, base_features, crossed)
     features = [dataclasses.replace(f, table=configs[f.table_name]) for f in features]
     env = DistributedEnv(rank=rank, world_size=plan.world_size)

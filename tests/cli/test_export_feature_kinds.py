@@ -100,7 +100,7 @@ def exported(tmp_path_factory):
         served = tf.saved_model.load(path).signatures["serving_default"]
         scores = served(**{k: tf.constant(v) for k, v in inputs.items()})["probability"].numpy()
         with open(os.path.join(path, SERVING_INFO)) as handle:
-            results[name] = (scores, expected, json.load(handle), [t.dim for t in builder.model_tables(spec, config)],
+            results[name] = (scores, expected, json.load(handle), [t.embedding_dim for t in builder.model_tables(spec, config)],
                              served)
     return results
 

@@ -40,7 +40,7 @@ for key, argv in json.loads(sys.argv[2]).items():
             "dense_rate": opt.schedule.base * opt.dense_rate_factor,
             "embedding_rate": opt.schedule.base * opt.embedding_rate_factor,
             "betas": [opt.adam_beta1, opt.adam_beta2], "strategy": config.sharding.strategy,
-            "widths": [t.dim for t in builder.model_tables(spec, config.model)],
+            "widths": [t.embedding_dim for t in builder.model_tables(spec, config.model)],
             "replicated": [plan.tables[t].name for t in plan.replicated],
             "params": {k: v for k, v in vars(config.model.params).items()},
             "notes": list(config.notes), "inference_batch_sizes": list(config.inference_batch_sizes),

@@ -21,10 +21,9 @@ from equivalence_worker import (  # noqa: E402
 )
 
 from tf_dlrm.spec.crossed_features import CrossedFeature  # noqa: E402
-from tf_dlrm.embedding.table_config import FeatureConfig  # noqa: E402
+from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig  # noqa: E402
 from tf_dlrm.parallel import collectives  # noqa: E402
 from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
-from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
 from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 from tests.model_families import build_family_model  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
@@ -33,7 +32,7 @@ from tf_dlrm.train.step import Trainer
 
 
 def build(case, env, world_size, rank):
-    base_tables = [TableSpec(f"t{i}", rows, case["dim"]) for i, rows in enumerate(case["cardinalities"])]
+    base_tables = [TableConfig(f"t{i}", rows, case["dim"]) for i, rows in enumerate(case["cardinalities"])]
     crossed = [CrossedFeature(a, b, buckets) for a, b, buckets in case.get("crossed", [])]
     params = dict(case["family"])
     name = params.pop("model")

@@ -15,26 +15,25 @@ STEPS = 60
 
 def test_logit_is_bias_plus_id_weights_plus_scaled_pairwise_dots_plus_numerical():
     from tests.model_families import build_family_model
-    from tf_dlrm.embedding.table_config import FeatureConfig
+    from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig
     from tf_dlrm.models import registry
-    from tf_dlrm.sharding.plan import TableSpec
     from tf_dlrm.sharding.planner import make_plan
 
     assert registry.reference_of(registry.lookup("fm")) == "fm"
-    base = [TableSpec("a", 10, 4), TableSpec("b", 7, 4), TableSpec("c", 5, 4)]
+    base = [TableConfig("a", 10, 4), TableConfig("b", 7, 4), TableConfig("c", 5, 4)]
     _, model = build_family_model("fm", {}, base, [FeatureConfig(t.name, t.name) for t in base], (),
                                   lambda tables: make_plan(tables, 1, "table_wise"), num_numerical=2, rank=0, seed=1)
     model.build(None)
     rng = np.random.default_rng(0)
-    vectors = [rng.normal(size=(t.rows, 4)).astype(np.float32) for t in base]
-    weights = [rng.normal(size=(t.rows, 1)).astype(np.float32) for t in base]
+    vectors = [rng.normal(size=(t.vocabulary_size, 4)).astype(np.float32) for t in base]
+    weights = [rng.normal(size=(t.vocabulary_size, 1)).astype(np.float32) for t in base]
     for index, table in enumerate(vectors + weights):  # the deep tables, then linear:a, linear:b, linear:c
         model.embedding.set_full_table(index, table)
     u, bias = rng.normal(size=(2, 1)).astype(np.float32), np.float32(0.5)
     model.numerical_term.kernel.assign(u)
     model.first_order.bias.assign([bias])
     numerical = rng.normal(size=(6, 2)).astype(np.float32)
-    ids = {t.name: rng.integers(0, t.rows, 6).astype(np.int32) for t in base}
+    ids = {t.name: rng.integers(0, t.vocabulary_size, 6).astype(np.int32) for t in base}
     logits = model({"numerical": numerical, **ids}).numpy()[:, 0]
     v = [table[ids[t.name]] for table, t in zip(vectors, base)]  # [6, 4] each
     pairwise = sum((v[i] * v[j]).sum(axis=1) for i in range(3) for j in range(i + 1, 3)) / np.sqrt(4)

@@ -14,14 +14,13 @@ STEPS = 60
 
 
 def test_registered_by_name_with_width_one_tables():
-    from tf_dlrm.embedding.table_config import FeatureConfig
-    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig
     from tf_dlrm.models import registry
 
     cls = registry.lookup("logistic_regression")
     assert registry.reference_of(cls) == "logistic_regression"
-    tables = cls.tables(cls.Config(), [TableSpec("a", 10, 16), TableSpec("b", 7, 8)])
-    assert [(t.name, t.rows, t.dim) for t in tables] == [("a", 10, 1), ("b", 7, 1)]
+    tables = cls.tables(cls.Config(), [TableConfig("a", 10, 16), TableConfig("b", 7, 8)])
+    assert [(t.name, t.vocabulary_size, t.embedding_dim) for t in tables] == [("a", 10, 1), ("b", 7, 1)]
     features, sources = cls.features(cls.Config(), [FeatureConfig("a", "a"), FeatureConfig("b", "b")])
     assert [f.table for f in features] == ["a", "b"] and sources == (("column", 0), ("column", 1))
 

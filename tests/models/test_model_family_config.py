@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from tf_dlrm.spec.crossed_features import CrossedFeature
-from tf_dlrm.embedding.table_config import FeatureConfig
-from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig
 from tf_dlrm.models import registry
 
 
@@ -35,10 +34,10 @@ def test_model_configs_check_every_flag():
             config(**kwargs)
     # Before any table exists: DLRM's dot interaction needs the bottom MLP to end at the tables' width.
     with pytest.raises(ValueError, match="Received: --bottom_mlp_dims=512,256,128, --embedding_dim=16"):
-        registry.lookup("dlrm").tables(DLRMConfig(), [TableSpec("a", 10, 16)])
+        registry.lookup("dlrm").tables(DLRMConfig(), [TableConfig("a", 10, 16)])
 
 
-BASE_TABLES = [TableSpec("a", 10, 4), TableSpec("b", 20, 4), TableSpec("c", 30, 4)]
+BASE_TABLES = [TableConfig("a", 10, 4), TableConfig("b", 20, 4), TableConfig("c", 30, 4)]
 BASE_FEATURES = [FeatureConfig("a", "a"), FeatureConfig("b", "b", hotness=3, combiner="mean"), FeatureConfig("c", "c")]
 CROSSED = [CrossedFeature("a", "c", 7)]
 
@@ -54,14 +53,14 @@ def test_each_model_reads_its_tables(model, names):
     config = cls.make_config({"bottom_mlp_dims": [8, 4]} if model == "dlrm" else {})
     tables = cls.tables(config, BASE_TABLES, CROSSED)
     assert [t.name for t in tables] == names
-    assert all(t.dim == 1 for t in tables[3:]) and [t.rows for t in tables[3:6]] in ([], [10, 20, 30])
+    assert all(t.embedding_dim == 1 for t in tables[3:]) and [t.vocabulary_size for t in tables[3:6]] in ([], [10, 20, 30])
     features, sources = cls.features(config, BASE_FEATURES, CROSSED)
     assert [f.table for f in features] == names
     if model in ("deepfm", "wide_deep"):
         # The first-order / wide feature of b pools b's ids the way b does.
         assert (features[4].hotness, features[4].combiner, sources[4]) == (3, "mean", ("column", 1))
     if model == "wide_deep":
-        assert sources[-1] == ("cross", 0, 2) and tables[-1].rows == 7
+        assert sources[-1] == ("cross", 0, 2) and tables[-1].vocabulary_size == 7
 
 
 def test_crossed_features_import_no_tensorflow():
@@ -75,7 +74,7 @@ def test_crossed_features_import_no_tensorflow():
 
 
 def test_crossed_features_too_large_are_refused():
-    big = [TableSpec("a", 2**40, 4), TableSpec("b", 2**30, 4)]
+    big = [TableConfig("a", 2**40, 4), TableConfig("b", 2**30, 4)]
     with pytest.raises(ValueError, match="exceed 2\\^62 pairs"):
         cls = registry.lookup("wide_deep")
         cls.tables(cls.Config(), big, [CrossedFeature("a", "b", 5)])

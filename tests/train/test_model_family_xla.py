@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from tf_dlrm.spec.crossed_features import CrossedFeature
-from tf_dlrm.embedding.table_config import FeatureConfig
-from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig
 
 CARDINALITIES = (40, 3000, 500, 7000)
 CROSSED = [CrossedFeature("t1", "t2", 300)]
@@ -31,7 +30,7 @@ def family_model(name, policy="float32", seed=5):
     try:
         params = dict(FAMILIES[name])
         model_name = params.pop("model")
-        _, model = build_family_model(model_name, params, [TableSpec(f"t{i}", rows, 8) for i, rows in enumerate(CARDINALITIES)],
+        _, model = build_family_model(model_name, params, [TableConfig(f"t{i}", rows, 8) for i, rows in enumerate(CARDINALITIES)],
                                       [FeatureConfig(t, t) for t in ("t0", "t1", "t2", "t3")], CROSSED,
                                       lambda tables: make_plan(tables, 1, "auto", data_parallel_threshold=100), 5, 0, seed)
         build_with_dummy_batch(model, 5, model.embedding, 1)

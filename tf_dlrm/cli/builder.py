@@ -17,7 +17,7 @@ from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.embedding import DistributedEmbedding
 from tf_dlrm.embedding import optimizers as table_optimizers
 from tf_dlrm.parallel.env import DistributedEnv
-from tf_dlrm.sharding.plan import ShardingPlan, TableSpec
+from tf_dlrm.sharding.plan import ShardingPlan
 from tf_dlrm.sharding.planner import make_plan, table_readers
 from tf_dlrm.embedding.table_config import FeatureConfig, Placement, TableConfig, feature_tables
 from tf_dlrm.optimizers.settings import OptimizerConfig
@@ -30,7 +30,7 @@ from tf_dlrm.models.ranking_model import RankingModel, column_sources
 from tf_dlrm.train.precision import PrecisionChoice, choose_precision
 
 
-def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=(), embedding_widths=()) -> list[TableSpec]:
+def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=(), embedding_widths=()) -> list[TableConfig]:
     """One table per categorical feature, named like it; its width is, first to last: the
     ``--embedding_dims`` mapping, ``--embedding_dim``'s list (one width per feature, in spec order, as
     NVIDIA's), the spec's ``embedding_dim``, ``--embedding_dim``."""
@@ -43,7 +43,7 @@ def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=(), embedd
             raise ValueError(f"Expected --embedding_dim to list one width per categorical feature of the spec "
                              f"({len(names)}). Received: {len(embedding_widths)} widths")
         widths = list(embedding_widths)
-    return [TableSpec(name, rows, overrides.get(name, width)) for name, rows, width in zip(names, spec.cardinalities(), widths)]
+    return [TableConfig(name, rows, overrides.get(name, width)) for name, rows, width in zip(names, spec.cardinalities(), widths)]
 
 
 def model_class(model: ModelConfig) -> type:
@@ -71,7 +71,7 @@ def model_identity(model: ModelConfig) -> dict:
     return {"name": registry.reference_of(cls), "config": cls.config_record_of(model_params(model)), "flags": cls.flag_names()}
 
 
-def model_tables(spec: FeatureSpec, model: ModelConfig) -> list[TableSpec]:
+def model_tables(spec: FeatureSpec, model: ModelConfig) -> list[TableConfig]:
     """Every table of the model: one per categorical feature, then the model's own (DeepFM's and Wide
     & Deep's width-1 tables, :meth:`RankingModel.tables`)."""
     deep = make_tables(spec, model.embedding_dim, model.embedding_dims, model.embedding_widths)
@@ -116,9 +116,9 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
     per step instead of two, with no dense gradient of the small tables. With a row-wise embedding
     ``optimizer``, a table that several lookups per sample read stays whole
     (:func:`tf_dlrm.embedding.planning.row_wise_kept_whole`)."""
-    from tf_dlrm.embedding.planning import row_wise_kept_whole
+    from tf_dlrm.embedding.planning import row_wise_kept_whole, table_specs
 
-    tables = model_tables(spec, model)
+    tables = table_specs(model_tables(spec, model))
     features, _ = model_features(spec, model)
     names = [t.name for t in tables]
     row_wise = optimizer is not None and table_optimizers.from_settings(optimizer).make().row_wise
@@ -186,10 +186,10 @@ def make_table_configs(spec: FeatureSpec, plan: ShardingPlan, config: ModelConfi
     if optimizer is not None:  # the run's hyper-parameters (--adagrad_*, --adam_*) for the model's choices
         chosen = {t: table_optimizers.from_settings(optimizer, o.name, o.learning_rate) for t, o in chosen.items()}
     model_parallel = set(plan.model_parallel) if plan is not None else set()
-    return [TableConfig(table.name, table.rows, table.dim, initializer=config.embedding_init_bound, optimizer=chosen.get(t),
-                        placement=Placement(hot_rows=tuple((hot_rows or {}).get(t, ())),
-                                            storage="split_bfloat16" if split_embedding_tables and t in model_parallel
-                                            else "float32"))
+    return [dataclasses.replace(table, initializer=config.embedding_init_bound, optimizer=chosen.get(t),
+                                placement=Placement(hot_rows=tuple((hot_rows or {}).get(t, ())),
+                                                    storage="split_bfloat16" if split_embedding_tables and t in model_parallel
+                                                    else "float32"))
             for t, table in enumerate(tables)]
 
 
@@ -219,7 +219,7 @@ def make_embedding(spec: FeatureSpec, plan: ShardingPlan | None, config: ModelCo
         if derived:
             raise ValueError(f"Dynamic tables are built for models that read the spec's columns as they are (e.g. "
                              f"--model=dlrm). Received: --model={config.name}, which derives features from the columns")
-        widths = [table.dim for table in model_tables(spec, config)]  # the model may choose its tables' widths
+        widths = [table.embedding_dim for table in model_tables(spec, config)]  # the model may choose its tables' widths
         return dynamic_builder.make_dynamic_embedding(spec, config.embedding_init_bound, env, seed, widths, num_shards=num_shards)
     tables = {t.name: t for t in make_table_configs(spec, plan, config, optimizer, hot_rows, split_embedding_tables)}
     features = [dataclasses.replace(f, table=tables[f.table_name]) for f in features]

@@ -54,7 +54,7 @@ class DLRM(RankingModel):
     def tables(cls, config, deep, crossed=()):
         """The deep tables; refuses, before any table exists, a dot interaction whose bottom MLP does
         not end at the tables' width."""
-        widths = sorted({t.dim for t in deep})
+        widths = sorted({t.embedding_dim for t in deep})
         if config.interaction == InteractionKind.DOT.value and len(widths) == 1 and config.bottom_mlp_dims[-1] != widths[0]:
             raise ValueError(
                 "The dot interaction needs the bottom MLP's last width to equal the embedding dim. "

@@ -45,9 +45,8 @@ import keras
 import tensorflow as tf
 
 from tf_dlrm.embedding.model import Model
-from tf_dlrm.embedding.table_config import FeatureConfig
+from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig
 from tf_dlrm.models.layers.crossed_ids import crossed_ids
-from tf_dlrm.sharding.plan import TableSpec
 from tf_dlrm.spec.format import NUMERICAL_CHANNEL
 
 
@@ -88,7 +87,8 @@ class RankingModel(Model):
     """``{"numerical": [b, n], feature name: ids, ...} -> logits [b, 1]`` (float32) over one sharded embedding.
 
     Args:
-        embedding: an unbuilt or built :class:`tf_dlrm.embedding.DistributedEmbedding`; its first
+        embedding: an unbuilt or built :class:`tf_dlrm.embedding.DistributedEmbedding` (or the single-process
+            reference :class:`tf_dlrm.embedding.embedding_bank.EmbeddingBank`); its first
             ``num_categorical`` features read the spec's categorical columns and are named like them,
             any after them come from :meth:`features` (derived from the columns by ``sources``).
         num_numerical: numerical features per sample.
@@ -150,7 +150,7 @@ class RankingModel(Model):
         return cls.Config(**{name: tuple(value) if isinstance(value, list) else value for name, value in values.items()})
 
     @classmethod
-    def tables(cls, config, deep: Sequence[TableSpec], crossed: Sequence = ()) -> list[TableSpec]:
+    def tables(cls, config, deep: Sequence[TableConfig], crossed: Sequence = ()) -> list[TableConfig]:
         """Every table the model reads: ``deep`` (one per categorical column, in spec order) first,
         then any of its own. ``crossed``: the spec's crossed features (:mod:`tf_dlrm.spec.crossed_features`)."""
         return list(deep)
@@ -186,7 +186,7 @@ class RankingModel(Model):
         raise NotImplementedError(f"{type(self).__name__} must define dense_call(numerical, embeddings)")
 
     @classmethod
-    def table_optimizers(cls, config, tables: Sequence[TableSpec], num_deep: int) -> dict[int, object]:
+    def table_optimizers(cls, config, tables: Sequence[TableConfig], num_deep: int) -> dict[int, object]:
         """``{table index: optimizer object}`` (:mod:`tf_dlrm.embedding.optimizers`) of the tables in
         ``tables`` (:meth:`tables`' result; the first ``num_deep`` are the deep ones) that train with
         another optimizer than the run's embedding one; none by default."""
