@@ -38,16 +38,16 @@ from train_throughput import CONFIGS, configure_threads, make_dataset, summarize
 
 
 class Pipeline:
-    """One case: a reader's batches, optionally trained on; ``run(n)`` returns samples/s."""
+    """One case: a reader's batches (of the features ``input_modes`` names), optionally trained on;
+    ``run(n)`` returns samples/s."""
 
-    def __init__(self, name, spec, batch_size, embedding, trainer, validate):
+    def __init__(self, name, spec, batch_size, input_modes, trainer, validate):
         from tf_dlrm.data.reader import SplitBinaryReader
         from tf_dlrm.train.guards import LossWatch
 
         self.name, self.trainer, self.validate = name, trainer, validate
         self.reader = SplitBinaryReader(
-            spec, "train", batch_size, global_categorical=embedding.global_categorical,
-            local_categorical=embedding.local_categorical, shuffle=True, seed=1, validate=validate,
+            spec, "train", batch_size, input_modes=input_modes, shuffle=True, seed=1, validate=validate,
         )
         self.batches = iter(self.reader.dataset(epoch=0).repeat())
         self.batch_size = batch_size
@@ -58,10 +58,10 @@ class Pipeline:
         started = time.perf_counter()
         loss = None
         for _ in range(steps):
-            numerical, categorical, label = next(self.batches)
+            features, label = next(self.batches)
             if self.trainer is None:
                 continue
-            loss = self.trainer.train_step(numerical, categorical, label)
+            loss = self.trainer.train_step(features, label)
             if self.validate:
                 self.watch.add(loss)
         if loss is not None:
@@ -101,7 +101,7 @@ def build_trainer(config, spec, seed):
     model_config = ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
     plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), 1)
     model = builder.build_model(spec, plan, model_config, env, seed)
-    return model.embedding, Trainer(model, env, OptimizerConfig(LearningRateSchedule(0.05)))
+    return model.input_modes, Trainer(model, env, OptimizerConfig(LearningRateSchedule(0.05)))
 
 
 def measure(pair, warmup_steps, windows, window_steps):
@@ -129,11 +129,11 @@ def main(argv=None) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="tf_dlrm_check_bench_") as temporary:
         directory = os.path.join(args.work_dir or temporary, f"{args.config}_check")
         spec = make_dataset(config, directory, config.batch_size * args.num_batches, args.seed)
-        embedding, trainer = build_trainer(config, spec, args.seed)
+        input_modes, trainer = build_trainer(config, spec, args.seed)
         pairs = [
-            ("train", [Pipeline(f"train_{kind}", spec, config.batch_size, embedding, trainer, kind == "checked")
+            ("train", [Pipeline(f"train_{kind}", spec, config.batch_size, input_modes, trainer, kind == "checked")
                        for kind in ("unchecked", "checked")], args.window_steps),
-            ("loader", [Pipeline(f"loader_{kind}", spec, config.batch_size, embedding, None, kind == "checked")
+            ("loader", [Pipeline(f"loader_{kind}", spec, config.batch_size, input_modes, None, kind == "checked")
                         for kind in ("unchecked", "checked")], args.loader_window_steps),
         ]
         for kind, pair, steps in pairs:

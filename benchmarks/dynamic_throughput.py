@@ -52,9 +52,10 @@ def main():
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     from tf_dlrm.parallel.env import DistributedEnv
-    from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
-    from tf_dlrm.sharding.dynamic_routing import DynamicTableConfig
+    from tf_dlrm.embedding import DistributedEmbedding
+    from tf_dlrm.embedding.table_config import DynamicStorage, FeatureConfig, Placement, TableConfig
     from tf_dlrm.spec.feature_spec import FeatureSpec
+    from tf_dlrm.spec.format import NUMERICAL_CHANNEL
     from tf_dlrm.models.dlrm import DLRM
     from tf_dlrm.cli import builder
     from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
@@ -70,12 +71,17 @@ def main():
     plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), 1)
     fixed = builder.build_model(spec, plan, model_config, env, seed=1)
     cardinalities = spec.cardinalities()
-    tables = [DynamicTableConfig(name, rows, config.embedding_dim, eviction="lru")
-              for name, rows in zip(spec.categorical_features, cardinalities)]
+    names = spec.categorical_features
+    # One dynamic table per feature, its capacity the fixed table's rows (the layer keeps them in its inner
+    # tf_dlrm.embedding.dynamic.layer.DynamicEmbedding, whose rows and counters are measured below).
+    features = [FeatureConfig(name, TableConfig(name, rows, config.embedding_dim,
+                                                placement=Placement(dynamic=DynamicStorage(capacity=rows, eviction="lru"))))
+                for name, rows in zip(names, cardinalities)]
     num_numerical = len(spec.numerical_features)
-    dynamic = DLRM(DynamicEmbedding(tables, seed=1), num_numerical=num_numerical, bottom_mlp_dims=config.bottom_mlp_dims,
-                   top_mlp_dims=config.top_mlp_dims, seed=1)
+    dynamic = DLRM(DistributedEmbedding(features, seed=1, env=env, name="embedding"), num_numerical=num_numerical,
+                   bottom_mlp_dims=config.bottom_mlp_dims, top_mlp_dims=config.top_mlp_dims, seed=1)
     builder.build_with_dummy_batch(dynamic, num_numerical, dynamic.embedding, 1)
+    inner = dynamic.embedding.dynamic_layer
     optimizer = OptimizerConfig(LearningRateSchedule(0.01), optimizer="sgd", embedding_optimizer="sgd")
     trainers = {"fixed": Trainer(fixed, env, optimizer), "dynamic": Trainer(dynamic, env, optimizer)}
 
@@ -89,13 +95,13 @@ def main():
         else:
             ids = [((rng.zipf(1.2, size) - 1) % rows).astype(np.int64) for rows in cardinalities]
         label = rng.integers(0, 2, (size, 1)).astype(np.float32)
-        return tf.constant(numerical), tuple(tf.constant(i) for i in ids), tf.constant(label)
+        return {NUMERICAL_CHANNEL: tf.constant(numerical), **{name: tf.constant(i) for name, i in zip(names, ids)}}, tf.constant(label)
 
     batches = [batch() for _ in range(8)]
 
     def fixed_inputs(b):
-        numerical, ids, label = b
-        return numerical, tuple(tf.cast(i, tf.int32) for i in ids), label
+        inputs, label = b
+        return {name: ids if name == NUMERICAL_CHANNEL else tf.cast(ids, tf.int32) for name, ids in inputs.items()}, label
 
     def run(name, count, source):
         started = time.perf_counter()
@@ -121,25 +127,24 @@ def main():
     steady_ms = 1000.0 * size / dynamic_rate
     new_batches = [batch(new_keys=True) for _ in range(args.windows * args.window_steps)]
     insert_ms = [1000.0 * run("dynamic", 1, lambda s, b=b: b) for b in new_batches]
-    rows_after = sum(c["rows"] for c in dynamic.embedding.counters().values())
+    rows_after = sum(c["rows"] for c in inner.counters().values())
     emit({**common, "case": "dynamic_insert", "impl": "tf_dlrm", "step_ms": summarize(insert_ms),
-          "vs_dynamic": round(statistics.median(insert_ms) / steady_ms, 3), "new_keys_per_step": size * len(tables),
+          "vs_dynamic": round(statistics.median(insert_ms) / steady_ms, 3), "new_keys_per_step": size * len(features),
           "rows_after": rows_after})
     # Fill every table to capacity (keys 0..rows-1 already there, more raw keys after them), then insert.
     for index, rows in enumerate(cardinalities):
-        state = dynamic.embedding.states[0][index]
+        state = inner.states[0][index]
         state.load(np.arange(rows, dtype=np.int64) + (1 << 40), np.zeros(rows, np.int64), np.zeros(rows, np.int64))
     evict_ms = [1000.0 * run("dynamic", 1, lambda s, b=b: b) for b in new_batches]
-    evictions = sum(c["evictions"] for c in dynamic.embedding.counters().values())
+    evictions = sum(c["evictions"] for c in inner.counters().values())
     emit({**common, "case": "dynamic_insert_evict", "impl": "tf_dlrm", "step_ms": summarize(evict_ms),
           "vs_dynamic": round(statistics.median(evict_ms) / steady_ms, 3), "evictions": evictions})
 
     fixed_bytes = sum(int(np.prod(v.shape)) * 4 for v in fixed.embedding.sparse_variables + fixed.embedding.dense_variables)
-    layer = dynamic.embedding
-    storage = sum(int(np.prod(v.shape)) * 4 for v in layer.sparse_variables)
-    capacity = sum(s.capacity for states in layer.states.values() for s in states)
+    storage = sum(int(np.prod(v.shape)) * 4 for v in inner.sparse_variables)
+    capacity = sum(s.capacity for states in inner.states.values() for s in states)
     metadata = capacity * (1 + 3 * 8)
-    keys = sum(int(s.map.size().numpy()) for states in layer.states.values() for s in states)
+    keys = sum(int(s.map.size().numpy()) for states in inner.states.values() for s in states)
     emit({**common, "case": "memory", "impl": "tf_dlrm", "fixed_table_bytes": fixed_bytes, "dynamic_storage_bytes": storage,
           "dynamic_metadata_bytes": metadata, "dynamic_key_map_payload_bytes": keys * 16,
           "dynamic_vs_fixed": round((storage + metadata + keys * 16) / fixed_bytes, 4)})

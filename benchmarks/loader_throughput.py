@@ -53,9 +53,11 @@ def make_reader(spec, config, seed: int):
 
     model = ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
     plan = builder.make_sharding_plan(spec, model, ShardingConfig(), 1)
+    # A DLRM has one table per categorical feature, table t reading feature t.
+    names = spec.categorical_features
+    input_modes = {**{names[t]: "global" for t in plan.tables_on_rank(0)}, **{names[t]: "local" for t in plan.replicated}}
     return SplitBinaryReader(
-        spec, "train", config.batch_size, global_categorical=plan.tables_on_rank(0),
-        local_categorical=plan.replicated, last_batch="drop", shuffle=True, seed=seed,
+        spec, "train", config.batch_size, input_modes=input_modes, last_batch="drop", shuffle=True, seed=seed,
     )
 
 

@@ -33,7 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from emit import emit  # noqa: E402
-from train_throughput import CONFIGS, configure_threads, load_average, make_dataset, read_batches, summarize  # noqa: E402
+from train_throughput import (CONFIGS, configure_threads, feature_tensors, load_average, make_dataset,  # noqa: E402
+                              read_batches, summarize)
 
 MODEL_SETTINGS = {
     "dcnv2": {"num_cross_layers": 3, "cross_low_rank": 64, "deep_mlp_dims": (512, 256)},
@@ -83,9 +84,8 @@ class ModelCase:
             network = builder.build_model(spec, plan, model_config, env, seed)
             spec.crossed_features_entries = []
             trainer = Trainer(network, env, OptimizerConfig(LearningRateSchedule(learning_rate)))
-            order = list(network.embedding.global_categorical) + list(network.embedding.local_categorical)
             self.step = trainer.train_step
-            self.batches = [(tf.constant(n), tuple(tf.constant(ids[t]) for t in order), tf.constant(l)) for n, ids, l in batches]
+            self.batches = [(feature_tensors(spec, network.input_modes, n, ids), tf.constant(l)) for n, ids, l in batches]
         self.position, self.windows, self.cpu_ms = 0, [], []
 
     def run(self, steps: int) -> float:

@@ -102,6 +102,15 @@ def _as_tensor(ids):
     return tf.constant(ids)
 
 
+def _features(numerical, ids) -> dict:
+    """One batch as the dict of named features tf_dlrm's models take (feature ``f`` is named ``f<f>``)."""
+    import tensorflow as tf
+
+    from tf_dlrm.spec.format import NUMERICAL_CHANNEL
+
+    return {NUMERICAL_CHANNEL: tf.constant(numerical), **{f"f{f}": _as_tensor(i) for f, i in enumerate(ids)}}
+
+
 def build_tf_dlrm(rows: int, batches, learning_rate: float, validate_ids: bool = True, use_kernel: bool = True,
                   embedding_optimizer: str = "sgd", ragged: bool = False):
     import tensorflow as tf
@@ -123,9 +132,9 @@ def build_tf_dlrm(rows: int, batches, learning_rate: float, validate_ids: bool =
     embedding = DistributedEmbedding.from_plan(plan, features=features, validate_ids=validate_ids, use_kernel=use_kernel, name="embedding")
     model = DLRM(embedding, NUM_NUMERICAL, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction="cat")
     env = DistributedEnv()
-    model((tf.constant(batches[0][0]), tuple(_as_tensor(i) for i in batches[0][1])))
+    model(_features(*batches[0][:2]))
     trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(learning_rate), embedding_optimizer=embedding_optimizer))
-    tensors = [(tf.constant(n), tuple(_as_tensor(i) for i in ids), tf.constant(l)) for n, ids, l in batches]
+    tensors = [(_features(n, ids), tf.constant(l)) for n, ids, l in batches]
     return trainer.train_step, tensors
 
 

@@ -67,8 +67,15 @@ def crossed_spec(path: str, spec) -> None:
 def read_split(spec, split: str, batch_size: int, training: bool, seed: int):
     from tf_dlrm.data.reader import SplitBinaryReader
 
-    return SplitBinaryReader(spec, split, batch_size, local_categorical=tuple(range(len(spec.categorical_features))),
-                             last_batch="drop" if training else "pad", shuffle=training, seed=seed)
+    # No input modes: every categorical feature, local (one process: the whole batch).
+    return SplitBinaryReader(spec, split, batch_size, last_batch="drop" if training else "pad", shuffle=training, seed=seed)
+
+
+def baseline_inputs(spec, features) -> tuple:
+    """A reader's dict of named features as the baselines' ``(numerical, ids of each feature in spec order)``."""
+    from tf_dlrm.spec.format import NUMERICAL_CHANNEL
+
+    return features[NUMERICAL_CHANNEL], tuple(features[name] for name in spec.categorical_features)
 
 
 def fit_and_score(model, spec, batch_size: int, epochs: int, seed: int, rate: float) -> tuple[float, float]:
@@ -90,14 +97,15 @@ def fit_and_score(model, spec, batch_size: int, epochs: int, seed: int, rate: fl
 
     train = read_split(spec, "train", batch_size, True, seed)
     for epoch in range(epochs):
-        for numerical, categorical, label in train.dataset(epoch=epoch):
-            step(tf.cast(numerical, tf.float32), tuple(categorical), label)
+        for features, label in train.dataset(epoch=epoch):
+            numerical, categorical = baseline_inputs(spec, features)
+            step(tf.cast(numerical, tf.float32), categorical, label)
     # The split main.py evaluates: synthetic data's validation split, the Criteo sample's test split.
     valid = read_split(spec, "validation" if "validation" in spec.splits else "test", batch_size, False, seed)
     predict = tf.function(lambda n, c: tf.sigmoid(model((tf.cast(n, tf.float32), c))))
     scores, labels = [], []
-    for numerical, categorical, label in valid.dataset(epoch=0):
-        scores.append(np.reshape(predict(numerical, tuple(categorical)).numpy(), [-1]))
+    for features, label in valid.dataset(epoch=0):
+        scores.append(np.reshape(predict(*baseline_inputs(spec, features)).numpy(), [-1]))
         labels.append(np.reshape(label.numpy(), [-1]))
     scores, labels = np.concatenate(scores)[: valid.num_samples], np.concatenate(labels)[: valid.num_samples]
     return exact_auc(labels, scores), logloss(labels, scores)

@@ -294,13 +294,14 @@ def run_tf_dlrm_defaults(path: str, impl: str, seed: int, max_epochs: int, patie
 def load_split(spec, split: str):
     """All rows of a split as numpy: (numerical [n, f], [ids [n] or [n, h] per feature], labels [n])."""
     from tf_dlrm.data.reader import SplitBinaryReader
+    from tf_dlrm.spec.format import NUMERICAL_CHANNEL
 
-    reader = SplitBinaryReader(spec, split, 4096, local_categorical=tuple(range(len(spec.categorical_features))),
-                               last_batch="pad", shuffle=False, seed=0)
+    # No input modes: every categorical feature, local (one process: the whole batch).
+    reader = SplitBinaryReader(spec, split, 4096, last_batch="pad", shuffle=False, seed=0)
     numerical, categorical, labels = [], [], []
-    for n, c, y in reader.dataset(epoch=0):
-        numerical.append(np.asarray(n, np.float32))
-        categorical.append([np.asarray(ids) for ids in c])
+    for features, y in reader.dataset(epoch=0):
+        numerical.append(np.asarray(features[NUMERICAL_CHANNEL], np.float32))
+        categorical.append([np.asarray(features[name]) for name in spec.categorical_features])
         labels.append(np.reshape(np.asarray(y), [-1]))
     count = reader.num_samples
     return (np.concatenate(numerical)[:count], [np.concatenate(f)[:count] for f in zip(*categorical)],

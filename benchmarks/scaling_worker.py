@@ -49,7 +49,7 @@ def main(argv=None) -> None:
                              "each training batch / N samples per step on cores / N threads")
     args = parser.parse_args(argv)
 
-    from train_throughput import CONFIGS, configure_threads
+    from train_throughput import CONFIGS, configure_threads, read_batch_features
 
     from tf_dlrm.parallel import collectives
     from tf_dlrm.cli import cycle_time
@@ -97,14 +97,9 @@ def main(argv=None) -> None:
     trainer.broadcast_initial_state()
     embedding = model.embedding
 
-    reader = SplitBinaryReader(
-        spec, "train", batch_size, rank=env.rank, world_size=env.world_size,
-        global_categorical=embedding.global_categorical, local_categorical=embedding.local_categorical,
-    )
-    batches = []
-    for batch in range(args.num_batches):
-        numerical, categorical, label = reader.read_batch(batch)
-        batches.append((tf.constant(numerical), tuple(tf.constant(c) for c in categorical), tf.constant(label)))
+    reader = SplitBinaryReader(spec, "train", batch_size, rank=env.rank, world_size=env.world_size,
+                               input_modes=model.input_modes)
+    batches = [read_batch_features(reader, spec, batch) for batch in range(args.num_batches)]
     reader.close()
 
     position = 0

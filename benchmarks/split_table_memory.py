@@ -66,12 +66,13 @@ def measure(form: str, rows: int, dim: int) -> dict:
     # ops' thread pools and caches, tens of MB, and not the same for both forms) is then in the baseline.
     small = make_plan([TableSpec("small", 4096, dim)], 1, "table_wise", data_parallel_threshold=0)
     warm = DistributedEmbedding.from_plan(small, seed=1, split_embedding_tables=form == "split")
-    float(tf.reduce_sum(tf.cast(warm((ids % 4096,)), tf.float32)))
+    # from_plan names each table's one feature like the table; stacked: one tensor, as the model's lookup gives.
+    float(tf.reduce_sum(tf.cast(warm({"small": ids % 4096}, stacked=True), tf.float32)))
     gc.collect()
     before = rss_bytes()
     reset_peak_rss()
     layer = DistributedEmbedding.from_plan(plan, seed=1, split_embedding_tables=form == "split")
-    pooled = layer((ids,))
+    pooled = layer({"big": ids}, stacked=True)
     float(tf.reduce_sum(tf.cast(pooled, tf.float32)))
     peak = rss_bytes("VmHWM")
     gc.collect()

@@ -48,7 +48,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     from scaling_worker import wait_for_all
-    from train_throughput import CONFIGS, configure_threads
+    from train_throughput import CONFIGS, configure_threads, read_batch_features
 
     from tf_dlrm.parallel import collectives
     from tf_dlrm.cli import cycle_time
@@ -78,6 +78,7 @@ def main(argv=None) -> None:
     from tf_dlrm.models.dlrm import DLRMConfig
     from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.optimizers.settings import OptimizerConfig
+    from tf_dlrm.spec.format import NUMERICAL_CHANNEL
     from tf_dlrm.train.step import Trainer
 
     config = CONFIGS[args.config]
@@ -90,19 +91,19 @@ def main(argv=None) -> None:
     trainer.broadcast_initial_state()
     embedding = model.embedding
     reader = SplitBinaryReader(spec, "train", global_batch, rank=env.rank, world_size=env.world_size,
-                               global_categorical=embedding.global_categorical, local_categorical=embedding.local_categorical)
+                               input_modes=model.input_modes)
 
     def read(index):
-        numerical, categorical, label = reader.read_batch(index % reader.num_batches)
-        return tf.constant(numerical), tuple(tf.constant(c) for c in categorical), tf.constant(label)
+        return read_batch_features(reader, spec, index % reader.num_batches)
 
     batches = [read(i) for i in range(args.num_batches)]
     local_batch = global_batch // env.world_size
 
     @tf.function
-    def lookup(categorical):
-        features = list(embedding.global_categorical) + list(embedding.local_categorical)
-        ids = embedding._normalized(features, categorical)
+    def lookup(features):
+        # The features this rank looks up: the global ones (owned slices), then the local ones (replicated tables).
+        order = list(embedding.global_categorical) + list(embedding.local_categorical)
+        ids = embedding._normalized(order, [features[embedding.features[f].name] for f in order])
         parts = [pooled_lookup(v, [(ids[f], o[p], embedding.features[f].combiner) for f, p in e], tf.as_dtype(o.dtype))
                  for v, o, e in zip(embedding.shard_variables, embedding.group_offsets, embedding.entries) if e]
         parts += [pooled_lookup(v, [(ids[f], o[p], embedding.features[f].combiner) for f, p in e], tf.as_dtype(o.dtype))
@@ -118,8 +119,8 @@ def main(argv=None) -> None:
         return collectives.alltoall(env, received, splits if env.distributed else None, name="breakdown_exchange_back")
 
     @tf.function
-    def embeddings_of(categorical):
-        return embedding(categorical, local_batch=local_batch)
+    def embeddings_of(features):
+        return embedding(features, local_batch=local_batch, stacked=True)  # what dense_call takes
 
     @tf.function
     def dense_forward(numerical, embeddings, label):
@@ -134,8 +135,8 @@ def main(argv=None) -> None:
         return loss, tape.gradient(loss, [embeddings] + mlp)
 
     @tf.function
-    def gradients(numerical, categorical, label):
-        loss, _, tables, mlp = trainer._gradients((numerical, categorical), label, None)
+    def gradients(features, label):
+        loss, _, tables, mlp = trainer._gradients(features, label, None)
         shards = tables[:len(trainer.shards)]
         replicated = [trainer.sparse.pack_replicated(g, v) for g, v in
                       zip(tables[len(trainer.shards):len(trainer.shards) + len(trainer.replicated)], trainer.replicated)]
@@ -154,17 +155,18 @@ def main(argv=None) -> None:
         return tf.constant(0)
 
     prepared = []
-    for numerical, categorical, label in batches:
-        shards, dense = gradients(numerical, categorical, label)
-        prepared.append((embeddings_of(categorical), shards, dense))
+    for features, label in batches:
+        shards, dense = gradients(features, label)
+        prepared.append((embeddings_of(features), shards, dense))
 
     def phase_call(name, index):
-        numerical, categorical, label = batches[index % len(batches)]
+        features, label = batches[index % len(batches)]
+        numerical = features[NUMERICAL_CHANNEL]
         embeddings, shards, dense = prepared[index % len(prepared)]
         if name == "input":
             return read(index)
         if name == "lookup":
-            return lookup(categorical)
+            return lookup(features)
         if name == "exchange":
             return exchange(send)
         if name == "dense_forward":
@@ -175,7 +177,7 @@ def main(argv=None) -> None:
             return allreduce(dense)
         if name == "update":
             return update(shards, dense)
-        return trainer.train_step(numerical, categorical, label)
+        return trainer.train_step(features, label)
 
     def finish(result):
         tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, result)

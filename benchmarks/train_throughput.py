@@ -136,13 +136,38 @@ def read_batches(spec, batch_size: int, count: int):
     """``count`` global batches as numpy ``(numerical, [ids of every table], label)``."""
     from tf_dlrm.data.reader import SplitBinaryReader
 
-    tables = len(spec.categorical_features)
-    reader = SplitBinaryReader(spec, "train", batch_size, global_categorical=(), local_categorical=range(tables))
+    # No input modes: every categorical feature, local (one process: the whole batch), in spec order.
+    reader = SplitBinaryReader(spec, "train", batch_size)
     if reader.num_batches < count:
         raise ValueError(f"The dataset holds {reader.num_batches} batches of {batch_size}; {count} are needed")
     batches = [reader.read_batch(b) for b in range(count)]
     reader.close()
     return batches
+
+
+def feature_tensors(spec, input_modes, numerical, ids) -> dict:
+    """One batch of :func:`read_batches` (every table's ids, in spec order) as the dict of named features a
+    model takes: ``"numerical"`` and the ids of each feature ``input_modes`` names (one process: global and
+    local batches are the same rows)."""
+    import tensorflow as tf
+
+    from tf_dlrm.spec.format import NUMERICAL_CHANNEL
+
+    return {NUMERICAL_CHANNEL: tf.constant(numerical),
+            **{name: tf.constant(column) for name, column in zip(spec.categorical_features, ids) if name in input_modes}}
+
+
+def read_batch_features(reader, spec, batch: int) -> tuple:
+    """Global batch ``batch`` of a split_binary ``reader`` as tensors in the layout its dataset yields,
+    ``(features by name, label)``: ``read_batch`` gives the ids of its global columns, then its local ones."""
+    import tensorflow as tf
+
+    from tf_dlrm.spec.format import NUMERICAL_CHANNEL
+
+    numerical, categorical, label = reader.read_batch(batch)
+    names = [spec.categorical_features[index] for index in reader.global_categorical + reader.local_categorical]
+    return ({NUMERICAL_CHANNEL: tf.constant(numerical), **{name: tf.constant(ids) for name, ids in zip(names, categorical)}},
+            tf.constant(label))
 
 
 def build_tf_dlrm(config: BenchConfig, spec, env, seed: int, split_tables: bool = False):
@@ -241,10 +266,8 @@ class Case:
         model = self.model = build_tf_dlrm(config, spec, env, seed, split_tables)
         optimizer = OptimizerConfig(LearningRateSchedule(learning_rate), embedding_optimizer=embedding_optimizer)
         trainer = Trainer(model, env, optimizer, jit_compile=xla)
-        embedding = model.embedding
-        order = list(embedding.global_categorical) + list(embedding.local_categorical)
-        tensors = [(tf.constant(n), tuple(tf.constant(ids[t]) for t in order), tf.constant(l)) for n, ids, l in batches]
-        return trainer.train_step, tensors
+        return trainer.train_step, [(feature_tensors(spec, model.input_modes, n, ids), tf.constant(l))
+                                    for n, ids, l in batches]
 
     def run(self, steps: int) -> float:
         """Runs ``steps`` steps; returns samples/s (the last loss is read back: the step is done)."""

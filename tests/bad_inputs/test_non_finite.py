@@ -59,7 +59,7 @@ def test_evaluate_of_a_model_with_nan_weights_refuses(tmp_path):
     plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), 1)
     model = builder.build_model(spec, plan, model_config, env, seed=1)
     trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(0.1)))
-    reader = builder.make_reader(spec, "test", 256, env, model.embedding, False, 1)
+    reader = builder.make_reader(spec, "test", 256, env, model.input_modes, False, 1)
     assert 0 < evaluate(trainer, reader).auc < 1
     kernel = trainer.mlp[-2]
     kernel.assign(np.full(kernel.shape, np.nan, np.float32))

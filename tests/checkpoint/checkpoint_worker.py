@@ -40,23 +40,38 @@ def predict(config, name, out_dir, whole_split=False):
 
     session = modes.open_session(config)
     header = modes.restore(session)
-    embedding = session.model.embedding
     # The split --mode=eval reads (NVIDIA's TFRecords: its record directories).
     split = resolve(config.valid_split, config.test_split, preflight.available_splits(config, session.spec)).valid
-    reader = builder.make_reader(session.spec, split, config.valid_batch_size, session.env, embedding, False, config.seed,
-                                 config.dataset_type)
+    reader = builder.make_reader(session.spec, split, config.valid_batch_size, session.env, session.model.input_modes,
+                                 False, config.seed, config.dataset_type)
     result = evaluate(session.trainer, reader)
     every_rank = every_rank_metrics(session.trainer, reader)
-    numerical, categorical, label = reader.read_batch(0) if hasattr(reader, "read_batch") else next(iter(reader.dataset()))
-    probabilities, _ = session.trainer.predict_step(numerical, tuple(categorical), label)
+    features, label = first_batch(session.spec, reader)
+    probabilities, _ = session.trainer.predict_step(features, label)
     if session.env.is_chief:
         np.save(os.path.join(out_dir, f"{name}_predictions.npy"), probabilities.numpy())
         if session.env.world_size == 1:
-            np.savez(os.path.join(out_dir, f"{name}_batch.npz"), **serving_batch(session.spec, embedding, numerical, categorical))
+            np.savez(os.path.join(out_dir, f"{name}_batch.npz"), **serving_batch(session.spec, features))
     if whole_split and session.env.world_size == 1:
-        write_split(session.spec, embedding, reader, os.path.join(out_dir, f"{name}_split"))
+        write_split(session.spec, reader, os.path.join(out_dir, f"{name}_split"))
     return {"auc": result.auc, "logloss": result.logloss, "samples": result.samples, "step": header["step"],
             "checkpoint": header["path"], "metrics": result.metrics.as_dict(), "every_rank_metrics": every_rank}
+
+
+def first_batch(spec, reader) -> tuple:
+    """``(features, label)`` of the reader's first batch: its ``read_batch(0)`` (ids listed global columns
+    first, then local ones) as a features dict where the reader has it, else the dataset's first element."""
+    from tf_dlrm.spec.format import NUMERICAL_CHANNEL
+
+    if not hasattr(reader, "read_batch"):
+        return next(iter(reader.dataset()))
+    import tensorflow as tf
+
+    numerical, categorical, label = reader.read_batch(0)
+    columns = list(reader.global_categorical) + list(reader.local_categorical)
+    # A ragged feature's ids come as (values, row lengths), as the dataset makes its RaggedTensor of them.
+    categorical = [tf.RaggedTensor.from_row_lengths(*ids) if isinstance(ids, tuple) else ids for ids in categorical]
+    return {NUMERICAL_CHANNEL: numerical, **{spec.categorical_features[c]: ids for c, ids in zip(columns, categorical)}}, label
 
 
 def every_rank_metrics(trainer, reader) -> dict:
@@ -65,48 +80,45 @@ def every_rank_metrics(trainer, reader) -> dict:
     from tf_dlrm.metrics import ClickMetrics
 
     scores, labels = [], []
-    for numerical, categorical, label in reader.dataset(epoch=0):
-        probability, truth = trainer.predict_step(numerical, categorical, label)
+    for features, label in reader.dataset(epoch=0):
+        probability, truth = trainer.predict_step(features, label)
         scores.append(probability.numpy())
         labels.append(truth.numpy())
     scores, labels = np.concatenate(scores)[: reader.num_samples], np.concatenate(labels)[: reader.num_samples]
     return ClickMetrics.of(labels, scores).as_dict()
 
 
-def write_split(spec, embedding, reader, stem: str) -> None:
+def write_split(spec, reader, stem: str) -> None:
     """Every validation sample the evaluation reads, as one serving batch (``STEM.npz``, :func:`serving_batch`)
     and its labels (``STEM_labels.npy``): what a served model must score to give evaluation's metrics."""
     parts, labels = [], []
-    for numerical, categorical, label in reader.dataset(epoch=0):
-        parts.append(serving_batch(spec, embedding, numerical, categorical))
+    for features, label in reader.dataset(epoch=0):
+        parts.append(serving_batch(spec, features))
         labels.append(np.asarray(label).reshape(-1))
     inputs = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
     np.savez(f"{stem}.npz", **inputs)
     np.save(f"{stem}_labels.npy", np.concatenate(labels)[: reader.num_samples])
 
 
-def serving_batch(spec, embedding, numerical, categorical) -> dict:
-    """A batch (one process) as the exported SavedModel's inputs: ``numerical``, ``categorical`` (the one-hot
-    features' ids), and each multi-hot feature's ids by its input name (a ragged one as values and row lengths)."""
+def serving_batch(spec, features) -> dict:
+    """A batch (one process, every feature read) as the exported SavedModel's inputs: ``numerical``, and each
+    categorical feature's ids under its input name: ``[batch]`` one-hot, ``[batch, hotness]`` fixed multi-hot,
+    a ragged one as values and row lengths."""
     import tensorflow as tf
 
     from tf_dlrm.embedding.serving import input_name
+    from tf_dlrm.spec.format import NUMERICAL_CHANNEL
 
-    if getattr(embedding, "dynamic_only", False):  # every column read on its rank, in spec order
-        columns = dict(enumerate(categorical))
-    else:
-        columns = dict(zip(list(embedding.global_categorical) + list(embedding.local_categorical), categorical))
-    batch, one_hot = {"numerical": np.asarray(numerical, np.float32)}, []
-    for index, feature in enumerate(spec.categorical_features):
-        ids = columns[index]
+    batch = {"numerical": np.asarray(features[NUMERICAL_CHANNEL], np.float32)}
+    for feature in spec.categorical_features:
+        ids, name = features[feature], input_name(feature)
         if isinstance(ids, tf.RaggedTensor):
-            batch[f"{input_name(feature)}_values"] = ids.values.numpy().astype(np.int64)
-            batch[f"{input_name(feature)}_row_lengths"] = ids.row_lengths().numpy().astype(np.int64)
+            batch[f"{name}_values"] = ids.values.numpy().astype(np.int64)
+            batch[f"{name}_row_lengths"] = ids.row_lengths().numpy().astype(np.int64)
         elif spec.hotness(feature) == 1 and not spec.ragged(feature):
-            one_hot.append(np.asarray(ids).reshape(-1).astype(np.int64))
+            batch[name] = np.asarray(ids).reshape(-1).astype(np.int64)
         else:
-            batch[input_name(feature)] = np.asarray(ids).astype(np.int64)
-    batch["categorical"] = np.stack(one_hot, axis=1) if one_hot else np.zeros([len(batch["numerical"]), 0], np.int64)
+            batch[name] = np.asarray(ids).astype(np.int64)
     return batch
 
 

@@ -3,8 +3,9 @@
 
 tf_dlrm cannot be imported here (its paths and the virtualenv's editable-install finder are removed
 first; checked), so neither its Python code nor its kernel library can be loaded: the SavedModel must
-stand on its own. With ``BAD.json``, also serves wrong variants of the batch and writes ``{case: the
-error's first line holding "assertion failed", or "scored" when it was not refused}``. Several SavedModels in one
+stand on its own. The batch holds the signature's inputs by name (``numerical`` float32, every other int64)
+and ``probability`` is read. With ``BAD.json``, also serves wrong variants of the batch (:func:`_bad_cases`)
+and writes ``{case: the error's first line holding "assertion failed", or "scored" when it was not refused}``. Several SavedModels in one
 interpreter: their argument groups separated by ``--`` (each loaded by tf.saved_model.load on its own).
 """
 
@@ -34,13 +35,21 @@ def _as_inputs(batch) -> dict:
             for name, array in batch.items()}
 
 
-def _bad_multi_hot(info: dict, batch: dict) -> dict:
-    """Wrong variants of the multi-hot inputs: a fixed input one id wider, an id past the table, a ragged
-    row longer than hotness, row lengths that do not sum to the values."""
-    cases = {}
+def _bad_cases(info: dict, batch: dict) -> dict:
+    """Wrong variants of the batch, named ``<input>_<case>``, from ``tf_dlrm_serving.json``'s inputs: the
+    numerical input one column short and float64; each one-hot input with two ids per sample, an id past its
+    table (a raw key never seen, for a dynamic table), one sample short and int32; each fixed multi-hot input one
+    id wider, an id past its table, one sample short and int32; each ragged input with a row longer than its
+    hotness, row lengths that do not sum to the values and an id past its table."""
+    numerical = batch["numerical"].astype(np.float32)
+    cases = {"numerical_12_columns": {**batch, "numerical": numerical[:, 1:]},
+             # Dtypes are the signature's own check (TensorFlow's message: the input's position among the sorted names).
+             "numerical_float64": {**batch, "numerical": tf.constant(numerical, tf.float64)}}
     for name, entry in info.items():
         if "feature" not in entry:
             continue
+        # A dynamic table's keys have no range: a key no table saw (far past any hashed one here) reads zeros.
+        past = entry["cardinality"] if entry["cardinality"] is not None else 2**62 + 7
         if name.endswith("_row_lengths"):
             stem = name[:-len("_row_lengths")]
             values, lengths = batch[f"{stem}_values"], batch[name]
@@ -52,15 +61,20 @@ def _bad_multi_hot(info: dict, batch: dict) -> dict:
                 [values[:start + lengths[3]], pad, values[start + lengths[3]:]])}
             cases[f"{stem}_lengths_sum"] = {**batch, f"{stem}_values": values[1:]}
             outside = values.copy()
-            outside[start] = entry["cardinality"]  # sample 3's first id
+            outside[start] = past  # sample 3's first id
             cases[f"{stem}_id_outside"] = {**batch, f"{stem}_values": outside}
         elif not name.endswith("_values"):
-            cases[f"{name}_wider"] = {**batch, name: np.concatenate([batch[name], batch[name][:, :1]], axis=1)}
-            outside = batch[name].copy()
-            outside[3, 1] = entry["cardinality"]
+            ids = batch[name]
+            outside = ids.copy()
+            if ids.ndim == 1:
+                outside[5] = past
+                cases[f"{name}_two_ids"] = {**batch, name: np.stack([ids, ids], axis=1)}
+            else:
+                outside[3, 1] = past
+                cases[f"{name}_wider"] = {**batch, name: np.concatenate([ids, ids[:, :1]], axis=1)}
             cases[f"{name}_id_outside"] = {**batch, name: outside}
-            cases[f"{name}_batch_sizes_differ"] = {**batch, name: batch[name][1:]}
-            cases[f"{name}_int32"] = {**batch, name: tf.constant(batch[name], tf.int32)}
+            cases[f"{name}_batch_sizes_differ"] = {**batch, name: ids[1:]}
+            cases[f"{name}_int32"] = {**batch, name: tf.constant(ids, tf.int32)}
     return cases
 
 
@@ -91,23 +105,7 @@ def serve(saved_model: str, batch_path: str, out_path: str, *more: str) -> None:
         np.save(more_out, signature(**_as_inputs(dict(np.load(more_in, allow_pickle=False))))["probability"].numpy())
     if bad_path is not None:
         with open(os.path.join(saved_model, "tf_dlrm_serving.json")) as handle:
-            info = json.load(handle)
-        cardinalities = info["inputs"]["categorical"].get("cardinalities", info["cardinalities"])  # one-hot columns'
-        numerical, categorical = batch["numerical"].astype(np.float32), batch["categorical"].astype(np.int64)
-        outside = categorical.copy()
-        column = min(2, categorical.shape[1] - 1)
-        outside[5, column] = cardinalities[column]
-        cases = {
-            "categorical_9_columns": {**batch, "categorical": np.concatenate([categorical, categorical[:, :1]], axis=1)},
-            "numerical_12_columns": {**batch, "numerical": numerical[:, 1:]},
-            "batch_sizes_differ": {**batch, "categorical": categorical[1:]},
-            "id_outside": {**batch, "categorical": outside},
-            "categorical_rank_1": {**batch, "categorical": categorical[:, 0]},
-            # Dtypes are the signature's own check (TensorFlow's message: the input's position among the sorted names).
-            "categorical_int32": {**batch, "categorical": tf.constant(categorical, tf.int32)},
-            "numerical_float64": {**batch, "numerical": tf.constant(numerical, tf.float64)},
-            **_bad_multi_hot(info["inputs"], batch),
-        }
+            cases = _bad_cases(json.load(handle)["inputs"], batch)
         found = {}
         for name, inputs in cases.items():
             try:

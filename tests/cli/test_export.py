@@ -47,8 +47,12 @@ def test_saved_model_describes_its_inputs(tmp_path_factory):
     with open(os.path.join(run["saved_model"], "tf_dlrm_serving.json")) as handle:
         info = json.load(handle)
     assert info["step"] == STEPS
-    assert info["inputs"]["numerical"]["shape"] == [None, 13]
-    assert info["inputs"]["categorical"]["columns"] == [f"cat_{i}.bin" for i in range(8)]
+    assert list(info["inputs"]) == ["numerical", *[f"cat_{i}_bin" for i in range(8)]]
+    assert info["inputs"]["numerical"]["shape"] == [None, 13] and len(info["inputs"]["numerical"]["features"]) == 13
+    for i in range(8):
+        entry = info["inputs"][f"cat_{i}_bin"]
+        assert entry["feature"] == f"cat_{i}.bin" and entry["shape"] == [None] and entry["dtype"] == "int64", entry
+    assert info["outputs"] == {"probability": {"dtype": "float32", "shape": [None]}}
     assert run["results"]["export"]["step"] == STEPS
 
 
@@ -59,27 +63,27 @@ def test_export_never_overwrites_a_saved_model(tmp_path_factory):
 
 
 def test_saved_model_refuses_a_wrong_batch_with_its_message(tmp_path_factory):
-    """A signature checks dtypes, not shapes: without the served function's own asserts a 9th
-    categorical column was dropped and the batch scored. Loaded with TensorFlow alone."""
+    """A signature checks dtypes, not shapes: without the served function's own asserts a second id per
+    sample or a short numerical input could be sliced away and the batch scored. Loaded with TensorFlow
+    alone. An id past its table is the embedding layer's refusal, naming the feature."""
     run = single(tmp_path_factory)
     with open(served(tmp_path_factory)["report"]) as handle:
         found = json.load(handle)
-    columns = [f"cat_{i}.bin" for i in range(8)]
+    with open(os.path.join(run["saved_model"], "tf_dlrm_serving.json")) as handle:
+        cardinality = json.load(handle)["inputs"]["cat_2_bin"]["cardinality"]
     expected = {
-        "categorical_9_columns": f"serving input 'categorical': expected shape [batch, 8] (one id per categorical "
-                                 f"feature {columns}). Received shape:] [384 9]",
+        "cat_0_bin_two_ids": "serving input 'cat_0_bin': expected shape [batch] (int64 values of 'cat_0.bin'). Received "
+                             "shape:] [384 2]",
         "numerical_12_columns": "serving input 'numerical': expected shape [batch, 13]",
-        "batch_sizes_differ": "serving inputs 'numerical' and 'categorical' must hold the same number of samples "
-                              "(one row each). Received: 'numerical'] [384] [rows, 'categorical'] [383] [rows]",
-        "id_outside": "ids must lie in [0, cardinality) of their column",
-        "categorical_rank_1": "Received shape:] [384]",
+        "cat_0_bin_batch_sizes_differ": "serving inputs 'numerical' and 'cat_0_bin' must hold the same number of samples "
+                                        "(one row each). Received: 'numerical'] [384] [rows, 'cat_0_bin'] [383] [rows]",
+        "cat_2_bin_id_outside": f"feature 'cat_2.bin': an id is outside [0, {cardinality})",
+        "cat_5_bin_int32": "was expected to be a int64 tensor but is a int32 tensor",
+        "numerical_float64": "was expected to be a float tensor but is a double tensor",
     }
     for case, fragment in expected.items():
         assert fragment in found[case], (case, found[case])
     assert "scored" not in found.values(), found  # the dtype cases too: none scored in silence
-    with open(os.path.join(run["saved_model"], "tf_dlrm_serving.json")) as handle:
-        cardinality = json.load(handle)["cardinalities"]
-    assert f"sample] [5] [feature] [cat_2.bin] [holds id] [{cardinality[2]}]" in found["id_outside"], found["id_outside"]
 
 
 def test_a_triton_and_a_tf_serving_repository_hold_the_export(tmp_path_factory, tmp_path):

@@ -1,15 +1,18 @@
-"""``--mode=export``'s serving module for every ``--model`` and every kind of feature, in one process.
+"""``--mode=export``'s serving module for every ``--model`` (DLRM, DCNv2, DeepFM, Wide & Deep, logistic
+regression) and every kind of feature, in one process.
 
 Each model is rebuilt as ``--mode=export`` rebuilds it (:func:`tf_dlrm.cli.export.rebuild_for_serving`: one
-process, every table whole, TensorFlow's ops only) on a spec holding every fixed-table feature kind at once: a
+process, every table whole) on a spec holding every fixed-table feature kind at once: a
 one-hot feature, a second one-hot feature of another table width (per-table widths: the spec's ``embedding_dim``
 and NVIDIA's ``--embedding_dim`` list), a fixed multi-hot one (``hotness: 3``, ``sum``) and a ragged one
-(0 to 4 ids, ``mean``, empty rows included), and saved with ``_save`` as the export saves it. The reloaded
-signature must score a batch exactly as the Keras model scores the same columns: a column given to the wrong
+(0 to 4 ids, ``mean``, empty rows included), and saved with ``_save`` as the export saves it, under the one
+signature of :mod:`tf_dlrm.embedding.serving` (one input per feature, from the spec:
+:func:`tf_dlrm.cli.export.serving_signature`). The reloaded
+signature must score a batch exactly as the Keras model scores the same features: a column given to the wrong
 feature, a ragged row split at the wrong place or a dropped width would change the scores by far more than
 the float32 rounding of one graph run twice (1e-6). Models that need one table width (DLRM's dot interaction,
 DeepFM's FM term) take one width here and are refused per-table widths with one line. The SavedModel holds
-no tf_dlrm kernel (plain TensorFlow loads it; a process without tf_dlrm serves the exports of
+no tf_dlrm kernel (traced inside kernels_off; a process without tf_dlrm serves the exports of
 ``test_export_multi_hot.py``). Dynamic tables: ``test_export_multi_hot.py`` (a trained checkpoint)."""
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import pytest
 import tensorflow as tf
 
 from tf_dlrm.cli import builder
-from tf_dlrm.cli.export import SERVING_INFO, ServingModule, _save, rebuild_for_serving
+from tf_dlrm.cli.export import SERVING_INFO, _save, model_signature, rebuild_for_serving, serving_info
+from tf_dlrm.embedding.serving import serving_module
 from tf_dlrm.cli.model_config import ModelConfig
 from tf_dlrm.models.dcnv2 import DCNv2Config
 from tf_dlrm.models.deepfm import DeepFMConfig
@@ -58,10 +62,11 @@ MODELS = {
     "dcnv2": (DCNv2Config(num_cross_layers=2, cross_low_rank=3, deep_mlp_dims=(8,)), {"site": 6, "city": 3, "tags": 5}),
     "deepfm": (DeepFMConfig(deep_mlp_dims=(8,)), None),
     "wide_deep": (WideDeepConfig(deep_mlp_dims=(8,)), {"site": 6, "city": 3}),
+    "logistic_regression": (None, None),  # no hyper-parameters; every table of width 1
 }
 
 
-def batch(seed: int) -> tuple[dict, tuple]:
+def batch(seed: int) -> tuple[dict, dict]:
     """``(signature inputs, the model's own input)`` of one batch: ragged rows of 0 to 4 ids (one empty)."""
     rng = np.random.default_rng(seed)
     numerical = rng.normal(size=[BATCH, 2]).astype(np.float32)
@@ -70,12 +75,12 @@ def batch(seed: int) -> tuple[dict, tuple]:
     lengths = rng.integers(0, 5, BATCH)
     lengths[:3] = [0, 4, 1]
     values = rng.integers(0, ROWS["history"], int(lengths.sum()))
-    inputs = {"numerical": numerical, "categorical": np.stack([site, city], axis=1).astype(np.int64),
+    inputs = {"numerical": numerical, "site": site.astype(np.int64), "city": city.astype(np.int64),
               "tags": tags.astype(np.int64), "history_values": values.astype(np.int64),
               "history_row_lengths": lengths.astype(np.int64)}
     history = tf.RaggedTensor.from_row_lengths(tf.constant(values, tf.int64), tf.constant(lengths, tf.int64))
-    own = (tf.constant(numerical), (tf.constant(site, tf.int64), tf.constant(city, tf.int64), tf.constant(tags, tf.int64),
-                                    history))
+    own = {"numerical": tf.constant(numerical), "site": tf.constant(site, tf.int64), "city": tf.constant(city, tf.int64),
+           "tags": tf.constant(tags, tf.int64), "history": history}
     return inputs, own
 
 
@@ -87,17 +92,15 @@ def exported(tmp_path_factory):
         spec = spec_of(widths)
         config = ModelConfig(embedding_dim=4, name=name.split("_cat")[0], params=params, embedding_init_bound=0.5)
         model = rebuild_for_serving(spec, config, seed=3)
-        module = ServingModule(model, spec.numerical_features, spec.categorical_features, spec.cardinalities(),
-                               [spec.hotness(f) for f in spec.categorical_features],
-                               [spec.ragged(f) for f in spec.categorical_features])
+        module = serving_module(model, model_signature(spec, model))
         path = str(tmp_path_factory.mktemp(name) / "saved_model")
-        _save(module, path, {"inputs": module.inputs_info()})
+        _save(module, path, serving_info(spec, module, name))
         inputs, own = batch(seed=len(results))
         expected = tf.reshape(tf.sigmoid(model(own, training=False)), [-1]).numpy()
         served = tf.saved_model.load(path).signatures["serving_default"]
         scores = served(**{k: tf.constant(v) for k, v in inputs.items()})["probability"].numpy()
         with open(os.path.join(path, SERVING_INFO)) as handle:
-            results[name] = (scores, expected, json.load(handle), [t.dim for t in builder.model_tables(spec, config)],
+            results[name] = (scores, expected, json.load(handle), [t.embedding_dim for t in builder.model_tables(spec, config)],
                              served)
     return results
 
@@ -108,11 +111,15 @@ def test_every_model_serves_every_feature_kind_as_it_scores(exported, name):
     assert scores.shape == expected.shape == (BATCH,)
     np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-6)
     assert expected.std() > 1e-4, expected  # the batch's rows score differently: a swapped column would show
-    assert sorted(info["inputs"]) == ["categorical", "history_row_lengths", "history_values", "numerical", "tags"]
-    assert info["inputs"]["categorical"]["columns"] == ["site", "city"]
+    assert list(info["inputs"]) == ["numerical", "site", "city", "tags", "history_values", "history_row_lengths"]
+    assert info["inputs"]["numerical"] == {"dtype": "float32", "shape": [None, 2], "features": ["n0", "n1"]}
+    assert info["inputs"]["site"] == {"dtype": "int64", "shape": [None], "feature": "site", "hotness": 1,
+                                      "ragged": False, "cardinality": ROWS["site"]}
     assert info["inputs"]["tags"]["shape"] == [None, 3]
+    assert info["inputs"]["history_values"]["feature"] == info["inputs"]["history_row_lengths"]["feature"] == "history"
+    assert info["outputs"] == {"probability": {"dtype": "float32", "shape": [None]}}
     wanted = MODELS[name][1] or {}
-    assert widths[:4] == [wanted.get(f, 4) for f in ROWS], widths
+    assert widths[:4] == ([1] * 4 if name == "logistic_regression" else [wanted.get(f, 4) for f in ROWS]), widths
 
 
 def test_each_served_feature_moves_the_score(exported):

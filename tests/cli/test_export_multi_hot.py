@@ -10,8 +10,9 @@ repository), score what ``--mode=eval`` scores.
 One process trains each a few steps, evaluates the checkpoint (``--mode=eval``), exports it (``--mode=export``)
 and writes the whole validation split as the signature's inputs. The served scores of that split give
 ``--mode=eval``'s AUC and logloss within 1e-6 (the same float32 graph on the same weights; only TensorFlow's op
-choice may differ), and the first batch's scores equal the training model's within 1e-6. Wrong serving input
-(widths, ids, row lengths, batch sizes, dtypes) is refused with its message."""
+choice may differ), and the first batch's scores equal the training model's within 1e-6. Both take the one
+serving signature (one input per feature, a ragged one as values and row lengths; a dynamic table's raw keys).
+Wrong serving input (widths, ids, row lengths, batch sizes, dtypes) is refused with its message."""
 
 from __future__ import annotations
 
@@ -117,20 +118,27 @@ def test_served_alone_scores_what_eval_scores(runs, name):
 
 def test_dynamic_export_takes_raw_keys_and_refuses_wrong_input(runs):
     run = runs["dynamic"]
-    keys = run["batch"]["categorical"]
+    names = [f"cat_{i}_bin" for i in range(8)]
+    assert sorted(run["batch"]) == sorted(["numerical", *names]) and list(run["info"]["inputs"]) == ["numerical", *names]
+    keys = np.stack([run["batch"][name] for name in names], axis=1)
     assert keys.shape == (250, 8) and keys.dtype == np.int64 and np.abs(keys).max() > 2**40  # raw hashed keys
-    assert run["info"]["inputs"]["categorical"]["shape"] == [None, 8]
+    assert run["info"]["inputs"]["cat_0_bin"] == {"dtype": "int64", "shape": [None], "feature": "cat_0.bin", "hotness": 1,
+                                                  "ragged": False, "cardinality": None}
     found = run["bad"]
     # Raw keys have no range: a key no table saw reads zeros (test_dynamic_main_checkpoint.py), as in evaluation.
-    assert found.pop("id_outside") == "scored"
-    expected = {
-        "categorical_9_columns": "serving input 'categorical': expected shape [batch, 8]",
-        "numerical_12_columns": "serving input 'numerical': expected shape [batch, 13]",
-        "batch_sizes_differ": "serving inputs 'numerical' and 'categorical' must hold the same number of samples",
-        "categorical_rank_1": "Received shape:] [250]",
-        "categorical_int32": "was expected to be a int64 tensor but is a int32 tensor",
-        "numerical_float64": "was expected to be a float tensor but is a double tensor",
-    }
+    for name in names:
+        assert found.pop(f"{name}_id_outside") == "scored"
+    expected = {"numerical_12_columns": "serving input 'numerical': expected shape [batch, 13]",
+                "numerical_float64": "was expected to be a float tensor but is a double tensor"}
+    for name in names:
+        feature = name.replace("_bin", ".bin")
+        expected.update({
+            f"{name}_two_ids": f"serving input '{name}': expected shape [batch] (int64 values of '{feature}'). Received "
+                               "shape:] [250 2]",
+            f"{name}_batch_sizes_differ": f"serving inputs 'numerical' and '{name}' must hold the same number of samples "
+                                          f"(one row each). Received: 'numerical'] [250] [rows, '{name}'] [249] [rows]",
+            f"{name}_int32": "was expected to be a int64 tensor but is a int32 tensor",
+        })
     assert sorted(found) == sorted(expected)
     for case, fragment in expected.items():
         assert fragment in found[case], (case, found[case])
@@ -141,41 +149,47 @@ def test_served_multi_hot_model_predicts_like_the_training_model(exported):
     lengths = batch["cat_1_bin_row_lengths"]
     # The batch the comparison rests on does hold short ragged rows and full fixed ones.
     assert lengths.min() == 1 and lengths.max() == 3 and (lengths < 3).any()
-    assert batch["cat_2_bin"].shape == (128, 2) and batch["categorical"].shape == (128, 1)
+    assert batch["cat_2_bin"].shape == (128, 2) and batch["cat_0_bin"].shape == (128,)
     assert exported["served"].shape == exported["trained"].shape == (128,)
     # Both run the same float32 graph on the same weights: only TensorFlow's op choice may differ.
     np.testing.assert_allclose(exported["served"], exported["trained"], rtol=0, atol=1e-6)
 
 
-def test_serving_info_names_each_multi_hot_input(exported):
+def test_serving_info_names_each_input(exported):
     inputs = exported["info"]["inputs"]
-    assert sorted(inputs) == ["cat_1_bin_row_lengths", "cat_1_bin_values", "cat_2_bin", "categorical", "numerical"]
-    assert inputs["categorical"]["columns"] == ["cat_0.bin"]
+    assert list(inputs) == ["numerical", "cat_0_bin", "cat_1_bin_values", "cat_1_bin_row_lengths", "cat_2_bin"]
+    assert inputs["cat_0_bin"] == {"dtype": "int64", "shape": [None], "feature": "cat_0.bin", "hotness": 1,
+                                   "ragged": False, "cardinality": 7}
     assert inputs["cat_2_bin"] == {"dtype": "int64", "shape": [None, 2], "feature": "cat_2.bin", "hotness": 2,
-                                   "cardinality": 2500}
+                                   "ragged": False, "cardinality": 2500}
     assert inputs["cat_1_bin_values"]["feature"] == "cat_1.bin" and inputs["cat_1_bin_values"]["hotness"] == 3
+    assert inputs["cat_1_bin_row_lengths"]["ragged"] is True and inputs["cat_1_bin_row_lengths"]["shape"] == [None]
 
 
 def test_wrong_multi_hot_input_is_refused_with_its_message(exported):
+    """Shapes, batch sizes and row lengths are the signature's checks (naming the serving input); ids past a
+    table and rows past a feature's hotness are the embedding layer's (naming the feature)."""
     found = exported["bad"]
     expected = {
-        "cat_1_bin_row_too_long": "serving input 'cat_1_bin': feature 'cat_1.bin' holds at most hotness=3 ids per "
-                                  "sample. Received: sample] [3] [holds] [4] [ids]",
+        "cat_1_bin_row_too_long": "feature 'cat_1.bin': a sample has more ids than its hotness 3",
         "cat_1_bin_lengths_sum": "serving inputs 'cat_1_bin_row_lengths' and 'cat_1_bin_values': the row lengths must "
                                  "sum to the number of values",
-        "cat_1_bin_id_outside": "serving input 'cat_1_bin': ids of feature 'cat_1.bin' must lie in [0, 300). Received: "
-                                "sample] [3] [holds id] [300]",
-        "cat_2_bin_wider": "serving input 'cat_2_bin': expected shape [batch, 2] (int64 values). Received shape:] [128 3]",
-        "cat_2_bin_id_outside": "serving input 'cat_2_bin': ids of feature 'cat_2.bin' must lie in [0, 2500). Received: "
-                                "sample] [3] [holds id] [2500]",
+        "cat_1_bin_id_outside": "feature 'cat_1.bin': an id is outside [0, 300)",
+        "cat_2_bin_wider": "serving input 'cat_2_bin': expected shape [batch, 2] (int64 values of 'cat_2.bin'). Received "
+                           "shape:] [128 3]",
+        "cat_2_bin_id_outside": "feature 'cat_2.bin': an id is outside [0, 2500)",
         "cat_2_bin_batch_sizes_differ": "must hold the same number of samples",
         "cat_2_bin_int32": "was expected to be a int64 tensor but is a int32 tensor",
-        "categorical_int32": "was expected to be a int64 tensor but is a int32 tensor",
+        "cat_0_bin_int32": "was expected to be a int64 tensor but is a int32 tensor",
         "numerical_float64": "was expected to be a float tensor but is a double tensor",
-        "categorical_9_columns": "serving input 'categorical': expected shape [batch, 1] (one id per categorical "
-                                 "feature ['cat_0.bin'])",
-        "id_outside": "sample] [5] [feature] [cat_0.bin] [holds id] [7]",
+        "cat_0_bin_two_ids": "serving input 'cat_0_bin': expected shape [batch] (int64 values of 'cat_0.bin'). Received "
+                             "shape:] [128 2]",
+        "cat_0_bin_id_outside": "feature 'cat_0.bin': an id is outside [0, 7)",
+        "cat_0_bin_batch_sizes_differ": "serving inputs 'numerical' and 'cat_0_bin' must hold the same number of "
+                                        "samples (one row each). Received: 'numerical'] [128] [rows, 'cat_0_bin'] [127]",
+        "numerical_12_columns": "serving input 'numerical': expected shape [batch, ",
     }
+    assert sorted(found) == sorted(expected)
     for case, fragment in expected.items():
         assert fragment in found[case], (case, found[case])
     assert "scored" not in found.values(), found  # every wrong variant refused, none scored in silence

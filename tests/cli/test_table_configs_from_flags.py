@@ -79,11 +79,11 @@ def test_dynamic_spec_builds_the_same_layer_with_dynamic_placements():
     assert (storage["user"].capacity, storage["user"].eviction, storage["user"].min_count,
             storage["user"].capacity_scope) == (300, "lfu", 2, "total")
     assert (storage["item"].capacity, storage["item"].eviction, storage["item"].min_count) == (200, "none", 1)
-    keys = [tf.constant([7, 10**12, 7], tf.int64), tf.constant([-3, 5, 5], tf.int64)]
-    seen = embedding(keys, training=True)
+    keys = {"user": tf.constant([7, 10**12, 7], tf.int64), "item": tf.constant([-3, 5, 5], tf.int64)}
+    seen = embedding(keys, training=True, stacked=True)
     assert seen.shape == (3, 2, 4)
     # min_count=2: user key 7 (seen twice in this batch) has a row now; the key seen once reads zeros.
-    again = embedding(keys, training=False).numpy()
+    again = embedding(keys, training=False, stacked=True).numpy()
     assert np.any(again[0, 0] != 0) and np.all(again[1, 0] == 0)
     assert embedding.get_config()["feature_configs"][0]["table"]["placement"]["dynamic"]["capacity_scope"] == "total"
 

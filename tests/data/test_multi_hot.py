@@ -80,9 +80,9 @@ def test_synthetic_multi_hot_dataset(tmp_path):
     spec = generate(FeatureSpec.from_dict(raw), str(tmp_path), num_train_samples=4000, num_valid_samples=4000, seed=2)
     files = spec.split_files("train")
     assert os.path.getsize(files.categorical[1]) == 4000 * 3 * 2
-    reader = SplitBinaryReader(spec, "train", 100, rank=1, world_size=2, global_categorical=[1], local_categorical=[0])
-    numerical, categorical, label = next(iter(reader.dataset()))
-    assert categorical[0].shape == (100, 3) and categorical[1].shape == (50,)
+    reader = SplitBinaryReader(spec, "train", 100, rank=1, world_size=2, input_modes={"items": "global", "site": "local"})
+    features, label = next(iter(reader.dataset()))
+    assert features["items"].shape == (100, 3) and features["site"].shape == (50,)
     ids = np.fromfile(files.categorical[1], np.int16).reshape(4000, 3)
     # Power-law ids: the three ids of a sample are drawn independently, not copies of one.
     assert (ids[:, 0] != ids[:, 1]).mean() > 0.3

@@ -56,21 +56,22 @@ def test_the_generator_writes_rows_of_one_to_hotness_ids(variable):
 
 def test_each_rank_reads_its_rows_as_written(variable):
     names = variable.categorical_features
-    reader = SplitBinaryReader(variable, "train", 200, rank=1, world_size=2, global_categorical=[1],
-                               local_categorical=[0, 3, 6])
-    _, categorical, _ = list(reader.dataset())[2]
+    reader = SplitBinaryReader(variable, "train", 200, rank=1, world_size=2,
+                               input_modes={names[1]: "global", names[0]: "local", names[3]: "local", names[6]: "local"})
+    features, _ = list(reader.dataset())[2]
     start = 2 * 200
-    assert isinstance(categorical[0], tf.RaggedTensor) and categorical[0].shape[0] == 200
-    assert categorical[0].to_list() == rows_by_numpy(variable, "train", names[1])[start:start + 200]  # global batch
-    assert categorical[2].to_list() == rows_by_numpy(variable, "train", names[3])[start + 100:start + 200]  # local
-    assert categorical[3].to_list() == rows_by_numpy(variable, "train", names[6])[start + 100:start + 200]
-    assert not isinstance(categorical[1], tf.RaggedTensor)
+    assert isinstance(features[names[1]], tf.RaggedTensor) and features[names[1]].shape[0] == 200
+    assert features[names[1]].to_list() == rows_by_numpy(variable, "train", names[1])[start:start + 200]  # global batch
+    assert features[names[3]].to_list() == rows_by_numpy(variable, "train", names[3])[start + 100:start + 200]  # local
+    assert features[names[6]].to_list() == rows_by_numpy(variable, "train", names[6])[start + 100:start + 200]
+    assert not isinstance(features[names[0]], tf.RaggedTensor)
 
 
 def test_the_padded_last_batch_holds_empty_rows(variable):
-    reader = SplitBinaryReader(variable, "validation", 128, local_categorical=[3], last_batch="pad")
-    (*_, last) = list(reader.dataset())
-    rows = last[1][0].to_list()
+    name = variable.categorical_features[3]
+    reader = SplitBinaryReader(variable, "validation", 128, input_modes={name: "local"}, last_batch="pad")
+    last, _ = list(reader.dataset())[-1]
+    rows = last[name].to_list()
     assert len(rows) == 128 and rows[:300 - 256] == rows_by_numpy(variable, "validation", variable.categorical_features[3])[256:]
     assert rows[300 - 256:] == [[]] * (128 - 44)
 
@@ -105,12 +106,12 @@ def test_a_row_longer_than_hotness_is_named_with_file_feature_and_sample(variabl
     spec = _copy_with(variable, tmp_path, longer)
     hotness = spec.hotness("cat_3.bin")
     with pytest.raises(BadDataError) as caught:
-        SplitBinaryReader(spec, "train", 100, local_categorical=[3])
+        SplitBinaryReader(spec, "train", 100, input_modes={"cat_3.bin": "local"})
     found = np.fromfile(tmp_path / "train" / "cat_3.lengths.bin", np.int8)[637]
     assert str(caught.value) == (f"split 'train', feature 'cat_3.bin', file {tmp_path}/train/cat_3.lengths.bin: "
                                  f"sample 637 holds {found} ids, more than its hotness {hotness}")
     # A rank that does not read the feature opens the split all the same.
-    SplitBinaryReader(spec, "train", 100, local_categorical=[0])
+    SplitBinaryReader(spec, "train", 100, input_modes={spec.categorical_features[0]: "local"})
 
 
 def test_an_ids_file_that_does_not_hold_the_sum_of_the_lengths_is_refused(variable, tmp_path):
@@ -118,7 +119,7 @@ def test_an_ids_file_that_does_not_hold_the_sum_of_the_lengths_is_refused(variab
     total = int(np.fromfile(tmp_path / "train" / "cat_3.lengths.bin", np.int8).sum())
     with pytest.raises(BadDataError, match=rf"feature 'cat_3.bin', file .*/train/cat_3.bin: holds {total - 3} ids "
                                            rf"\({2 * (total - 3)} bytes\), but the lengths in .*cat_3.lengths.bin add up to {total}"):
-        SplitBinaryReader(spec, "train", 100, local_categorical=[3])
+        SplitBinaryReader(spec, "train", 100, input_modes={"cat_3.bin": "local"})
 
 
 def test_an_id_out_of_range_is_named_by_its_sample(variable, tmp_path):
@@ -127,7 +128,7 @@ def test_an_id_out_of_range_is_named_by_its_sample(variable, tmp_path):
         return lengths, ids
 
     spec = _copy_with(variable, tmp_path, bad)
-    reader = SplitBinaryReader(spec, "train", 100, local_categorical=[3])
+    reader = SplitBinaryReader(spec, "train", 100, input_modes={"cat_3.bin": "local"})
     with pytest.raises(BadDataError, match=r"feature 'cat_3.bin', file .*cat_3.bin: sample 150 has id 9999 outside \[0, 600\)"):
         reader.read_batch(1)
 
@@ -167,9 +168,11 @@ def test_variable_rows_move_to_nvidias_split_tfrecords_unchanged(variable, tmp_p
 
     convert(os.path.dirname(variable.source), str(tmp_path / "records"), prebatch_size=64, prebatches_per_file=8)
     records = ragged_by_default(FeatureSpec.load(str(tmp_path / "records" / "feature_spec.yaml"), check_files=False))
-    _, categorical, _ = list(SplitTFRecordsReader(records, "train", 250, local_categorical=[3, 6]).dataset())[1]
-    for got, index in zip(categorical, (3, 6)):
-        assert got.to_list() == rows_by_numpy(variable, "train", variable.categorical_features[index])[250:500]
+    names = [variable.categorical_features[index] for index in (3, 6)]
+    features, _ = list(SplitTFRecordsReader(records, "train", 250, input_modes=dict.fromkeys(names, "local")).dataset())[1]
+    assert sorted(features) == sorted(["numerical", *names])
+    for name in names:
+        assert features[name].to_list() == rows_by_numpy(variable, "train", name)[250:500]
 
 
 def _variable_csv_spec(tmp_path, cells: list[str], chunk_type="csv", files=("train.csv",)) -> str:
@@ -195,8 +198,8 @@ def test_csv_cells_of_zero_to_hotness_ids_transcode_to_the_lengths_layout(tmp_pa
     assert chunk["lengths"] == "train/cat_1_items.lengths.bin" and spec.ragged("items")
     assert list(np.fromfile(spec.resolve(chunk["lengths"]), np.int8)) == [len(r) for r in ROWS]
     assert list(np.fromfile(spec.resolve(chunk["files"][0]), np.int16)) == [i for r in ROWS for i in r]
-    _, categorical, _ = next(iter(SplitBinaryReader(spec, "train", 8).dataset()))
-    assert categorical[1].to_list() == ROWS
+    features, _ = next(iter(SplitBinaryReader(spec, "train", 8).dataset()))
+    assert features["items"].to_list() == ROWS
 
 
 def test_a_csv_cell_longer_than_hotness_is_named(tmp_path):

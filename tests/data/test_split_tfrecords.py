@@ -19,6 +19,9 @@ from tf_dlrm.spec.feature_spec import FeatureSpec
 PREBATCH = 32
 CARDINALITIES = [7, 300, 2500]
 HOTNESS = [1, 3, 2]
+NAMES = [f"cat_{i}.bin" for i in range(len(CARDINALITIES))]
+# Rank 1 of 2 reads feature 1 for the global batch, features 0 and 2 for its local slice.
+MODES = {NAMES[1]: "global", NAMES[0]: "local", NAMES[2]: "local"}
 
 
 def write_input(directory, prebatches, dtype, multihot=False, num_features=1):
@@ -105,16 +108,17 @@ def write_dataset(root, num_prebatches=40, seed=0, bad_row=False, variable=False
 def test_reads_any_batch_size_with_each_ranks_slice(tmp_path):
     numerical, ids, label = write_dataset(str(tmp_path))
     spec = FeatureSpec.load(str(tmp_path / "feature_spec.yaml"), check_files=False)
-    reader = SplitTFRecordsReader(spec, "train", 48, rank=1, world_size=2, global_categorical=[1], local_categorical=[0, 2])
+    reader = SplitTFRecordsReader(spec, "train", 48, rank=1, world_size=2, input_modes=MODES)
     assert reader.num_batches == 40 * PREBATCH // 48
     batches = list(reader.dataset())
     assert len(batches) == reader.num_batches
-    dense, categorical, labels = batches[3]
+    features, labels = batches[3]
+    assert sorted(features) == sorted(["numerical", *NAMES])
     start = 3 * 48
-    np.testing.assert_allclose(dense.numpy(), numerical[start + 24:start + 48].astype(np.float32))
-    np.testing.assert_array_equal(categorical[0].numpy(), ids[1][start:start + 48])  # global: all 48 samples
-    np.testing.assert_array_equal(categorical[1].numpy(), ids[0][start + 24:start + 48, 0])
-    np.testing.assert_array_equal(categorical[2].numpy(), ids[2][start + 24:start + 48])
+    np.testing.assert_allclose(features["numerical"].numpy(), numerical[start + 24:start + 48].astype(np.float32))
+    np.testing.assert_array_equal(features[NAMES[1]].numpy(), ids[1][start:start + 48])  # global: all 48 samples
+    np.testing.assert_array_equal(features[NAMES[0]].numpy(), ids[0][start + 24:start + 48, 0])
+    np.testing.assert_array_equal(features[NAMES[2]].numpy(), ids[2][start + 24:start + 48])
     np.testing.assert_array_equal(labels.numpy()[:, 0], label[start + 24:start + 48, 0])
 
 
@@ -156,13 +160,13 @@ def test_variable_length_rows_load_as_ragged_ids(tmp_path):
     assert lengths.min() == 1 and lengths.max() == HOTNESS[1] and (lengths < HOTNESS[1]).mean() > 0.5
     spec = ragged_by_default(FeatureSpec.load(str(tmp_path / "feature_spec.yaml"), check_files=False))
     assert [spec.ragged(name) for name in spec.categorical_features] == [False, True, True]
-    reader = SplitTFRecordsReader(spec, "train", 48, rank=1, world_size=2, global_categorical=[1], local_categorical=[0, 2])
-    dense, categorical, labels = list(reader.dataset())[3]
+    reader = SplitTFRecordsReader(spec, "train", 48, rank=1, world_size=2, input_modes=MODES)
+    features, labels = list(reader.dataset())[3]
     start = 3 * 48
-    assert isinstance(categorical[0], tf.RaggedTensor) and isinstance(categorical[2], tf.RaggedTensor)
-    assert _rows(categorical[0]) == [list(row) for row in ids[1][start:start + 48]]  # global: all 48 samples
-    np.testing.assert_array_equal(categorical[1].numpy(), ids[0][start + 24:start + 48, 0])
-    assert _rows(categorical[2]) == [list(row) for row in ids[2][start + 24:start + 48]]
+    assert isinstance(features[NAMES[1]], tf.RaggedTensor) and isinstance(features[NAMES[2]], tf.RaggedTensor)
+    assert _rows(features[NAMES[1]]) == [list(row) for row in ids[1][start:start + 48]]  # global: all 48 samples
+    np.testing.assert_array_equal(features[NAMES[0]].numpy(), ids[0][start + 24:start + 48, 0])
+    assert _rows(features[NAMES[2]]) == [list(row) for row in ids[2][start + 24:start + 48]]
     np.testing.assert_array_equal(labels.numpy()[:, 0], label[start + 24:start + 48, 0])
 
 

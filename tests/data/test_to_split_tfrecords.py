@@ -41,13 +41,15 @@ def test_the_same_samples_read_back(converted):
     reader = SplitTFRecordsReader(records, "train", 64)
     assert reader.num_batches == 1050 // 64 == len(list(reader.dataset()))
     for split in binary.splits:
-        expected = list(SplitBinaryReader(binary, split, 150, local_categorical=range(len(names))).dataset())
+        expected = list(SplitBinaryReader(binary, split, 150, input_modes=dict.fromkeys(names, "local")).dataset())
         got = list(SplitTFRecordsReader(records, split, 150).dataset())
         assert len(got) == len(expected) > 0
-        for (n1, c1, l1), (n2, c2, l2) in zip(expected, got):
+        for (f1, l1), (f2, l2) in zip(expected, got):
+            assert sorted(f1) == sorted(f2) == sorted(["numerical", *names])
             np.testing.assert_array_equal(l1.numpy(), l2.numpy())
-            np.testing.assert_array_equal(n1.numpy().astype(np.float16), n2.numpy().astype(np.float16))
-            for name, a, b in zip(names, c1, c2):
+            np.testing.assert_array_equal(f1["numerical"].numpy().astype(np.float16), f2["numerical"].numpy().astype(np.float16))
+            for name in names:
+                a, b = f1[name], f2[name]
                 b = b.to_tensor() if isinstance(b, tf.RaggedTensor) else b
                 np.testing.assert_array_equal(np.reshape(a.numpy(), (150, -1)), np.reshape(b.numpy(), (150, -1)), err_msg=name)
 

@@ -1,21 +1,8 @@
-"""A small DIN-like model that is none of tf_dlrm's four, built from the public API only, trained with
-``model.fit`` on N ranks (or one process).
+"""The model of tests/embedding/interest_model.py, built from the public API only, trained with
+``model.fit`` (or a hand-written loop around the library's step) on N ranks or one process.
 
-Tables, one per kind the library offers:
-
-- ``items``: lazy Adam, table-wise, read by two features (the candidate ``item`` and the user's ``history``, a
-  ragged multi-hot feature of 0 to 6 ids, averaged): a shared table;
-- ``users``: Adagrad, cut into column slices (``column_wise``);
-- ``categories``: row-wise Adagrad, table-wise, with 10 hot rows replicated on every rank (ids drawn
-  so that about half of the lookups hit them);
-- ``devices``: SGD, replicated on every rank;
-- ``queries``: a dynamic table of raw int64 keys (row-wise Adagrad, the base optimizer dynamic tables train
-  with), sharded by key hash, with room for every key it sees (no eviction: the same rows on any number of
-  ranks).
-
-The candidate attends over nothing fancier than a dot product with the history; an MLP reads
-everything. Writes (rank 0) the full tables, every table's optimizer state and the dense weights
-after training, as ``.npz``, for tests/embedding/test_custom_model.py.
+Writes (rank 0) the full tables, every table's optimizer state and the dense weights after training,
+as ``.npz``, for tests/embedding/test_custom_model.py.
 """
 
 from __future__ import annotations
@@ -35,81 +22,10 @@ from tf_dlrm.parallel import collectives  # noqa: E402
 from tf_dlrm.parallel.env import current_env, initialize  # noqa: E402
 from tf_dlrm.embedding.serving import export_saved_model  # noqa: E402
 from tf_dlrm.checkpoint import model_checkpoint  # noqa: E402
-from tf_dlrm.embedding import (  # noqa: E402
-    BroadcastInitialState, DistributedEmbedding, DynamicStorage, FeatureConfig, Model, Placement, TableConfig, TrainingStep,
-    optimizers,
+from tf_dlrm.embedding import BroadcastInitialState, TrainingStep  # noqa: E402
+from tests.embedding.interest_model import (  # noqa: E402
+    NUM_DENSE, InterestModel, make_data, make_embedding, probe_batch, write_probe,
 )
-
-ROWS = {"items": 2000, "users": 3000, "categories": 500, "devices": 7}
-HISTORY = 6
-NUM_DENSE = 3
-
-
-def make_features(placements: str = "chosen") -> list[FeatureConfig]:
-    """``chosen``: the placements above. ``auto``: the planner places every table but the replicated one, and
-    the optimizers move so that the hard case is the planner's: the shared items table (a one-hot and a ragged
-    reader) trains with row-wise Adagrad, users with lazy Adam, categories with Adagrad (no hot rows)."""
-    row_wise = optimizers.RowWiseAdagrad(learning_rate=0.05)
-    lazy_adam, adagrad = optimizers.LazyAdam(learning_rate=0.01, epsilon=1e-4), optimizers.Adagrad(learning_rate=0.05)
-    if placements == "auto":
-        items = TableConfig("items", ROWS["items"], 8, optimizer=row_wise)
-        users = TableConfig("users", ROWS["users"], 8, optimizer=lazy_adam)
-        categories = TableConfig("categories", ROWS["categories"], 8, optimizer=adagrad)
-    else:
-        # Table-wise: row-wise state (the categories table's) stays exact only where no column-sliced table is read
-        # by a multi-hot feature.
-        items = TableConfig("items", ROWS["items"], 8, optimizer=lazy_adam, placement="table_wise")
-        users = TableConfig("users", ROWS["users"], 8, optimizer=adagrad, placement="column_wise")
-        categories = TableConfig("categories", ROWS["categories"], 8, optimizer=row_wise,
-                                 placement=Placement("table_wise", hot_rows=range(10)))
-    queries = TableConfig("queries", 1, 8, optimizer=row_wise, placement=Placement(dynamic=DynamicStorage(capacity=4000)))
-    devices = TableConfig("devices", ROWS["devices"], 4, optimizer=optimizers.SGD(learning_rate=0.1), placement="replicated")
-    return [
-        FeatureConfig("item", items),
-        FeatureConfig("history", items, hotness=HISTORY, ragged=True, combiner="mean"),
-        FeatureConfig("user", users),
-        FeatureConfig("category", categories),
-        FeatureConfig("device", devices),
-        FeatureConfig("query", queries),
-    ]
-
-
-class InterestModel(Model):
-    """logit = <item, history> + MLP(all embeddings, dense)."""
-
-    def __init__(self, embedding: DistributedEmbedding, **kwargs):
-        super().__init__(**kwargs)
-        self.embedding = embedding
-        self.mlp = keras.Sequential([keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)], name="mlp")
-
-    def call(self, inputs):
-        pooled = self.embedding({name: inputs[name] for name in ("item", "history", "user", "category", "device", "query")})
-        interest = tf.reduce_sum(pooled["item"] * pooled["history"], axis=1, keepdims=True)
-        everything = tf.concat([pooled[name] for name in ("item", "history", "user", "category", "device", "query")]
-                               + [inputs["dense"]], axis=1)
-        return interest + self.mlp(everything)
-
-
-def make_data(count: int, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(0, HISTORY + 1, count)
-    data = {
-        "item": rng.integers(0, ROWS["items"], count).astype(np.int64),
-        "history_values": rng.integers(0, 60, lengths.sum()).astype(np.int64),  # few ids: repeats
-        "history_lengths": lengths.astype(np.int64),
-        "user": rng.integers(0, ROWS["users"], count).astype(np.int64),
-        # Half the lookups hit the 10 hot rows.
-        "category": np.where(rng.random(count) < 0.5, rng.integers(0, 10, count),
-                             rng.integers(0, ROWS["categories"], count)).astype(np.int64),
-        "device": rng.integers(0, ROWS["devices"], count).astype(np.int64),
-        # Raw 40-bit keys from a pool of 600.
-        "query": np.random.default_rng(99).integers(0, 2**40, 600)[rng.integers(0, 600, count)].astype(np.int64),
-        "dense": rng.normal(size=(count, NUM_DENSE)).astype(np.float32),
-    }
-    score = np.sin(data["user"] * 0.05) * np.cos(data["item"] * 0.03) + 0.3 * data["dense"][:, 0]
-    data["label"] = (rng.random(count) < 1.0 / (1.0 + np.exp(-3.0 * score))).astype(np.float32)[:, None]
-    return data
-
 
 def local_dataset(data: dict, global_batch: int, rank: int, world_size: int) -> tf.data.Dataset:
     """Rank r's rows ``[r*b, (r+1)*b)`` of every global batch, in order."""
@@ -118,16 +34,14 @@ def local_dataset(data: dict, global_batch: int, rank: int, world_size: int) -> 
     rows = np.concatenate([np.arange(start + rank * local, start + (rank + 1) * local)
                            for start in range(0, count, global_batch)])
     history = tf.RaggedTensor.from_row_lengths(data["history_values"], data["history_lengths"])
-    features = {name: tf.gather(data[name], rows) for name in ("item", "user", "category", "device", "query", "dense")}
+    features = {name: tf.gather(data[name], rows) for name in ("item", "user", "category", "device", "query", "numerical")}
     features["history"] = tf.gather(history, rows)
     return tf.data.Dataset.from_tensor_slices((features, tf.gather(data["label"], rows))).batch(local)
 
 
 def build(seed: int, placements: str = "chosen") -> InterestModel:
     keras.utils.set_random_seed(seed)  # the same dense initial weights on every rank
-    # auto: the planner replicates the categories table (500 rows) and keeps items (2000 rows) model-parallel.
-    threshold = {"data_parallel_threshold": 1000} if placements == "auto" else {}
-    model = InterestModel(DistributedEmbedding(make_features(placements), seed=seed, name="embedding", **threshold))
+    model = InterestModel(make_embedding(seed, placements))
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss=keras.losses.BinaryCrossentropy(from_logits=True))
     return model
 
@@ -159,14 +73,7 @@ def state_arrays(model: InterestModel) -> dict:
 SIGNATURE = {"item": tf.TensorSpec([None], tf.int64), "history": tf.RaggedTensorSpec([None, None], tf.int64, 1),
              "user": tf.TensorSpec([None], tf.int64), "category": tf.TensorSpec([None], tf.int64),
              "device": tf.TensorSpec([None], tf.int64), "query": tf.TensorSpec([None], tf.int64),
-             "dense": tf.TensorSpec([None, NUM_DENSE], tf.float32)}
-
-
-def probe_batch(seed: int, count: int = 40) -> dict:
-    """Rows never trained on (another seed), for comparing served scores with the model's."""
-    data = make_data(count, seed + 100)
-    history = tf.RaggedTensor.from_row_lengths(data["history_values"], data["history_lengths"])
-    return {**{name: tf.constant(data[name]) for name in ("item", "user", "category", "device", "query", "dense")}, "history": history}
+             "numerical": tf.TensorSpec([None, NUM_DENSE], tf.float32)}
 
 
 def train_by_hand(model: InterestModel, dataset: tf.data.Dataset) -> None:
@@ -195,7 +102,8 @@ def main(argv=None) -> None:
     parser.add_argument("--output", required=True)
     parser.add_argument("--save", default=None, help="checkpoint directory written after training")
     parser.add_argument("--restore", default=None, help="restore this checkpoint instead of training")
-    parser.add_argument("--export", default=None, help="with --restore, one process: the SavedModel to write")
+    parser.add_argument("--export", default=None, help="with --restore, one process (kernels on or off): the SavedModel to write")
+    parser.add_argument("--probe", default=None, help="with --export: where to write the probe rows the test serves")
     parser.add_argument("--loop", choices=("fit", "manual"), default="fit",
                         help="manual: a hand-written loop calling a TrainingStep instead of model.fit")
     parser.add_argument("--placements", choices=("chosen", "auto"), default="chosen", help="see make_features")
@@ -216,7 +124,10 @@ def main(argv=None) -> None:
     arrays = state_arrays(model)
     if args.export:
         export_saved_model(model, args.export, SIGNATURE)
-        arrays["probe_scores"] = model(probe_batch(args.seed), training=False).numpy()
+        # What the SavedModel serves: the probability of each probe row.
+        arrays["probe_scores"] = tf.reshape(tf.sigmoid(model(probe_batch(args.seed), training=False)), [-1]).numpy()
+        if args.probe and env.is_chief:
+            write_probe(args.probe, args.seed)
     if env.is_chief:
         if args.placements == "auto":  # what the planner chose
             plan = model.embedding.plan

@@ -34,13 +34,16 @@ for strategy in ("table_wise", "column_wise", "auto"):
     upstream = tf.constant(rng.normal(size=(local, len(cardinalities), 8)), tf.float32)
     results = []
     for layer in layers:
-        categorical = [tf.constant(ids[t]) for t in layer.global_categorical] + [tf.constant(ids[t][mine]) for t in layer.local_categorical]
-        layer(categorical, local_batch=local)
+        modes = layer.input_modes
+        names = [f.name for f in layer.features]
+        categorical = {name: tf.constant(ids[t] if modes[name] == "global" else ids[t][mine])
+                       for t, name in enumerate(names) if name in modes}
+        layer(categorical, local_batch=local, stacked=True)
 
         @tf.function
         def step(categorical, layer=layer):
             with tf.GradientTape() as tape:
-                output = layer(categorical, local_batch=local)
+                output = layer(categorical, local_batch=local, stacked=True)
                 loss = tf.reduce_sum(output * upstream)
             gradients = tape.gradient(loss, layer.shard_variables)
             return output, [tf.convert_to_tensor(g) for g in gradients]

@@ -34,6 +34,7 @@ from tf_dlrm.models.dlrm import DLRM  # noqa: E402
 from tf_dlrm.embedding.embedding_bank import EmbeddingBank  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
 from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
+from tf_dlrm.spec.format import NUMERICAL_CHANNEL  # noqa: E402
 from tf_dlrm.train.step import Trainer
 
 NUM_NUMERICAL = 5
@@ -83,14 +84,14 @@ def feature_list(case):
 
 
 def make_batches(case, count):
-    """Numpy batches; a feature's ids are ``[B]`` (one-hot), ``[B, h]`` (fixed) or
-    ``(values, row lengths)`` (ragged, with empty rows)."""
+    """Numpy batches ``(numerical, {feature name: ids}, label)``, the ids in feature order; a feature's ids
+    are ``[B]`` (one-hot), ``[B, h]`` (fixed) or ``(values, row lengths)`` (ragged, with empty rows)."""
     rng = np.random.default_rng(case["seed"] + 99)
     batches = []
     for _ in range(count):
         size = case["global_batch"]
         numerical = rng.random((size, NUM_NUMERICAL), dtype=np.float32)
-        ids = []
+        ids = {}
         for feature in feature_list(case):
             rows = case["cardinalities"][int(feature["table"][1:])]
             # Few distinct ids so that rows repeat within a sample and a batch (duplicate sparse updates).
@@ -98,11 +99,11 @@ def make_batches(case, count):
             hotness = feature.get("hotness", 1)
             if feature.get("ragged"):
                 lengths = rng.integers(0, hotness + 1, size)
-                ids.append((rng.integers(0, distinct, int(lengths.sum())).astype(np.int32), lengths))
+                ids[feature["name"]] = (rng.integers(0, distinct, int(lengths.sum())).astype(np.int32), lengths)
             elif hotness == 1:
-                ids.append(rng.integers(0, distinct, size).astype(np.int32))
+                ids[feature["name"]] = rng.integers(0, distinct, size).astype(np.int32)
             else:
-                ids.append(rng.integers(0, distinct, (size, hotness)).astype(np.int32))
+                ids[feature["name"]] = rng.integers(0, distinct, (size, hotness)).astype(np.int32)
         label = rng.integers(0, 2, (size, 1)).astype(np.float32)
         batches.append((numerical, ids, label))
     return batches
@@ -118,16 +119,28 @@ def as_tensor(ids, rows=None):
 
 
 def reference_inputs(batch):
+    """``(features, label)`` of the whole batch: the one-process reference reads every feature."""
     numerical, ids, label = batch
-    return numerical, tuple(as_tensor(i) for i in ids), label
+    return {NUMERICAL_CHANNEL: numerical, **{name: as_tensor(i) for name, i in ids.items()}}, label
 
 
-def local_inputs(batch, embedding, env):
+def local_inputs(batch, model, env):
+    """``(features, label)`` of this rank: the local rows of the numerical features and labels, and the
+    ids ``model`` (a model or an embedding layer) reads by its ``input_modes``: for the global batch or
+    for the local rows."""
     numerical, ids, label = batch
     local = numerical.shape[0] // env.world_size
     rows = slice(env.rank * local, (env.rank + 1) * local)
-    categorical = [as_tensor(ids[t]) for t in embedding.global_categorical] + [as_tensor(ids[t], rows) for t in embedding.local_categorical]
-    return numerical[rows], tuple(categorical), label[rows]
+    features = {NUMERICAL_CHANNEL: numerical[rows]}
+    for name, mode in model.input_modes.items():
+        if name != NUMERICAL_CHANNEL:
+            features[name] = as_tensor(ids[name]) if mode == "global" else as_tensor(ids[name], rows)
+    return features, label[rows]
+
+
+def reference_pooled(reference, features):
+    """The reference bank's pooled embeddings (its list call: the ids in feature order)."""
+    return reference.embedding([features[f.name] for f in reference.embedding.features])
 
 
 FLOOR = {"value": 1e-3}  # set per case: see test_equivalence.py
@@ -160,9 +173,9 @@ def compute_reference(case) -> dict[str, np.ndarray]:
     batches = make_batches(case, case["steps"] + 1)
     tables = range(len(case["cardinalities"]))
     arrays = {f"initial_{t}": reference.embedding.get_full_table(t) for t in tables}
-    numerical, categorical, _ = reference_inputs(batches[0])
-    arrays["logits"] = reference((numerical, categorical)).numpy()
-    arrays["pooled"] = reference.embedding(categorical).numpy()
+    features, _ = reference_inputs(batches[0])
+    arrays["logits"] = reference(features).numpy()
+    arrays["pooled"] = reference_pooled(reference, features).numpy()
     for batch in batches[1:]:
         trainer.train_step(*reference_inputs(batch))
     arrays.update({f"table_{t}": reference.embedding.get_full_table(t) for t in tables})
@@ -244,16 +257,17 @@ def run_case(case, env):
     record = {"case": case["name"], "rank": env.rank, "rank_slices": [str(s) for s in plan.rank_slices[env.rank]]}
     record["initial_tables"] = gathered_tables_diff(model, expected, "initial")
 
-    numerical, categorical, _ = local_inputs(batches[0], model.embedding, env)
-    logits = collectives.allgather(env, model((numerical, categorical)))
+    features, _ = local_inputs(batches[0], model, env)
+    logits = collectives.allgather(env, model(features))
     record["forward"] = max_differences(logits.numpy(), expected["logits"])
-    pooled = collectives.allgather(env, model.embedding(categorical, local_batch=numerical.shape[0]))
+    local_batch = features[NUMERICAL_CHANNEL].shape[0]
+    pooled = collectives.allgather(env, model.embedding(features, local_batch=local_batch, stacked=True))
     record["pooled"] = max_differences(pooled.numpy(), expected["pooled"])
 
     for batch in batches[1:]:
-        trainer.train_step(*local_inputs(batch, model.embedding, env))
+        trainer.train_step(*local_inputs(batch, model, env))
     record["exchanges"] = model.embedding.exchanges
-    record["assembly_ops"] = assembly_ops(trainer.train_step, local_inputs(batches[-1], model.embedding, env))
+    record["assembly_ops"] = assembly_ops(trainer.train_step, local_inputs(batches[-1], model, env))
     record["tables"] = gathered_tables_diff(model, expected, "table")
     record["mlp"] = list_diff(trainer.mlp, expected, "mlp")
     record["embedding_state"] = embedding_state_diff(model, trainer, expected)

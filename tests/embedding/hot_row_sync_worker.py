@@ -63,8 +63,8 @@ def exact_vs_merge(case, env):
     merging.hot_sync = merging.make_hot_row_sync(1)  # the merge path at S = 1 (training uses the exact one)
     record = {"initial_mlp": max(float(np.abs(a.numpy() - b.numpy()).max()) for a, b in zip(exact.mlp, merging.mlp))}
     for batch in make_batches(case, case["steps"]):
-        exact.train_step(*local_inputs(batch, model.embedding, env))
-        merging.train_step(*local_inputs(batch, merging_model.embedding, env))
+        exact.train_step(*local_inputs(batch, model, env))
+        merging.train_step(*local_inputs(batch, merging_model, env))
     record["hot"] = max(float(np.abs(a.numpy() - b.numpy()).max()) for a, b in zip(exact.hot, merging.hot))
     record["hot_scale"] = max(float(np.abs(a.numpy()).max()) for a in exact.hot)
     record["tables"] = 0.0
@@ -85,12 +85,12 @@ def reference(case, env):
     deltas = [np.zeros_like(b) for b in base]
     record = {"drift_before_merge": [], "steps_since_merge": [], "merges": []}
     for step, batch in enumerate(make_batches(case, case["steps"]), start=1):
-        numerical, categorical, label = local_inputs(batch, model.embedding, env)
+        features, label = local_inputs(batch, model, env)
         with tf.GradientTape() as tape:
             tape.watch([v.value for v in trainer.hot])
-            loss = binary_cross_entropy(label, model((numerical, categorical), training=True))
+            loss = binary_cross_entropy(label, model(features, training=True))
         gradients = tape.gradient(loss, [v.value for v in trainer.hot])
-        trainer.train_step(numerical, categorical, label)
+        trainer.train_step(features, label)
         rate = np.float32(float(trainer.learning_rate.numpy()) * trainer.config.embedding_rate_factor / env.world_size)
         for delta, gradient in zip(deltas, gradients):
             delta -= rate * tf.convert_to_tensor(gradient).numpy()
@@ -111,7 +111,7 @@ def reference(case, env):
 def state_merge(case, env):
     model, trainer = make_trainer(case, env, 10_000)
     for batch in make_batches(case, case["steps"]):
-        trainer.train_step(*local_inputs(batch, model.embedding, env))
+        trainer.train_step(*local_inputs(batch, model, env))
     sync = trainer.hot_sync
     expected, drift = [], 0.0
     for index in range(len(trainer.hot)):
@@ -152,9 +152,10 @@ def checkpoint(case, env):
     started = (env, FeatureSpec.load(resolve_spec_path(config)), Reporter(env.is_chief, None, None), (1, 1))
     session = modes.open_session(config, started)
     trainer, embedding = session.trainer, session.model.embedding
-    reader = builder.make_reader(session.spec, config.train_split, config.batch_size, env, embedding, True, config.seed)
-    for numerical, categorical, label in reader.dataset(epoch=0).take(case["steps"]):
-        trainer.train_step(numerical, categorical, label)
+    reader = builder.make_reader(session.spec, config.train_split, config.batch_size, env, session.model.input_modes, True,
+                                 config.seed)
+    for features, label in reader.dataset(epoch=0).take(case["steps"]):
+        trainer.train_step(features, label)
     drift = max(spread(gathered(env, v.value)) for v in trainer.hot)
     pending = int(trainer.hot_sync.steps_since_merge.numpy())
     path = session.checkpointer.save(case["steps"])

@@ -98,7 +98,7 @@ def run_case(case, env):
     reference_1 = make_model(case, plan_1, 0, TruncatingEmbedding)
     batches = equivalence.make_batches(case, case["steps"] + 1)
     for model, world in ((split, env), (reference_n, env), (reference_1, DistributedEnv())):
-        model(equivalence.local_inputs(batches[0], model.embedding, world)[:2])
+        model(equivalence.local_inputs(batches[0], model, world)[0])
     config = OptimizerConfig(
         LearningRateSchedule(case["learning_rate"]), optimizer=case["optimizer"], embedding_optimizer=case["embedding_optimizer"],
         dense_learning_rate=0.01 if case["optimizer"] != "sgd" else 0.0, adam_epsilon=case.get("adam_epsilon", 1e-8))
@@ -111,19 +111,19 @@ def run_case(case, env):
     if env.is_chief:
         record["initial_tables_equal"] = all(np.array_equal(a, b) for a, b in zip(initial_split, initial_reference))
 
-    numerical, categorical, _ = equivalence.local_inputs(batches[0], split.embedding, env)
-    logits = collectives.allgather(env, split((numerical, categorical)))
-    logits_n = collectives.allgather(env, reference_n(equivalence.local_inputs(batches[0], reference_n.embedding, env)[:2]))
-    logits_1 = reference_1(equivalence.local_inputs(batches[0], reference_1.embedding, DistributedEnv())[:2])
+    features, _ = equivalence.local_inputs(batches[0], split, env)
+    logits = collectives.allgather(env, split(features))
+    logits_n = collectives.allgather(env, reference_n(equivalence.local_inputs(batches[0], reference_n, env)[0]))
+    logits_1 = reference_1(equivalence.local_inputs(batches[0], reference_1, DistributedEnv())[0])
     record["forward_vs_reference_n"] = float(np.abs(logits.numpy() - logits_n.numpy()).max())
     record["forward_vs_reference_1"] = float(np.abs(logits.numpy() - logits_1.numpy()).max()) / max(1.0, float(np.abs(logits_1.numpy()).max()))
 
     before = full_tables(reference_1, count) + mlp_weights(reference_1)
     paths = [0.0] * len(before)
     for batch in batches[1:]:
-        trainers[0].train_step(*equivalence.local_inputs(batch, split.embedding, env))
-        trainers[1].train_step(*equivalence.local_inputs(batch, reference_n.embedding, env))
-        trainers[2].train_step(*equivalence.local_inputs(batch, reference_1.embedding, DistributedEnv()))
+        trainers[0].train_step(*equivalence.local_inputs(batch, split, env))
+        trainers[1].train_step(*equivalence.local_inputs(batch, reference_n, env))
+        trainers[2].train_step(*equivalence.local_inputs(batch, reference_1, DistributedEnv()))
         after = full_tables(reference_1, count) + mlp_weights(reference_1)
         paths = [p + float(np.abs(a - b).max(initial=0.0)) for p, a, b in zip(paths, after, before)]
         before = after

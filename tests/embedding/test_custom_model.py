@@ -1,7 +1,8 @@
-"""A model that is none of tf_dlrm's four, built from the public API only (tests/embedding/custom_model_worker.py:
-a lazy-Adam table shared by a one-hot and a ragged multi-hot feature, a column-wise Adagrad table, a row-wise
-Adagrad table with hot rows, a replicated SGD table, a dynamic table of raw int64 keys), trained with ``model.fit`` on 2 and 3 ranks, equals one
-process: every table, every table's optimizer state and every dense weight.
+"""A model that is none of tf_dlrm's, built from the public API only (tests/embedding/interest_model.py: a
+lazy-Adam table shared by a one-hot and a ragged multi-hot feature, a column-wise Adagrad table, a row-wise
+Adagrad table with hot rows, a replicated SGD table, a dynamic table of raw int64 keys), trained with
+``model.fit`` on 2 and 3 ranks by tests/embedding/custom_model_worker.py, equals one process: every table,
+every table's optimizer state and every dense weight.
 
 Tolerance: ranks and one process add the same float32 numbers in other orders (the dense allreduce, the
 pooled gradients' sums, the replicated tables' counts), each sum off by a few units of 2**-24 relative; 12
@@ -54,7 +55,7 @@ def test_one_process_keeps_each_tables_own_optimizer_state(one_process):
     assert sorted(k for k in one_process if k.startswith("state/")) == [
         "state/categories/accumulator", "state/items/m", "state/items/v", "state/queries/accumulator",
         "state/users/accumulator"]
-    from tests.embedding.custom_model_worker import make_data
+    from tests.embedding.interest_model import make_data
 
     seen = np.unique(make_data(12 * 48, 5)["query"])  # the worker's 12 steps of 48 rows
     np.testing.assert_array_equal(one_process["dynamic/queries/keys"], seen)  # one row per key seen, none evicted
@@ -74,7 +75,7 @@ def test_fit_on_n_ranks_equals_one_process(one_process, world_size, tmp_path):
 
 
 def check_trained_like(many: dict, one_process: dict, world_size: int) -> None:
-    from tests.embedding.custom_model_worker import make_features
+    from tests.embedding.interest_model import make_features
     from tf_dlrm.embedding.table_init import initial_table_slice
 
     for index, feature in enumerate(dict.fromkeys(f.table for f in make_features() if not f.table.dynamic)):
@@ -117,25 +118,9 @@ def test_a_hand_written_loop_around_the_training_step_equals_fit(one_process, tm
         assert relative(manual[name], one_process[name], floor_of(name)) <= 1e-5, f"{name}: the loop differs from fit"
 
 
-SERVE = """
-import sys
-import numpy as np
-import tensorflow as tf
-loaded = tf.saved_model.load(sys.argv[1])
-probe = dict(np.load(sys.argv[2]))
-scores = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in probe.items()})["output"].numpy()
-assert not any(name.startswith("tf_dlrm") for name in sys.modules), "tf_dlrm was imported"
-np.save(sys.argv[3], scores)
-"""
-
-
 @pytest.mark.multirank
 def test_checkpoint_on_two_ranks_restores_on_three_and_serves_without_tf_dlrm(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    from tests.embedding.custom_model_worker import probe_batch
+    from tests.embedding.interest_model import serve_without_tf_dlrm
 
     checkpoints = tmp_path / "checkpoints"
     launch(2, [WORKER, f"--output={tmp_path / 'saved.npz'}", f"--save={checkpoints}"], timeout=600)
@@ -145,20 +130,12 @@ def test_checkpoint_on_two_ranks_restores_on_three_and_serves_without_tf_dlrm(tm
     for name in saved:  # a restore moves the saved float32 values, whatever the plan: bit for bit
         np.testing.assert_array_equal(restored[name], saved[name], err_msg=name)
 
-    # One process without tf_dlrm's kernels restores the 2-rank checkpoint and exports; plain TensorFlow
-    # (a process that never imports tf_dlrm) serves it.
+    # One process (tf_dlrm's kernels as they are: the export traces TensorFlow's ops) restores the 2-rank
+    # checkpoint and exports; plain TensorFlow (a process that never imports tf_dlrm) serves it.
     exported = tmp_path / "serving"
-    run_python([WORKER, f"--output={tmp_path / 'export.npz'}", f"--restore={checkpoints}", f"--export={exported}"],
-               timeout=600, env={"TF_DLRM_DISABLE_KERNELS": "1"})
+    run_python([WORKER, f"--output={tmp_path / 'export.npz'}", f"--restore={checkpoints}", f"--export={exported}",
+                f"--probe={tmp_path / 'probe.npz'}"], timeout=600)
     expected = dict(np.load(tmp_path / "export.npz"))["probe_scores"]
-    probe = probe_batch(5)
-    flat = {name: value.numpy() for name, value in probe.items() if name != "history"}
-    flat.update(history_values=probe["history"].values.numpy(), history_row_lengths=probe["history"].row_lengths().numpy())
-    np.savez(tmp_path / "probe.npz", **flat)
-    # The serving process runs outside the repository, with no PYTHONPATH to it.
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([sys.executable, "-c", SERVE, str(exported), str(tmp_path / "probe.npz"), str(tmp_path / "served.npy")],
-                   check=True, cwd=str(tmp_path), env={**env, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=300)
-    served = np.load(tmp_path / "served.npy")
-    assert served.shape == expected.shape == (40, 1)
+    served = serve_without_tf_dlrm(str(exported), str(tmp_path / "probe.npz"), str(tmp_path / "served.npy"))
+    assert served.shape == expected.shape == (40,)
     np.testing.assert_allclose(served, expected, rtol=0, atol=1e-6)

@@ -36,8 +36,8 @@ FEATURES = [
 BATCH = 16
 
 
-def batches(order, count=3):
-    """``order``: the feature of each id tensor the layer takes (its ``_input_features()``)."""
+def batches(count=3):
+    """``(features, label)`` pairs: ``features`` holds ``"numerical"`` and the ids of every feature by name."""
     rng = np.random.default_rng(7)
     out = []
     for _ in range(count):
@@ -47,7 +47,8 @@ def batches(order, count=3):
             [list(rng.integers(0, rows, rng.integers(0, hotness + 1))) for _ in range(BATCH)], dtype=tf.int32)
         ids = (rng.integers(0, 30, (BATCH, 5)).astype(np.int32), ragged(30, 6),
                rng.integers(0, 12, (BATCH, 3)).astype(np.int32), rng.integers(0, 50, BATCH).astype(np.int32), ragged(4, 2))
-        out.append((tf.constant(numerical), tuple(ids[f] for f in order), tf.constant(rng.integers(0, 2, (BATCH, 1)).astype(np.float32))))
+        features = {"numerical": tf.constant(numerical), **{feature.name: i for feature, i in zip(FEATURES, ids)}}
+        out.append((features, tf.constant(rng.integers(0, 2, (BATCH, 1)).astype(np.float32))))
     return out
 
 
@@ -58,14 +59,14 @@ def train(optimizer: str, kernel: bool, monkeypatch):
         plan = make_plan(TABLES, 1, data_parallel_threshold=5)
         layer = DistributedEmbedding.from_plan(plan, features=FEATURES, seed=3, name="embedding")
         model = DLRM(layer, 4, bottom_mlp_dims=(16, 8), top_mlp_dims=(8, 1), interaction="cat")
-        data = batches(layer._input_features())
-        model((data[0][0], data[0][1]))
+        data = batches()
+        model(data[0][0])
     marked = [distinct_rows(v) for v in layer.shard_variables + layer.replicated_variables]
     config = OptimizerConfig(LearningRateSchedule(1.0), optimizer="sgd", embedding_optimizer=optimizer)
     trainer = Trainer(model, DistributedEnv(), config)
     initial = [v.numpy() for v in layer.shard_variables + layer.replicated_variables]
-    for numerical, ids, label in data:
-        trainer.train_step(numerical, ids, label)
+    for features, label in data:
+        trainer.train_step(features, label)
     # What training changed (the initial tables are equal in both runs: same seed).
     return [v.numpy() - start for v, start in zip(layer.shard_variables + layer.replicated_variables, initial)], marked
 
@@ -96,7 +97,7 @@ def test_without_the_library_the_layer_pools_with_tensorflow_ops():
         "from tf_dlrm.sharding.planner import make_plan\n"
         "plan = make_plan([TableSpec('items', 30, 4)], 1, data_parallel_threshold=0)\n"
         "layer = DistributedEmbedding.from_plan(plan, features=[FeatureConfig('f', 'items', hotness=3, combiner='mean')], seed=2)\n"
-        "out = layer([np.array([[1, 1, 2], [29, 0, 0]], np.int32)])\n"
+        "out = layer({'f': np.array([[1, 1, 2], [29, 0, 0]], np.int32)}, stacked=True)\n"
         "print(layer.group_kernel, [distinct_rows(v) for v in layer.shard_variables], np.round(out.numpy().sum(), 5))\n")
     results = []
     for environment in ({"TF_DLRM_DISABLE_KERNELS": "1"}, {}):

@@ -30,7 +30,8 @@ def make_layer(**kwargs):
 def inputs(history=None, clicks=None):
     clicks = np.array([[1, 1, 7], [0, 2, 39]], np.int32) if clicks is None else clicks
     history = tf.ragged.constant([[3, 3], []], dtype=tf.int32) if history is None else history
-    return [clicks, history, np.array([4, 0], np.int32), np.array([[1, 2], [2, 2]], np.int32)]
+    return {"clicks": clicks, "history": history, "device": np.array([4, 0], np.int32),
+            "tags": np.array([[1, 2], [2, 2]], np.int32)}
 
 
 def table(layer, name):
@@ -40,7 +41,7 @@ def table(layer, name):
 
 def test_pooled_outputs_match_hand_sums():
     layer = make_layer()
-    out = layer(inputs(), local_batch=2).numpy()
+    out = layer(inputs(), local_batch=2, stacked=True).numpy()
     items, devices = table(layer, "items"), table(layer, "devices")
     assert out.shape == (2, 6 + 6 + 3 + 3)  # mixed widths: flat, feature by feature
     expected = np.concatenate([
@@ -56,7 +57,7 @@ def test_pooled_outputs_match_hand_sums():
 def test_gradient_reaches_every_id_with_duplicates_accumulated():
     layer = make_layer()
     with tf.GradientTape() as tape:
-        out = layer(inputs(), local_batch=2)
+        out = layer(inputs(), local_batch=2, stacked=True)
         loss = tf.reduce_sum(out[:, :6]) + 2.0 * tf.reduce_sum(out[:, 6:12])
     gradient = tape.gradient(loss, layer.shard_variables[0].value)
     dense = tf.math.unsorted_segment_sum(gradient.values, gradient.indices, 40).numpy()
@@ -91,6 +92,6 @@ def test_id_outside_the_table_is_refused_naming_the_feature(bad_id):
 def test_dense_ids_for_a_ragged_feature_of_fewer_columns_are_accepted():
     """A ragged feature may also come dense with at most ``hotness`` ids per sample (no empty rows)."""
     layer = make_layer()
-    ragged = layer(inputs(history=tf.ragged.constant([[3, 5], [1, 2]], dtype=tf.int32)), local_batch=2)
-    dense = layer(inputs(history=np.array([[3, 5], [1, 2]], np.int32)), local_batch=2)
+    ragged = layer(inputs(history=tf.ragged.constant([[3, 5], [1, 2]], dtype=tf.int32)), local_batch=2, stacked=True)
+    dense = layer(inputs(history=np.array([[3, 5], [1, 2]], np.int32)), local_batch=2, stacked=True)
     np.testing.assert_array_equal(ragged.numpy(), dense.numpy())

@@ -55,6 +55,7 @@ def main(local_data: str, out_path: str) -> None:
     import tensorflow as tf
 
     from tf_dlrm.data.reader import SplitBinaryReader
+    from tf_dlrm.embedding.serving import input_name
     from tf_dlrm.metrics import ClickMetrics
     from tf_dlrm.spec.feature_spec import FeatureSpec
 
@@ -73,11 +74,14 @@ def main(local_data: str, out_path: str) -> None:
 
     served = tf.saved_model.load(f"{REMOTE}/export").signatures["serving_default"]
     spec = FeatureSpec.load(f"{REMOTE}/data/feature_spec.yaml")
+    # input_modes=None: every categorical feature read, in spec order (one process: the whole batch).
     reader = SplitBinaryReader(spec, "validation", 500, last_batch="keep")
     scores, labels = [], []
     for batch in range(reader.num_batches):
         numerical, categorical, label = reader.read_batch(batch)
-        out = served(numerical=tf.constant(numerical), categorical=tf.constant(np.stack(categorical, axis=1), tf.int64))
+        ids = {input_name(feature): tf.constant(np.reshape(column, [-1]), tf.int64)
+               for feature, column in zip(spec.categorical_features, categorical)}
+        out = served(numerical=tf.constant(numerical), **ids)
         scores.append(out["probability"].numpy())
         labels.append(label.reshape(-1))
     served_auc = ClickMetrics.of(np.concatenate(labels), np.concatenate(scores)).auc

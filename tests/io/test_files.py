@@ -244,11 +244,11 @@ def _copy_up(local: str, target: str) -> None:
 
 def _same_batches(readers) -> int:
     batches = 0
-    for (a_num, a_cat, a_label), (b_num, b_cat, b_label) in zip(readers[0].dataset(), readers[1].dataset()):
-        np.testing.assert_array_equal(a_num.numpy(), b_num.numpy())
+    for (a_features, a_label), (b_features, b_label) in zip(readers[0].dataset(), readers[1].dataset()):
+        assert list(a_features) == list(b_features)
         np.testing.assert_array_equal(a_label.numpy(), b_label.numpy())
-        for a, b in zip(a_cat, b_cat):
-            np.testing.assert_array_equal(a.numpy(), b.numpy())
+        for name in a_features:
+            np.testing.assert_array_equal(a_features[name].numpy(), b_features[name].numpy(), err_msg=name)
         batches += 1
     return batches
 
@@ -267,8 +267,9 @@ def test_the_dataset_readers_read_the_same_batches_from_remote_storage(tmp_path,
     convert(local, records, prebatch_size=64, prebatches_per_file=3)
     _copy_up(local, files.join(remote, "data"))
     _copy_up(records, files.join(remote, "records"))
+    modes = {name: "global" if index in (0, 2) else "local" for index, name in enumerate(spec.categorical_features)}
     readers = [SplitBinaryReader(FeatureSpec.load(files.join(base, "feature_spec.yaml")), "train", 128, rank=1, world_size=2,
-                                 global_categorical=[0, 2], last_batch="pad", parallel_reads=3)
+                                 input_modes=modes, last_batch="pad", parallel_reads=3)
                for base in (local, files.join(remote, "data"))]
     assert readers[0].num_samples == readers[1].num_samples == 600
     assert _same_batches(readers) == 5

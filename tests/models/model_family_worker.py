@@ -21,10 +21,9 @@ from equivalence_worker import (  # noqa: E402
 )
 
 from tf_dlrm.spec.crossed_features import CrossedFeature  # noqa: E402
-from tf_dlrm.embedding.table_config import FeatureConfig  # noqa: E402
+from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig  # noqa: E402
 from tf_dlrm.parallel import collectives  # noqa: E402
 from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
-from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
 from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 from tests.model_families import build_family_model  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
@@ -33,7 +32,7 @@ from tf_dlrm.train.step import Trainer
 
 
 def build(case, env, world_size, rank):
-    base_tables = [TableSpec(f"t{i}", rows, case["dim"]) for i, rows in enumerate(case["cardinalities"])]
+    base_tables = [TableConfig(f"t{i}", rows, case["dim"]) for i, rows in enumerate(case["cardinalities"])]
     crossed = [CrossedFeature(a, b, buckets) for a, b, buckets in case.get("crossed", [])]
     params = dict(case["family"])
     name = params.pop("model")
@@ -52,8 +51,8 @@ def run_case(case, env):
     plan, model = build(case, env, env.world_size, env.rank)
     _, reference = build(case, env, 1, 0)
     batches = make_batches(case, case["steps"] + 1)
-    model(local_inputs(batches[0], model.embedding, env)[:2])
-    reference(reference_inputs(batches[0])[:2])
+    model(local_inputs(batches[0], model, env)[0])
+    reference(reference_inputs(batches[0])[0])
     config = OptimizerConfig(
         LearningRateSchedule(case["learning_rate"]), optimizer=case.get("optimizer", "sgd"),
         embedding_optimizer=case.get("embedding_optimizer", "sgd"), dense_learning_rate=case.get("dense_learning_rate", 0.0),
@@ -76,14 +75,15 @@ def run_case(case, env):
 
     initial = [reference.embedding.get_full_table(t) for t in range(count)]
     record["initial_tables"] = tables_diff()
-    numerical, categorical, _ = local_inputs(batches[0], model.embedding, env)
-    logits = collectives.allgather(env, model((numerical, categorical)))
-    reference_numerical, reference_categorical, _ = reference_inputs(batches[0])
-    record["forward"] = max_differences(logits.numpy(), reference((reference_numerical, reference_categorical)).numpy())
-    pooled = collectives.allgather(env, model.embedding(categorical, local_batch=numerical.shape[0]))
-    record["pooled"] = max_differences(pooled.numpy(), reference.embedding(reference_categorical).numpy())
+    features, _ = local_inputs(batches[0], model, env)
+    logits = collectives.allgather(env, model(features))
+    reference_features, _ = reference_inputs(batches[0])
+    record["forward"] = max_differences(logits.numpy(), reference(reference_features).numpy())
+    # The stacked embedding output, derived features included (made from this rank's columns).
+    pooled = collectives.allgather(env, model.embed(features))
+    record["pooled"] = max_differences(pooled.numpy(), reference.embed(reference_features).numpy())
     for batch in batches[1:]:
-        trainer.train_step(*local_inputs(batch, model.embedding, env))
+        trainer.train_step(*local_inputs(batch, model, env))
         reference_trainer.train_step(*reference_inputs(batch))
     record["tables"] = tables_diff()
     state = {"abs": 0.0, "rel": 0.0}

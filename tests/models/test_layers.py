@@ -83,6 +83,11 @@ def test_embedding_bank_lookup_and_full_tables():
     np.testing.assert_array_equal(bank(ids).numpy()[:, 0], np.full((2, 4), 2.0))
 
 
+def features(numerical, t0, t1) -> dict:
+    """The model's inputs: the numerical features and the ids of the bank's features ``t0`` and ``t1``."""
+    return {"numerical": numerical, "t0": t0, "t1": t1}
+
+
 def make_dlrm(**overrides):
     kwargs = dict(num_numerical=3, bottom_mlp_dims=[8, 4], top_mlp_dims=[8, 1], seed=2)
     kwargs.update(overrides)
@@ -91,7 +96,7 @@ def make_dlrm(**overrides):
 
 def test_dlrm_forward_shape_and_float32_logits():
     model = make_dlrm()
-    logits = model((np.ones((6, 3), np.float32), (np.zeros(6, np.int32), np.ones(6, np.int32))))
+    logits = model(features(np.ones((6, 3), np.float32), np.zeros(6, np.int32), np.ones(6, np.int32)))
     assert logits.shape == (6, 1) and logits.dtype == tf.float32
 
 
@@ -107,14 +112,14 @@ def test_dlrm_top_mlp_must_end_in_one_unit():
 
 def test_dlrm_cat_interaction_allows_any_bottom_width():
     model = make_dlrm(bottom_mlp_dims=[8, 5], interaction="cat")
-    assert model((np.ones((2, 3), np.float32), (np.zeros(2, np.int32), np.zeros(2, np.int32)))).shape == (2, 1)
+    assert model(features(np.ones((2, 3), np.float32), np.zeros(2, np.int32), np.zeros(2, np.int32))).shape == (2, 1)
 
 
 def test_dlrm_mixed_bfloat16_keeps_tables_float32():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
         model = make_dlrm()
-        logits = model((np.ones((2, 3), np.float32), (np.zeros(2, np.int32), np.zeros(2, np.int32))))
+        logits = model(features(np.ones((2, 3), np.float32), np.zeros(2, np.int32), np.zeros(2, np.int32)))
         assert logits.dtype == tf.float32
         assert all(v.dtype == "float32" for v in model.embedding.tables)
         assert model.embedding.compute_dtype == "bfloat16"

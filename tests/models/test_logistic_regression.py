@@ -14,14 +14,13 @@ STEPS = 60
 
 
 def test_registered_by_name_with_width_one_tables():
-    from tf_dlrm.embedding.table_config import FeatureConfig
-    from tf_dlrm.sharding.plan import TableSpec
+    from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig
     from tf_dlrm.models import registry
 
     cls = registry.lookup("logistic_regression")
     assert registry.reference_of(cls) == "logistic_regression"
-    tables = cls.tables(cls.Config(), [TableSpec("a", 10, 16), TableSpec("b", 7, 8)])
-    assert [(t.name, t.rows, t.dim) for t in tables] == [("a", 10, 1), ("b", 7, 1)]
+    tables = cls.tables(cls.Config(), [TableConfig("a", 10, 16), TableConfig("b", 7, 8)])
+    assert [(t.name, t.vocabulary_size, t.embedding_dim) for t in tables] == [("a", 10, 1), ("b", 7, 1)]
     features, sources = cls.features(cls.Config(), [FeatureConfig("a", "a"), FeatureConfig("b", "b")])
     assert [f.table for f in features] == ["a", "b"] and sources == (("column", 0), ("column", 1))
 
@@ -44,7 +43,7 @@ def test_logit_is_bias_plus_id_weights_plus_linear_numerical():
     model.ids_term.bias.assign([b])
     numerical = rng.normal(size=(5, 3)).astype(np.float32)
     a, c = rng.integers(0, 10, 5).astype(np.int32), rng.integers(0, 7, 5).astype(np.int32)
-    logits = model((numerical, (a, c))).numpy()
+    logits = model({"numerical": numerical, "a": a, "b": c}).numpy()
     expected = b + tables[0][a, 0] + tables[1][c, 0] + numerical @ v[:, 0]
     np.testing.assert_allclose(logits[:, 0], expected, rtol=1e-6, atol=1e-6)
     clone = LogisticRegression.from_config(model.get_config())

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from tf_dlrm.spec.crossed_features import CrossedFeature
-from tf_dlrm.embedding.table_config import FeatureConfig
-from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig
 from tf_dlrm.models import registry
 
 
@@ -28,16 +27,17 @@ def test_model_configs_check_every_flag():
         (DCNv2Config, {"deep_mlp_dims": ()}, "--deep_mlp_dims"),
         (WideDeepConfig, {"wide_optimizer": "adam"}, "--wide_optimizer"),
         (DLRMConfig, {"top_mlp_dims": (8, 2)}, "--top_mlp_dims to end with 1"),
-        (DLRMConfig, {"interaction": "cross"}, r"--interaction in \['dot', 'cat'\]. Received: 'cross'"),
+        (DLRMConfig, {"interaction": "fm"}, r"--interaction in \['dot', 'cat', 'cross'\]. Received: 'fm'"),
+        (DLRMConfig, {"interaction": "cross", "num_cross_layers": 0}, "Received: --num_cross_layers=0"),
     ]:
         with pytest.raises(ValueError, match=message):
             config(**kwargs)
     # Before any table exists: DLRM's dot interaction needs the bottom MLP to end at the tables' width.
     with pytest.raises(ValueError, match="Received: --bottom_mlp_dims=512,256,128, --embedding_dim=16"):
-        registry.lookup("dlrm").tables(DLRMConfig(), [TableSpec("a", 10, 16)])
+        registry.lookup("dlrm").tables(DLRMConfig(), [TableConfig("a", 10, 16)])
 
 
-BASE_TABLES = [TableSpec("a", 10, 4), TableSpec("b", 20, 4), TableSpec("c", 30, 4)]
+BASE_TABLES = [TableConfig("a", 10, 4), TableConfig("b", 20, 4), TableConfig("c", 30, 4)]
 BASE_FEATURES = [FeatureConfig("a", "a"), FeatureConfig("b", "b", hotness=3, combiner="mean"), FeatureConfig("c", "c")]
 CROSSED = [CrossedFeature("a", "c", 7)]
 
@@ -53,14 +53,14 @@ def test_each_model_reads_its_tables(model, names):
     config = cls.make_config({"bottom_mlp_dims": [8, 4]} if model == "dlrm" else {})
     tables = cls.tables(config, BASE_TABLES, CROSSED)
     assert [t.name for t in tables] == names
-    assert all(t.dim == 1 for t in tables[3:]) and [t.rows for t in tables[3:6]] in ([], [10, 20, 30])
+    assert all(t.embedding_dim == 1 for t in tables[3:]) and [t.vocabulary_size for t in tables[3:6]] in ([], [10, 20, 30])
     features, sources = cls.features(config, BASE_FEATURES, CROSSED)
     assert [f.table for f in features] == names
     if model in ("deepfm", "wide_deep"):
         # The first-order / wide feature of b pools b's ids the way b does.
         assert (features[4].hotness, features[4].combiner, sources[4]) == (3, "mean", ("column", 1))
     if model == "wide_deep":
-        assert sources[-1] == ("cross", 0, 2) and tables[-1].rows == 7
+        assert sources[-1] == ("cross", 0, 2) and tables[-1].vocabulary_size == 7
 
 
 def test_crossed_features_import_no_tensorflow():
@@ -74,7 +74,7 @@ def test_crossed_features_import_no_tensorflow():
 
 
 def test_crossed_features_too_large_are_refused():
-    big = [TableSpec("a", 2**40, 4), TableSpec("b", 2**30, 4)]
+    big = [TableConfig("a", 2**40, 4), TableConfig("b", 2**30, 4)]
     with pytest.raises(ValueError, match="exceed 2\\^62 pairs"):
         cls = registry.lookup("wide_deep")
         cls.tables(cls.Config(), big, [CrossedFeature("a", "b", 5)])
@@ -93,8 +93,8 @@ def test_flags_select_the_model():
     assert (model.name, model.params) == ("dcnv2", DCNv2Config(2, 8, "parallel", (64, 32)))
     cli.FLAGS.unparse_flags()
     # A flag of another model is refused, naming the models it belongs to.
-    cli.FLAGS(["main.py", "--dataset_type=synthetic", "--model=dlrm", "--cross_low_rank=8"])
-    with pytest.raises(ValueError, match="--cross_low_rank applies to --model=dcnv2 only. Received: --model=dlrm"):
+    cli.FLAGS(["main.py", "--dataset_type=synthetic", "--model=dlrm", "--cross_structure=parallel"])
+    with pytest.raises(ValueError, match="--cross_structure applies to --model=dcnv2 only. Received: --model=dlrm"):
         config_from_flags(cli.FLAGS)
     cli.FLAGS.unparse_flags()
 
@@ -126,8 +126,8 @@ def test_models_serialise_and_predict_alike(model):
     _, network = build_family_model(model, params, BASE_TABLES, BASE_FEATURES, CROSSED,
                                     lambda tables: make_plan(tables, 1, "table_wise"), 3, 0, seed=4)
     rng = np.random.default_rng(0)
-    inputs = (rng.normal(size=(5, 3)).astype(np.float32),
-              (rng.integers(0, 10, 5), rng.integers(0, 20, (5, 3)), rng.integers(0, 30, 5)))
+    inputs = {"numerical": rng.normal(size=(5, 3)).astype(np.float32),
+              "a": rng.integers(0, 10, 5), "b": rng.integers(0, 20, (5, 3)), "c": rng.integers(0, 30, 5)}
     logits = network(inputs)
     assert logits.shape == (5, 1) and logits.dtype == "float32"
     clone = type(network).from_config(network.get_config())

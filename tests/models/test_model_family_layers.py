@@ -62,6 +62,25 @@ def test_cross_network_equals_numpy(low_rank):
     assert (clone.num_layers, clone.low_rank, clone.seed) == (3, low_rank, 2)
 
 
+@pytest.mark.parametrize("embeddings_shape", [(6, 3, 4), (6, 12)])
+def test_cross_interaction_crosses_the_bottom_output_beside_the_embeddings(embeddings_shape):
+    """NVIDIA's DCNv2 interaction: the cross network over [bottom MLP output, every embedding flat], width kept."""
+    from tf_dlrm.models.layers.interaction import CrossInteraction
+
+    bottom, embeddings = _batch((6, 5), 9), _batch(embeddings_shape, 10)
+    interaction = CrossInteraction(2, low_rank=3, seed=1)
+    interaction.build(((None, 5), (None, *embeddings_shape[1:])))
+    network = interaction.cross_network
+    for layer in network.cross_layers:
+        layer.bias.assign(_batch((17,), layer.seed))
+    x0 = np.concatenate([bottom, embeddings.reshape(6, 12)], axis=1).astype(np.float64)
+    x = x0
+    for layer in network.cross_layers:
+        x = _numpy_cross(x0, x, [w.numpy().astype(np.float64) for w in layer.weights], 3)
+    assert interaction.compute_output_shape(((None, 5), (None, *embeddings_shape[1:]))) == (None, 17)
+    np.testing.assert_allclose(interaction((bottom, embeddings)).numpy(), x, rtol=0, atol=TOLERANCE * np.abs(x).max())
+
+
 @pytest.mark.parametrize("low_rank", [0, 2])
 def test_cross_network_gradient_equals_autodiff_of_its_layers(low_rank):
     """The network's hand-written gradient (x_l = x0 * s_l form) against autodiff of the layers in turn."""

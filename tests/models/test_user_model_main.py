@@ -92,15 +92,18 @@ def test_user_model_through_main(tmp_path_factory):
 
 
 def validation_split(data: str, path: str) -> tuple[str, np.ndarray]:
-    """Every validation row as the serving signature takes them (``path``), and their labels."""
+    """Every validation row as the serving signature takes them (``path``: ``numerical`` and one input of ids
+    per categorical feature, under its serving name), and their labels."""
     from tf_dlrm.data.reader import SplitBinaryReader
+    from tf_dlrm.embedding.serving import input_name
     from tf_dlrm.spec.feature_spec import FeatureSpec
 
     spec = FeatureSpec.load(os.path.join(data, "feature_spec.yaml"))
-    count = len(spec.categorical_features)
-    reader = SplitBinaryReader(spec, "validation", 1500, rank=0, world_size=1, global_categorical=(),
-                               local_categorical=tuple(range(count)), last_batch="drop", shuffle=False)
+    # input_modes=None: every categorical feature's local ids, in spec order (one rank: the whole batch).
+    reader = SplitBinaryReader(spec, "validation", 1500, rank=0, world_size=1, input_modes=None, last_batch="drop",
+                               shuffle=False)
     numerical, categorical, label = reader.read_batch(0)
-    ids = np.stack([np.asarray(c).astype(np.int64) for c in categorical], axis=1)
-    np.savez(path, numerical=np.asarray(numerical, np.float32), categorical=ids)
+    ids = {input_name(feature): np.asarray(column).reshape(-1).astype(np.int64)
+           for feature, column in zip(spec.categorical_features, categorical)}
+    np.savez(path, numerical=np.asarray(numerical, np.float32), **ids)
     return path, np.asarray(label).reshape(-1)

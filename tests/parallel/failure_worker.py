@@ -37,8 +37,10 @@ def main():
     local, world = 32, env.world_size
     step = 0
     while mode == "hang" or step < 1000:
-        ids = tuple(rng.integers(0, 5000, local * world).astype(np.int32) for _ in embedding.global_categorical)
-        trainer.train_step(rng.random((local, 2), dtype=np.float32), ids, np.ones((local, 1), np.float32))
+        ids = {name: rng.integers(0, 5000, local * world if where == "global" else local).astype(np.int32)
+               for name, where in embedding.input_modes.items()}
+        features = {"numerical": rng.random((local, 2), dtype=np.float32), **ids}
+        trainer.train_step(features, np.ones((local, 1), np.float32))
         step += 1
         print(f"rank {env.rank} step {step}", flush=True)
         if mode == "raise" and env.rank == failing_rank and step == 3:

@@ -61,14 +61,15 @@ def small_model(seed=5, cardinalities=(40, 3000, 500, 7000), dim=8, interaction=
 
 
 def batches_for(model, count, size=64, seed=0):
+    """``(features, label)`` batches of the one-process ``model``: one feature per table, ids by name."""
     rng = np.random.default_rng(seed)
     embedding = model.embedding
-    order = list(embedding.global_categorical) + list(embedding.local_categorical)
+    names = [f.name for f in embedding.features]
     out = []
     for _ in range(count):
         ids = [rng.integers(0, min(rows, 20), size).astype(np.int32) for rows in embedding.cardinalities]
-        out.append((rng.random((size, 5), dtype=np.float32), tuple(ids[t] for t in order),
-                    rng.integers(0, 2, (size, 1)).astype(np.float32)))
+        numerical = rng.random((size, 5), dtype=np.float32)
+        out.append(({"numerical": numerical, **dict(zip(names, ids))}, rng.integers(0, 2, (size, 1)).astype(np.float32)))
     return out
 
 
@@ -97,7 +98,7 @@ def test_xla_step_equals_the_plain_step(interaction, embedding_optimizer, optimi
     for batch in batches[:3]:
         losses = [float(t.train_step(*batch).numpy()) for t in trainers]
         assert abs(losses[0] - losses[1]) <= 1e-5, losses
-    logits = [m(batches[3][:2]).numpy() for m in (plain, compiled)]
+    logits = [m(batches[3][0]).numpy() for m in (plain, compiled)]
     np.testing.assert_allclose(logits[1], logits[0], rtol=0, atol=1e-5)
     for mine, theirs in zip(compiled.weights, plain.weights):
         np.testing.assert_allclose(np.asarray(mine), np.asarray(theirs), rtol=0, atol=1e-5, err_msg=mine.path)
@@ -308,16 +309,16 @@ def worker(cases_path: str, out_dir: str) -> None:
         batches = equivalence.make_batches(case, case["steps"] + 1)
         initial = [reference.embedding.get_full_table(t) for t in range(len(plan.tables))]
         record = {"case": case["name"], "rank": env.rank}
-        numerical, categorical, _ = equivalence.local_inputs(batches[0], model.embedding, env)
-        logits = collectives.allgather(env, model((numerical, categorical)))
-        expected = reference((batches[0][0], tuple(batches[0][1])))
+        features, _ = equivalence.local_inputs(batches[0], model, env)
+        logits = collectives.allgather(env, model(features))
+        expected = reference(equivalence.reference_inputs(batches[0])[0])
         record["forward"] = equivalence.max_differences(logits.numpy(), expected.numpy())
         record["forward"]["scaled"] = record["forward"]["abs"] / max(1.0, float(np.abs(expected.numpy()).max()))
         reference_weights = _reference_weights(reference, len(plan.tables))
         paths = [0.0] * len(reference_weights)
         for batch in batches[1:]:
-            trainer.train_step(*equivalence.local_inputs(batch, model.embedding, env))
-            reference_trainer.train_step(batch[0], tuple(batch[1]), batch[2])
+            trainer.train_step(*equivalence.local_inputs(batch, model, env))
+            reference_trainer.train_step(*equivalence.reference_inputs(batch))
             moved = _reference_weights(reference, len(plan.tables))
             paths = [p + float(np.abs(after - before).max(initial=0.0)) for p, after, before in zip(paths, moved, reference_weights)]
             reference_weights = moved

@@ -39,8 +39,8 @@ def trainer_for(policy: str, xla: bool = False) -> tuple[Trainer, tuple]:
     model = small_model(policy=policy)
     config = OptimizerConfig(LearningRateSchedule(0.1))
     trainer = Trainer(model, DistributedEnv(), config, jit_compile=xla)
-    numerical, categorical, label = batches_for(model, 1)[0]
-    return trainer, (tf.constant(numerical), tuple(tf.constant(c) for c in categorical), tf.constant(label))
+    features, label = batches_for(model, 1)[0]
+    return trainer, ({name: tf.constant(values) for name, values in features.items()}, tf.constant(label))
 
 
 @pytest.mark.parametrize("policy, dtype, path", [("float32", "float32", "kernel_fp32"), ("mixed_bfloat16", "bfloat16", "kernel_bf16")])
@@ -69,15 +69,15 @@ def test_xla_training_uses_plain_tensorflow_but_evaluation_keeps_the_kernel():
 def test_kernels_off_traces_plain_tensorflow_only_inside_the_block():
     """The generic switch the XLA step and export use: no model attribute is touched."""
     trainer, batch = trainer_for("float32")
-    forward = tf.function(lambda numerical, categorical: trainer.model((numerical, categorical)))
+    forward = tf.function(lambda features: trainer.model(features))
     with ops.kernels_off():
         assert ops.kernels() is None
         with ops.kernels_off():  # nested
             pass
         assert ops.kernels() is None
-        assert kernel_ops(forward, *batch[:2]) == {}
+        assert kernel_ops(forward, batch[0]) == {}
     assert ops.kernels() is not None
-    assert kernel_ops(tf.function(lambda n, c: trainer.model((n, c))), *batch[:2]) == {KERNEL: {"float32"}}
+    assert kernel_ops(tf.function(lambda features: trainer.model(features)), batch[0]) == {KERNEL: {"float32"}}
 
 
 def test_a_missing_library_is_named_in_a_warning(monkeypatch):

@@ -6,7 +6,8 @@ Per model (dlrm, dcnv2, deepfm, wide_deep) on the checkpoint tests' tiny synthet
 - ``-np 3`` table-wise restores it (a different plan: the tables are resharded) and predicts the
   first validation batch; one process does the same, then runs ``--mode=eval``,
   ``--mode=inference`` and ``--mode=export``;
-- a fresh interpreter that never imports tf_dlrm serves the SavedModels on those batches (one for all models).
+- a fresh interpreter that never imports tf_dlrm serves the SavedModels on those batches (one for all models),
+  each taking the one signature: ``numerical`` and one input per column of the spec.
 
 Scores agree within 1e-6 (float32 sums of a few dozen terms of size ~1 in different orders).
 Wide & Deep reads a copy of the spec with two crossed features and trains its wide tables with FTRL
@@ -103,5 +104,8 @@ def test_model_checkpoint_reshards_and_exports(model, tmp_path_factory):
     assert run["single"][f"inference_{model}"]["world_size"] == 1
     saved = os.path.join(run["out"], f"saved_{model}")
     with open(os.path.join(saved, "tf_dlrm_serving.json")) as handle:
-        assert json.load(handle)["model"] == model
+        info = json.load(handle)
+    assert info["model"] == model
+    # One input per column of the spec: the features DeepFM and Wide & Deep derive are made inside the model.
+    assert list(info["inputs"]) == ["numerical", *[f"cat_{i}_bin" for i in range(8)]], list(info["inputs"])
     np.testing.assert_allclose(np.load(os.path.join(run["out"], f"served_{model}.npy")), one_process, rtol=0, atol=1e-6)

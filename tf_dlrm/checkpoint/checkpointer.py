@@ -39,6 +39,7 @@ from tf_dlrm.checkpoint import embedding_state
 from tf_dlrm.checkpoint import slices
 from tf_dlrm.checkpoint import store
 from tf_dlrm.checkpoint.checks import RestoreChecks
+from tf_dlrm.embedding.training_step import embedding_layer
 from tf_dlrm.io import files
 from tf_dlrm.train.guards import non_finite_arrays
 from tf_dlrm.train.memory_watch import MemoryWatch
@@ -102,10 +103,10 @@ class Checkpointer(RestoreChecks):
         # --keep_best / --early_stopping_patience: a callable giving the choice so far (the metric, its best
         # value and step, evaluations since) to save in each manifest; its best step's checkpoint is kept on disk.
         self.selection = None
-        self.embedding = trainer.model.embedding
+        self.embedding = embedding_layer(trainer.model)
         # Dynamic tables (tf_dlrm.embedding.dynamic) have no full-table layout: checkpoint_dynamic saves their rows.
         self.dynamic = dynamic_tables.is_dynamic(self.embedding)
-        self.fixed_tables = [] if self.dynamic else list(self.embedding.plan.tables)
+        self.fixed_tables = [] if self.embedding.plan is None else list(self.embedding.plan.tables)
         model_name = trainer.model.name
         self.dense = [(_relative(v.path), v) for v in trainer.mlp]
         # Optimizer slots are named after the model variable: "adam/dlrm_bottom_mlp_dense_0_kernel_momentum".
@@ -283,11 +284,16 @@ class Checkpointer(RestoreChecks):
                 file = f"{folder}/{_file_safe(name)}.npy"
                 files[file] = store.write_npy(root, file, variable.numpy())
                 entries.append({"name": name, "file": file})
-        model = model_record(self.spec, self.model_config, self.model_identity)
+        # A library model's checkpoint (tf_dlrm.checkpoint.model_checkpoint) has no run around it: no spec,
+        # no flags; its tables and dense weights are checked by shape and name on restore.
+        model = model_record(self.spec, self.model_config, self.model_identity) if self.spec is not None else None
         selection = self.selection() if self.selection else None
-        optimizer_record = self.trainer.config.record()
-        files[MODEL_CONFIG] = store.write_text(root, MODEL_CONFIG, json.dumps({"model": model, "optimizer": optimizer_record, "seed": self.seed}, indent=1))
-        files[SPEC_COPY] = store.write_text(root, SPEC_COPY, yaml.safe_dump(self.spec.to_dict(), sort_keys=False))
+        config = getattr(self.trainer, "config", None)
+        optimizer_record = config.record() if config is not None else {"name": None, "embedding_optimizer": None}
+        if self.spec is not None:
+            files[MODEL_CONFIG] = store.write_text(root, MODEL_CONFIG, json.dumps(
+                {"model": model, "optimizer": optimizer_record, "seed": self.seed}, indent=1))
+            files[SPEC_COPY] = store.write_text(root, SPEC_COPY, yaml.safe_dump(self.spec.to_dict(), sort_keys=False))
         position = self._position(step)
         manifest = {
             "format": FORMAT,
@@ -296,7 +302,7 @@ class Checkpointer(RestoreChecks):
             "step": int(step),
             "position": position,
             "data": self.data or {},
-            "learning_rate": float(self.trainer.learning_rate.numpy()),
+            "learning_rate": float(self.trainer.learning_rate.numpy()) if hasattr(self.trainer, "learning_rate") else None,
             "rng": {
                 "seed": self.seed,
                 "data_order": "numpy.random.default_rng([seed, epoch]).permutation(batches of the epoch)",
@@ -305,7 +311,7 @@ class Checkpointer(RestoreChecks):
                 "note": "training draws no other random numbers",
             },
             "saved_world_size": self.env.world_size,
-            "saved_plan": None if self.dynamic else self.embedding.plan.to_dict(),
+            "saved_plan": None if self.embedding.plan is None else self.embedding.plan.to_dict(),
             "model": model,
             "optimizer": optimizer_record,
             "tables": tables,
@@ -374,7 +380,8 @@ class Checkpointer(RestoreChecks):
                     variable.assign(load_array(directory, file, variable.shape, variable.dtype))
             collectives.broadcast_variables(self.env, variables)
             self.trainer.step.assign(header["step"])
-            self.trainer.learning_rate.assign(header["learning_rate"])
+            if hasattr(self.trainer, "learning_rate") and header["learning_rate"] is not None:
+                self.trainer.learning_rate.assign(header["learning_rate"])
             if hasattr(self.trainer, "hot_rows_written"):
                 self.trainer.hot_rows_written()  # the restored replicas are the merged state
         figures = memory.gathered(self.env)

@@ -136,6 +136,15 @@ def check_same_data(directory: str, manifest: dict, current: dict, where: str) -
             )
 
 
+def check_names(directory: str, what: str, saved: list[dict], variables: list[tuple], by_name: bool) -> None:
+    """The saved entries fit the model's variables: by name between two ``main.py`` runs (the same model, built
+    the same way); else one for one in order, each shape checked as it is read: Keras numbers a library
+    model's unnamed layers per process (``dense``, ``dense_1``), so a script's names need not be another's."""
+    names = [name for name, _ in variables]
+    if [entry["name"] for entry in saved] != names and (by_name or len(saved) != len(names)):
+        raise CheckpointError(f"checkpoint {directory}: {what} {[entry['name'] for entry in saved]}, the model has {names}")
+
+
 class RestoreChecks:
     """Chooses and verifies the checkpoint to restore (see the module docstring)."""
 
@@ -204,11 +213,10 @@ class RestoreChecks:
         if not verified:  # hashing a large checkpoint twice would double the restore's slowest part
             verify_files(directory, manifest)
         dynamic_tables.check_kind(directory, manifest, self.dynamic)  # before the spec comparison: the clearer error
-        check_compatible(directory, manifest, self.spec, self.model_config, self.model_identity)
+        if manifest.get("model") is not None and self.spec is not None:  # both saved and restored by main.py
+            check_compatible(directory, manifest, self.spec, self.model_config, self.model_identity)
         dynamic_tables.check(directory, manifest, self.embedding, self.trainer.sparse.slot_names if for_training else None)
-        names = [n for n, _ in self.dense]
-        if [d["name"] for d in manifest["dense"]] != names:
-            raise CheckpointError(f"checkpoint {directory}: dense weights {[d['name'] for d in manifest['dense']]}, the model has {names}")
+        check_names(directory, "dense weights", manifest["dense"], self.dense, manifest.get("model") is not None and self.spec is not None)
         if for_training:
             self._check_training(directory, manifest)
             if resume and self.data and self._is_own(directory):
@@ -240,7 +248,7 @@ class RestoreChecks:
             "path": directory,
             "skipped": skipped,
             "step": manifest["step"],
-            "learning_rate": float(manifest.get("learning_rate", 0.0)),
+            "learning_rate": None if manifest.get("learning_rate") is None else float(manifest["learning_rate"]),
             "tables": manifest["tables"],  # with their slices: every rank reads its own columns
             "dense": [d["file"] for d in manifest["dense"]],
             "optimizer_state": [s["file"] for s in manifest["optimizer_state"]],
@@ -257,17 +265,18 @@ class RestoreChecks:
         return bool(self.loss_scale) and [s["name"] for s in manifest.get("loss_scale", [])] == [n for n, _ in self.loss_scale]
 
     def _check_training(self, directory: str, manifest: dict) -> None:
-        saved = manifest["optimizer"].get("name")
-        if saved != self.trainer.config.optimizer:
+        saved, config = manifest["optimizer"].get("name"), getattr(self.trainer, "config", None)
+        if saved is not None and config is not None and saved != config.optimizer:
             raise CheckpointError(
                 f"checkpoint {directory} was trained with --optimizer={saved}; the flags give "
-                f"--optimizer={self.trainer.config.optimizer}, whose state cannot be restored from it"
+                f"--optimizer={config.optimizer}, whose state cannot be restored from it"
             )
-        names = [n for n, _ in self.optimizer_state]
-        if [s["name"] for s in manifest["optimizer_state"]] != names:
-            raise CheckpointError(f"checkpoint {directory}: optimizer state {[s['name'] for s in manifest['optimizer_state']]}, expected {names}")
+        check_names(directory, "optimizer state", manifest["optimizer_state"], self.optimizer_state,
+                     manifest.get("model") is not None and self.spec is not None)
         position, step = manifest["position"], manifest["step"]
-        if self.steps_per_epoch and [position.get("epoch"), position.get("batch")] != list(divmod(step, self.steps_per_epoch)):
+        # A library model's checkpoint records no data position (its script fed its own batches).
+        if self.steps_per_epoch and position.get("steps_per_epoch") and \
+                [position.get("epoch"), position.get("batch")] != list(divmod(step, self.steps_per_epoch)):
             raise CheckpointError(
                 f"checkpoint {directory} stopped at epoch {position.get('epoch')}, batch {position.get('batch')} of "
                 f"{position.get('steps_per_epoch')} (--batch_size={position.get('batch_size')}); with --batch_size="

@@ -46,6 +46,7 @@ import tensorflow as tf
 from tf_dlrm.checkpoint import store
 from tf_dlrm.io import files
 from tf_dlrm.checkpoint.store import CheckpointError
+from tf_dlrm.embedding.training_step import embedding_layer
 from tf_dlrm.optimizers.sparse_optimizer import tf_variable
 from tf_dlrm.parallel import collectives
 from tf_dlrm.sharding import dynamic_routing as routing
@@ -237,8 +238,9 @@ MANIFEST_KEY = "dynamic_tables"
 
 
 def is_dynamic(embedding) -> bool:
-    """Whether ``main.py``'s embedding holds dynamic tables only (a checkpoint then holds key -> row maps)."""
-    return bool(getattr(embedding, "dynamic_only", False))
+    """Whether the embedding layer holds dynamic tables (a checkpoint then holds their key -> row maps too)."""
+    return getattr(embedding, "dynamic_layer", None) is not None
+
 
 
 def _describe(path: str) -> dict:
@@ -266,7 +268,7 @@ def save(trainer, env, root: str | None, records: dict, refusal) -> tuple[dict |
     every rank; None when rank 0 already failed: nothing is written then); rank 0 adds the files to
     ``records`` (the manifest's ``files``). Returns the manifest record and the first error, the same on every rank: a failed
     write, or ``refusal(what)`` for NaN rows."""
-    layer = trainer.model.embedding.dynamic_layer
+    layer = embedding_layer(trainer.model).dynamic_layer
     if root is None:
         return None, None
     arrays = rank_arrays(layer, trainer.sparse)
@@ -330,5 +332,5 @@ def folder_of(directory: str, manifest: dict) -> str:
 
 def restore(trainer, env, directory: str, manifest_record: dict, for_training: bool) -> None:
     """Collective: every rank loads the keys it owns now (and, for training, their optimizer state)."""
-    restore_rows(files.join(directory, manifest_record["folder"]), trainer.model.embedding.dynamic_layer,
+    restore_rows(files.join(directory, manifest_record["folder"]), embedding_layer(trainer.model).dynamic_layer,
                                trainer.sparse if for_training else None, env)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from tf_dlrm.checkpoint import slices
 from tf_dlrm.checkpoint.store import CheckpointError
+from tf_dlrm.embedding.training_step import embedding_layer
 
 
 def _state_of(updater, slot: str, table: int):
@@ -42,8 +43,9 @@ def check(directory: str, manifest: dict, trainer, cardinalities, widths) -> lis
     right shape; returns the entries in restore order (slot, then table)."""
     updater = trainer.sparse
     saved = manifest["optimizer"].get("embedding_optimizer", "sgd")
-    wanted = trainer.config.embedding_optimizer
-    if saved != wanted:
+    config = getattr(trainer, "config", None)  # main.py's flags; a library model's tables name their optimizers
+    wanted = config.embedding_optimizer if config is not None else saved
+    if saved is not None and saved != wanted:
         raise CheckpointError(
             f"checkpoint {directory} was trained with --embedding_optimizer={saved}; the flags give "
             f"--embedding_optimizer={wanted}, whose state cannot be restored from it"
@@ -62,7 +64,7 @@ def check(directory: str, manifest: dict, trainer, cardinalities, widths) -> lis
 
 def restore(trainer, directory: str, found: list[dict], cardinalities, widths) -> None:
     """Fills the state of every slice this rank holds from the entries :func:`check` returned."""
-    updater, embedding = trainer.sparse, trainer.model.embedding
+    updater, embedding = trainer.sparse, embedding_layer(trainer.model)
     for position, (slot, table) in enumerate(updater.state_entries(len(cardinalities))):
         row_wise = updater.table_optimizer(table).row_wise
         saved = slices.open_slices(directory, found[position], cardinalities[table], widths[table], row_wise)

@@ -142,6 +142,9 @@ def _check_manifest(manifest, path: str) -> None:
         fail(f"version {manifest.get('version')!r}; this code reads versions {list(READABLE_VERSIONS)}")
     for key, kind in (("step", int), ("position", dict), ("model", dict), ("optimizer", dict), ("files", dict),
                       ("tables", list), ("dense", list), ("optimizer_state", list)):
+        # A library model's checkpoint (tf_dlrm.checkpoint.model_checkpoint) has no model record.
+        if key == "model" and "model" in manifest and manifest["model"] is None:
+            continue
         if not isinstance(manifest.get(key), kind) or isinstance(manifest.get(key), bool):
             fail(f"key {key!r} missing or not a {kind.__name__}")
     for name, entry in manifest["files"].items():
@@ -159,7 +162,7 @@ def _check_manifest(manifest, path: str) -> None:
             if sliced and not all(isinstance(s.get("columns"), list) and len(s["columns"]) == 2
                                   and all(isinstance(c, int) for c in s["columns"]) for s in item["slices"]):
                 fail(f"every slice of a {key} entry needs integer 'columns' [start, end]. Received: {item!r}")
-    for name in (MODEL_CONFIG, SPEC_COPY):
+    for name in (MODEL_CONFIG, SPEC_COPY) if manifest["model"] is not None else ():
         if name not in manifest["files"]:
             fail(f"{name} is not listed")
 

@@ -17,19 +17,20 @@ from tf_dlrm.data.reader import SplitBinaryReader
 from tf_dlrm.embedding import DistributedEmbedding
 from tf_dlrm.embedding import optimizers as table_optimizers
 from tf_dlrm.parallel.env import DistributedEnv
-from tf_dlrm.sharding.plan import ShardingPlan, TableSpec
+from tf_dlrm.sharding.plan import ShardingPlan
 from tf_dlrm.sharding.planner import make_plan, table_readers
 from tf_dlrm.embedding.table_config import FeatureConfig, Placement, TableConfig, feature_tables
 from tf_dlrm.optimizers.settings import OptimizerConfig
 from tf_dlrm.cli.embedding_dims import check_width_mapping
 from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
 from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.spec.format import NUMERICAL_CHANNEL
 from tf_dlrm.models import registry
 from tf_dlrm.models.ranking_model import RankingModel, column_sources
 from tf_dlrm.train.precision import PrecisionChoice, choose_precision
 
 
-def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=(), embedding_widths=()) -> list[TableSpec]:
+def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=(), embedding_widths=()) -> list[TableConfig]:
     """One table per categorical feature, named like it; its width is, first to last: the
     ``--embedding_dims`` mapping, ``--embedding_dim``'s list (one width per feature, in spec order, as
     NVIDIA's), the spec's ``embedding_dim``, ``--embedding_dim``."""
@@ -42,7 +43,7 @@ def make_tables(spec: FeatureSpec, embedding_dim: int, embedding_dims=(), embedd
             raise ValueError(f"Expected --embedding_dim to list one width per categorical feature of the spec "
                              f"({len(names)}). Received: {len(embedding_widths)} widths")
         widths = list(embedding_widths)
-    return [TableSpec(name, rows, overrides.get(name, width)) for name, rows, width in zip(names, spec.cardinalities(), widths)]
+    return [TableConfig(name, rows, overrides.get(name, width)) for name, rows, width in zip(names, spec.cardinalities(), widths)]
 
 
 def model_class(model: ModelConfig) -> type:
@@ -52,11 +53,11 @@ def model_class(model: ModelConfig) -> type:
 
 def model_params(model: ModelConfig):
     """The model's own hyper-parameters: ``model.params``, or its ``Config``'s defaults."""
-    cls = model_class(model)
+    config_class = registry.config_class(model_class(model))
     if model.params is None:
-        return cls.Config()
-    if not isinstance(model.params, cls.Config):
-        raise TypeError(f"Expected the hyper-parameters of --model={model.name} as a {cls.Config.__qualname__}. "
+        return config_class()
+    if not isinstance(model.params, config_class):
+        raise TypeError(f"Expected the hyper-parameters of --model={model.name} as a {config_class.__qualname__}. "
                         f"Received: {type(model.params).__qualname__}")
     return model.params
 
@@ -65,10 +66,12 @@ def model_identity(model: ModelConfig) -> dict:
     """What a checkpoint records of the model: ``name`` (its registered name or import path), ``config``
     (its hyper-parameters as JSON data) and, for messages, ``flags`` (``{config key: flag name}``)."""
     cls = model_class(model)
+    if registry.is_library_model(cls):
+        return {"name": registry.reference_of(cls), "config": {}, "flags": {}}
     return {"name": registry.reference_of(cls), "config": cls.config_record_of(model_params(model)), "flags": cls.flag_names()}
 
 
-def model_tables(spec: FeatureSpec, model: ModelConfig) -> list[TableSpec]:
+def model_tables(spec: FeatureSpec, model: ModelConfig) -> list[TableConfig]:
     """Every table of the model: one per categorical feature, then the model's own (DeepFM's and Wide
     & Deep's width-1 tables, :meth:`RankingModel.tables`)."""
     deep = make_tables(spec, model.embedding_dim, model.embedding_dims, model.embedding_widths)
@@ -113,9 +116,9 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
     per step instead of two, with no dense gradient of the small tables. With a row-wise embedding
     ``optimizer``, a table that several lookups per sample read stays whole
     (:func:`tf_dlrm.embedding.planning.row_wise_kept_whole`)."""
-    from tf_dlrm.embedding.planning import row_wise_kept_whole
+    from tf_dlrm.embedding.planning import row_wise_kept_whole, table_specs
 
-    tables = model_tables(spec, model)
+    tables = table_specs(model_tables(spec, model))
     features, _ = model_features(spec, model)
     names = [t.name for t in tables]
     row_wise = optimizer is not None and table_optimizers.from_settings(optimizer).make().row_wise
@@ -183,10 +186,10 @@ def make_table_configs(spec: FeatureSpec, plan: ShardingPlan, config: ModelConfi
     if optimizer is not None:  # the run's hyper-parameters (--adagrad_*, --adam_*) for the model's choices
         chosen = {t: table_optimizers.from_settings(optimizer, o.name, o.learning_rate) for t, o in chosen.items()}
     model_parallel = set(plan.model_parallel) if plan is not None else set()
-    return [TableConfig(table.name, table.rows, table.dim, initializer=config.embedding_init_bound, optimizer=chosen.get(t),
-                        placement=Placement(hot_rows=tuple((hot_rows or {}).get(t, ())),
-                                            storage="split_bfloat16" if split_embedding_tables and t in model_parallel
-                                            else "float32"))
+    return [dataclasses.replace(table, initializer=config.embedding_init_bound, optimizer=chosen.get(t),
+                                placement=Placement(hot_rows=tuple((hot_rows or {}).get(t, ())),
+                                                    storage="split_bfloat16" if split_embedding_tables and t in model_parallel
+                                                    else "float32"))
             for t, table in enumerate(tables)]
 
 
@@ -197,10 +200,10 @@ def make_embedding(spec: FeatureSpec, plan: ShardingPlan | None, config: ModelCo
     """The unbuilt embedding layer of the model of ``config``, executing ``plan`` on ``env.rank``.
 
     Fixed tables: a :class:`DistributedEmbedding` over :func:`make_table_configs`' tables (the same
-    layer and configs a user's own model holds), or an :class:`ExpandedEmbedding` when the model
-    derives features from the columns (DeepFM's and Wide & Deep's width-1 features). Dynamic tables
-    (:mod:`tf_dlrm.cli.dynamic_builder`): a ``DynamicEmbedding`` (the plan then only describes their
-    sizes; ``num_shards``: the shards of every table, default the world size)."""
+    layer and configs a user's own model holds); a model that derives features from the columns
+    (DeepFM's and Wide & Deep's width-1 features) reads the local batch of every column. Dynamic tables
+    (:mod:`tf_dlrm.cli.dynamic_builder`): the plan then only describes their sizes; ``num_shards``:
+    the shards of every table, default the world size."""
     from tf_dlrm.cli import dynamic_builder
 
     features, sources = model_features(spec, config)
@@ -216,15 +219,11 @@ def make_embedding(spec: FeatureSpec, plan: ShardingPlan | None, config: ModelCo
         if derived:
             raise ValueError(f"Dynamic tables are built for models that read the spec's columns as they are (e.g. "
                              f"--model=dlrm). Received: --model={config.name}, which derives features from the columns")
-        widths = [table.dim for table in model_tables(spec, config)]  # the model may choose its tables' widths
+        widths = [table.embedding_dim for table in model_tables(spec, config)]  # the model may choose its tables' widths
         return dynamic_builder.make_dynamic_embedding(spec, config.embedding_init_bound, env, seed, widths, num_shards=num_shards)
     tables = {t.name: t for t in make_table_configs(spec, plan, config, optimizer, hot_rows, split_embedding_tables)}
     features = [dataclasses.replace(f, table=tables[f.table_name]) for f in features]
-    if derived:
-        from tf_dlrm.models.expanded_embedding import ExpandedEmbedding
-
-        return ExpandedEmbedding(features, plan=plan, env=env, seed=seed, sources=sources, name="embedding")
-    return DistributedEmbedding(features, plan=plan, env=env, seed=seed, data_parallel_input=data_parallel_input,
+    return DistributedEmbedding(features, plan=plan, env=env, seed=seed, data_parallel_input=data_parallel_input or derived,
                                 deduplicate_exchange=deduplicate_exchange, name="embedding")
 
 
@@ -243,7 +242,7 @@ def build_model(
     cls = model_class(config)
     with _users_model(config, cls, "its construction or build"):
         model = cls(embedding, len(spec.numerical_features), num_categorical=len(spec.categorical_features),
-                    seed=seed, config=model_params(config))
+                    seed=seed, config=model_params(config), sources=model_features(spec, config)[1])
         if serving:
             build_with_dummy_batch(model, len(spec.numerical_features), embedding, env.world_size)
         else:  # no eager forward (op by op, with the exchange's collectives) only to create the weights
@@ -251,40 +250,96 @@ def build_model(
     return model
 
 
+def build_library_model(spec: FeatureSpec, config: ModelConfig, env: DistributedEnv, seed: int):
+    """A user's :class:`tf_dlrm.embedding.Model` (``--model=package.module:Name``, see
+    :func:`tf_dlrm.models.registry.is_library_model`), made and built on this rank: its one
+    embedding layer's features must be named like the spec's categorical features (their ids, as the
+    reader yields them) and its tables place themselves (their :class:`TableConfig` placements, planned
+    for this run's ranks). Dense weights are created by one call on a batch of zeros."""
+    import inspect
+
+    import keras
+
+    from tf_dlrm.embedding.model import Model
+    from tf_dlrm.embedding.training_step import embedding_layers
+
+    factory = model_class(config)
+    keras.utils.set_random_seed(seed)  # the same dense initial weights on every rank (rank 0's are broadcast too)
+    with _users_model(config, factory, "its construction"):
+        takes_spec = "feature_spec" in inspect.signature(factory).parameters
+        model = factory(feature_spec=spec) if takes_spec else factory()
+    if not isinstance(model, Model):
+        raise registry.ModelError(f"--model={config.name}: expected a tf_dlrm.embedding.Model. Received: {type(model).__qualname__}")
+    layers = embedding_layers(model)
+    if len(layers) != 1:
+        raise registry.ModelError(f"--model={config.name}: expected one DistributedEmbedding in the model (main.py "
+                                  f"checkpoints one layer's tables). Received: {len(layers)}")
+    layer = layers[0]
+    if layer.env.world_size != env.world_size:
+        raise registry.ModelError(f"--model={config.name}: its DistributedEmbedding was made for {layer.env.world_size} "
+                                  f"rank(s), the run has {env.world_size}: leave its env out (Horovod's is the default)")
+    names = list(spec.categorical_features)
+    unknown = [f.name for f in layer.output_features if f.name not in names]
+    if unknown:
+        raise registry.ModelError(f"--model={config.name}: features {unknown} are not categorical features of "
+                                  f"{spec.source}. Expected feature names among {names}")
+    if NUMERICAL_CHANNEL in names:
+        raise ValueError(f"{spec.source}: a categorical feature is named {NUMERICAL_CHANNEL!r}, the key of the "
+                         "numerical features in a model's input; rename it")
+    with _users_model(config, factory, "its first call"):
+        model.build()
+        model(zero_batch(model.input_modes, layer, len(spec.numerical_features), 1, env.world_size))
+    return model
+
+
+def check_library_sharding(name: str, sharding: ShardingConfig) -> None:
+    """Refuses main.py's table-layout flags for a library model, whose tables say their own placement."""
+    given = [flag for flag, used in (("--data_parallel_input", sharding.data_parallel_input),
+                                     ("--deduplicate_exchange", sharding.deduplicate_exchange),
+                                     ("--hot_rows_budget", bool(sharding.hot_rows_budget)),
+                                     ("--split_embedding_tables", sharding.split_embedding_tables)) if used]
+    if given:
+        raise ValueError(f"{', '.join(given)} lay out the tables main.py makes from the spec; --model={name} makes its "
+                         "own: give its TableConfig a Placement (hot_rows=, storage=) and its DistributedEmbedding "
+                         "data_parallel_input= or deduplicate_exchange= instead")
+
+
 def build_with_dummy_batch(model: RankingModel, num_numerical: int, embedding, world_size: int, local_batch: int = 1) -> None:
     """Creates all weights by calling the model once on zeros shaped like a real batch (Keras then also
     records the input signature that a SavedModel export serves)."""
-    global_batch = local_batch * world_size
-
-    def zeros(feature: int, rows: int):
-        hotness = embedding.features[feature].hotness if hasattr(embedding, "features") else 1
-        return np.zeros([rows] if hotness == 1 else [rows, hotness], np.int32)
-
-    categorical = [zeros(f, global_batch) for f in embedding.global_categorical]
-    categorical += [zeros(f, local_batch) for f in embedding.local_categorical]
     if not embedding.built:
         # Built here, eagerly: inside the model's first (symbolic) call Keras would defer the tables'
         # initialisation, which then needs a second full copy of each shard.
         embedding.build()
-    model((np.zeros([local_batch, num_numerical], np.float32), tuple(categorical)))
+    model(zero_batch(model.input_modes, embedding, num_numerical, local_batch, world_size))
+
+
+def zero_batch(input_modes, embedding, num_numerical: int, local_batch: int, world_size: int) -> dict:
+    """A batch of zeros shaped as a reader gives it for ``input_modes`` (ids of the global batch or the local one)."""
+    hotness = {f.name: f.hotness for f in embedding.output_features}
+    batch = {NUMERICAL_CHANNEL: np.zeros([local_batch, num_numerical], np.float32)}
+    for name, mode in input_modes.items():
+        rows = local_batch * world_size if mode == "global" else local_batch
+        if name != NUMERICAL_CHANNEL:
+            batch[name] = np.zeros([rows] if hotness.get(name, 1) == 1 else [rows, hotness[name]], np.int32)
+    return batch
 
 
 def make_reader(
-    spec: FeatureSpec, split: str, global_batch_size: int, env: DistributedEnv, embedding, training: bool, seed: int,
+    spec: FeatureSpec, split: str, global_batch_size: int, env: DistributedEnv, input_modes, training: bool, seed: int,
     dataset_type: str = "tf_raw", synthetic_batches: int = 64,
 ):
-    """The reader of one split for this rank: split_binary files, or random in-memory batches."""
+    """The reader of one split for this rank: split_binary files, or random in-memory batches;
+    ``input_modes``: what the model reads here (``model.input_modes``)."""
     if dataset_type == "split_tfrecords":
         from tf_dlrm.data.split_tfrecords import SplitTFRecordsReader
 
         return SplitTFRecordsReader(spec, split, global_batch_size, rank=env.rank, world_size=env.world_size,
-                                    global_categorical=embedding.global_categorical,
-                                    local_categorical=embedding.local_categorical)
+                                    input_modes=input_modes)
     if dataset_type == "synthetic":
         return RandomBatches(
             spec, synthetic_batches * global_batch_size, global_batch_size, rank=env.rank, world_size=env.world_size,
-            global_categorical=embedding.global_categorical, local_categorical=embedding.local_categorical,
-            seed=seed if training else seed + 1,
+            input_modes=input_modes, seed=seed if training else seed + 1,
         )
     return SplitBinaryReader(
         spec,
@@ -292,8 +347,7 @@ def make_reader(
         global_batch_size,
         rank=env.rank,
         world_size=env.world_size,
-        global_categorical=embedding.global_categorical,
-        local_categorical=embedding.local_categorical,
+        input_modes=input_modes,
         last_batch="drop" if training else "pad",
         shuffle=training,
         seed=seed,

@@ -348,7 +348,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         embedding_dims=tuple(parse_width_mapping(values.embedding_dims).items()),
         embedding_init_bound=parse_embedding_init(values.embedding_init),
     )
-    model_rate = registry.lookup(name).embedding_learning_rates.get(embedding_optimizer)
+    model_rate = getattr(registry.lookup(name), "embedding_learning_rates", {}).get(embedding_optimizer)
     schedule = LearningRateSchedule(values.learning_rate, values.warmup_steps, values.decay_start_step, values.decay_steps)
     return RunConfig(
         mode=values.mode,

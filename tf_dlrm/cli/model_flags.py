@@ -15,7 +15,7 @@ import re
 from absl import flags
 
 from tf_dlrm.cli.model_config import parse_dims
-from tf_dlrm.cli.nvidia_flags import REFUSED_VALUES, VALUE_ALIASES, normalized_value
+from tf_dlrm.cli.nvidia_flags import VALUE_ALIASES, normalized_value
 from tf_dlrm.models import registry
 
 # The models whose flags this process defined (registered ones, plus one named by import path).
@@ -42,13 +42,16 @@ def define_model_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -
     named = model_in_argv(argv)
     if named and ":" in named:
         models[named] = registry.lookup(named)
-    flags.DEFINE_string("model", "dlrm", f"Model on the sharded embedding: one of {list(registry.registered())}, or an "
-                        "import path package.module:Class of a subclass of tf_dlrm.models.ranking_model.RankingModel.",
+    # The registered names are not listed here: a model added in its own file changes no other (the
+    # error for an unknown name lists them).
+    flags.DEFINE_string("model", "dlrm", "Model on the sharded embedding: a model of tf_dlrm by name (dlrm, dcnv2, ...: "
+                        "docs/models.md), or an import path package.module:Name of a tf_dlrm.embedding.Model subclass "
+                        "(or a function making one) or of a tf_dlrm.models.ranking_model.RankingModel subclass.",
                         flag_values=flag_values)
     owners: dict[str, list[str]] = {}
     fields: dict[str, dataclasses.Field] = {}
     for name, cls in models.items():
-        for field in dataclasses.fields(cls.Config):
+        for field in dataclasses.fields(registry.config_class(cls)):
             flag = field.metadata.get("flag") or field.name
             if flag in fields and fields[flag].default != field.default:
                 raise ValueError(f"Models {owners[flag]} and {name} define --{flag} with different defaults: "
@@ -73,7 +76,7 @@ def _define(flag: str, field: dataclasses.Field, help_text: str, flag_values) ->
         flags.DEFINE_string(flag, ",".join(str(v) for v in default), help_text, flag_values=flag_values)
     elif choices:
         # NVIDIA's spellings parse too: aliases become tf_dlrm's value, refused ones a one-line error.
-        nvidia = [*VALUE_ALIASES.get(flag, {}), *(value for name, value in REFUSED_VALUES if name == flag)]
+        nvidia = list(VALUE_ALIASES.get(flag, {}))
         flags.DEFINE_enum(flag, default, [*choices, *nvidia], help_text, flag_values=flag_values)
     else:
         flags.DEFINE_string(flag, default, help_text, flag_values=flag_values)
@@ -82,10 +85,10 @@ def _define(flag: str, field: dataclasses.Field, help_text: str, flag_values) ->
 def model_from_flags(values: flags.FlagValues) -> tuple[str, object]:
     """``(--model, its Config)`` from parsed flags; a flag of another model given explicitly is refused."""
     cls = registry.lookup(values.model)
-    own = {f.metadata.get("flag") or f.name: f for f in dataclasses.fields(cls.Config)}
+    own = {f.metadata.get("flag") or f.name: f for f in dataclasses.fields(registry.config_class(cls))}
     others = {}
     for name, other in _DEFINED.items():
-        for field in dataclasses.fields(other.Config):
+        for field in dataclasses.fields(registry.config_class(other)):
             flag = field.metadata.get("flag") or field.name
             if flag not in own and values[flag].present:
                 others.setdefault(flag, []).append(name)
@@ -97,4 +100,4 @@ def model_from_flags(values: flags.FlagValues) -> tuple[str, object]:
         # A model's flags are defined when define_model_flags saw it (registered, or in its argv).
         value = normalized_value(flag, values[flag].value) if flag in values else field.default
         params[field.name] = parse_dims(value, flag) if isinstance(field.default, tuple) else value
-    return values.model, cls.Config(**params)
+    return values.model, registry.config_class(cls)(**params)

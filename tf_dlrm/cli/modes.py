@@ -5,8 +5,9 @@
   and the test split, on any world size and plan;
 - inference: latency (mean, p50, p90, p99) and throughput of the forward pass per global batch
   size, from a checkpoint (or the initial weights when none is given);
-- export: a TF SavedModel with full tables and a serving signature (:mod:`tf_dlrm.cli.export`;
-  dynamic tables: their key maps, serving raw int64 keys).
+- export: a TF SavedModel with full tables and the one serving signature of every model, a library model's
+  too (:mod:`tf_dlrm.cli.export` over :mod:`tf_dlrm.embedding.serving`; dynamic tables: their key maps,
+  serving raw int64 keys).
 
 Each prints a one-screen summary on rank 0 and logs JSON lines ending with a ``final`` record.
 """
@@ -22,6 +23,7 @@ import numpy as np
 from tf_dlrm.checkpoint import checkpointer as checkpoint
 from tf_dlrm.checkpoint import lock as checkpoint_lock
 from tf_dlrm.checkpoint import store as checkpoint_store
+from tf_dlrm.embedding.training_step import embedding_layer
 from tf_dlrm.io import files
 from tf_dlrm.parallel import collectives, host_memory
 
@@ -105,7 +107,8 @@ def set_cycle_time(config) -> str:
 
     from tf_dlrm.cli import builder
 
-    stacks = builder.model_class(config.model).dense_stacks(builder.model_params(config.model))
+    cls = builder.model_class(config.model)
+    stacks = [] if builder.registry.is_library_model(cls) else cls.dense_stacks(builder.model_params(config.model))
     # cycle_time counts two stacks (DLRM's bottom and top MLPs); a model with one passes it as the top.
     bottom, top = (stacks[0], stacks[-1]) if len(stacks) > 1 else ((), stacks[0] if stacks else ())
     return cycle_time.apply(config.horovod_cycle_time_ms, bottom, top, config.batch_size, launched_world_size())
@@ -127,16 +130,25 @@ def open_session(config, started=None) -> Session:
     env, spec, reporter, threads = started or start(config)
     choice = builder.apply_precision(choose_precision(config.amp, bool(tf.config.list_physical_devices("GPU"))))
     report_precision(reporter, config, choice)
-    plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size, config.optimizer)
-    hot = hot_rows_setup.hot_row_plan(spec, plan, config.sharding, env, config.train_split, config.batch_size)
     # Every rank's host RAM and cgroup headroom, so that all ranks refuse a plan together, before any table exists.
     limits = host_memory.groups(collectives.allgather_json(env, host_memory.this_process(), "memory_limits"))
-    memory = builder.check_memory_plan(plan, config.optimizer, hot, config.sharding.memory_per_rank,
-                                       config.sharding.hot_row_sync_every, limits)
-    model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input,
-                                deduplicate_exchange=config.sharding.deduplicate_exchange,
-                                hot_rows=hot_rows_setup.as_layer_option(hot),
-                                split_embedding_tables=config.sharding.split_embedding_tables, optimizer=config.optimizer)
+    if builder.registry.is_library_model(builder.model_class(config.model)):
+        # A library model places its own tables (their TableConfig placements): built first, its plan read back.
+        builder.check_library_sharding(config.model.name, config.sharding)
+        hot = None
+        model = builder.build_library_model(spec, config.model, env, config.seed)
+        plan = embedding_layer(model).plan
+        memory = builder.check_memory_plan(plan, config.optimizer, None, config.sharding.memory_per_rank,
+                                           config.sharding.hot_row_sync_every, limits) if plan is not None else []
+    else:
+        plan = builder.make_sharding_plan(spec, config.model, config.sharding, env.world_size, config.optimizer)
+        hot = hot_rows_setup.hot_row_plan(spec, plan, config.sharding, env, config.train_split, config.batch_size)
+        memory = builder.check_memory_plan(plan, config.optimizer, hot, config.sharding.memory_per_rank,
+                                           config.sharding.hot_row_sync_every, limits)
+        model = builder.build_model(spec, plan, config.model, env, config.seed, config.sharding.data_parallel_input,
+                                    deduplicate_exchange=config.sharding.deduplicate_exchange,
+                                    hot_rows=hot_rows_setup.as_layer_option(hot),
+                                    split_embedding_tables=config.sharding.split_embedding_tables, optimizer=config.optimizer)
     trainer = Trainer(model, env, config.optimizer, jit_compile=config.xla,
                       compress_dense_gradients=config.bf16_dense_allreduce,
                       hot_row_sync_every=config.sharding.hot_row_sync_every)
@@ -144,7 +156,8 @@ def open_session(config, started=None) -> Session:
     memory = builder.check_dense_memory(memory, trainer, config.sharding.memory_per_rank)
     trainer.broadcast_initial_state()
     checkpointer = checkpoint.Checkpointer.from_config(config, trainer, spec, builder.model_identity(config.model), env, reporter)
-    reporter.say(plan.describe())
+    if plan is not None:
+        reporter.say(plan.describe())
     reporter.say("memory per rank (embedding tables, their optimizer state, hot rows, dense weights and their "
                  "optimizer state):\n  " + "\n  ".join(m.describe() for m in memory))
     hot_rows_setup.report_plan(reporter, hot, config.sharding.hot_row_sync_every)
@@ -172,7 +185,7 @@ def step_traffic_of(trainer, global_batch_size: int, world_size: int):
     The ids' alltoall of ``--data_parallel_input`` is not counted (ids, not embeddings)."""
     from tf_dlrm.sharding.traffic import step_traffic
 
-    embedding = trainer.model.embedding
+    embedding = embedding_layer(trainer.model)
     # Dynamic tables (tf_dlrm.embedding.dynamic) route keys by hash, so their bytes depend on the batch: not counted here.
     exchanges = getattr(embedding, "exchanges", False) and hasattr(embedding, "send_widths")
     widths = list(embedding.send_widths) if exchanges and world_size > 1 else [0] * world_size
@@ -216,7 +229,7 @@ def run_train(config, stop=None) -> dict:
         hot_row_sync_every=config.sharding.hot_row_sync_every,
         split_embedding_tables=config.sharding.split_embedding_tables,
     )
-    for event, fields in session.model.describe(xla=config.xla).items():
+    for event, fields in (session.model.describe(xla=config.xla) if hasattr(session.model, "describe") else {}).items():
         fields = dict(fields)
         line = fields.pop("line", None)
         reporter.event(event, **fields)  # after the config event: a log's first line stays config
@@ -227,19 +240,19 @@ def run_train(config, stop=None) -> dict:
         f"alltoall bytes per step (max over ranks) {exchange}"
     )
 
-    embedding = session.model.embedding
-    train_reader = builder.make_reader(spec, config.train_split, config.batch_size, env, embedding, True, config.seed,
+    inputs = session.model.input_modes
+    train_reader = builder.make_reader(spec, config.train_split, config.batch_size, env, inputs, True, config.seed,
                                        config.dataset_type)
     valid_reader = None
     # Random in-memory batches (--dataset_type=synthetic) are evaluated on the spec's split files.
     valid_type = "split_tfrecords" if config.dataset_type == "split_tfrecords" else "tf_raw"
     if splits.valid:
-        valid_reader = builder.make_reader(spec, splits.valid, config.valid_batch_size, env, embedding, False,
+        valid_reader = builder.make_reader(spec, splits.valid, config.valid_batch_size, env, inputs, False,
                                            config.seed, valid_type)
         preflight.check_not_empty(splits.valid, valid_reader)
     test_reader = None
     if splits.test:
-        test_reader = builder.make_reader(spec, splits.test, config.valid_batch_size, env, embedding, False,
+        test_reader = builder.make_reader(spec, splits.test, config.valid_batch_size, env, inputs, False,
                                           config.seed, valid_type)
         preflight.check_not_empty(splits.test, test_reader, "test_split")
     checkpointer = session.checkpointer
@@ -316,14 +329,14 @@ def run_train(config, stop=None) -> dict:
         reporter.event("final_test", step=final_step, split=splits.test, **tested.record())
         reporter.scalars(final_step, **{f"test_{name}": value for name, value in tested.metrics.as_dict().items()})
     model = session.model
-    if getattr(model.embedding, "dynamic_only", False):
+    if getattr(embedding_layer(model), "dynamic_only", False):
         # Rows, evictions and rejections of every dynamic table, summed over ranks (collective).
-        counters = model.embedding.dynamic_layer.global_counters()
+        counters = embedding_layer(model).dynamic_layer.global_counters()
         reporter.event("dynamic_tables", tables=counters)
         reporter.say("dynamic tables: " + ", ".join(
             f"{name} {c['rows']} rows, {c['evictions']} evictions, {c['rejections']} rejections" for name, c in counters.items()))
 
-    hot_rows_setup.report_measured(reporter, model.embedding, session.trainer)
+    hot_rows_setup.report_measured(reporter, embedding_layer(model), session.trainer)
     record = {
         **(last.metrics.as_dict() if last else dict.fromkeys(f.name for f in dataclasses.fields(ClickMetrics))),
         "train_samples_per_s": result.train_samples_per_s,
@@ -388,7 +401,7 @@ def run_eval(config) -> dict:
     results = []
     for index, (_, split) in enumerate(named):
         reader = builder.make_reader(
-            session.spec, split, config.valid_batch_size, session.env, session.model.embedding, False, config.seed,
+            session.spec, split, config.valid_batch_size, session.env, session.model.input_modes, False, config.seed,
             dataset_type=config.dataset_type,
         )
         results.append(evaluate(session.trainer, reader, max_batches=0 if index else config.loop.eval_max_batches))
@@ -446,9 +459,9 @@ def _batches(session: Session, batch_size: int, count: int = 8):
     valid = resolve(config.valid_split, config.test_split, spec.splits).valid
     split = valid if valid in spec.splits else config.train_split
     reader = builder.make_reader(
-        spec, split, batch_size, session.env, session.model.embedding, False, config.seed, dataset_type=config.dataset_type
+        spec, split, batch_size, session.env, session.model.input_modes, False, config.seed, dataset_type=config.dataset_type
     )
-    batches = [(numerical, categorical) for numerical, categorical, _ in reader.dataset(epoch=0).take(count)]
+    batches = [features for features, _ in reader.dataset(epoch=0).take(count)]
     if not batches:
         raise ValueError(f"--inference_batch_sizes={batch_size}: the {split} split has no batch of that size to time")
     return batches
@@ -462,16 +475,16 @@ def run_inference(config, warmup: int = 5) -> dict:
     if header is None:
         session.reporter.say("no checkpoint given: timing the initial weights")
     model = session.model
-    forward = tf.function(lambda numerical, categorical: tf.sigmoid(model((numerical, categorical), training=False)))
+    forward = tf.function(lambda features: tf.sigmoid(model(features, training=False)))
     timed = config.loop.max_steps if config.loop.max_steps > 0 else 100
     results = []
     for batch_size in config.inference_batch_sizes:
         batches = _batches(session, batch_size)
         seconds = []
         for index in range(warmup + timed):
-            numerical, categorical = batches[index % len(batches)]
+            features = batches[index % len(batches)]
             started = time.perf_counter()
-            forward(numerical, categorical).numpy()  # .numpy() waits for the result
+            forward(features).numpy()  # .numpy() waits for the result
             if index >= warmup:
                 seconds.append(time.perf_counter() - started)
         figures = latency_figures(seconds, batch_size)
@@ -514,7 +527,9 @@ def run_export(config) -> dict:
                 manifest = checkpoint_store.read_manifest(directory)
                 checkpoint_store.verify_files(directory, manifest)
                 export.check_kind(directory, manifest, spec)  # before the spec comparison: the clearer error
-                checkpoint_store.check_compatible(directory, manifest, spec, config.model, builder.model_identity(config.model))
+                if manifest.get("model") is not None:  # saved by main.py (a script's checkpoint records no spec)
+                    checkpoint_store.check_compatible(directory, manifest, spec, config.model,
+                                                      builder.model_identity(config.model))
                 info = export.export_checkpoint(directory, manifest, config.saved_model_path, spec, config.model)
             outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started}
         except (ValueError, TypeError, KeyError, OSError) as error:  # every rank raises it below

@@ -20,13 +20,6 @@ VALUE_ALIASES = {
     "interaction": {"dot_custom_cuda": "dot", "dot_tensorflow": "dot"},
     "dist_strategy": {"memory_balanced": "auto", "basic": "auto", "memory_optimized": "auto"},
 }
-# Values NVIDIA accepts that name a model tf_dlrm builds differently: refused with the nearest flags.
-REFUSED_VALUES = {
-    ("interaction", "cross"): "--interaction=cross is NVIDIA's DCNv2 (a bottom MLP on the numerical features, cross "
-                              "layers on it and the embeddings, then --top_mlp_dims); tf_dlrm's DCNv2 crosses the raw "
-                              "numerical features: use --model=dcnv2 --num_cross_layers=N --deep_mlp_dims=...",
-}
-
 # Flags of NVIDIA's scripts with no counterpart here: refused when given, with what to use instead.
 REFUSED = {
     "run_eagerly": "debugging switch of NVIDIA's script; tf_dlrm has none (steps always run as tf.function)",
@@ -89,7 +82,7 @@ def define_nvidia_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
                          "the exact AUC.", flag_values=flag_values)
     flags.DEFINE_bool("embedding_trainable", None, "NVIDIA's flag: true (its default) is accepted; false (frozen "
                       "tables) is refused.", flag_values=flag_values)
-    flags.DEFINE_integer("cross_layer_projection_dim", None, "NVIDIA's name of --cross_low_rank (--model=dcnv2): the "
+    flags.DEFINE_integer("cross_layer_projection_dim", None, "NVIDIA's name of --cross_low_rank (--interaction=cross, --model=dcnv2): the "
                          "rank of each cross layer's W = U V.", flag_values=flag_values)
     flags.DEFINE_bool("columnwise_split", None, "NVIDIA 22.06's flag: true means --dist_strategy=column_wise.",
                       flag_values=flag_values)
@@ -109,9 +102,6 @@ def check_nvidia_flags(values: flags.FlagValues) -> list[str]:
         # A switch given false (--nofp16) asks for NVIDIA's default, which is tf_dlrm's behaviour.
         if values[name].present and (name not in _SWITCHES or values[name].value):
             raise ValueError(f"--{name} (NVIDIA's flag) is not supported: {reason}")
-    for (flag, value), reason in REFUSED_VALUES.items():
-        if flag in values and values[flag].value == value:
-            raise ValueError(reason)
     if values["embedding_trainable"].present and not values["embedding_trainable"].value:
         raise ValueError("--noembedding_trainable (NVIDIA's frozen tables) is not supported: tables always train here")
     dot = values["dot_interaction"].value
@@ -121,9 +111,11 @@ def check_nvidia_flags(values: flags.FlagValues) -> list[str]:
     if dot is not None and "interaction" in values and normalized_value("interaction", values["interaction"].value) != "dot":
         raise ValueError(f"--dot_interaction (NVIDIA 22.06) means --interaction=dot. "
                          f"Received: --interaction={values['interaction'].value}")
-    if values["cross_layer_projection_dim"].present and values["model"].value != "dcnv2":
-        raise ValueError(f"--cross_layer_projection_dim applies to cross layers: use --model=dcnv2 (where it sets "
-                         f"--cross_low_rank). Received: --model={values['model'].value}")
+    crossing = values["model"].value == "dcnv2" or (values["model"].value == "dlrm" and values["interaction"].value == "cross")
+    if values["cross_layer_projection_dim"].present and not crossing:
+        raise ValueError(f"--cross_layer_projection_dim applies to cross layers: use --interaction=cross (NVIDIA's DCNv2) "
+                         f"or --model=dcnv2, where it sets --cross_low_rank. Received: --model={values['model'].value}, "
+                         f"--interaction={values['interaction'].value}")
     notes = [f"--{name} accepted with no effect: {reason}" for name, reason in NO_EFFECT.items() if values[name].present]
     if values["auc_thresholds"].present:
         notes.append("--auc_thresholds ignored: tf_dlrm computes the exact AUC (no threshold buckets)")

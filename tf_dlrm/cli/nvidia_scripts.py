@@ -1,11 +1,11 @@
 """NVIDIA's entry scripts: ``dlrm.py`` and ``dcnv2.py`` of DeepLearningExamples' TF2 ``DLRM_and_DCNv2``.
 
 NVIDIA's README runs ``python -u dlrm.py ...`` and ``python -u dcnv2.py ...``: each is NVIDIA's ``main.py``
-with defaults of its own (SGD at rate 24 for DLRM, Adam at 1e-4 and the cross interaction for DCNv2). The
-scripts of these names beside ``main.py`` put those defaults on the command line ahead of the user's flags
-(absl keeps the last value of a flag given twice), so a README line trains what it trains there; a default
-naming a model tf_dlrm builds differently (``dcnv2.py``'s ``--interaction cross``) is refused in one line by
-:mod:`tf_dlrm.cli.nvidia_flags`, unless the line gives another ``--interaction``. No TensorFlow here.
+with defaults of its own (SGD at rate 24 for DLRM, Adam at 1e-4 and the cross interaction with 3 cross layers
+of rank 512 for DCNv2). The scripts of these names beside ``main.py`` put those defaults on the command line
+ahead of the user's flags (absl keeps the last value of a flag given twice), so a README line trains what it
+trains there (``--interaction cross``: DLRM with cross layers over the bottom MLP's output and the embeddings,
+:class:`tf_dlrm.models.layers.interaction.CrossInteraction`). No TensorFlow here.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ SCRIPT_DEFAULTS = {
     "dlrm.py": _SHARED + ["--optimizer", "sgd", "--interaction", "dot_custom_cuda", "--learning_rate", "24",
                           "--warmup_steps", "8000"],
     "dcnv2.py": _SHARED + ["--optimizer", "adam", "--interaction", "cross", "--learning_rate", "0.0001",
-                           "--warmup_steps", "100"],
+                           "--warmup_steps", "100", "--num_cross_layers", "3", "--cross_layer_projection_dim", "512"],
 }
 
 

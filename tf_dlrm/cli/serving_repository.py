@@ -8,8 +8,10 @@
 - ``tf_serving`` (TensorFlow Serving's model base path): ``models/dlrm/1/`` holding the SavedModel.
 
 Triton's ``config.pbtxt`` is written from the SavedModel's own ``serving_default`` signature (read
-with ``tf.saved_model.load``), so it fits whatever ``--mode=export`` wrote: one-hot, multi-hot or
-dynamic tables. ``max_batch_size: 0``: the signature takes whole batches (a ragged feature's
+with ``tf.saved_model.load``), so it fits whatever ``--mode=export`` or
+:func:`tf_dlrm.embedding.serving.export_saved_model` wrote: ``numerical`` and one input per feature
+(one-hot, multi-hot, a ragged feature's ``*_values`` and ``*_row_lengths``, a dynamic table's raw keys),
+``probability`` out. ``max_batch_size: 0``: the signature takes whole batches (a ragged feature's
 ``*_values`` input is not batch-shaped), so each input's ``dims`` is its full shape, ``-1`` for a
 size known only when served. The repository entry is staged and published whole
 (:func:`tf_dlrm.io.publish.staged_output`): an existing entry of another tool is never replaced.

@@ -7,12 +7,14 @@ use ``python -m tf_dlrm.data.synthetic``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Mapping
 
 import numpy as np
 import tensorflow as tf
 
+from tf_dlrm.data.reader import read_columns
 from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.spec.format import NUMERICAL_CHANNEL
 
 
 class RandomBatches:
@@ -21,7 +23,7 @@ class RandomBatches:
     Args:
         spec: gives the number of numerical features and the cardinalities.
         num_samples: samples per epoch.
-        global_batch_size, rank, world_size, global_categorical, local_categorical: as for the reader.
+        global_batch_size, rank, world_size, input_modes: as for the reader.
         seed: the batches depend only on the seed and the batch number (the same on every rank).
         distinct_batches: how many different batches are generated and then cycled (generation cost
             stays out of the timed loop).
@@ -34,8 +36,7 @@ class RandomBatches:
         global_batch_size: int,
         rank: int = 0,
         world_size: int = 1,
-        global_categorical: Sequence[int] = (),
-        local_categorical: Sequence[int] | None = None,
+        input_modes: Mapping[str, str] | None = None,
         seed: int = 0,
         distinct_batches: int = 8,
     ):
@@ -45,8 +46,8 @@ class RandomBatches:
         self.global_batch_size = global_batch_size
         self.local_batch_size = global_batch_size // world_size
         cardinalities = spec.cardinalities()
-        if local_categorical is None:
-            local_categorical = [i for i in range(len(cardinalities)) if i not in set(global_categorical)]
+        global_categorical, local_categorical = read_columns(spec, input_modes)
+        names = spec.categorical_features
         rows = slice(rank * self.local_batch_size, (rank + 1) * self.local_batch_size)
         self._batches = []
         for index in range(max(1, distinct_batches)):
@@ -54,8 +55,9 @@ class RandomBatches:
             ids = [rng.integers(0, c, global_batch_size).astype(np.int32) for c in cardinalities]
             numerical = rng.random((global_batch_size, len(spec.numerical_features)), dtype=np.float32)
             label = (rng.random((global_batch_size, 1)) < 0.25).astype(np.float32)
-            categorical = tuple(ids[i] for i in global_categorical) + tuple(ids[i][rows] for i in local_categorical)
-            self._batches.append((numerical[rows], categorical, label[rows]))
+            features = {NUMERICAL_CHANNEL: numerical[rows], **{names[i]: ids[i] for i in global_categorical},
+                        **{names[i]: ids[i][rows] for i in local_categorical}}
+            self._batches.append((features, label[rows]))
 
     @property
     def num_batches(self) -> int:

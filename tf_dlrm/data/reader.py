@@ -16,7 +16,7 @@ same batch order from the same seed, so ranks agree on which global batch is cur
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Mapping
 
 import numpy as np
 import tensorflow as tf
@@ -26,6 +26,7 @@ from tf_dlrm.io.files import RandomAccessFile
 from tf_dlrm.data.validation import BadDataError, id_problem, label_problem, numerical_problem, raw_label_dtype
 from tf_dlrm.spec import dynamic as dynamic_spec
 from tf_dlrm.spec.feature_spec import FeatureSpec
+from tf_dlrm.spec.format import NUMERICAL_CHANNEL
 
 LAST_BATCH_MODES = ("drop", "keep", "pad")
 
@@ -45,6 +46,24 @@ class _Column:
     ragged: object = None  # a variable-length feature's RaggedColumn (tf_dlrm.data.ragged_split_binary)
 
 
+def read_columns(spec: FeatureSpec, input_modes: Mapping[str, str] | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(global columns, local columns)``: indices into the categorical channel of the features
+    ``input_modes`` (``{name: "global" or "local"}``; None: every feature local) reads, in spec order.
+    The numerical features (``"numerical"``) are always read for the local batch."""
+    names = list(spec.categorical_features)
+    if input_modes is None:
+        return (), tuple(range(len(names)))
+    unknown = sorted(set(input_modes) - set(names) - {NUMERICAL_CHANNEL})
+    if unknown:
+        raise ValueError(f"Expected inputs named like the spec's categorical features {names}. Received: {unknown}")
+    bad = {name: mode for name, mode in input_modes.items() if mode not in ("global", "local")}
+    if bad or input_modes.get(NUMERICAL_CHANNEL, "local") != "local":
+        raise ValueError(f"Expected input modes 'global' or 'local' (the numerical features local). Received: "
+                         f"{bad or {NUMERICAL_CHANNEL: input_modes[NUMERICAL_CHANNEL]}}")
+    return (tuple(i for i, name in enumerate(names) if input_modes.get(name) == "global"),
+            tuple(i for i, name in enumerate(names) if input_modes.get(name) == "local"))
+
+
 class SplitBinaryReader:
     """Reads one split of a split_binary dataset as batches for one rank.
 
@@ -53,8 +72,9 @@ class SplitBinaryReader:
         split: which ``source_spec`` split to read.
         global_batch_size: ``B``; must divide by ``world_size``.
         rank, world_size: this process's place among the data-parallel ranks.
-        global_categorical: indices (into the categorical channel) read for the whole global batch.
-        local_categorical: indices read for the local slice; default: every feature not global.
+        input_modes: ``{feature name: "global" or "local"}``, what the model reads on this rank
+            (``model.input_modes``): a categorical feature's ids for the whole global batch or for the
+            local slice; a feature not named is not read. Default: every categorical feature, local.
         last_batch: ``"drop"`` (training), ``"keep"`` (single process evaluation: a short last batch)
             or ``"pad"`` (distributed evaluation: the last global batch is padded with zeros to ``B``
             so every rank runs the same shapes; callers trim to :attr:`num_samples`).
@@ -67,12 +87,11 @@ class SplitBinaryReader:
             per column per batch. False only to measure that cost.
 
     Yields:
-        ``(numerical float32 [b, n_num], categorical tuple, label float32 [b, 1])`` where
-        ``categorical`` holds the global features then the local ones, in the order asked for,
-        each ``int32`` (``int64`` when a cardinality exceeds int32) of shape ``[B]`` or ``[b]``
-        (``[B, hotness]`` or ``[b, hotness]`` for a multi-hot feature; a ``tf.RaggedTensor``
-        ``[B, None]`` or ``[b, None]`` for a variable-length one stored with a lengths file,
-        :mod:`tf_dlrm.data.ragged_split_binary`).
+        ``(features, label float32 [b, 1])``: ``features`` maps ``"numerical"`` to float32 ``[b, n_num]``
+        and each categorical feature read to its ids, ``int32`` (``int64`` when a cardinality exceeds
+        int32) of shape ``[B]`` or ``[b]`` (``[B, hotness]`` or ``[b, hotness]`` for a multi-hot feature;
+        a ``tf.RaggedTensor`` ``[B, None]`` or ``[b, None]`` for a variable-length one stored with a
+        lengths file, :mod:`tf_dlrm.data.ragged_split_binary`).
 
     Raises:
         BadDataError: at construction, a variable-length feature's length outside ``[0, hotness]``
@@ -86,8 +105,7 @@ class SplitBinaryReader:
         global_batch_size: int,
         rank: int = 0,
         world_size: int = 1,
-        global_categorical: Sequence[int] = (),
-        local_categorical: Sequence[int] | None = None,
+        input_modes: Mapping[str, str] | None = None,
         last_batch: str = "drop",
         shuffle: bool = False,
         seed: int = 0,
@@ -115,15 +133,7 @@ class SplitBinaryReader:
         self.last_batch = last_batch
         self.shuffle, self.seed = shuffle, seed
         self.parallel_reads = parallel_reads
-        num_categorical = len(spec.categorical_features)
-        global_categorical = list(global_categorical)
-        if local_categorical is None:
-            local_categorical = [i for i in range(num_categorical) if i not in set(global_categorical)]
-        for index in list(global_categorical) + list(local_categorical):
-            if not 0 <= index < num_categorical:
-                raise ValueError(f"categorical feature index {index} out of range [0, {num_categorical})")
-        self.global_categorical = tuple(global_categorical)
-        self.local_categorical = tuple(local_categorical)
+        self.global_categorical, self.local_categorical = read_columns(spec, input_modes)
 
         cardinalities = spec.cardinalities()
         self._label = _Column(self.files.label, raw_label_dtype(spec.dtype(spec.label_feature)), 1, "local",
@@ -265,6 +275,7 @@ class SplitBinaryReader:
                 shapes.append([rows] if column.width == 1 else [rows, column.width])
         shapes.append([local, 1])
         ragged = [c.ragged is not None for c in self._categorical]
+        names = [c.feature for c in self._categorical]
 
         def read(batch):
             tensors = tf.numpy_function(self._read_flat, [batch], out_types, stateful=False)
@@ -279,7 +290,7 @@ class SplitBinaryReader:
                 else:
                     categorical.append(tensors[position])
                     position += 1
-            return tensors[0], tuple(categorical), tensors[-1]
+            return {NUMERICAL_CHANNEL: tensors[0], **dict(zip(names, categorical))}, tensors[-1]
 
         options = tf.data.Options()
         options.deterministic = True

@@ -26,7 +26,7 @@ per sample (the layer's fixed-hotness input, the faster path), or the run stops 
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Mapping
 
 import numpy as np
 import tensorflow as tf
@@ -34,7 +34,8 @@ import tensorflow as tf
 from tf_dlrm.io import files
 from tf_dlrm.data.validation import MARKER
 from tf_dlrm.spec.feature_spec import FeatureSpec
-from tf_dlrm.spec.format import FeatureSpecError
+from tf_dlrm.data.reader import read_columns
+from tf_dlrm.spec.format import NUMERICAL_CHANNEL, FeatureSpecError
 
 
 def ragged_by_default(spec: FeatureSpec) -> FeatureSpec:
@@ -99,7 +100,7 @@ class SplitTFRecordsReader:
     and yield layout as :class:`tf_dlrm.data.reader.SplitBinaryReader`."""
 
     def __init__(self, spec: FeatureSpec, split: str, global_batch_size: int, rank: int = 0, world_size: int = 1,
-                 global_categorical: Sequence[int] = (), local_categorical: Sequence[int] | None = None):
+                 input_modes: Mapping[str, str] | None = None):
         if global_batch_size <= 0 or global_batch_size % world_size:
             raise ValueError(f"Expected a positive global batch size that divides by world_size={world_size}. "
                              f"Received: global_batch_size={global_batch_size}")
@@ -107,9 +108,7 @@ class SplitTFRecordsReader:
         self.global_batch_size, self.local_batch_size = global_batch_size, global_batch_size // world_size
         self.rank = rank
         names = spec.categorical_features
-        if local_categorical is None:
-            local_categorical = [i for i in range(len(names)) if i not in set(global_categorical)]
-        self.global_categorical, self.local_categorical = tuple(global_categorical), tuple(local_categorical)
+        self.global_categorical, self.local_categorical = read_columns(spec, input_modes)
         self.label = _Input(files.join(self.directory, "label"))
         self.numerical = _Input(files.join(self.directory, "numerical")) if spec.numerical_features else None
         self.categorical = {i: _Input(files.join(self.directory, f"categorical_{i}"))
@@ -204,10 +203,12 @@ class SplitTFRecordsReader:
         batches = samples.batch(self.global_batch_size, drop_remainder=True).skip(start_batch)
         local = slice(self.rank * self.local_batch_size, (self.rank + 1) * self.local_batch_size)
         scopes = ["global"] * len(self.global_categorical) + ["local"] * len(self.local_categorical)
+        names = self.names
 
         def split(label, numerical, *categorical):
-            features = tuple(ids if scope == "global" else ids[local] for ids, scope in zip(categorical, scopes))
-            return (tf.cast(numerical[local], tf.float32), features, tf.reshape(tf.cast(label[local], tf.float32), [-1, 1]))
+            features = {names[i]: ids if scope == "global" else ids[local] for i, ids, scope in zip(order, categorical, scopes)}
+            return ({NUMERICAL_CHANNEL: tf.cast(numerical[local], tf.float32), **features},
+                    tf.reshape(tf.cast(label[local], tf.float32), [-1, 1]))
 
         return batches.map(split, num_parallel_calls=2, deterministic=True).prefetch(tf.data.AUTOTUNE)
 

@@ -295,37 +295,37 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if self.dynamic_only:
             return
         self.group_offsets, self.replicated_offsets = [], []
-        self.group_kernel, self.replicated_kernel = [], []
+        self._group_kernel, self._replicated_kernel = [], []
         for (width, slices), entries in zip(self.groups, self.entries):
             variable, offsets = self._fused_variable(f"shards_w{width}", slices, VariableKind.SHARDED)
             self.shard_variables.append(variable)
             self.group_offsets.append(offsets)
-            self.group_kernel.append(self._pools_with_kernel(slices, entries) and not self.deduplicate_exchange)
+            self._group_kernel.append(self._pools_with_kernel(slices, entries) and not self.deduplicate_exchange)
         for (width, slices), entries in zip(self.replicated_groups, self.replicated_entries):
             variable, offsets = self._fused_variable(f"replicated_w{width}", slices, VariableKind.REPLICATED)
             self.replicated_variables.append(variable)
             self.replicated_offsets.append(offsets)
-            self.replicated_kernel.append(self._pools_with_kernel(slices, entries))
+            self._replicated_kernel.append(self._pools_with_kernel(slices, entries))
         # Read once per call by the kernel: their gradients' rows are distinct (the sparse update
         # skips its own deduplication).
-        for variable, kernel in zip(self.shard_variables + self.replicated_variables, self.group_kernel + self.replicated_kernel):
+        for variable, kernel in zip(self.shard_variables + self.replicated_variables, self._group_kernel + self._replicated_kernel):
             if kernel:
                 mark_distinct_rows(variable)
         # A multi-hot feature of a whole (not column-sliced) table is pooled by the kernel on
         # whichever rank owns it (_pools_with_kernel), which checks its ids there.
-        self.kernel_checked_features = frozenset(
+        self._kernel_checked_features = frozenset(
             f for f, feature in enumerate(self.features)
             if not feature.one_hot and len(self.plan.table_slices(self.feature_tables[f])) == 1 and self.use_kernel
             and bag_kernel() is not None and not self.split_embedding_tables)
         # One process with a multi-hot feature and no column-sliced table: every variable, the
         # one-hot features' included, is pooled by one kernel op writing feature order directly (no
         # per-width blocks, concat or permutation, forward or backward).
-        self.single_op = (not self.env.distributed and not self.data_parallel_input and bool(self.kernel_checked_features)
+        self._single_op = (not self.env.distributed and not self.data_parallel_input and bool(self._kernel_checked_features)
                           and all(len(self.plan.table_slices(t)) == 1 for t in set(self.feature_tables)))
         if self.single_op:
             for variable in self.shard_variables + self.replicated_variables:
                 mark_distinct_rows(variable)
-            self.kernel_checked_features = frozenset(range(self.num_features))
+            self._kernel_checked_features = frozenset(range(self.num_features))
         self._build_hot_rows()
         distributed = self.env.distributed and self.exchanges
         self.padding_variables = []
@@ -341,6 +341,26 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             # Grappler would prune an alltoall whose result nobody reads, and the other ranks
             # would wait forever: their sum is stored here.
             self.id_sink = self.add_weight(name="id_sink", shape=(), dtype="int64", initializer="zeros", trainable=False)
+
+    # The kernel paths chosen at build are taken only while the kernels are on where the call is traced:
+    # inside tf_dlrm.ops.kernels_off (an export's serving graph, XLA's trace) the same layer traces
+    # TensorFlow's own ops, with the same values.
+
+    @property
+    def group_kernel(self) -> list[bool]:
+        return [kernel and bag_kernel() is not None for kernel in self._group_kernel]
+
+    @property
+    def replicated_kernel(self) -> list[bool]:
+        return [kernel and bag_kernel() is not None for kernel in self._replicated_kernel]
+
+    @property
+    def kernel_checked_features(self) -> frozenset:
+        return self._kernel_checked_features if bag_kernel() is not None else frozenset()
+
+    @property
+    def single_op(self) -> bool:
+        return self._single_op and bag_kernel() is not None
 
     @property
     def sparse_variables(self) -> list:
@@ -367,17 +387,50 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             checks.append((feature.name, self.cardinalities[self.feature_tables[f]], hotness))
         return checks
 
-    def call(self, categorical, local_batch=None, training=None):
-        """``categorical``: the ids of :attr:`global_categorical` then :attr:`local_categorical`
-        features. ``local_batch`` (the local batch size) is needed only by a rank that reads no ids.
+    @property
+    def input_modes(self) -> dict[str, str]:
+        """``{feature name: "global" or "local"}``: the ids this rank must be given in :meth:`call`, each for
+        the global batch (the model-parallel loader: a rank reads the global batch of the features whose
+        tables it owns, with ``data_parallel_input=False``) or for its local batch."""
+        modes = {self.features[f].name: "global" for f in self.global_categorical}
+        modes.update({self.features[f].name: "local" for f in self.local_categorical})
+        if not self.dynamic_only:
+            modes.update({f.name: "local" for f in getattr(self, "dynamic_features", ())})
+        return modes
 
-        Returns ``[b, F, D]`` when every feature has width ``D``, else ``[b, sum of widths]``."""
-        if isinstance(categorical, Mapping):
-            return self._call_features(categorical, self.training_default if training is None else training)
-        categorical = list(categorical)
+    def call(self, inputs, local_batch=None, training=None, stacked=False):
+        """``inputs``: ``{feature name: ids}`` of the features in :attr:`input_modes` (others are ignored).
+        ``local_batch`` (the local batch size) is needed only by a rank that reads no local ids.
+
+        Returns ``{feature name: [b, width]}``; with ``stacked``, one tensor in feature order instead:
+        ``[b, F, D]`` when every feature has width ``D``, else ``[b, sum of widths]``."""
+        if not isinstance(inputs, Mapping):
+            raise TypeError(f"Expected a dict of ids by feature name ({list(self.input_modes)}). "
+                            f"Received: {type(inputs).__name__}")
+        training = self.training_default if training is None else training
+        missing = [name for name in self.input_modes if name not in inputs]
+        if missing:
+            raise ValueError(f"Expected ids of every feature {list(self.input_modes)}. Missing: {missing}")
         if self.dynamic_only:
-            training = self.training_default if training is None else training
-            return self.dynamic_layer(categorical, local_batch=local_batch, training=bool(training))
+            vectors = self.dynamic_layer([inputs[f.name] for f in self.features], local_batch=local_batch,
+                                         training=bool(training))
+            return vectors if stacked else {f.name: vectors[:, i] for i, f in enumerate(self.features)}
+        pooled = self._lookup([inputs[self.features[f].name] for f in self._input_features()], local_batch)
+        if self.dynamic_layer is None:
+            return pooled if stacked else self.split_features(pooled)
+        pieces = self.split_features(pooled)
+        vectors = self.dynamic_layer([inputs[f.name] for f in self.dynamic_features], training=bool(training))
+        for index, feature in enumerate(self.dynamic_features):
+            pieces[feature.name] = vectors[:, index]
+        if not stacked:
+            return {f.name: pieces[f.name] for f in self.output_features}
+        joined = tf.concat([tf.cast(pieces[f.name], self.compute_dtype) for f in self.output_features], axis=1)
+        widths = {int(p.shape[-1]) for p in pieces.values()}
+        return tf.reshape(joined, [-1, len(self.output_features), widths.pop()]) if len(widths) == 1 else joined
+
+    def _lookup(self, categorical, local_batch=None):
+        """The ids of :meth:`_input_features`, in that order -> the stacked output of :meth:`call`."""
+        categorical = list(categorical)
         if local_batch is None:
             local_batch = self._local_batch_from(categorical)
         ids = self._normalized(self._input_features(), categorical)
@@ -413,19 +466,6 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if self.embedding_dim is None:
             return pooled
         return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
-
-    def _call_features(self, inputs: Mapping, training=None) -> dict:
-        """``{feature name: ids}`` -> ``{feature name: [b, width]}`` (the public form)."""
-        missing = [f.name for f in self.output_features if f.name not in inputs]
-        if missing:
-            raise ValueError(f"Expected ids of every feature {[f.name for f in self.output_features]}. Missing: {missing}")
-        pooled = {} if self.dynamic_only else self.split_features(
-            self.call([inputs[self.features[f].name] for f in self._input_features()]))
-        if self.dynamic_layer is not None:
-            vectors = self.dynamic_layer([inputs[f.name] for f in self.dynamic_features], training=bool(training))
-            for index, feature in enumerate(self.dynamic_features):
-                pooled[feature.name] = vectors[:, index]
-        return {f.name: pooled[f.name] for f in self.output_features}
 
     def _single_op_lookup(self, ids) -> tf.Tensor:
         """One process: every feature pooled by one kernel op, straight into feature order."""

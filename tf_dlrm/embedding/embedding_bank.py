@@ -1,23 +1,19 @@
-"""The embedding interface of DLRM and its plain single-process implementation.
+"""EmbeddingBank: the plain single-process reference that the distributed layer is tested against.
 
-Any embedding layer of tf_dlrm (this reference bank, or the sharded
-:class:`tf_dlrm.embedding.DistributedEmbedding`) has:
+It has the interface of :class:`tf_dlrm.embedding.DistributedEmbedding` that models use:
 
-- ``global_categorical`` / ``local_categorical``: which categorical features (indices into the
-  feature spec's categorical channel) it wants for the global batch and for the local batch; the
-  reader yields them in that order (global ones first);
-- ``call(categorical) -> [local_batch, F, D]``: all F features' pooled vectors in feature order, in
-  the layer's compute dtype (``[local_batch, sum of widths]`` when the widths differ);
-- ``sparse_variables`` (rank-local) and ``dense_variables`` (data-parallel), each variable also
-  marked with its kind (:mod:`tf_dlrm.embedding.variable_kind`), which is what the trainer reads;
-- ``get_full_table(t)`` / ``set_full_table(t, values)``: one full table as numpy (collective in the
-  distributed layer; the root rank gets or gives the values); with ``state_of`` and ``row_wise``
-  the same for an optimizer state variable of the table.
+- ``input_modes``: every feature's ids for the local batch (one process holds every table);
+- ``call({feature name: ids}) -> {feature name: [b, width]}``, or with ``stacked=True`` one tensor in feature
+  order: ``[b, F, D]``, or ``[b, sum of widths]`` when the widths differ (compute dtype);
+- ``sparse_variables`` (every table) and ``dense_variables`` (none), each variable also marked with its kind
+  (:mod:`tf_dlrm.embedding.variable_kind`), which is what the trainer reads;
+- ``get_full_table(t)`` / ``set_full_table(t, values)``: one full table as numpy; with ``state_of`` and
+  ``row_wise`` the same for an optimizer state variable of the table.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Mapping, Sequence
 
 import keras
 import numpy as np
@@ -69,8 +65,6 @@ class EmbeddingBank(keras.layers.Layer):
         self.embedding_dim = widths.pop() if len(widths) == 1 else None
         self.seed = int(seed)
         self.init_bound = check_init_bound(init_bound)
-        self.global_categorical: tuple[int, ...] = ()
-        self.local_categorical = tuple(range(len(self.features)))
         self.tables = []
 
     def build(self, input_shape=None):
@@ -108,8 +102,21 @@ class EmbeddingBank(keras.layers.Layer):
             return tf.math.divide_no_nan(total, tf.sqrt(count))
         return total
 
-    def call(self, categorical, local_batch=None):
-        vectors = [self._pool(f, ids) for f, ids in enumerate(categorical)]
+    @property
+    def input_modes(self) -> dict[str, str]:
+        """Every feature's ids for the local batch (one process holds every table)."""
+        return {feature.name: "local" for feature in self.features}
+
+    def call(self, inputs, local_batch=None, training=None, stacked=False):
+        """``{feature name: ids}`` -> ``{feature name: [b, width]}``, or with ``stacked`` the
+        :class:`DistributedEmbedding`'s stacked form (``[b, F, D]``, or ``[b, sum of widths]``). A sequence of
+        ids in feature order gives the stacked form too."""
+        if isinstance(inputs, Mapping):
+            vectors = [self._pool(f, inputs[feature.name]) for f, feature in enumerate(self.features)]
+        else:
+            vectors, stacked = [self._pool(f, ids) for f, ids in enumerate(inputs)], True
+        if not stacked:
+            return {feature.name: tf.cast(v, self.compute_dtype) for feature, v in zip(self.features, vectors)}
         if self.embedding_dim is None:
             return tf.cast(tf.concat(vectors, axis=1), self.compute_dtype)
         return tf.cast(tf.stack(vectors, axis=1), self.compute_dtype)

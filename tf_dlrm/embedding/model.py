@@ -67,6 +67,15 @@ class Model(keras.Model):
         self.built = True
 
     @property
+    def input_modes(self) -> dict[str, str]:
+        """``{feature name: "global" or "local"}`` of every embedding layer inside: the ids this rank's
+        input must hold, for the global batch or for its local one (``main.py``'s readers read them so)."""
+        modes = {}
+        for layer in sublayers(self):
+            modes.update(getattr(layer, "input_modes", {}) if hasattr(layer, "table_optimizers") else {})
+        return modes
+
+    @property
     def training_step(self) -> TrainingStep:
         """The training step (made on first use, after the model is built and compiled)."""
         if self._tf_dlrm_step is None:

@@ -14,6 +14,11 @@ from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig, feature_t
 DEFAULT_DATA_PARALLEL_ROWS = 2048
 
 
+def table_specs(tables: Sequence[TableConfig]) -> list[TableSpec]:
+    """The planner's view of ``tables``: name, rows and width."""
+    return [TableSpec(t.name, t.vocabulary_size, t.embedding_dim) for t in tables]
+
+
 def plan_tables(tables: Sequence[TableConfig], features: Sequence[FeatureConfig], world_size: int, strategy: str = "auto",
                 data_parallel_threshold: int = DEFAULT_DATA_PARALLEL_ROWS, column_slice_threshold: int | None = None,
                 unplanned: Sequence[TableConfig] = ()) -> ShardingPlan:
@@ -26,7 +31,7 @@ def plan_tables(tables: Sequence[TableConfig], features: Sequence[FeatureConfig]
     readers = table_readers(feature_tables(features, names), len(names))
     row_wise = [t for t in (*tables, *unplanned) if t.optimizer is not None and t.optimizer.make().row_wise]
     source = f"table {row_wise[0].name!r}: {type(row_wise[0].optimizer).__name__}" if row_wise else None
-    return make_plan([TableSpec(t.name, t.vocabulary_size, t.embedding_dim) for t in tables], world_size,
+    return make_plan(table_specs(tables), world_size,
                      strategy=strategy, data_parallel_threshold=data_parallel_threshold if world_size > 1 else 0,
                      column_slice_threshold=column_slice_threshold, readers=readers,
                      placements=[t.placement.sharding for t in tables],

@@ -1,25 +1,31 @@
-"""A SavedModel of a model holding distributed embeddings, served by plain TensorFlow (no tf_dlrm import).
+"""One serving signature for every model: a SavedModel served by plain TensorFlow (no tf_dlrm import).
 
-    model = build_my_model()                       # one process (TF_DLRM_DISABLE_KERNELS=1, see below)
-    tf_dlrm.checkpoint.model_checkpoint.restore(model, "runs/ckpt")   # saved by any number of ranks
-    export_saved_model(model, "serving/1", {"item": tf.TensorSpec([None], tf.int64), ...})
+    model = build_my_model()                       # trained here, on one process, kernels on or off
+    export_saved_model(model, "serving/1", {"numerical": tf.TensorSpec([None, 3], tf.float32),
+                                            "item": tf.TensorSpec([None], tf.int64),
+                                            "history": tf.RaggedTensorSpec([None, None], tf.int64, 1)})
 
     loaded = tf.saved_model.load("serving/1")     # in any TensorFlow process
-    loaded.signatures["serving_default"](item=..., history_values=..., history_row_lengths=..., ...)
+    loaded.signatures["serving_default"](numerical=..., item=..., history_values=..., history_row_lengths=...)
+    # -> {"probability": [batch] float32, sigmoid of the model's logits}
 
-The serving signature takes one tensor per dense input; a ragged input ``name`` (a
-``tf.RaggedTensorSpec``) becomes two: ``name_values`` (the ids of every row, concatenated) and
-``name_row_lengths`` (the number of ids of each row), since signatures take plain tensors only. It
-returns ``{"output": model(inputs)}``. The model must live in one process (every table whole) and
-use TensorFlow's own ops: tf_dlrm's CPU kernels are not part of TensorFlow, so build the serving
-model in a process started with ``TF_DLRM_DISABLE_KERNELS=1`` (a graph holding one is refused).
+The signature takes one tensor per input of the model's dict (``{"numerical": [b, n] float32, <feature>:
+ids}``), under :func:`input_name` (``cat_1.bin`` serves as ``cat_1_bin``); a ragged input ``name`` (a
+``tf.RaggedTensorSpec``) becomes two, ``<name>_values`` (the ids of every row, concatenated) and
+``<name>_row_lengths`` (ids per row), since signatures take plain tensors only. ``main.py --mode=export``
+writes the same signature from a checkpoint (:mod:`tf_dlrm.cli.export`).
 
-A signature checks dtypes but not shapes: a ``[batch, 9]`` tensor binds to a ``[None, 8]`` input
-and its extra column would be dropped in silence. So the served function asserts, inside the
-graph (a plain ``tf.saved_model.load`` user gets the message), every known width, one batch size
-across its inputs, and ``sum(row_lengths) == size(values)`` of a ragged input
-(:func:`checked_inputs`; :func:`checked_batch` for the ``(numerical, categorical)`` signature of
-``--mode=export``, :func:`checked_multi_hot` for its multi-hot inputs).
+The model must hold every table whole (one process). The graph is traced inside
+:func:`tf_dlrm.ops.kernels_off`: the embedding layer picks its kernel paths as it is traced, so a model
+trained with tf_dlrm's kernels in this very process exports TensorFlow's ops only; a graph still holding a
+``TfDlrm*`` op (a user's layer that chose one as it was built) is refused.
+
+A signature checks dtypes but not shapes: a ``[batch, 9]`` tensor binds to a ``[None, 8]`` input and its
+extra column would be dropped in silence. So the served function asserts, inside the graph (a plain
+``tf.saved_model.load`` user gets the message), every known width, one batch size across its inputs, and
+``sum(row_lengths) == size(values)`` of a ragged input (:func:`checked_inputs`, :func:`ragged_input`). Ids
+outside their table and rows longer than a feature's hotness are refused by the embedding layer itself
+(:func:`tf_dlrm.embedding.pooling.normalize_ids`), in the same graph.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import shutil
 import tensorflow as tf
 
 from tf_dlrm.embedding.sublayers import sublayers
+from tf_dlrm.ops import kernels_off
 
 
 def _shape_check(name: str, tensor, expected: tf.TensorShape, what: str):
@@ -61,43 +68,6 @@ def _batch_asserts(sizes: dict) -> list:
             for name in names[1:]]
 
 
-def checked_batch(numerical, categorical, numerical_features, categorical_features, cardinalities=None):
-    """``(numerical, categorical)`` once the served batch is checked: ``numerical`` ``[b, len(numerical_features)]``,
-    ``categorical`` ``[b, len(categorical_features)]``, the same ``b``, and with ``cardinalities`` every id of
-    column ``j`` in ``[0, cardinalities[j])`` (tables share one fused variable: an id past its table would read
-    the next table's rows). A wrong batch stops with ``InvalidArgumentError: assertion failed: [<message>]``."""
-    numerical_features, categorical_features = list(numerical_features), list(categorical_features)
-    numerical_check, numerical_rows = _shape_check("numerical", numerical, tf.TensorShape([None, len(numerical_features)]),
-                                                   f"one float per numerical feature {numerical_features}")
-    categorical_check, categorical_rows = _shape_check(
-        "categorical", categorical, tf.TensorShape([None, len(categorical_features)]),
-        f"one id per categorical feature {categorical_features}")
-    shapes = [numerical_check, categorical_check]
-    shapes += _batch_asserts({"numerical": numerical_rows, "categorical": categorical_rows})
-    with tf.control_dependencies(shapes):  # widths first: the range check below broadcasts per column
-        ranges = []
-        if cardinalities is not None and categorical_features:
-            ranges = [_range_assert(categorical, categorical_features, list(cardinalities))]
-        with tf.control_dependencies(ranges):
-            return tf.identity(numerical), tf.identity(categorical)
-
-
-def _range_assert(categorical, features: list, cardinalities: list):
-    """Asserts every id of column ``j`` lies in ``[0, cardinalities[j])``, naming the first sample, feature and id
-    that does not."""
-    bad = tf.logical_or(categorical < 0, categorical >= tf.constant([cardinalities], categorical.dtype))
-    # A sentinel past the end makes the first bad position well defined (it is the sentinel when none is bad).
-    flat_bad = tf.concat([tf.reshape(bad, [-1]), [True]], axis=0)
-    flat_ids = tf.concat([tf.reshape(categorical, [-1]), tf.constant([-1], categorical.dtype)], axis=0)
-    first = tf.argmax(tf.cast(flat_bad, tf.int32), output_type=tf.int64)
-    width = len(features)
-    return tf.debugging.Assert(
-        tf.equal(first, tf.size(categorical, out_type=tf.int64)),
-        [f"serving input 'categorical': ids must lie in [0, cardinality) of their column (cardinalities {cardinalities}); "
-         "sample", first // width, "feature", tf.gather(tf.constant(features), first % width), "holds id",
-         tf.gather(flat_ids, first)])
-
-
 def input_name(feature: str) -> str:
     """The serving input of a feature: its name with each character a signature argument cannot hold
     (``cat_1.bin``'s dot) as ``_``; TensorFlow would otherwise rename it with a warning."""
@@ -105,18 +75,37 @@ def input_name(feature: str) -> str:
     return name if re.match(r"[A-Za-z]", name) else f"f_{name}"
 
 
-def flat_signature(input_signature: dict) -> list:
-    """The plain ``tf.TensorSpec`` inputs of ``{name: TensorSpec or RaggedTensorSpec}``: a ragged input
-    ``name`` becomes ``name_values`` (the ids of every row, concatenated) and ``name_row_lengths``."""
-    flat = []
+def served_names(input_signature: dict) -> dict:
+    """``{model input name: [its serving inputs]}``: :func:`input_name` of each, a ragged one as
+    ``<name>_values`` and ``<name>_row_lengths``. Raises ValueError when two inputs would share a
+    serving name (``cat.1`` and ``cat_1``), or for a ragged input of ragged rank above 1."""
+    served, taken = {}, {}
     for name, spec in input_signature.items():
+        stem = input_name(name)
         if isinstance(spec, tf.RaggedTensorSpec):
             if spec.ragged_rank != 1:
                 raise ValueError(f"Expected ragged input {name!r} of ragged rank 1. Received: {spec}")
-            flat += [tf.TensorSpec([None], spec.dtype, name=f"{name}_values"),
-                     tf.TensorSpec([None], tf.int64, name=f"{name}_row_lengths")]
+            served[name] = [f"{stem}_values", f"{stem}_row_lengths"]
         else:
-            flat.append(tf.TensorSpec(spec.shape, spec.dtype, name=name))
+            served[name] = [stem]
+        for flat in served[name]:
+            if flat in taken:
+                raise ValueError(f"Expected serving input names of their own. Received: inputs {taken[flat]!r} and "
+                                 f"{name!r} both serve as {flat!r}")
+            taken[flat] = name
+    return served
+
+
+def flat_signature(input_signature: dict) -> list:
+    """The plain ``tf.TensorSpec`` inputs of ``{model input name: TensorSpec or RaggedTensorSpec}``, named
+    by :func:`served_names`: a ragged input's values (the ids of every row, concatenated) and row lengths."""
+    names, flat = served_names(input_signature), []
+    for name, spec in input_signature.items():
+        if isinstance(spec, tf.RaggedTensorSpec):
+            values, lengths = names[name]
+            flat += [tf.TensorSpec([None], spec.dtype, name=values), tf.TensorSpec([None], tf.int64, name=lengths)]
+        else:
+            flat.append(tf.TensorSpec(spec.shape, spec.dtype, name=names[name][0]))
     return flat
 
 
@@ -135,43 +124,17 @@ def ragged_input(name: str, values, row_lengths) -> tf.RaggedTensor:
         return tf.RaggedTensor.from_row_lengths(tf.identity(values), row_lengths, validate=False)
 
 
-def checked_multi_hot(name: str, feature: str, ids, hotness: int, cardinality: int):
-    """``ids`` of a multi-hot serving input (``[batch, hotness]``, or a ``tf.RaggedTensor`` of rows of 0 to
-    ``hotness`` ids) once every row holds at most ``hotness`` ids and every id lies in ``[0, cardinality)``;
-    a failed check names the input, feature, sample and the length or id."""
-    ragged = ids if isinstance(ids, tf.RaggedTensor) else tf.RaggedTensor.from_tensor(ids)
-    lengths = ragged.row_lengths()
-    too_long = tf.concat([lengths > hotness, [True]], axis=0)  # a sentinel past the end: see _range_assert
-    long_row = tf.argmax(tf.cast(too_long, tf.int32), output_type=tf.int64)
-    values = ragged.values
-    bad = tf.concat([tf.logical_or(values < 0, values >= cardinality), [True]], axis=0)
-    first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
-    rows = tf.concat([ragged.value_rowids(), [-1]], axis=0)
-    padded = tf.concat([values, tf.constant([-1], values.dtype)], axis=0)
-    checks = [
-        tf.debugging.Assert(tf.equal(long_row, ragged.nrows()), [
-            f"serving input {name!r}: feature {feature!r} holds at most hotness={hotness} ids per sample. Received: "
-            "sample", long_row, "holds", tf.gather(tf.concat([lengths, [-1]], 0), long_row), "ids"]),
-        tf.debugging.Assert(tf.equal(first, tf.size(values, out_type=tf.int64)), [
-            f"serving input {name!r}: ids of feature {feature!r} must lie in [0, {cardinality}). Received: sample",
-            tf.gather(rows, first), "holds id", tf.gather(padded, first)]),
-    ]
-    with tf.control_dependencies(checks):
-        if isinstance(ids, tf.RaggedTensor):
-            return ids.with_values(tf.identity(ids.values))
-        return tf.identity(ids)
-
-
 def checked_inputs(inputs: dict, input_signature: dict) -> dict:
-    """``inputs`` (dense tensors and ragged ones, by name) once their shapes match ``input_signature`` and
-    they hold one batch size."""
+    """``inputs`` (dense tensors and ragged ones, by model input name) once their shapes match
+    ``input_signature`` and they hold one batch size; messages name the serving inputs."""
     asserts, sizes = [], {}
     for name, spec in input_signature.items():
-        tensor = inputs[name]
+        tensor, served = inputs[name], input_name(name)
         if isinstance(tensor, tf.RaggedTensor):
-            sizes[name] = tensor.nrows(out_type=tf.int64)
+            sizes[served] = tensor.nrows(out_type=tf.int64)
         else:
-            check, sizes[name] = _shape_check(name, tensor, spec.shape, f"{spec.dtype.name} values")
+            what = f"{spec.dtype.name} values" + ("" if served == name else f" of {name!r}")
+            check, sizes[served] = _shape_check(served, tensor, spec.shape, what)
             asserts.append(check)
     asserts += _batch_asserts(sizes)
     with tf.control_dependencies(asserts):
@@ -180,6 +143,12 @@ def checked_inputs(inputs: dict, input_signature: dict) -> dict:
 
 
 class _Serving(tf.Module):
+    """``model`` behind one signature: an input per model input (:func:`flat_signature`), out
+    ``{"probability": [batch] float32}``, the sigmoid of the model's logits.
+
+    Made by :func:`serving_module`, which traces and checks it; written by :func:`save_module`.
+    """
+
     def __init__(self, model, input_signature: dict):
         super().__init__(name="tf_dlrm_serving")
         # The variables are tracked, not the Keras model: saving a Keras model object makes TensorFlow
@@ -190,23 +159,71 @@ class _Serving(tf.Module):
                   for shard in layer.local_shards for state in layer.states[shard]]
         self.key_maps = [state.map for state in states]
         self.row_metadata = [v for state in states for v in (state.occupied, state.row_key)]
+        self.input_signature = dict(input_signature)
+        self.served = served_names(self.input_signature)
+        flat = flat_signature(self.input_signature)
         call = model.__call__
-        self.ragged = sorted(name for name, spec in input_signature.items() if isinstance(spec, tf.RaggedTensorSpec))
-        flat = flat_signature(input_signature)
-        self.names = list(input_signature)
-        self.flat_names = [spec.name for spec in flat]
 
         def serve(*tensors):
-            inputs, given = {}, dict(zip(self.flat_names, tensors))
-            for name in self.names:
-                if name in self.ragged:
-                    inputs[name] = ragged_input(name, given[f"{name}_values"], given[f"{name}_row_lengths"])
+            given, inputs = dict(zip([spec.name for spec in flat], tensors)), {}
+            for name, spec in self.input_signature.items():
+                if isinstance(spec, tf.RaggedTensorSpec):
+                    values, lengths = self.served[name]
+                    inputs[name] = ragged_input(input_name(name), given[values], given[lengths])
                 else:
-                    inputs[name] = given[name]
-            return {"output": call(checked_inputs(inputs, input_signature), training=False)}
+                    inputs[name] = given[self.served[name][0]]
+            logits = call(checked_inputs(inputs, self.input_signature), training=False)
+            # Served in float32 whatever the compute dtype the model was trained under.
+            return {"probability": tf.reshape(tf.sigmoid(tf.cast(logits, tf.float32)), [-1])}
 
         self.serve = tf.function(serve, input_signature=flat)
 
+    def inputs_info(self) -> dict:
+        """``{serving input: {"dtype", "shape", "input"}}``: each signature argument and the model input it
+        feeds (``shape`` with None for a size known only when served)."""
+        info = {}
+        for spec in flat_signature(self.input_signature):
+            info[spec.name] = {"dtype": spec.dtype.name, "shape": spec.shape.as_list()}
+        for name, flat in self.served.items():
+            for served in flat:
+                info[served]["input"] = name
+        return info
+
+
+def serving_module(model, input_signature: dict) -> "_Serving":
+    """The serving module of ``model`` (built, every table in this process), its signature traced
+    with TensorFlow's own ops (:func:`tf_dlrm.ops.kernels_off`).
+
+    Args:
+        model: a built Keras model called with a dict (``{"numerical": [b, n], <feature>: ids}``),
+            returning logits.
+        input_signature: ``{model input name: tf.TensorSpec or tf.RaggedTensorSpec}``.
+
+    Raises:
+        ValueError: a layer on several ranks, two inputs of one serving name, or a graph still using
+            tf_dlrm's own kernels.
+    """
+    for layer in sublayers(model):
+        env = getattr(layer, "env", None)
+        if env is not None and env.world_size > 1:
+            raise ValueError(f"Expected a model in one process (every table whole). Received: layer {layer.name!r} "
+                             f"on {env.world_size} ranks: restore its checkpoint into a one-process model first")
+    module = _Serving(model, input_signature)
+    with kernels_off():
+        custom = own_kernels(module.serve)  # traces the signature here, inside the block
+    if custom:
+        raise ValueError(f"Expected a serving graph of TensorFlow's ops only. Received: tf_dlrm's kernels {custom}, which "
+                         "plain TensorFlow cannot load (a layer of the model chose one as it was built)")
+    return module
+
+
+def save_module(module, path: str) -> None:
+    """Writes ``module`` as a SavedModel at ``path`` (TensorFlow's ops only, as :func:`serving_module` traced it)."""
+    with kernels_off():
+        tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+
+
+#CLASS
 
 def own_kernels(function) -> list[str]:
     """The tf_dlrm kernels (ops named ``TfDlrm*``) a ``tf.function`` with an input signature runs: a SavedModel
@@ -221,27 +238,19 @@ def export_saved_model(model, path: str, input_signature: dict) -> str:
     written beside it first, then renamed); returns ``path``.
 
     Args:
-        model: a built Keras model; its embedding layers must hold every table (one process).
+        model: a built Keras model holding every table (one process), trained with or without tf_dlrm's
+            kernels.
         path: the SavedModel directory.
-        input_signature: ``{input name: tf.TensorSpec or tf.RaggedTensorSpec}`` of ``model``'s dict input.
+        input_signature: ``{model input name: tf.TensorSpec or tf.RaggedTensorSpec}`` of ``model``'s dict input.
 
     Raises:
-        ValueError: several ranks, an existing ``path``, or a graph using tf_dlrm's own kernels.
+        ValueError: several ranks, an existing ``path``, or what :func:`serving_module` refuses.
     """
-    for layer in sublayers(model):
-        env = getattr(layer, "env", None)
-        if env is not None and env.world_size > 1:
-            raise ValueError(f"Expected a model in one process (every table whole). Received: layer {layer.name!r} "
-                             f"on {env.world_size} ranks: restore its checkpoint into a one-process model first")
     if os.path.exists(path):
         raise ValueError(f"Expected a new SavedModel path. Received: {path!r}, which exists")
-    module = _Serving(model, dict(input_signature))
-    custom = own_kernels(module.serve)
-    if custom:
-        raise ValueError(f"The serving graph uses tf_dlrm's own kernels {custom}, which plain TensorFlow cannot load: "
-                         "build the serving model in a process started with TF_DLRM_DISABLE_KERNELS=1")
+    module = serving_module(model, input_signature)
     temporary = f"{path.rstrip(os.sep)}.tmp"
     shutil.rmtree(temporary, ignore_errors=True)
-    tf.saved_model.save(module, temporary, signatures={"serving_default": module.serve})
+    save_module(module, temporary)
     os.rename(temporary, path)
     return path

@@ -79,11 +79,11 @@ def table_optimizer_groups(embeddings, default=None) -> tuple[SparseOptimizer | 
 
     The step's sparse update keeps one optimizer as the base (group 0, at the base rate, scale 1)
     and the others as per-table choices at ``their rate / base rate`` (scale 1 for a rate of None: the
-    trainer's). The base is ``default`` when given (``main.py``: ``--embedding_optimizer``), else the
-    row-wise optimizer when a table has one (row-wise state is kept for the base only), else the one
-    of the dynamic tables (their rows train with the base), else the most used. The base rate is
-    None when the base's own rate is (the trainer's). Returns ``(None, {}, None)`` when no layer was
-    made from table configs."""
+    trainer's). The base is ``default`` when given (``main.py``: ``--embedding_optimizer``) and no table
+    names another row-wise or dynamic-table optimizer, else the row-wise optimizer when a table has one
+    (row-wise state is kept for the base only), else the one of the dynamic tables (their rows train
+    with the base), else the most used. The base rate is None when the base's own rate is (the
+    trainer's). Returns ``(None, {}, None)`` when no layer was made from table configs."""
     given = default
     default = DEFAULT_OPTIMIZER if default is None else default
     per_table = {}
@@ -107,10 +107,10 @@ def table_optimizer_groups(embeddings, default=None) -> tuple[SparseOptimizer | 
     for optimizer in per_table.values():
         counts[optimizer] = counts.get(optimizer, 0) + 1
     # Dynamic tables' rows (and rows that change keys) train with the base optimizer.
-    if len(dynamic) > 1 or (dynamic and row_wise and dynamic != row_wise) or (given is not None and dynamic - {given}):
+    if len(dynamic) > 1 or (dynamic and row_wise and dynamic != row_wise):
         raise ValueError("Expected one optimizer setting for every dynamic table (the base one, which a row-wise "
                          f"optimizer must be). Received: {sorted(map(repr, dynamic | row_wise))}")
-    if given is not None:
+    if given is not None and not (row_wise - {given}) and not (dynamic - {given}):
         base = given
     else:
         base = row_wise.pop() if row_wise else dynamic.pop() if dynamic else \
@@ -133,6 +133,14 @@ def table_optimizer_groups(embeddings, default=None) -> tuple[SparseOptimizer | 
 def embedding_layers(model) -> list:
     """The layers of ``model`` that hold embedding tables (they report their table optimizers)."""
     return [layer for layer in sublayers(model) if hasattr(layer, "table_optimizers")]
+
+
+def embedding_layer(model):
+    """The one embedding layer of ``model`` (a checkpoint holds one layer's tables)."""
+    layers = embedding_layers(model)
+    if len(layers) != 1:
+        raise ValueError(f"Expected one DistributedEmbedding in the model. Received: {len(layers)}")
+    return layers[0]
 
 
 class TrainingStep:

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tf_dlrm.models.layers.cross_network import CrossNetwork
 from tf_dlrm.models.layers.mlp import MLP
-from tf_dlrm.models.ranking_model import RankingModel, check_widths, option
+from tf_dlrm.models.ranking_model import RankingModel, check_cross, check_widths, option
 from tf_dlrm.models.registry import register
 
 STACKED, PARALLEL = "stacked", "parallel"
@@ -24,10 +24,7 @@ class DCNv2Config:
     deep_mlp_dims: tuple[int, ...] = option((512, 256), "Hidden widths of the deep MLP (a one-unit logit layer follows).")
 
     def __post_init__(self):
-        if isinstance(self.num_cross_layers, bool) or not isinstance(self.num_cross_layers, int) or self.num_cross_layers < 1:
-            raise ValueError(f"Expected --num_cross_layers >= 1. Received: --num_cross_layers={self.num_cross_layers!r}")
-        if isinstance(self.cross_low_rank, bool) or not isinstance(self.cross_low_rank, int) or self.cross_low_rank < 0:
-            raise ValueError(f"Expected --cross_low_rank >= 0 (0: full rank). Received: --cross_low_rank={self.cross_low_rank!r}")
+        check_cross(self.num_cross_layers, self.cross_low_rank)
         if self.cross_structure not in (STACKED, PARALLEL):
             raise ValueError(f"Expected --cross_structure in {[STACKED, PARALLEL]}. Received: --cross_structure={self.cross_structure!r}")
         object.__setattr__(self, "deep_mlp_dims", check_widths(self.deep_mlp_dims, "deep_mlp_dims"))

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tf_dlrm.models.layers.interaction import InteractionKind, interaction_paths, make_interaction
 from tf_dlrm.models.layers.mlp import MLP
-from tf_dlrm.models.ranking_model import RankingModel, check_widths, option
+from tf_dlrm.models.ranking_model import RankingModel, check_cross, check_widths, option
 from tf_dlrm.models.registry import register
 
 
@@ -18,10 +18,13 @@ class DLRMConfig:
     bottom_mlp_dims: tuple[int, ...] = option((512, 256, 128), "Bottom MLP widths; the last equals --embedding_dim for dot.")
     top_mlp_dims: tuple[int, ...] = option((1024, 1024, 512, 256, 1), "Top MLP widths; the last is 1.")
     interaction: str = option("dot", "Feature interaction: dot (the strict lower triangle of pairwise dot products of the "
-                              "bottom MLP's output and the embeddings) or cat (all of them concatenated; mixed widths allowed). "
-                              "NVIDIA's dot_custom_cuda and dot_tensorflow mean dot; its cross is refused (use --model=dcnv2).",
+                              "bottom MLP's output and the embeddings), cat (all of them concatenated; mixed widths allowed) "
+                              "or cross (--num_cross_layers cross layers over that concatenation, NVIDIA's DCNv2). "
+                              "NVIDIA's dot_custom_cuda and dot_tensorflow mean dot.",
                               choices=[k.value for k in InteractionKind])
     include_diagonal: bool = option(False, "Keep self dot products in the dot interaction.", flag="dot_include_diagonal")
+    num_cross_layers: int = option(3, "Cross layers.")
+    cross_low_rank: int = option(0, "Rank r of each cross matrix W = U V (0: full rank).")
 
     def __post_init__(self):
         object.__setattr__(self, "bottom_mlp_dims", check_widths(self.bottom_mlp_dims, "bottom_mlp_dims"))
@@ -30,17 +33,18 @@ class DLRMConfig:
             raise ValueError(f"Expected --top_mlp_dims to end with 1 (the logit). Received: {list(self.top_mlp_dims)}")
         if self.interaction not in [k.value for k in InteractionKind]:
             raise ValueError(f"Expected --interaction in {[k.value for k in InteractionKind]}. Received: {self.interaction!r}")
+        check_cross(self.num_cross_layers, self.cross_low_rank)
 
 
 @register
 @keras.saving.register_keras_serializable(package="tf_dlrm")
 class DLRM(RankingModel):
-    """DLRM over ``(numerical [b, n_num], categorical tuple) -> logits [b, 1]`` (float32).
+    """DLRM: ``{"numerical": [b, n_num], feature: ids, ...} -> logits [b, 1]`` (float32).
 
     Config (:class:`DLRMConfig`): ``bottom_mlp_dims`` (for ``dot`` its last width must equal the
-    embedding dim), ``top_mlp_dims`` (the last is 1, the logit), ``interaction`` (``dot`` or ``cat``),
-    ``include_diagonal`` (keep the self dot products of ``dot``). Without numerical features there is
-    no bottom MLP (``cat`` only).
+    embedding dim), ``top_mlp_dims`` (the last is 1, the logit), ``interaction`` (``dot``, ``cat`` or
+    ``cross``), ``include_diagonal`` (keep the self dot products of ``dot``), ``num_cross_layers`` and
+    ``cross_low_rank`` (``cross``). Without numerical features there is no bottom MLP (``cat`` or ``cross``).
     """
 
     model_name = "dlrm"
@@ -50,7 +54,7 @@ class DLRM(RankingModel):
     def tables(cls, config, deep, crossed=()):
         """The deep tables; refuses, before any table exists, a dot interaction whose bottom MLP does
         not end at the tables' width."""
-        widths = sorted({t.dim for t in deep})
+        widths = sorted({t.embedding_dim for t in deep})
         if config.interaction == InteractionKind.DOT.value and len(widths) == 1 and config.bottom_mlp_dims[-1] != widths[0]:
             raise ValueError(
                 "The dot interaction needs the bottom MLP's last width to equal the embedding dim. "
@@ -77,7 +81,8 @@ class DLRM(RankingModel):
             raise ValueError("The dot interaction needs numerical features (the bottom MLP output is one of its vectors).")
         self.bottom_mlp = (MLP(config.bottom_mlp_dims, final_activation="relu", seed=self.seed * 2 + 1, name="bottom_mlp")
                            if self.num_numerical else None)
-        self.interaction = make_interaction(config.interaction, config.include_diagonal)
+        self.interaction = make_interaction(config.interaction, config.include_diagonal, num_cross_layers=config.num_cross_layers,
+                                            cross_low_rank=config.cross_low_rank, seed=self.seed * 2 + 3)
         self.top_mlp = MLP(config.top_mlp_dims, final_activation=None, seed=self.seed * 2 + 2, name="top_mlp")
 
     def build(self, input_shape=None):

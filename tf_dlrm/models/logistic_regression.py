@@ -8,10 +8,11 @@ zero, so the first logit is ``b + sum_i w_i`` of the tables' small initial value
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import tensorflow as tf
 
-from tf_dlrm.sharding.plan import TableSpec
 from tf_dlrm.models.layers.factorization_machine import LinearTerm
 from tf_dlrm.models.ranking_model import RankingModel
 from tf_dlrm.models.registry import register
@@ -27,7 +28,7 @@ class LogisticRegression(RankingModel):
 
     @classmethod
     def tables(cls, config, deep, crossed=()):
-        return [TableSpec(table.name, table.rows, 1) for table in deep]
+        return [dataclasses.replace(table, embedding_dim=1) for table in deep]
 
     def create_layers(self):
         widths = set(self.embedding.feature_widths)

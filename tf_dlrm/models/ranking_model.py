@@ -10,10 +10,12 @@ A model is one class in one file. It says, in one place:
   table and feature per categorical column (DeepFM and Wide & Deep add width-1 tables);
 - :meth:`create_layers`, :meth:`build_dense`, :meth:`dense_call`: its layers after the embedding.
 
-The trainer calls ``model((numerical, categorical))``, and on the XLA path
-``model.embedding(categorical, local_batch=..., training=True)`` then ``model.dense_call(numerical,
-embeddings)``; it finds weights by the kind marked on each (:mod:`tf_dlrm.embedding.variable_kind`), so a
-model needs no trainer code of its own. A minimal model::
+A model is a :class:`tf_dlrm.embedding.Model`, called as every library model is: with a dict of named
+features (one entry per categorical feature, the numerical features as one ``[b, n]`` tensor under
+``"numerical"``) it returns logits ``[b, 1]``; ``fit`` trains it. ``main.py``'s trainer calls it the same way,
+and on the XLA path :meth:`embed` then :meth:`dense_call` (the part XLA compiles); it finds weights by
+the kind marked on each (:mod:`tf_dlrm.embedding.variable_kind`), so a model needs no trainer code of
+its own. A minimal model::
 
     @register
     class Linear(RankingModel):
@@ -42,8 +44,10 @@ from typing import Any, ClassVar
 import keras
 import tensorflow as tf
 
-from tf_dlrm.embedding.table_config import FeatureConfig
-from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.embedding.model import Model
+from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig
+from tf_dlrm.models.layers.crossed_ids import crossed_ids
+from tf_dlrm.spec.format import NUMERICAL_CHANNEL
 
 
 def option(default, help: str, flag: str | None = None, choices: Sequence[str] | None = None):
@@ -61,6 +65,14 @@ def check_widths(widths, flag: str) -> tuple[int, ...]:
     return widths
 
 
+def check_cross(num_layers, low_rank) -> None:
+    """``--num_cross_layers`` >= 1 and ``--cross_low_rank`` >= 0 (0: full rank), integers; a ValueError names the flag."""
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"Expected --num_cross_layers >= 1. Received: --num_cross_layers={num_layers!r}")
+    if isinstance(low_rank, bool) or not isinstance(low_rank, int) or low_rank < 0:
+        raise ValueError(f"Expected --cross_low_rank >= 0 (0: full rank). Received: --cross_low_rank={low_rank!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class NoOptions:
     """The ``Config`` of a model without hyper-parameters of its own."""
@@ -71,18 +83,24 @@ def column_sources(count: int) -> tuple[tuple, ...]:
     return tuple(("column", index) for index in range(count))
 
 
-class RankingModel(keras.Model):
-    """``(numerical [b, n], categorical tuple) -> logits [b, 1]`` (float32) over one sharded embedding.
+class RankingModel(Model):
+    """``{"numerical": [b, n], feature name: ids, ...} -> logits [b, 1]`` (float32) over one sharded embedding.
 
     Args:
-        embedding: an unbuilt or built embedding layer (:class:`DistributedEmbedding` or a subclass,
-            a :class:`DynamicEmbedding`, an :class:`EmbeddingBank`); its first ``num_categorical``
-            features read the spec's categorical columns, any after them come from :meth:`features`.
+        embedding: an unbuilt or built :class:`tf_dlrm.embedding.DistributedEmbedding` (or the single-process
+            reference :class:`tf_dlrm.embedding.embedding_bank.EmbeddingBank`); its first
+            ``num_categorical`` features read the spec's categorical columns and are named like them,
+            any after them come from :meth:`features` (derived from the columns by ``sources``).
         num_numerical: numerical features per sample.
         num_categorical: categorical columns of the spec (None: every feature of ``embedding``).
         seed: base seed of the dense initialisers.
         config: an instance of ``Config``; or give its fields as keywords instead.
-        **kwargs: ``Config`` fields, then Keras' (``name``, ``dtype``).
+        sources: per feature of ``embedding``, where its ids come from (:meth:`features`): ``("column",
+            i)`` the ids of column ``i``, ``("cross", i, j)`` columns ``i`` and ``j`` hashed together
+            (:mod:`tf_dlrm.models.layers.crossed_ids`); default every feature reads its own column. A
+            model deriving features needs an embedding with ``data_parallel_input`` (every rank derives
+            the ids of its local batch).
+        **kwargs: ``Config`` fields, then Keras' (``name``, ``dtype``) and :class:`tf_dlrm.embedding.Model`'s.
     """
 
     model_name: ClassVar[str] = ""
@@ -92,7 +110,7 @@ class RankingModel(keras.Model):
     embedding_learning_rates: ClassVar[Mapping[str, float]] = {}
 
     def __init__(self, embedding, num_numerical: int, num_categorical: int | None = None, seed: int = 0, config=None,
-                 **kwargs):
+                 sources=None, **kwargs):
         given = {name: kwargs.pop(name) for name in [f.name for f in dataclasses.fields(self.Config)] if name in kwargs}
         if config is None:
             config = self.make_config(given)
@@ -102,6 +120,9 @@ class RankingModel(keras.Model):
             raise TypeError(f"Expected config to be a {self.Config.__qualname__}. Received: {type(config).__qualname__}")
         kwargs.setdefault("name", self.model_name or type(self).__name__.lower())
         super().__init__(**kwargs)
+        if not hasattr(embedding, "input_modes"):
+            raise TypeError(f"Expected a tf_dlrm.embedding.DistributedEmbedding (its dynamic tables placed with "
+                            f"Placement(dynamic=...)) or an EmbeddingBank. Received: {type(embedding).__qualname__}")
         self.model_config = config
         self.embedding = embedding
         self.num_numerical = int(num_numerical)
@@ -113,6 +134,8 @@ class RankingModel(keras.Model):
                              f"Received: num_categorical={num_categorical}")
         self.deep_width = sum(widths[:self.num_categorical])
         self.extra_width = sum(widths[self.num_categorical:])
+        self.sources = column_sources(len(widths)) if sources is None else tuple(tuple(s) for s in sources)
+        self._check_sources()
         self.create_layers()
 
     # ------------------------------------------------------------------ what a model defines
@@ -127,7 +150,7 @@ class RankingModel(keras.Model):
         return cls.Config(**{name: tuple(value) if isinstance(value, list) else value for name, value in values.items()})
 
     @classmethod
-    def tables(cls, config, deep: Sequence[TableSpec], crossed: Sequence = ()) -> list[TableSpec]:
+    def tables(cls, config, deep: Sequence[TableConfig], crossed: Sequence = ()) -> list[TableConfig]:
         """Every table the model reads: ``deep`` (one per categorical column, in spec order) first,
         then any of its own. ``crossed``: the spec's crossed features (:mod:`tf_dlrm.spec.crossed_features`)."""
         return list(deep)
@@ -163,7 +186,7 @@ class RankingModel(keras.Model):
         raise NotImplementedError(f"{type(self).__name__} must define dense_call(numerical, embeddings)")
 
     @classmethod
-    def table_optimizers(cls, config, tables: Sequence[TableSpec], num_deep: int) -> dict[int, object]:
+    def table_optimizers(cls, config, tables: Sequence[TableConfig], num_deep: int) -> dict[int, object]:
         """``{table index: optimizer object}`` (:mod:`tf_dlrm.embedding.optimizers`) of the tables in
         ``tables`` (:meth:`tables`' result; the first ``num_deep`` are the deep ones) that train with
         another optimizer than the run's embedding one; none by default."""
@@ -184,9 +207,62 @@ class RankingModel(keras.Model):
         self.build_dense((None, self.num_numerical + self.deep_width))
 
     def call(self, inputs, training=False):
-        numerical, categorical = inputs
-        embeddings = self.embedding(categorical, local_batch=tf.shape(numerical)[0])
-        return self.dense_call(numerical, embeddings)
+        return self.dense_call(inputs[NUMERICAL_CHANNEL], self.embed(inputs, training=training))
+
+    def embed(self, inputs, training=None):
+        """The embedding's stacked output (``[b, F, D]``, or ``[b, sum of widths]``) for the features of
+        ``inputs``: what :meth:`dense_call` takes."""
+        numerical = inputs[NUMERICAL_CHANNEL]
+        return self.embedding(self.embedding_inputs(inputs), local_batch=tf.shape(numerical)[0], training=training,
+                              stacked=True)
+
+    @property
+    def input_modes(self) -> dict[str, str]:
+        """``{input name: "global" or "local"}``: what a reader gives this rank (the numerical features
+        always for its local batch); features derived from the columns need every column local."""
+        if self.sources == column_sources(len(self.sources)):
+            return {**self.embedding.input_modes, NUMERICAL_CHANNEL: "local"}
+        return {**{name: "local" for name in self.column_names}, NUMERICAL_CHANNEL: "local"}
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        """The spec's categorical columns, in order: the names of the first ``num_categorical`` features."""
+        return tuple(f.name for f in self.embedding.features[:self.num_categorical])
+
+    def embedding_inputs(self, inputs) -> dict:
+        """``{feature name: ids}`` of every embedding feature from the columns in ``inputs`` (a derived
+        feature's ids made here, on this rank's local batch)."""
+        if self.sources == column_sources(len(self.sources)):
+            return inputs
+        columns, features = self.column_names, self.embedding.features
+        ids = {}
+        for index, (feature, source) in enumerate(zip(features, self.sources)):
+            if source[0] == "column":
+                ids[feature.name] = inputs[columns[source[1]]]
+                continue
+            first, second = inputs[columns[source[1]]], inputs[columns[source[2]]]
+            rows = self.embedding.cardinalities
+            # Column j is read by deep feature j, so its cardinality is that feature's table's rows.
+            crossed = crossed_ids(first, second, rows[self.embedding.feature_tables[source[2]]],
+                                  rows[self.embedding.feature_tables[index]])
+            # In the dtype the reader gives ids (int32 for tables below 2^31 rows): the id exchange
+            # stacks the features' ids together.
+            ids[feature.name] = tf.cast(crossed, tf.convert_to_tensor(first).dtype)
+        return ids
+
+    def _check_sources(self) -> None:
+        features = self.embedding.features
+        if len(self.sources) != len(features):
+            raise ValueError(f"Expected one source per feature ({len(features)}). Received: {len(self.sources)} sources")
+        for feature, source in zip(features, self.sources):
+            kind, columns = (source[0], source[1:]) if source else (None, ())
+            if kind not in ("column", "cross") or len(columns) != (2 if kind == "cross" else 1) or \
+                    any(not isinstance(c, int) or not 0 <= c < self.num_categorical for c in columns):
+                raise ValueError(f"Expected source ('column', i) or ('cross', i, j) with columns below "
+                                 f"{self.num_categorical} for feature {feature.name!r}. Received: {source}")
+        if self.sources != column_sources(len(features)) and not self.embedding.data_parallel_input:
+            raise ValueError("Expected an embedding with data_parallel_input=True for a model deriving features from "
+                             "the columns (every rank derives the ids of its local batch)")
 
     def flat_embeddings(self, embeddings):
         """``[b, sum of widths]`` in compute dtype (the embedding gives ``[b, T, D]`` for one width)."""
@@ -223,7 +299,7 @@ class RankingModel(keras.Model):
     def get_config(self):
         return {**super().get_config(), "embedding": keras.saving.serialize_keras_object(self.embedding),
                 "num_numerical": self.num_numerical, "num_categorical": self.num_categorical, "seed": self.seed,
-                **self.config_record()}
+                "sources": [list(s) for s in self.sources], **self.config_record()}
 
     @classmethod
     def from_config(cls, config):

@@ -2,18 +2,24 @@
 
 Every module of :mod:`tf_dlrm.models` is imported the first time the registry is read, so a model
 file that decorates its class with :func:`register` is found without editing any other file.
-``--model=package.module:Class`` imports a user's :class:`RankingModel` subclass instead (registered
-or not); checkpoints record the same string (:func:`reference_of`).
+``--model=package.module:Name`` imports a user's model instead: a :class:`RankingModel` subclass
+(registered or not; ``main.py`` makes its tables from the spec and defines its ``Config``'s flags), or
+any :class:`tf_dlrm.embedding.Model` subclass, or a function returning one (:func:`is_library_model`:
+it declares its own tables and features, named like the spec's categorical features, and ``main.py``
+calls it with ``feature_spec=`` when it takes that keyword, else with no argument). Checkpoints
+record the same string (:func:`reference_of`).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import pkgutil
 import traceback
 
-from tf_dlrm.models.ranking_model import RankingModel
+from tf_dlrm.embedding.model import Model
+from tf_dlrm.models.ranking_model import NoOptions, RankingModel
 
 _MODELS: dict[str, type] = {}
 
@@ -76,10 +82,21 @@ def lookup(reference: str) -> type:
     cls = module
     for part in attribute.split("."):
         cls = getattr(cls, part, None)
-    if not (isinstance(cls, type) and issubclass(cls, RankingModel)):
-        raise ValueError(f"Expected --model={reference} to name a subclass of tf_dlrm.models.ranking_model.RankingModel. "
-                         f"Received: {cls!r}")
+    if not (isinstance(cls, type) and issubclass(cls, Model)) and not inspect.isfunction(cls):
+        raise ValueError(f"Expected --model={reference} to name a subclass of tf_dlrm.embedding.Model (or of "
+                         f"tf_dlrm.models.ranking_model.RankingModel), or a function returning one. Received: {cls!r}")
     return cls
+
+
+def is_library_model(cls) -> bool:
+    """Whether ``cls`` (what :func:`lookup` found) is a library model, not a :class:`RankingModel`: a
+    :class:`tf_dlrm.embedding.Model` subclass or a function making one, holding its own tables."""
+    return not (isinstance(cls, type) and issubclass(cls, RankingModel))
+
+
+def config_class(cls) -> type:
+    """The dataclass of the model's own hyper-parameters (a library model has none ``main.py`` knows)."""
+    return NoOptions if is_library_model(cls) else cls.Config
 
 
 def where_raised(error: BaseException) -> str:
@@ -98,6 +115,6 @@ def is_plugin(reference: str) -> bool:
 def reference_of(cls) -> str:
     """``cls``'s registered name when the registry holds it under that name, else ``module:Class``."""
     _scan()
-    if cls.model_name and _MODELS.get(cls.model_name) is cls:
+    if getattr(cls, "model_name", "") and _MODELS.get(cls.model_name) is cls:
         return cls.model_name
     return f"{cls.__module__}:{cls.__qualname__}"

@@ -7,7 +7,7 @@ and Wide & Deep's wide part. Pure Python, no TensorFlow.
   features (:mod:`tf_dlrm.spec.crossed_features`, hashed by :mod:`tf_dlrm.models.layers.crossed_ids`).
 
 A feature's *source* says where its ids come from: ``("column", i)`` reads column ``i``;
-``("cross", i, j)`` hashes columns ``i`` and ``j`` (:class:`tf_dlrm.models.expanded_embedding.ExpandedEmbedding`).
+``("cross", i, j)`` hashes columns ``i`` and ``j`` (:meth:`tf_dlrm.models.ranking_model.RankingModel.embedding_inputs`).
 """
 
 from __future__ import annotations
@@ -15,17 +15,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tf_dlrm.spec.crossed_features import CrossedFeature
-from tf_dlrm.embedding.table_config import FeatureConfig
-from tf_dlrm.sharding.plan import TableSpec
+from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig
 
 LINEAR_PREFIX = "linear:"
 # first * card2 + second must fit in int64 (tf_dlrm.models.layers.crossed_ids).
 _PAIR_LIMIT = 2**62
 
 
-def linear_tables(deep: Sequence[TableSpec]) -> list[TableSpec]:
+def linear_tables(deep: Sequence[TableConfig]) -> list[TableConfig]:
     """One width-1 table per deep table, as many rows."""
-    return [TableSpec(f"{LINEAR_PREFIX}{t.name}", t.rows, 1) for t in deep]
+    return [TableConfig(f"{LINEAR_PREFIX}{t.name}", t.vocabulary_size, 1) for t in deep]
 
 
 def linear_features(deep: Sequence[FeatureConfig]) -> tuple[list[FeatureConfig], list[tuple]]:
@@ -35,14 +34,14 @@ def linear_features(deep: Sequence[FeatureConfig]) -> tuple[list[FeatureConfig],
     return features, [("column", index) for index in range(len(deep))]
 
 
-def crossed_tables(deep: Sequence[TableSpec], crossed: Sequence[CrossedFeature]) -> list[TableSpec]:
+def crossed_tables(deep: Sequence[TableConfig], crossed: Sequence[CrossedFeature]) -> list[TableConfig]:
     """One width-1 table per crossed feature (``buckets`` rows)."""
-    rows = {t.name: t.rows for t in deep}
+    rows = {t.name: t.vocabulary_size for t in deep}
     for feature in crossed:
         if rows[feature.first] * rows[feature.second] >= _PAIR_LIMIT:
             raise ValueError(f"crossed feature {feature.name}: cardinalities {rows[feature.first]} x {rows[feature.second]} "
                              f"exceed 2^62 pairs; cross smaller features")
-    return [TableSpec(f.name, f.buckets, 1) for f in crossed]
+    return [TableConfig(f.name, f.buckets, 1) for f in crossed]
 
 
 def crossed_features(deep: Sequence[FeatureConfig], crossed: Sequence[CrossedFeature]) -> tuple[list[FeatureConfig], list[tuple]]:
@@ -52,7 +51,7 @@ def crossed_features(deep: Sequence[FeatureConfig], crossed: Sequence[CrossedFea
             [("cross", columns[c.first], columns[c.second]) for c in crossed])
 
 
-def check_unique_names(tables: Sequence[TableSpec]) -> list[TableSpec]:
+def check_unique_names(tables: Sequence[TableConfig]) -> list[TableConfig]:
     """``tables``, refused when two share a name (a spec feature named like a derived table)."""
     names = [t.name for t in tables]
     clash = sorted({n for n in names if names.count(n) > 1})

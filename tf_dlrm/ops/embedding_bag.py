@@ -48,7 +48,9 @@ def mark_distinct_rows(variable):
 
 
 def distinct_rows(variable) -> bool:
-    return bool(getattr(variable, _DISTINCT_ROWS, False))
+    """Whether ``variable``'s gradient rows are distinct: it is read by the kernel, which is on where the
+    step is traced (inside :func:`tf_dlrm.ops.kernels_off` the layer reads it with TensorFlow's ops)."""
+    return bool(getattr(variable, _DISTINCT_ROWS, False)) and bag_kernel() is not None
 
 
 def _tf_variable(variable) -> tf.Variable:

@@ -60,8 +60,8 @@ def evaluate(trainer: Trainer, reader: SplitBinaryReader, where: str = "evaluati
     if batches < reader.num_batches:
         dataset = dataset.take(batches)
     rows, sizes = [], []
-    for numerical, categorical, label in dataset:
-        local = trainer.predict_local(numerical, categorical, label).numpy()
+    for features, label in dataset:
+        local = trainer.predict_local(features, label).numpy()
         rows.append(local)
         sizes.append(local.shape[0])
     samples = min(batches * reader.global_batch_size, reader.num_samples)
@@ -174,8 +174,8 @@ def train(
         batches_left = min(steps_per_epoch - start_batch, total_steps - step)
         dataset = train_reader.dataset(epoch=epoch, start_batch=start_batch).take(batches_left)
         loss = None
-        for batch_in_epoch, (numerical, categorical, label) in enumerate(dataset, start=start_batch):
-            loss = trainer.train_step(numerical, categorical, label)
+        for batch_in_epoch, (features, label) in enumerate(dataset, start=start_batch):
+            loss = trainer.train_step(features, label)
             losses.add(loss)
             step += 1
             window_steps += 1
@@ -259,5 +259,5 @@ def _synchronize_hot_rows(trainer) -> None:
 def _rates(trainer: Trainer, rate: float) -> str:
     """The learning rates in force, for a message: the schedule's, the embeddings' and the MLPs'."""
     config = trainer.config
-    return (f"learning rate {rate:.6g}: embeddings ({config.embedding_optimizer}) {rate * config.embedding_rate_factor:.6g}, "
+    return (f"learning rate {rate:.6g}: embeddings ({config.embedding_optimizer}) {rate * trainer.embedding_rate_factor:.6g}, "
             f"MLPs ({config.optimizer}) {rate * config.dense_rate_factor:.6g}")

@@ -22,6 +22,7 @@ from tf_dlrm.optimizers.config import make_dense_optimizer
 from tf_dlrm.optimizers.settings import OptimizerConfig
 from tf_dlrm.parallel import collectives
 from tf_dlrm.parallel.env import DistributedEnv
+from tf_dlrm.spec.format import NUMERICAL_CHANNEL
 
 
 def binary_cross_entropy(label, logits):
@@ -32,7 +33,9 @@ class Trainer(TrainingStep):
     """Owns the optimizer state, the schedule and the step counter; builds the tf.functions once.
 
     Args:
-        model: a built :class:`tf_dlrm.models.ranking_model.RankingModel` (``model((numerical, categorical)) -> logits``).
+        model: a built :class:`tf_dlrm.embedding.Model` (``model(features) -> logits``, ``features`` a dict of
+            named inputs as the readers yield them); ``jit_compile`` needs a
+            :class:`tf_dlrm.models.ranking_model.RankingModel` (its :meth:`embed` and :meth:`dense_call`).
         env: this rank's place.
         config: optimizer settings.
         jit_compile: compile the forward/backward of the dense part with XLA. The Horovod
@@ -47,10 +50,18 @@ class Trainer(TrainingStep):
                  compress_dense_gradients: bool = False, hot_row_sync_every: int = 1):
         self.config = config
         self.jit_compile = bool(jit_compile)
+        if self.jit_compile and not (hasattr(model, "embed") and hasattr(model, "dense_call")):
+            raise ValueError(f"--xla compiles the part of a model after its embedding lookup, which "
+                             f"{type(model).__qualname__} does not name. Expected a tf_dlrm.models.ranking_model.RankingModel "
+                             "(embed and dense_call), or no --xla")
         # Tables without an optimizer of their own take --embedding_optimizer; the others (Wide &
         # Deep's wide tables) keep theirs, at their rate relative to the embedding rate.
         default = table_optimizers.from_settings(config)
-        sparse_optimizer, per_table, _ = table_optimizer_groups(embedding_layers(model), default=default)
+        sparse_optimizer, per_table, base_rate = table_optimizer_groups(embedding_layers(model), default=default)
+        # The schedule shapes every rate: a model whose tables name their optimizer's rate (a library model)
+        # trains its base group at that rate over the schedule's base, like --embedding_learning_rate.
+        self.embedding_rate_factor = (config.embedding_rate_factor if base_rate in (None, default.learning_rate)
+                                      else base_rate / config.schedule.base)
         super().__init__(model, env, loss_fn=lambda x, y, y_pred, sample_weight: binary_cross_entropy(y, y_pred),
                          dense_optimizer=make_dense_optimizer(config), sparse_optimizer=sparse_optimizer or default.make(),
                          table_optimizers=per_table,
@@ -63,13 +74,13 @@ class Trainer(TrainingStep):
         if self.jit_compile:
             self._dense_gradients = tf.function(self._dense_loss_and_gradients, jit_compile=True, reduce_retracing=True, autograph=False)
 
-    def _train_step(self, numerical, categorical, label):
-        return self.train((numerical, categorical), label)[0]
+    def _train_step(self, features, label):
+        return self.train(features, label)[0]
 
     def rates(self):
         rate = self.config.schedule.tensor(self.step)
         self.learning_rate.assign(rate)
-        return rate * self.config.embedding_rate_factor, rate * self.config.dense_rate_factor
+        return rate * self.embedding_rate_factor, rate * self.config.dense_rate_factor
 
     def apply_dense(self, mlp_grads, dense_rate) -> None:
         decay = self.config.dense_weight_decay
@@ -100,21 +111,20 @@ class Trainer(TrainingStep):
     def _gradients(self, x, y, sample_weight):
         if not self.jit_compile:
             return super()._gradients(x, y, sample_weight)
-        numerical, categorical = x
         tables = [v.value for v in self.shards + self.replicated + self.padding + self.hot]
         with tf.GradientTape() as tape:
             tape.watch(tables)
             # training=True: a dynamic table (tf_dlrm.embedding.dynamic) inserts new keys only in training.
-            embeddings = self.model.embedding(categorical, local_batch=tf.shape(numerical)[0], training=True)
-        loss, embedding_gradient, mlp_gradients = self._dense_gradients(numerical, embeddings, y)
+            embeddings = self.model.embed(x, training=True)
+        loss, embedding_gradient, mlp_gradients = self._dense_gradients(x[NUMERICAL_CHANNEL], embeddings, y)
         table_gradients = tape.gradient(embeddings, tables, output_gradients=embedding_gradient)
         return loss, None, table_gradients, mlp_gradients
 
     # ------------------------------------------------------------------ evaluation
 
-    def _predict_step(self, numerical, categorical, label):
+    def _predict_step(self, features, label):
         """Click probabilities and labels of the global batch, in global order, on every rank."""
-        logits = self.model((numerical, categorical), training=False)
+        logits = self.model(features, training=False)
         probabilities = tf.reshape(tf.sigmoid(logits), [-1])
         label = tf.reshape(label, [-1])
         return (
@@ -122,10 +132,10 @@ class Trainer(TrainingStep):
             collectives.allgather(self.env, label, name="eval_labels"),
         )
 
-    def _predict_local(self, numerical, categorical, label):
+    def _predict_local(self, features, label):
         """This rank's rows of the global batch: ``[rows, 2]`` float32 of (click probability, label).
         The model's forward still runs collectively (the embedding exchange), the scores stay here."""
-        logits = self.model((numerical, categorical), training=False)
+        logits = self.model(features, training=False)
         probabilities = tf.cast(tf.reshape(tf.sigmoid(logits), [-1]), tf.float32)
         return tf.stack([probabilities, tf.cast(tf.reshape(label, [-1]), tf.float32)], axis=1)
 

@@ -36,9 +36,10 @@ from tf_dlrm.train.step import Trainer
 def gathered_rows(env, model, trainer) -> dict:
     result = {}
     getters = {"values": None, **{f"slot_{n}": (lambda v, n=n: trainer.sparse.slot(v, n)) for n in trainer.sparse.slot_names}}
-    for table in range(len(model.embedding.table_configs)):
+    layer = model.embedding.dynamic_layer
+    for table in range(len(layer.table_configs)):
         for field, state_of in getters.items():
-            keys, values = model.embedding.local_rows(table, state_of)
+            keys, values = layer.local_rows(table, state_of)
             keys = collectives.allgather(env, tf.constant(keys, tf.int64), name=f"ck_{table}_{field}").numpy()
             values = collectives.allgather(env, tf.constant(values, tf.float32), name=f"cv_{table}_{field}").numpy()
             order = np.argsort(keys)
@@ -53,10 +54,10 @@ def main():
     env = env_module.initialize()
     with open(case_path) as handle:
         case = json.load(handle)
-    model = make_model(case, env.rank, env.world_size, None)
+    model = make_model(case, env, None)
     total = case["first_steps"] + case["second_steps"]
     batches = make_batches(case, total + 1)
-    model(local(batches[0], env)[:2])
+    model(local(batches[0], env)[0])
     config = OptimizerConfig(LearningRateSchedule(case["learning_rate"]), optimizer="adam",
                              embedding_optimizer=case["embedding_optimizer"], dense_learning_rate=0.01,
                              adam_epsilon=case.get("adam_epsilon", 1e-8))
@@ -66,7 +67,7 @@ def main():
     if mode == "save":
         steps = range(case["first_steps"])
     elif mode == "resume":
-        checkpoint.restore_rows(os.path.join(directory, "dynamic"), model.embedding, trainer.sparse, env)
+        checkpoint.restore_rows(os.path.join(directory, "dynamic"), model.embedding.dynamic_layer, trainer.sparse, env)
         saved = np.load(os.path.join(directory, "dense.npz"))
         for index, variable in enumerate(dense):
             variable.assign(saved[f"v{index}"])
@@ -76,13 +77,13 @@ def main():
     for step in steps:
         trainer.train_step(*local(batches[step], env))
     if mode == "save":
-        checkpoint.save_rows(os.path.join(directory, "dynamic"), model.embedding, trainer.sparse, env)
+        checkpoint.save_rows(os.path.join(directory, "dynamic"), model.embedding.dynamic_layer, trainer.sparse, env)
         if env.is_chief:
             np.savez(os.path.join(directory, "dense.npz"), **{f"v{i}": v.numpy() for i, v in enumerate(dense)})
         return
     result = gathered_rows(env, model, trainer)
-    numerical, keys, _ = local(batches[-1], env)
-    result["logits"] = collectives.allgather(env, model((numerical, keys), training=False), name="logits").numpy()
+    features, _ = local(batches[-1], env)
+    result["logits"] = collectives.allgather(env, model(features, training=False), name="logits").numpy()
     for index, variable in enumerate(trainer.mlp):
         result[f"mlp{index}"] = variable.numpy()
     if env.is_chief:

@@ -158,34 +158,45 @@ def test_restore_into_smaller_capacity_is_a_clear_error(tmp_path):
 
 
 def test_saved_model_serves_raw_keys_like_the_trained_model(tmp_path):
-    from tf_dlrm.embedding.dynamic import export
+    from tf_dlrm.embedding import DistributedEmbedding
+    from tf_dlrm.embedding.serving import export_saved_model
+    from tf_dlrm.embedding.table_config import DynamicStorage, FeatureConfig, Placement, TableConfig
     from tf_dlrm.models.dlrm import DLRM
     from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.optimizers.settings import OptimizerConfig
     from tf_dlrm.train.step import Trainer
 
-    tables = [{"name": "user", "capacity": 16, "width": 4, "eviction": "lru"}, {"name": "item", "capacity": 16, "width": 4}]
-    model = DLRM(DynamicEmbedding(tables, seed=2), num_numerical=3, bottom_mlp_dims=[8, 4], top_mlp_dims=[4, 1], seed=2)
+    # Two dynamic tables only: the layer runs one DynamicEmbedding inside.
+    features = [FeatureConfig("user", TableConfig("user", 16, 4, placement=Placement(
+                    dynamic=DynamicStorage(capacity=16, eviction="lru")))),
+                FeatureConfig("item", TableConfig("item", 16, 4, placement=Placement(dynamic=DynamicStorage(capacity=16))))]
+    model = DLRM(DistributedEmbedding(features, seed=2, env=DistributedEnv(), name="embedding"), num_numerical=3,
+                 bottom_mlp_dims=[8, 4], top_mlp_dims=[4, 1], seed=2)
     rng = np.random.default_rng(1)
     keys = rng.integers(-2**63, 2**63 - 1, (12, 2), dtype=np.int64)
     numerical = rng.random((12, 3), dtype=np.float32)
-    model((numerical, (tf.constant(keys[:, 0]), tf.constant(keys[:, 1]))))
+
+    def inputs(rows):
+        return {"numerical": tf.constant(numerical), "user": tf.constant(rows[:, 0]), "item": tf.constant(rows[:, 1])}
+
+    model(inputs(keys))
     trainer = Trainer(model, DistributedEnv(), OptimizerConfig(LearningRateSchedule(0.1), optimizer="sgd",
                                                                embedding_optimizer="adagrad"))
     label = rng.integers(0, 2, (12, 1)).astype(np.float32)
     for _ in range(3):
-        trainer.train_step(numerical, (tf.constant(keys[:, 0]), tf.constant(keys[:, 1])), label)
+        trainer.train_step(inputs(keys), label)
     served_keys = np.concatenate([keys[:6], rng.integers(-2**63, 2**63 - 1, (6, 2), dtype=np.int64)])  # half unseen
-    expected = tf.sigmoid(model((numerical, (tf.constant(served_keys[:, 0]), tf.constant(served_keys[:, 1]))),
-                                training=False)).numpy().reshape(-1)
-    export.export(model, str(tmp_path / "served"))
+    expected = tf.sigmoid(model(inputs(served_keys), training=False)).numpy().reshape(-1)
+    export_saved_model(model, str(tmp_path / "served"), {"numerical": tf.TensorSpec([None, 3], tf.float32),
+                                                         "user": tf.TensorSpec([None], tf.int64),
+                                                         "item": tf.TensorSpec([None], tf.int64)})
     # Served by a process that imports TensorFlow only (no tf_dlrm kernel library, no Horovod).
-    np.savez(tmp_path / "inputs.npz", numerical=numerical, categorical=served_keys)
+    np.savez(tmp_path / "inputs.npz", numerical=numerical, user=served_keys[:, 0], item=served_keys[:, 1])
     script = ("import sys, numpy as np, tensorflow as tf\n"
               "d = np.load(sys.argv[1] + '/inputs.npz'); m = tf.saved_model.load(sys.argv[1] + '/served')\n"
-              "p = m.signatures['serving_default'](numerical=tf.constant(d['numerical']), categorical=tf.constant(d['categorical']))\n"
+              "p = m.signatures['serving_default'](**{k: tf.constant(d[k]) for k in ('numerical', 'user', 'item')})\n"
               "np.save(sys.argv[1] + '/probability.npy', p['probability'].numpy())\n")
     subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, capture_output=True, cwd=str(tmp_path))
     probability = np.load(tmp_path / "probability.npy")
     np.testing.assert_allclose(probability, expected, rtol=0, atol=1e-6)
-    assert model.embedding.counters()["user"]["rows"] == 12  # serving inserted nothing
+    assert model.embedding.dynamic_layer.counters()["user"]["rows"] == 12  # serving inserted nothing

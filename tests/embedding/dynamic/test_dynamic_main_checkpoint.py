@@ -83,7 +83,14 @@ def read_valid(data):
     labels = np.fromfile(split / "label.bin", np.bool_).astype(np.float32)
     numerical = np.fromfile(split / "numerical.bin", np.float16).astype(np.float32).reshape(len(labels), -1)
     keys = np.stack([np.fromfile(split / name, np.int64) for name in spec.categorical_features], axis=1)
-    return labels, numerical, keys
+    return labels, numerical, keys, list(spec.categorical_features)
+
+
+def serving_inputs(numerical, keys, features) -> dict:
+    """The signature's inputs: ``numerical`` and one input of raw keys per feature, under its serving name."""
+    from tf_dlrm.embedding.serving import input_name
+
+    return {"numerical": numerical, **{input_name(feature): keys[:, t] for t, feature in enumerate(features)}}
 
 
 @pytest.mark.slow
@@ -136,12 +143,12 @@ def test_save_on_2_resume_on_3_eval_and_export(datasets, tmp_path):
     from tf_dlrm.metrics import exact_auc, logloss
 
     serve = tf.saved_model.load(str(tmp_path / "served")).signatures["serving_default"]
-    labels, numerical, keys = read_valid(data)
+    labels, numerical, keys, features = read_valid(data)
     seen = {table: set(rows.tolist()) for (table, field), rows in dynamic_rows(ckpt(reference, 6)).items() if field == "keys"}
     unseen = sum(int(np.sum(~np.isin(keys[:, t], list(seen[f"t{t}"])))) for t in range(keys.shape[1]))
     assert unseen > 0, "the validation split holds no key unseen in training"
-    scores = np.concatenate([serve(numerical=tf.constant(numerical[i:i + 256]), categorical=tf.constant(keys[i:i + 256]))
-                             ["probability"].numpy() for i in range(0, len(labels), 256)])
+    scores = np.concatenate([serve(**{name: tf.constant(value) for name, value in serving_inputs(
+        numerical[i:i + 256], keys[i:i + 256], features).items()})["probability"].numpy() for i in range(0, len(labels), 256)])
     served = (exact_auc(labels, scores), logloss(labels, scores))
     print(f"eval -np 3: AUC {final['auc']} logloss {final['logloss']}; SavedModel: AUC {served[0]} logloss {served[1]}; "
           f"{unseen} unseen keys")
@@ -151,8 +158,8 @@ def test_save_on_2_resume_on_3_eval_and_export(datasets, tmp_path):
     batch = np.repeat(keys[:1], 3, axis=0)
     batch[:, last] = [123456789, -987654321, sorted(seen[f"t{last}"])[0]]
     assert not {123456789, -987654321} & seen[f"t{last}"]
-    probability = serve(numerical=tf.constant(np.repeat(numerical[:1], 3, axis=0)), categorical=tf.constant(batch))[
-        "probability"].numpy()
+    probability = serve(**{name: tf.constant(value) for name, value in serving_inputs(
+        np.repeat(numerical[:1], 3, axis=0), batch, features).items()})["probability"].numpy()
     assert probability[0] == probability[1] and probability[2] != probability[0], probability
 
 

@@ -9,7 +9,7 @@ row-wise sharding by ``hash(key) mod shards`` (issue #16).
   admission and eviction.
 - :mod:`tf_dlrm.embedding.dynamic.layer`: :class:`DynamicEmbedding`, the Keras layer (exchange + lookup).
 - :mod:`tf_dlrm.checkpoint.dynamic_tables`: (key, row, optimizer state) per table, restored on any N.
-- :mod:`tf_dlrm.embedding.dynamic.export`: a SavedModel serving raw keys.
+- :mod:`tf_dlrm.embedding.serving`: the SavedModel (its key maps saved with it) serving raw keys.
 - :mod:`tf_dlrm.spec.dynamic` (pure Python): ``dynamic: true`` features of a FeatureSpec;
   :mod:`tf_dlrm.cli.dynamic_builder`: the DLRM ``main.py`` builds for them.
 """

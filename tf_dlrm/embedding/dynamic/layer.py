@@ -76,8 +76,6 @@ class DynamicEmbedding(keras.layers.Layer):
         self.seed = int(seed)
         self.features = tuple(FeatureConfig(name=t.name, table=t.name) for t in self.table_configs)
         self.feature_widths = tuple(t.width for t in self.table_configs)
-        self.global_categorical: tuple[int, ...] = ()
-        self.local_categorical = tuple(range(len(self.table_configs)))
         capacities = [t.rows_per_shard(self.num_shards) for t in self.table_configs]
         self.row_offsets = tuple(int(o) for o in np.cumsum([0] + capacities))
         self.states = {

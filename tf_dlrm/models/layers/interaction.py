@@ -1,4 +1,5 @@
-"""Feature interactions of DLRM: pairwise dot products (``dot``) or plain concatenation (``cat``)."""
+"""Feature interactions of DLRM: pairwise dot products (``dot``), plain concatenation (``cat``), or cross
+layers over the concatenation (``cross``: NVIDIA's DCNv2, DLRM-DCNv2 of MLPerf)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tf_dlrm.models.layers.cross_network import CrossNetwork
 from tf_dlrm.ops import kernels
 from tf_dlrm.ops.dot_interaction import KERNEL_DTYPES, dot_interaction
 
@@ -15,6 +17,7 @@ from tf_dlrm.ops.dot_interaction import KERNEL_DTYPES, dot_interaction
 class InteractionKind(str, enum.Enum):
     DOT = "dot"
     CAT = "cat"
+    CROSS = "cross"
 
 
 def lower_triangle_indices(num_vectors: int, include_diagonal: bool) -> np.ndarray:
@@ -121,6 +124,32 @@ class CatInteraction(keras.layers.Layer):
         return (bottom_shape[0], bottom_shape[-1] + width)
 
 
+@keras.saving.register_keras_serializable(package="tf_dlrm")
+class CrossInteraction(keras.layers.Layer):
+    """A cross network (:class:`tf_dlrm.models.layers.cross_network.CrossNetwork`) over the concatenation of the
+    bottom-MLP output and all embeddings: ``[B, D_bottom + sum of widths]``, the width kept. The interaction of
+    NVIDIA's DCNv2 (DeepLearningExamples' ``dcnv2.py``), where the cross layers see the numerical features through
+    the bottom MLP, unlike :class:`tf_dlrm.models.dcnv2.DCNv2` (raw numerical features, a deep MLP beside)."""
+
+    def __init__(self, num_layers: int, low_rank: int = 0, seed: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_layers, self.low_rank, self.seed = num_layers, low_rank, int(seed)
+        self.concat = CatInteraction(dtype=self.dtype_policy, name="concat")
+        self.cross_network = CrossNetwork(num_layers, low_rank, seed=seed, dtype=self.dtype_policy, name="cross_network")
+
+    def build(self, input_shapes):
+        self.cross_network.build(self.concat.compute_output_shape(input_shapes))
+
+    def call(self, inputs):
+        return self.cross_network(self.concat(inputs))
+
+    def compute_output_shape(self, input_shapes):
+        return self.concat.compute_output_shape(input_shapes)
+
+    def get_config(self):
+        return {**super().get_config(), "num_layers": self.num_layers, "low_rank": self.low_rank, "seed": self.seed}
+
+
 def interaction_paths(layer, xla: bool) -> dict:
     """Which implementation a model's interaction runs, in training and in evaluation, and why a
     slower one when it falls back: ``{"training": ..., "evaluation": ..., "reasons": [...]}`` with
@@ -151,7 +180,8 @@ def interaction_paths(layer, xla: bool) -> dict:
     return {"training": training, "evaluation": path, "reasons": reasons}
 
 
-def make_interaction(kind: str, include_diagonal: bool = False, dtype=None) -> keras.layers.Layer:
+def make_interaction(kind: str, include_diagonal: bool = False, dtype=None, num_cross_layers: int = 3,
+                     cross_low_rank: int = 0, seed: int = 0) -> keras.layers.Layer:
     try:
         kind = InteractionKind(kind)
     except ValueError:
@@ -160,4 +190,6 @@ def make_interaction(kind: str, include_diagonal: bool = False, dtype=None) -> k
         ) from None
     if kind is InteractionKind.DOT:
         return DotInteraction(include_diagonal=include_diagonal, dtype=dtype, name="interaction")
+    if kind is InteractionKind.CROSS:
+        return CrossInteraction(num_cross_layers, cross_low_rank, seed=seed, dtype=dtype, name="interaction")
     return CatInteraction(dtype=dtype, name="interaction")
