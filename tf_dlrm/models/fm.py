@@ -29,12 +29,11 @@ class FM(RankingModel):
 
     @classmethod
     def tables(cls, config, deep, crossed=()):
-        return width_one_tables.check_unique_names(list(deep) + width_one_tables.linear_tables(deep))
+        return width_one_tables.with_linear_tables(deep)
 
     @classmethod
     def features(cls, config, deep, crossed=()):
-        linear, sources = width_one_tables.linear_features(deep)
-        return tuple(deep) + tuple(linear), tuple(("column", i) for i in range(len(deep))) + tuple(sources)
+        return width_one_tables.with_linear_features(deep)
 
     def create_layers(self):
         widths = set(self.embedding.feature_widths[:self.num_categorical])

@@ -34,6 +34,17 @@ def linear_features(deep: Sequence[FeatureConfig]) -> tuple[list[FeatureConfig],
     return features, [("column", index) for index in range(len(deep))]
 
 
+def with_linear_tables(deep: Sequence[TableConfig]) -> list[TableConfig]:
+    """The deep tables, then one width-1 table of each (a factorization machine's first-order weights)."""
+    return check_unique_names(list(deep) + linear_tables(deep))
+
+
+def with_linear_features(deep: Sequence[FeatureConfig]) -> tuple[tuple[FeatureConfig, ...], tuple[tuple, ...]]:
+    """``(features, sources)``: the deep features reading their columns, then one width-1 feature of each."""
+    linear, sources = linear_features(deep)
+    return tuple(deep) + tuple(linear), tuple(("column", i) for i in range(len(deep))) + tuple(sources)
+
+
 def crossed_tables(deep: Sequence[TableConfig], crossed: Sequence[CrossedFeature]) -> list[TableConfig]:
     """One width-1 table per crossed feature (``buckets`` rows)."""
     rows = {t.name: t.vocabulary_size for t in deep}
