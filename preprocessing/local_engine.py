@@ -215,8 +215,9 @@ class LocalEngine:
         # caller's script needs no `if __name__ == "__main__"` guard. Workers run numpy code only.
         self._context = multiprocessing.get_context("fork")
 
-    def close(self) -> None:
-        """Nothing to release: worker pools live only during a pass."""
+    def close(self, failed: bool = False) -> None:
+        """Nothing to release: worker pools live only during a pass (and are ended when one fails)."""
+        del failed
 
     @contextlib.contextmanager
     def _executor(self, initializer=_start_worker, initargs=()):

@@ -3,19 +3,83 @@ cleanly: the signal becomes an exception in the main thread, so every ``finally`
 are ended, the unpublished temporary output is removed: :func:`tf_dlrm.io.publish.staged_output`),
 one line says what happened, and the exit status is ``128 + signal``. An earlier output stays as it was.
 A second signal ends the process at once (the clean-up the first one started may be what is stuck),
-still removing the temporary output.
+still removing the temporary output. Both ways end with ``os._exit``, which skips ``atexit``: a scratch directory
+the process keeps until its end (:func:`remove_when_ending`) is removed on those ways too, and every process the
+tool started that is still running (a Spark JVM caught starting, its Python workers) is killed, so that nothing
+of the tool outlives it.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import signal
 import sys
 
 from tf_dlrm.io import publish
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+# Directories this process needs until it ends (code shipped to Spark executors), never an output.
+_SCRATCH: set[str] = set()
+
+
+def remove_when_ending(directory: str) -> None:
+    """Removes ``directory`` when this process ends: at the interpreter's exit, and also when a stop signal ends it
+    through ``os._exit`` (see the module's docstring)."""
+    _SCRATCH.add(directory)
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """The live descendants of process ``pid`` (this process by default), children first; empty without ``/proc``.
+
+    Collect them before ending any: a process whose parent died is adopted by another and leaves the tree.
+    """
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, queue = [], [os.getpid() if pid is None else pid]
+    while queue:
+        for child in children.get(queue.pop(0), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def kill_all(pids) -> None:
+    """SIGKILL to each of ``pids`` that still exists."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _end_of_process() -> None:
+    """What every way out of a stopped tool does last: its scratch removed, its remaining processes killed."""
+    with contextlib.suppress(BaseException):
+        kill_all(descendants())
+    with contextlib.suppress(BaseException):
+        _remove_scratch()
+
+
+@atexit.register
+def _remove_scratch() -> None:
+    for directory in list(_SCRATCH):
+        shutil.rmtree(directory, ignore_errors=True)
+        _SCRATCH.discard(directory)
 
 
 class Stopped(SystemExit):
@@ -39,6 +103,7 @@ def _end_now(number, frame) -> None:
     del frame
     with contextlib.suppress(BaseException):
         publish.remove_staged()
+    _end_of_process()
     with contextlib.suppress(BaseException):
         sys.stderr.write(f"stopped at once by a second {signal.Signals(number).name}; "
                          "the temporary output was removed, nothing was published\n")
@@ -59,6 +124,7 @@ def stopping_cleanly(tool: str):
         # threads a worker pool left (a pool's manager thread can block for ever on a pipe that only
         # its ended workers read).
         sys.stdout.flush()
+        _end_of_process()
         os._exit(stopped.code)
     finally:
         for number, handler in previous.items():
