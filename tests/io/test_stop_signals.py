@@ -79,3 +79,45 @@ def test_descendants_lists_grandchildren_before_any_ends():
     finally:
         kill_all(descendants(shell.pid) + [shell.pid])
         shell.wait(timeout=10)
+
+
+# Publishes twice into one directory; a SIGTERM comes at the moment named by argv[2]: between the two renames that
+# swap the second output in ("swap"), or while the earlier output, renamed aside, is being removed ("removal").
+PUBLISH_TWICE = textwrap.dedent("""
+    import os, shutil, signal, sys
+    from tf_dlrm.io import publish
+    from tf_dlrm.io.stop_signals import stopping_cleanly
+
+    output, moment = sys.argv[1], sys.argv[2]
+    real_rename, real_rmtree = os.rename, shutil.rmtree
+
+    def rename(source, target):
+        real_rename(source, target)
+        if moment == "swap" and ".old-" in target:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled before the next rename
+
+    def rmtree(path, *args, **kwargs):
+        if moment == "removal" and ".old-" in str(path) and not getattr(rmtree, "signalled", False):
+            rmtree.signalled = True
+            os.kill(os.getpid(), signal.SIGTERM)  # handled before anything is removed
+        return real_rmtree(path, *args, **kwargs)
+
+    with stopping_cleanly("tool"):
+        for text in ("first", "second"):
+            with publish.staged_output(output, "--output_dir", "tool") as workspace:
+                with open(os.path.join(workspace, "data.txt"), "w") as handle:
+                    handle.write(text)
+            if text == "first":
+                os.rename, shutil.rmtree = rename, rmtree
+""")
+
+
+@pytest.mark.parametrize("moment", ["swap", "removal"])
+def test_a_signal_while_an_output_is_swapped_in_leaves_it_whole_and_nothing_aside(tmp_path, moment):
+    output = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-c", PUBLISH_TWICE, str(output), moment], cwd=REPO, env=worker_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 143, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"tool: stopped by SIGTERM after its output was published: {output}"
+    assert (output / "data.txt").read_text() == "second"
+    assert sorted(os.listdir(tmp_path)) == ["out"], "something was left beside the output"

@@ -92,6 +92,8 @@ class Stopped(SystemExit):
 
 def _raise(number, frame) -> None:
     del frame
+    if publish.hold_signal(number):  # an output is being swapped in: raised again right after
+        return
     for each in SIGNALS:  # a second signal must not raise inside the clean-up the first one started
         signal.signal(each, _end_now)
     raise Stopped(number)
@@ -118,8 +120,13 @@ def stopping_cleanly(tool: str):
     try:
         yield
     except Stopped as stopped:
-        print(f"{tool}: stopped by {signal.Signals(stopped.signal_number).name}; nothing was published "
-              "(an earlier output is as it was)", file=sys.stderr, flush=True)
+        name = signal.Signals(stopped.signal_number).name
+        if publish.PUBLISHED:  # the signal came after the output was complete and in place
+            published = ", ".join(dict.fromkeys(publish.PUBLISHED))
+            print(f"{tool}: stopped by {name} after its output was published: {published}", file=sys.stderr, flush=True)
+        else:
+            print(f"{tool}: stopped by {name}; nothing was published (an earlier output is as it was)",
+                  file=sys.stderr, flush=True)
         # Every ``finally`` has run. Exit now rather than at the interpreter's end, which joins the
         # threads a worker pool left (a pool's manager thread can block for ever on a pipe that only
         # its ended workers read).
