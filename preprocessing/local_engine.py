@@ -35,6 +35,7 @@ from preprocessing.criteo_format import InputFormat, ParsedBlock, detect_format,
 from preprocessing.input_blocks import Block
 from preprocessing.splits import TRAIN, InputFile, SplitPlan
 from preprocessing.vocabulary import CountAccumulator, CountTable, Vocabulary
+from tf_dlrm.io import stop_signals
 
 DEFAULT_BLOCK_BYTES = 1 << 20  # small, so that a block's numpy temporaries fit a CPU's L2 cache
 COUNT_TASK_BYTES = 32 << 20
@@ -251,8 +252,10 @@ class LocalEngine:
                 pending.append(executor.submit(function, task))
                 if len(pending) >= window:
                     on_result(pending.popleft().result())
+                    stop_signals.check()  # a stop signal whose exception a finalizer dropped
             while pending:
                 on_result(pending.popleft().result())
+                stop_signals.check()
         except BaseException:
             for future in pending:
                 future.cancel()

@@ -14,6 +14,9 @@
 # - No restart when the job failed for a reason a restart cannot fix: a rank's clean refusal of its
 #   input or flags (exit status 2), or an interrupt (130, 143, or this script was signalled).
 # - Single machine (localhost) only; several machines need horovodrun's own elastic mode.
+# - The job runs under python -m tf_dlrm.cli.launch (horovodrun's arguments), in a process group of its own:
+#   SIGTERM or SIGINT to this script (a scheduler's preemption, Ctrl-C) is passed on to it once, so every rank
+#   saves a checkpoint and stops (exit 143 or 130), and the script exits with that status without a restart.
 #
 # Exit status: 0 when a run finished; otherwise the status of the last horovodrun.
 set -uo pipefail
@@ -24,8 +27,10 @@ min_np=1
 max_restarts=3
 horovodrun="${HOROVODRUN:-horovodrun}"
 [[ -x "$here/.venv/bin/horovodrun" && -z "${HOROVODRUN:-}" ]] && horovodrun="$here/.venv/bin/horovodrun"
+python="${PYTHON:-python3}"
+[[ -x "$here/.venv/bin/python" && -z "${PYTHON:-}" ]] && python="$here/.venv/bin/python"
 
-usage() { sed -n '2,18p' "$0" >&2; exit 2; }
+usage() { sed -n '2,21p' "$0" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --np) np="$2"; shift 2 ;;
@@ -45,8 +50,14 @@ if ! printf '%s\n' "$@" | grep -q -- '^--save_checkpoint_path='; then
   exit 2
 fi
 
+# A background job gets a process group of its own: a signal meant for the job reaches its launcher once, from here.
+set -m
 interrupted=0
-trap 'interrupted=1' INT TERM
+launcher=""
+# Bash runs a trap only between commands, so the job runs in the background and this script waits for it.
+pass_on() { interrupted=1; [[ -n "$launcher" ]] && kill "-$1" "$launcher" 2>/dev/null; }
+trap 'pass_on TERM' TERM
+trap 'pass_on INT' INT
 log="$(mktemp -t train_resilient.XXXXXX)"
 trap 'rm -f "$log"' EXIT
 
@@ -54,8 +65,19 @@ attempt=0
 resume=()
 while true; do
   echo "train_resilient.sh: attempt $((attempt + 1)) on $np rank(s)${resume:+ (--resume)}" >&2
-  "$horovodrun" -np "$np" -H "localhost:$np" --gloo "$@" "${resume[@]}" 2>&1 | tee "$log"
-  status=${PIPESTATUS[0]}
+  HOROVODRUN="$horovodrun" PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" \
+    "$python" -m tf_dlrm.cli.launch -np "$np" -H "localhost:$np" --gloo "$@" "${resume[@]}" 2>&1 | tee "$log" &
+  last=$!
+  launcher="$(jobs -p %%)"  # the pipeline's process group is led by the launcher
+  [[ $interrupted -eq 1 ]] && kill -TERM "$launcher" 2>/dev/null  # signalled while it was starting
+  # wait returns early (above 128) when a signal's trap runs; the job goes on until it has saved and stopped.
+  while true; do
+    wait "$last"
+    status=$?
+    (( status > 128 )) && kill -0 "$launcher" 2>/dev/null && continue
+    break
+  done
+  launcher=""
   if [[ $status -eq 0 ]]; then
     exit 0
   fi

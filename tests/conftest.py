@@ -15,6 +15,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
 def worker_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": REPO + os.pathsep + env.get("PYTHONPATH", "")})

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import REPO, worker_env
+from conftest import REPO, alive, worker_env
 
 # A tool that keeps a scratch directory until its end and has started a child that knows nothing of its parent.
 TOOL = textwrap.dedent("""
@@ -31,14 +31,6 @@ TOOL = textwrap.dedent("""
             if sys.argv[1] == "stuck":
                 time.sleep(600)  # a clean-up that never ends: only a second signal ends the tool
 """)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("clean_up", ["ends", "stuck"])
@@ -121,3 +113,35 @@ def test_a_signal_while_an_output_is_swapped_in_leaves_it_whole_and_nothing_asid
     assert result.stderr.strip().splitlines()[-1] == f"tool: stopped by SIGTERM after its output was published: {output}"
     assert (output / "data.txt").read_text() == "second"
     assert sorted(os.listdir(tmp_path)) == ["out"], "something was left beside the output"
+
+
+# The signal lands while a finalizer runs: Python prints the handler's exception as ignored and goes on.
+SIGNAL_IN_A_FINALIZER = textwrap.dedent("""
+    import time
+    from tf_dlrm.io import stop_signals
+
+    class Finalized:
+        def __del__(self):
+            print("finalizing", flush=True)
+            end = time.monotonic() + 2
+            while time.monotonic() < end:  # Python code: the handler runs in here
+                pass
+
+    with stop_signals.stopping_cleanly("tool"):
+        Finalized()
+        for _ in range(200):  # the tool's work, checking between pieces
+            stop_signals.check()
+            time.sleep(0.05)
+        print("ran to the end", flush=True)
+""")
+
+
+def test_a_signal_whose_exception_a_finalizer_dropped_still_stops_the_tool():
+    process = subprocess.Popen([sys.executable, "-c", SIGNAL_IN_A_FINALIZER], cwd=REPO, env=worker_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "finalizing"
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=60)
+    assert "Exception ignored" in stderr, "the signal did not land in the finalizer: the test proves nothing"
+    assert process.returncode == 143 and "ran to the end" not in stdout, stderr
+    assert stderr.strip().splitlines()[-1] == "tool: stopped by SIGTERM; nothing was published (an earlier output is as it was)"

@@ -4,9 +4,10 @@ started on the driver, and ended in bounded time however the tool ends.
 A stop signal (:mod:`tf_dlrm.io.stop_signals`) usually lands while the driver waits inside a py4j call for a job;
 the exception it raises leaves that call's answer unread on the gateway connection, so the next call (a polite
 ``SparkSession.stop()``) fails or hangs. A stopped or failed engine therefore ends its JVM instead: SIGTERM (its
-shutdown hooks stop the context and remove Spark's scratch directories), SIGKILL if that does not end it. The
-executors' Python workers are the JVM's descendants and are ended with it. A local master's scratch files (``spark.local.dir``, unless the user chose one)
-go to a directory this process removes when it ends, so a JVM that had to be killed leaves none behind.
+shutdown hooks stop the context and remove Spark's scratch directories), SIGKILL if that does not end it. A local
+master's scratch files (``spark.local.dir``, unless the user chose one) go to a directory this process removes when it
+ends; then the JVM is killed at once, its shutdown hooks having nothing to clean. The executors' Python workers are the
+JVM's descendants and are ended with it.
 
 Driver only: executors never import this module (nothing here is shipped to them).
 """
@@ -24,7 +25,7 @@ import zipfile
 
 from tf_dlrm.io import stop_signals
 
-JVM_EXIT_SECONDS = 1.0  # SIGTERM's grace: a tool must end within a few seconds of a stop signal
+JVM_EXIT_SECONDS = 1.0  # SIGTERM's grace where Spark's shutdown hooks must clean the user's scratch directory
 
 
 def require_pyspark(install: str) -> None:
@@ -50,8 +51,7 @@ def start_session(master: str, app_name: str, conf: dict | None = None):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master).appName(app_name).config("spark.ui.enabled", "false")
     conf = dict(conf or {})
-    if master.startswith("local"):
-        _scratch_in_own_directory(conf)
+    own_scratch = master.startswith("local") and _scratch_in_own_directory(conf)
     for key, value in conf.items():
         builder = builder.config(key, value)
     main_thread = threading.current_thread() is threading.main_thread()
@@ -66,18 +66,22 @@ def start_session(master: str, app_name: str, conf: dict | None = None):
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
     session.sparkContext.setLogLevel("WARN")
+    # Nothing of the JVM's needs its shutdown hooks then: end_session may kill it at once.
+    session._tf_dlrm_own_scratch = own_scratch
     return session
 
 
-def _scratch_in_own_directory(conf: dict) -> None:
+def _scratch_in_own_directory(conf: dict) -> bool:
     """Points a local JVM's scratch files (``spark.local.dir``, and ``java.io.tmpdir`` where Spark keeps a
-    ``spark-*`` directory of its own) at a directory removed when this process ends, unless the user chose."""
+    ``spark-*`` directory of its own) at a directory removed when this process ends, unless the user chose.
+    Returns whether it did."""
     if "spark.local.dir" in conf or os.environ.get("SPARK_LOCAL_DIRS") or "spark.driver.extraJavaOptions" in conf:
-        return
+        return False
     directory = tempfile.mkdtemp(prefix="tf_dlrm_spark_scratch_")
     stop_signals.remove_when_ending(directory)
     conf["spark.local.dir"] = directory
     conf["spark.driver.extraJavaOptions"] = f"-Djava.io.tmpdir={directory}"
+    return True
 
 
 def end_session(session, failed: bool) -> None:
@@ -89,25 +93,28 @@ def end_session(session, failed: bool) -> None:
             return
         except Exception:  # the connection is unusable: end the JVM below
             pass
-    _end_jvm()
+    _end_jvm(grace_s=0.0 if getattr(session, "_tf_dlrm_own_scratch", False) else JVM_EXIT_SECONDS)
 
 
-def _end_jvm() -> None:
+def _end_jvm(grace_s: float) -> None:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    context = SparkContext._active_spark_context
+    server = getattr(context, "_accumulatorServer", None)
+    if server is not None:  # its connection from the JVM ends with the JVM: no error to print
+        server.handle_error = lambda request, address: None
     process = getattr(SparkContext._gateway, "proc", None)  # set by pyspark's launch_gateway
     if process is not None and process.poll() is None:
         # The executors' Python workers finish their task before they notice the JVM is gone: they are ended too.
         workers = stop_signals.descendants(process.pid)
-        process.terminate()
-        try:
-            process.wait(JVM_EXIT_SECONDS)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        if grace_s > 0:
+            process.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(JVM_EXIT_SECONDS)
-        stop_signals.kill_all(workers)
+                process.wait(grace_s)
+        stop_signals.kill_all([process.pid, *workers])
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(JVM_EXIT_SECONDS)
     with contextlib.suppress(Exception):
         SparkContext._gateway.close()
     # The JVM is gone: forget it, so a later session in this process starts a new one.

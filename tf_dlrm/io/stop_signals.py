@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -67,10 +68,22 @@ def kill_all(pids) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def _adopt_orphans() -> None:
+    """Makes this process the one that adopts its descendants' orphans (Linux: PR_SET_CHILD_SUBREAPER), so a worker
+    whose parent died first (a Spark Python worker whose JVM was killed) stays among :func:`descendants` and is
+    ended with the tool, instead of finishing its task under init."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
 def _end_of_process() -> None:
     """What every way out of a stopped tool does last: its scratch removed, its remaining processes killed."""
-    with contextlib.suppress(BaseException):
-        kill_all(descendants())
+    for _ in range(3):  # a process killed may leave orphans, adopted by this one: end those too
+        with contextlib.suppress(BaseException):
+            left = descendants()
+            if not left:
+                break
+            kill_all(left)
     with contextlib.suppress(BaseException):
         _remove_scratch()
 
@@ -90,10 +103,23 @@ class Stopped(SystemExit):
         self.signal_number = signal_number
 
 
+# The stop signals received: Python runs a handler wherever the main thread is, inside a finalizer (``__del__``, a
+# weakref callback) too, where the exception it raises is printed ("Exception ignored in ...") and dropped.
+_RECEIVED: list[int] = []
+
+
+def check() -> None:
+    """Raises :class:`Stopped` again when a stop signal came but its exception was dropped (see ``_RECEIVED``): long
+    loops call it between pieces of work, and a tool that runs to its end is still reported as stopped."""
+    if _RECEIVED:
+        raise Stopped(_RECEIVED[0])
+
+
 def _raise(number, frame) -> None:
     del frame
     if publish.hold_signal(number):  # an output is being swapped in: raised again right after
         return
+    _RECEIVED.append(number)
     for each in SIGNALS:  # a second signal must not raise inside the clean-up the first one started
         signal.signal(each, _end_now)
     raise Stopped(number)
@@ -117,8 +143,10 @@ def _end_now(number, frame) -> None:
 def stopping_cleanly(tool: str):
     """Wrap a tool's ``main``: a signal stops it with its temporary output removed and one line."""
     previous = {number: signal.signal(number, _raise) for number in SIGNALS}
+    _adopt_orphans()
     try:
         yield
+        check()
     except Stopped as stopped:
         name = signal.Signals(stopped.signal_number).name
         if publish.PUBLISHED:  # the signal came after the output was complete and in place
