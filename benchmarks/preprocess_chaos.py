@@ -243,7 +243,7 @@ def one_signal(draw: Draw, reference: dict, inputs: dict, work_dir: str, synthet
     output = reference["output"]
     env = run_environment(run_dir)
     names = draw.kind.split("+")
-    with open(os.path.join(run_dir, "stderr.txt"), "w+", encoding="utf-8") as errors:
+    with open(os.path.join(run_dir, f"stderr_{draw.index}.txt"), "w+", encoding="utf-8") as errors:
         process = subprocess.Popen(command(draw.target, inputs, output, synthetic_samples), cwd=REPO, env=env,
                                    stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True)
         moment = draw.fraction * reference["seconds"]

@@ -239,20 +239,20 @@ class SparkEngine:
         parts_dir = os.path.join(os.path.abspath(workspace), "_spark_parts")
         os.makedirs(parts_dir, exist_ok=True)
         broadcast = self.context.broadcast(vocabulary)
-        try:
-            transforming = functools.partial(
-                _transform_partition,
-                layout=self._layout,
-                formats=self._formats,
-                block_bytes=self.block_bytes,
-                plan=plan,
-                vocabulary=broadcast,
-                dtypes=list(dtypes),
-                parts_dir=parts_dir,
-            )
-            results = sorted(self._rdd.mapPartitionsWithIndex(transforming).collect(), key=lambda r: r[0])
-        finally:
-            broadcast.unpersist()
+        transforming = functools.partial(
+            _transform_partition,
+            layout=self._layout,
+            formats=self._formats,
+            block_bytes=self.block_bytes,
+            plan=plan,
+            vocabulary=broadcast,
+            dtypes=list(dtypes),
+            parts_dir=parts_dir,
+        )
+        results = sorted(self._rdd.mapPartitionsWithIndex(transforming).collect(), key=lambda r: r[0])
+        # Not in a ``finally``: after a stop signal cut the collect short, a py4j call would wait on the connection
+        # that call left with an unread answer; the JVM is ended then anyway (spark_session.end_session).
+        broadcast.unpersist()
         tally = merge_tallies(r[3] for r in results)
         paths = [f.path for f in files]
         if strict and tally.total:

@@ -53,11 +53,20 @@ fi
 # A background job gets a process group of its own: a signal meant for the job reaches its launcher once, from here.
 set -m
 interrupted=0
+stop_status=0
+trapped=0
 launcher=""
 # Bash runs a trap only between commands, so the job runs in the background and this script waits for it.
-pass_on() { interrupted=1; [[ -n "$launcher" ]] && kill "-$1" "$launcher" 2>/dev/null; }
-trap 'pass_on TERM' TERM
-trap 'pass_on INT' INT
+pass_on() {
+  trapped=1
+  if [[ $interrupted -eq 0 ]]; then
+    interrupted=1
+    stop_status=$2  # what the launcher exits with after a signal: 128 + its number
+    [[ -n "$launcher" ]] && kill "-$1" "$launcher" 2>/dev/null
+  fi
+}
+trap 'pass_on TERM 143' TERM
+trap 'pass_on INT 130' INT
 log="$(mktemp -t train_resilient.XXXXXX)"
 trap 'rm -f "$log"' EXIT
 
@@ -70,14 +79,15 @@ while true; do
   last=$!
   launcher="$(jobs -p %%)"  # the pipeline's process group is led by the launcher
   [[ $interrupted -eq 1 ]] && kill -TERM "$launcher" 2>/dev/null  # signalled while it was starting
-  # wait returns early (above 128) when a signal's trap runs; the job goes on until it has saved and stopped.
+  # wait returns early when a signal's trap runs; the job goes on until it has saved and stopped.
   while true; do
+    trapped=0
     wait "$last"
     status=$?
-    (( status > 128 )) && kill -0 "$launcher" 2>/dev/null && continue
-    break
+    [[ $trapped -eq 1 ]] || break
   done
   launcher=""
+  [[ $interrupted -eq 1 ]] && status=$stop_status  # a wait cut short cannot tell the job's own status
   if [[ $status -eq 0 ]]; then
     exit 0
   fi
