@@ -25,10 +25,9 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 np=2
 min_np=1
 max_restarts=3
-horovodrun="${HOROVODRUN:-horovodrun}"
-[[ -x "$here/.venv/bin/horovodrun" && -z "${HOROVODRUN:-}" ]] && horovodrun="$here/.venv/bin/horovodrun"
-python="${PYTHON:-python3}"
-[[ -x "$here/.venv/bin/python" && -z "${PYTHON:-}" ]] && python="$here/.venv/bin/python"
+horovodrun="${HOROVODRUN:-}"  # empty: the launcher takes the one on PATH or beside its Python
+[[ -x "$here/.venv/bin/horovodrun" && -z "$horovodrun" ]] && horovodrun="$here/.venv/bin/horovodrun"
+python="${PYTHON:-}"
 
 usage() { sed -n '2,21p' "$0" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -42,6 +41,13 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ $# -gt 0 ]] || { echo "train_resilient.sh: give the training command after --" >&2; usage; }
+# The launcher runs under PYTHON, else this checkout's .venv, else the training command's own Python.
+if [[ -z "$python" ]]; then
+  if [[ -x "$here/.venv/bin/python" ]]; then python="$here/.venv/bin/python"
+  elif [[ "$(basename "$1")" == python* ]]; then python="$1"
+  else python=python3
+  fi
+fi
 for value in "$np" "$min_np" "$max_restarts"; do
   [[ "$value" =~ ^[0-9]+$ ]] || { echo "train_resilient.sh: expected whole numbers. Received: $value" >&2; exit 2; }
 done
