@@ -7,8 +7,8 @@ The job: a DLRM (dim 16, MLPs 64-16 and 64-32-1, batch 1024) on a synthetic data
 ``feature_specs/synthetic_small.yaml`` (``--train_samples``, 128 steps an epoch by default, ``--epochs``), 2 ranks,
 a checkpoint every ``--checkpoint_every_steps`` into a directory on a small tmpfs (``--tmpfs_mib``; where
 ``mount -t tmpfs`` is refused the full-disk fault is left out and the run says so). It runs once uninterrupted
-through ``python -m tf_dlrm.cli.launch`` (the reference AUC), then in rounds of ``--faults_per_round`` faults, each
-round one training from step 0, launched alternately through ``python -m tf_dlrm.cli.launch`` and
+through ``python -m tf_dlrm.cli.launch`` (the reference AUC), then in rounds of up to ``--faults_per_round`` faults
+(those a round's training has finished before go to the next round), each round one training from step 0, launched alternately through ``python -m tf_dlrm.cli.launch`` and
 ``scripts/train_resilient.sh``. Faults are drawn with ``--seed`` (kind, and how many steps after the job's current
 step it strikes), so a failing draw can be replayed:
 
@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import platform
@@ -64,8 +65,12 @@ HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 KINDS = ("rank_sigkill", "launcher_sigterm", "launcher_sigint", "launcher_sigkill", "disk_full",
          "crash_corrupt_newest", "rank_sigstop", "data_replaced")
 LAUNCHERS = ("launch", "train_resilient")
+PRINT_FREQ = 8
+# Going again means passing the fault's step by this much: a rank can run ahead of a dead peer by a step at most (every
+# step ends in an allreduce), so progress this far is the job's, not a dying rank's last line.
+GOING_AGAIN_STEPS = 2 * PRINT_FREQ
 MODEL = ["--embedding_dim=16", "--bottom_mlp_dims=64,16", "--top_mlp_dims=64,32,1", "--batch_size=1024",
-         "--evals_per_epoch=0", "--print_freq=8", "--stop_timeout_s=20", "--seed=7"]
+         "--evals_per_epoch=0", f"--print_freq={PRINT_FREQ}", "--stop_timeout_s=20", "--seed=7"]
 PROGRESS = re.compile(r"\] (\d+)/(\d+)\s+loss ")
 RESTORED = re.compile(r"restored checkpoint \S+ \(step (\d+)\)")
 OWN_RESTART = re.compile(r"train_resilient\.sh: attempt [2-9]")
@@ -78,16 +83,15 @@ ORPHAN_GRACE_S = 10.0
 @dataclasses.dataclass(frozen=True)
 class Fault:
     index: int
-    round: int
     kind: str
     after_steps: int  # strikes this many steps after the job's current step (seen on a progress line) ...
     delay_s: float  # ... and this long after that line, so that it may hit any moment of a step
     seconds: float  # rank_sigstop: how long the rank stays frozen
 
 
-def draw_faults(count: int, per_round: int, seed: int, kinds) -> list[Fault]:
+def draw_faults(count: int, seed: int, kinds) -> list[Fault]:
     generator = random.Random(seed)
-    return [Fault(index, index // per_round, generator.choice(kinds), generator.randint(4, 40),
+    return [Fault(index, generator.choice(kinds), generator.randint(4, 40),
                   generator.uniform(0.0, 1.0), generator.uniform(2.0, 8.0)) for index in range(count)]
 
 
@@ -254,7 +258,8 @@ class Campaign:
 
     # --------------------------------------------------------------- one round
 
-    def run_round(self, number: int, faults: list[Fault], reference_auc: float) -> tuple[dict, list[dict]]:
+    def run_round(self, number: int, faults: list[Fault], reference_auc: float) -> tuple[dict, list[dict], list[Fault]]:
+        """One training from step 0 with ``faults``; those it had no time for (it finished) are returned."""
         launcher = self.args.launchers[number % len(self.args.launchers)]
         save = os.path.join(self.checkpoint_root, f"round{number}")
         shutil.rmtree(save, ignore_errors=True)
@@ -262,19 +267,22 @@ class Campaign:
         self.round_name = f"round{number}"
         self.log = os.path.join(self.args.work_dir, f"round{number}_attempt%d.jsonl")
         self.save, self.launcher = save, launcher
+        self.final_step = self.args.epochs * (self.args.train_samples // 1024)
         self.replaced_label: str | None = None
         self.truncated: set[str] = set()
         self.half_written: list[str] = []
         self.restart_times: list[float] = []  # the campaign's restarts and train_resilient.sh's own
         started = time.monotonic()
         job = self.start()
-        records = []
+        records, left = [], []
         for fault in faults:
-            if job.ended() and job.finish(10) == 0:
-                records.append({"fault": fault.index, "round": number, "kind": fault.kind, "launcher": launcher,
-                                "injected": False, "reason": "the training had finished"})
+            if left or (job.ended() and job.finish(10) == 0):
+                left.append(fault)  # the training had finished: the next round takes it
                 continue
             job, record = self.one_fault(job, fault)
+            if not record.get("injected"):
+                left.append(fault)
+                continue
             record.update(fault=fault.index, round=number, launcher=launcher)
             print(json.dumps(record), flush=True)
             records.append(record)
@@ -283,12 +291,12 @@ class Campaign:
         self.put_back_data()
         self.check_listed()
         final = final_record(self.log % self.attempt)
-        summary = {"round": number, "launcher": launcher, "faults": sum(r.get("injected", True) for r in records),
+        summary = {"round": number, "launcher": launcher, "faults": len(records), "carried_over": len(left),
                    "restarts": len(self.restart_times), "final_step": final["steps"], "auc": final["auc"],
                    "reference_auc": reference_auc, "auc_difference": abs(final["auc"] - reference_auc),
                    "auc_equal": abs(final["auc"] - reference_auc) <= self.args.auc_tolerance,
                    "half_written_listed": self.half_written, "seconds": round(time.monotonic() - started, 1)}
-        return summary, records
+        return summary, records, left
 
     def start(self) -> Job:
         self.attempt += 1
@@ -358,7 +366,7 @@ class Campaign:
         handled = time.monotonic()  # progress lines before this are the faulty job's own (orphans, a frozen rank)
         job, survived = self.until_going(job, step, struck, handled)
         resumed = [restored for when, restored in job.resumed if when > struck]
-        regained = job.passed_after(step, handled)
+        regained = job.passed_after(min(step + GOING_AGAIN_STEPS, self.final_step - 1), handled)
         record.update(
             survived=survived,
             restarts=sum(when > struck for when in [*self.restart_times, *job.own_restarts]),
@@ -374,7 +382,7 @@ class Campaign:
         is up)."""
         deadline = struck + FAULT_TIMEOUT_S
         while time.monotonic() < deadline:
-            if job.passed_after(step, since) is not None:
+            if job.passed_after(min(step + GOING_AGAIN_STEPS, self.final_step - 1), since) is not None:
                 return job, True
             if job.ended():
                 code = job.finish(10)
@@ -420,8 +428,13 @@ class Campaign:
         free = os.statvfs(self.checkpoint_root)
         size = max(0, free.f_bavail * free.f_frsize - (64 << 10))
         with open(filler, "wb") as handle:
-            for start in range(0, size, 1 << 20):
-                handle.write(b"\0" * min(1 << 20, size - start))
+            try:
+                for start in range(0, size, 1 << 20):
+                    handle.write(b"\0" * min(1 << 20, size - start))
+                    handle.flush()
+            except OSError as error:  # full before the margin (tmpfs counts whole pages): full is the aim
+                if error.errno != errno.ENOSPC:
+                    raise
         every = self.args.checkpoint_every_steps
         due = (job.step // every + 1) * every
         job.wait_for_step(due + 1, 120)  # the save was due, and met the full disk
@@ -566,7 +579,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--faults", type=int, default=30)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--faults_per_round", type=int, default=10)
+    parser.add_argument("--faults_per_round", type=int, default=10, help="at most; what a round has no time for goes on")
+    parser.add_argument("--max_rounds", type=int, default=8)
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--work_dir", default="/tmp/chaos")
     parser.add_argument("--train_samples", type=int, default=131072)
@@ -595,19 +609,28 @@ def main() -> None:
         kinds.remove("disk_full")
         reason = "--tmpfs_mib=0" if args.tmpfs_mib <= 0 else "mount -t tmpfs was refused"
         print(json.dumps({"skipped": "disk_full", "reason": reason}), flush=True)
-    faults = draw_faults(args.faults, args.faults_per_round, args.seed, kinds)
+    faults = draw_faults(args.faults, args.seed, kinds)
     rounds, records = [], []
     try:
         campaign = Campaign(args, data, checkpoint_root, mounted)
         reference = campaign.uninterrupted() if args.reference_auc is None else {"auc": args.reference_auc, "seconds": 0.0}
         print(json.dumps({"uninterrupted_auc": reference["auc"], "seconds": round(reference["seconds"], 1)}), flush=True)
-        for number in range(faults[-1].round + 1 if faults else 0):
-            summary, mine = campaign.run_round(number, [f for f in faults if f.round == number], reference["auc"])
+        pending, number = list(faults), 0
+        while pending and number < args.max_rounds:
+            batch, pending = pending[:args.faults_per_round], pending[args.faults_per_round:]
+            summary, mine, left = campaign.run_round(number, batch, reference["auc"])
+            pending = left + pending
             print(json.dumps(summary), flush=True)
             rounds.append(summary)
             records += mine
+            number += 1
     finally:
+        for pid in os.listdir("/proc"):  # a job the campaign left running (it failed) holds files in the mount
+            if pid.isdigit() and any(part.startswith(f"--save_checkpoint_path={checkpoint_root}")
+                                     for part in command_line(int(pid))):
+                send(int(pid), signal.SIGKILL)
         if mounted:
+            time.sleep(1.0)
             unmount(checkpoint_root)
     summary = summarize(rounds, records, reference, time.monotonic() - started)
     summary.update(cpu=platform.processor() or platform.machine(), cores=os.cpu_count())

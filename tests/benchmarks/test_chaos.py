@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def test_two_faults_are_survived_and_the_auc_is_the_uninterrupted_runs(tmp_path):
     result = subprocess.run(
         [sys.executable, "benchmarks/chaos.py", "--faults=2", "--seed=3", "--faults_per_round=2",
-         "--kinds=rank_sigkill,crash_corrupt_newest", "--train_samples=16384", "--epochs=3",
+         "--kinds=rank_sigkill,crash_corrupt_newest", "--train_samples=16384", "--epochs=8",
          "--checkpoint_every_steps=8", "--tmpfs_mib=0", f"--work_dir={tmp_path}"],
         cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
