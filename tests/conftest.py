@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -22,6 +23,16 @@ def alive(pid: int) -> bool:
             return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except OSError:
         return False
+
+
+def signal_when_ready(script: str, ready: str, timeout: float = 60) -> tuple[int, str, str]:
+    """Runs ``python -c script``, sends it SIGTERM once it printed the line ``ready``; returns (status, out, err)."""
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=worker_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == ready
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=timeout)
+    return process.returncode, stdout, stderr
 
 
 def worker_env(extra: dict | None = None) -> dict:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import REPO, alive, worker_env
+from conftest import REPO, alive, signal_when_ready, worker_env
 
 # A tool that keeps a scratch directory until its end and has started a child that knows nothing of its parent.
 TOOL = textwrap.dedent("""
@@ -137,11 +137,7 @@ SIGNAL_IN_A_FINALIZER = textwrap.dedent("""
 
 
 def test_a_signal_whose_exception_a_finalizer_dropped_still_stops_the_tool():
-    process = subprocess.Popen([sys.executable, "-c", SIGNAL_IN_A_FINALIZER], cwd=REPO, env=worker_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert process.stdout.readline().strip() == "finalizing"
-    process.send_signal(signal.SIGTERM)
-    stdout, stderr = process.communicate(timeout=60)
+    status, stdout, stderr = signal_when_ready(SIGNAL_IN_A_FINALIZER, "finalizing")
     assert "Exception ignored" in stderr, "the signal did not land in the finalizer: the test proves nothing"
-    assert process.returncode == 143 and "ran to the end" not in stdout, stderr
+    assert status == 143 and "ran to the end" not in stdout, stderr
     assert stderr.strip().splitlines()[-1] == "tool: stopped by SIGTERM; nothing was published (an earlier output is as it was)"
