@@ -264,7 +264,8 @@ class Campaign:
         """One training from step 0 with ``faults``; those it had no time for (it finished) are returned."""
         launcher = self.args.launchers[number % len(self.args.launchers)]
         save = os.path.join(self.checkpoint_root, f"round{number}")
-        shutil.rmtree(save, ignore_errors=True)
+        for entry in os.listdir(self.checkpoint_root):  # earlier rounds' checkpoints would fill the small disk
+            shutil.rmtree(os.path.join(self.checkpoint_root, entry), ignore_errors=True)
         self.attempt = 0
         self.round_name = f"round{number}"
         self.log = os.path.join(self.args.work_dir, f"round{number}_attempt%d.jsonl")
