@@ -99,7 +99,11 @@ while true; do
   fi
   # horovodrun names the first rank that failed and its exit code.
   first_code="$(grep -oE 'Exit code: -?[0-9]+' "$log" | head -n 1 | grep -oE -- '-?[0-9]+$')"
-  if [[ $interrupted -eq 1 || "$first_code" == "2" || "$first_code" == "130" || "$first_code" == "143" ]]; then
+  if [[ $interrupted -eq 1 ]]; then
+    echo "train_resilient.sh: stopped by a signal, passed on to the job (exit status $status); no restart" >&2
+    exit "$status"
+  fi
+  if [[ "$first_code" == "2" || "$first_code" == "130" || "$first_code" == "143" ]]; then
     echo "train_resilient.sh: the job failed (rank exit code ${first_code:-unknown}); a restart would not help: stopping" >&2
     exit "$status"
   fi
