@@ -141,3 +141,23 @@ def test_a_signal_whose_exception_a_finalizer_dropped_still_stops_the_tool():
     assert "Exception ignored" in stderr, "the signal did not land in the finalizer: the test proves nothing"
     assert status == 143 and "ran to the end" not in stdout, stderr
     assert stderr.strip().splitlines()[-1] == "tool: stopped by SIGTERM; nothing was published (an earlier output is as it was)"
+
+
+# The stop's unwinding meets an error of its own making (a call on a connection the stop cut, as a Spark engine's).
+ERROR_WHILE_STOPPING = textwrap.dedent("""
+    import time
+    from tf_dlrm.io import stop_signals
+
+    with stop_signals.stopping_cleanly("tool"):
+        try:
+            print("working", flush=True)
+            time.sleep(600)
+        finally:
+            raise RuntimeError("a call on the connection the stop cut")
+""")
+
+
+def test_an_error_raised_while_the_stop_unwinds_is_reported_as_the_stop():
+    status, _, stderr = signal_when_ready(ERROR_WHILE_STOPPING, "working")
+    assert status == 143 and "Traceback" not in stderr, stderr
+    assert stderr.strip() == "tool: stopped by SIGTERM; nothing was published (an earlier output is as it was)"

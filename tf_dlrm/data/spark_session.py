@@ -15,6 +15,7 @@ Driver only: executors never import this module (nothing here is shipped to them
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -66,9 +67,19 @@ def start_session(master: str, app_name: str, conf: dict | None = None):
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
     session.sparkContext.setLogLevel("WARN")
-    # Nothing of the JVM's needs its shutdown hooks then: end_session may kill it at once.
+    # Nothing of the JVM's needs its shutdown hooks then: end_session may kill it at once, and so may a stop signal,
+    # before pyspark's own calls on the way out (SCCallSiteSync's exit) wait on the connection the signal cut.
     session._tf_dlrm_own_scratch = own_scratch
+    if own_scratch:
+        stop_signals.on_stop(_end_at_stop)
     return session
+
+
+def _end_at_stop() -> None:
+    """A stop signal's first act: the JVM killed; py4j's own log of the calls that then fail is no news."""
+    for name in ("py4j", "py4j.java_gateway", "py4j.clientserver"):
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    _end_jvm(grace_s=0.0)
 
 
 def _scratch_in_own_directory(conf: dict) -> bool:

@@ -108,6 +108,17 @@ class Stopped(SystemExit):
 _RECEIVED: list[int] = []
 
 
+# Called by the first stop signal's handler before it raises (see on_stop).
+_ON_STOP: list = []
+
+
+def on_stop(callback) -> None:
+    """Runs ``callback()`` (quick, and safe inside a signal handler) when the first stop signal comes, before its
+    exception unwinds: a Spark engine kills its JVM there, so that no call made while unwinding (pyspark's own, in a
+    ``with`` exit) waits on the gateway connection the signal cut in the middle of a call."""
+    _ON_STOP.append(callback)
+
+
 def check() -> None:
     """Raises :class:`Stopped` again when a stop signal came but its exception was dropped (see ``_RECEIVED``): long
     loops call it between pieces of work, and a tool that runs to its end is still reported as stopped."""
@@ -120,6 +131,9 @@ def _raise(number, frame) -> None:
     if publish.hold_signal(number):  # an output is being swapped in: raised again right after
         return
     _RECEIVED.append(number)
+    for callback in _ON_STOP:
+        with contextlib.suppress(Exception):
+            callback()
     for each in SIGNALS:  # a second signal must not raise inside the clean-up the first one started
         signal.signal(each, _end_now)
     raise Stopped(number)
@@ -147,7 +161,14 @@ def stopping_cleanly(tool: str):
     try:
         yield
         check()
-    except Stopped as stopped:
+    except BaseException as error:
+        if not isinstance(error, Stopped):
+            if not _RECEIVED:
+                raise
+            # Raised while the stop unwound (a call on a connection the stop cut), or the tool's own exit after a
+            # stop whose exception was dropped (absl's app.run ends with SystemExit): the stop is what happened.
+            error = Stopped(_RECEIVED[0])
+        stopped = error
         name = signal.Signals(stopped.signal_number).name
         if publish.PUBLISHED:  # the signal came after the output was complete and in place
             published = ", ".join(dict.fromkeys(publish.PUBLISHED))
