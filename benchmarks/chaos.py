@@ -17,7 +17,8 @@ step it strikes), so a failing draw can be replayed:
 - ``launcher_sigkill``: SIGKILL to the launcher's process alone;
 - ``disk_full``: the checkpoint filesystem filled to within 64 KiB of full, freed again once a save was due;
 - ``crash_corrupt_newest``: every process of the job SIGKILLed and the newest checkpoint's largest file truncated
-  to half, as a machine crash in the middle of writing it would leave it;
+  to half, as a machine crash in the middle of writing it would leave it (when it was the only one, ``--resume``
+  refuses, and the restart adds ``--restart_if_all_corrupt`` as docs/checkpoints.md says);
 - ``rank_sigstop``: one rank frozen (SIGSTOP) for 2-8 s, then thawed;
 - ``data_replaced``: the training split's ``label.bin`` replaced (by a rename, as the dataset tools publish) with
   other labels; put back when a restart refuses it, or at the round's end.
@@ -77,6 +78,7 @@ RESTORED = re.compile(r"restored checkpoint \S+ \(step (\d+)\)")
 OWN_RESTART = re.compile(r"train_resilient\.sh: attempt [2-9]")
 FRESH = re.compile(r"no (?:intact )?checkpoint under .* yet")
 REFUSED_DATA = re.compile(r"different training split|trained on a different")
+ALL_CORRUPT = "--resume found only corrupt checkpoints"
 VALID_SAMPLES = 16384
 FAULT_TIMEOUT_S = 300.0  # a fault whose job is not going again by then did not survive
 ORPHAN_GRACE_S = 10.0
@@ -238,8 +240,8 @@ class Campaign:
                 f"--checkpoint_every_steps={self.args.checkpoint_every_steps}", f"--save_checkpoint_path={save}",
                 f"--log_path={log}"]
 
-    def launch(self, launcher: str, save: str, log: str, name: str) -> Job:
-        training = [*self.training(save, log), "--resume"]  # an empty directory is no error: step 0
+    def launch(self, launcher: str, save: str, log: str, name: str, extra: list[str] = ()) -> Job:
+        training = [*self.training(save, log), "--resume", *extra]  # an empty directory is no error: step 0
         if launcher == "launch":
             argv = [sys.executable, "-m", "tf_dlrm.cli.launch", "-np", "2", "-H", "localhost:2", "--gloo", *training]
         else:
@@ -309,20 +311,22 @@ class Campaign:
                    "half_written_listed": self.half_written, "seconds": round(time.monotonic() - started, 1)}
         return summary, records, left
 
-    def start(self) -> Job:
+    def start(self, extra: list[str] = ()) -> Job:
         self.attempt += 1
         name = f"{self.round_name}_attempt{self.attempt}"
-        return self.launch(self.launcher, self.save, self.log % self.attempt, name)
+        return self.launch(self.launcher, self.save, self.log % self.attempt, name, extra)
 
     def restart(self, job: Job) -> Job:
         """The documented restart of an ended job: nothing of it left running, then the same command with --resume."""
         self.stop_orphans(job)
         if REFUSED_DATA.search(job.text()[-4000:]):
             self.put_back_data()  # the operator puts back the data the checkpoints were trained on
+        # Every checkpoint corrupt: --resume refuses (exit 2); the documented answer is to start over explicitly.
+        start_over = ALL_CORRUPT in job.text()[-6000:]
         self.check_listed()
         self.restart_times += [*job.own_restarts, time.monotonic()]  # its own restarts, and this one
         self.shrunk = self.shrunk or bool(job.own_restarts)  # train_resilient.sh went on with fewer ranks
-        return self.start()
+        return self.start(["--restart_if_all_corrupt"] if start_over else [])
 
     def stop_orphans(self, job: Job) -> int:
         """Ranks still running after their launcher ended: stopped as docs/training.md says (SIGTERM, they save)."""
