@@ -242,7 +242,9 @@ def _preprocess_into(workspace: str, paths, config: PreprocessConfig, spark) -> 
         return report
     finally:
         if engine is not None:
-            engine.close()
+            # After a failure or a stop signal the engine ends its workers without waiting on them
+            # (a Spark gateway may be cut in the middle of a call).
+            engine.close(failed=sys.exc_info()[0] is not None)
 
 
 def _size_dynamic_tables(spec) -> dict:

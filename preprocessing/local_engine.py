@@ -35,6 +35,7 @@ from preprocessing.criteo_format import InputFormat, ParsedBlock, detect_format,
 from preprocessing.input_blocks import Block
 from preprocessing.splits import TRAIN, InputFile, SplitPlan
 from preprocessing.vocabulary import CountAccumulator, CountTable, Vocabulary
+from tf_dlrm.io import stop_signals
 
 DEFAULT_BLOCK_BYTES = 1 << 20  # small, so that a block's numpy temporaries fit a CPU's L2 cache
 COUNT_TASK_BYTES = 32 << 20
@@ -215,8 +216,9 @@ class LocalEngine:
         # caller's script needs no `if __name__ == "__main__"` guard. Workers run numpy code only.
         self._context = multiprocessing.get_context("fork")
 
-    def close(self) -> None:
-        """Nothing to release: worker pools live only during a pass."""
+    def close(self, failed: bool = False) -> None:
+        """Nothing to release: worker pools live only during a pass (and are ended when one fails)."""
+        del failed
 
     @contextlib.contextmanager
     def _executor(self, initializer=_start_worker, initargs=()):
@@ -250,8 +252,10 @@ class LocalEngine:
                 pending.append(executor.submit(function, task))
                 if len(pending) >= window:
                     on_result(pending.popleft().result())
+                    stop_signals.check()  # a stop signal whose exception a finalizer dropped
             while pending:
                 on_result(pending.popleft().result())
+                stop_signals.check()
         except BaseException:
             for future in pending:
                 future.cancel()

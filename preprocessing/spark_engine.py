@@ -15,13 +15,9 @@ every executor needs Python with numpy; this package's code is shipped with ``ad
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 import shutil
-import sys
-import tempfile
-import zipfile
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -36,33 +32,15 @@ from preprocessing.vocabulary import CountTable, Vocabulary
 _SUMMARY = -1  # reduce key of the per-partition summaries in the count pass
 
 
-def _require_pyspark():
-    try:
-        import pyspark  # noqa: F401
-    except ImportError as error:
-        raise ImportError(
-            "--engine=spark needs PySpark: install it with `make install-spark` or "
-            "`TF_DLRM_EXTRAS=test,spark bash scripts/install.sh` (pip extra `tf_dlrm[spark]`)"
-        ) from error
+INSTALL = "`make install-spark` or `TF_DLRM_EXTRAS=test,spark bash scripts/install.sh` (pip extra `tf_dlrm[spark]`)"
 
 
 def make_session(master: str = "local[*]", app_name: str = "tf_dlrm_preprocess_criteo", conf: dict | None = None):
-    """A SparkSession whose Python workers use this interpreter (unless PYSPARK_PYTHON is set)."""
-    _require_pyspark()
-    from pyspark.sql import SparkSession
+    """A SparkSession whose Python workers use this interpreter (:func:`tf_dlrm.data.spark_session.start_session`)."""
+    from tf_dlrm.data import spark_session  # driver only: executors import this module without it
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(master).appName(app_name).config("spark.ui.enabled", "false")
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
-    try:
-        session = builder.getOrCreate()
-    except Exception as error:  # py4j/PySpark raise their own types; the cause is kept
-        raise RuntimeError(
-            f"Cannot start Spark with --spark_master={master} (needs Java 17 and a reachable master): {error}"
-        ) from error
-    session.sparkContext.setLogLevel("WARN")
-    return session
+    spark_session.require_pyspark(INSTALL)
+    return spark_session.start_session(master, app_name, conf)
 
 
 def _is_local(path: str) -> bool:
@@ -177,7 +155,9 @@ class SparkEngine:
     def __init__(
         self, spark=None, master: str = "local[*]", min_partitions: int | None = None, block_bytes: int = 4 << 20
     ):
-        _require_pyspark()
+        from tf_dlrm.data import spark_session
+
+        spark_session.require_pyspark(INSTALL)
         self._owns_session = spark is None
         self.spark = spark if spark is not None else make_session(master)
         self.context = self.spark.sparkContext
@@ -187,9 +167,13 @@ class SparkEngine:
         self._layout: list[tuple[int, int]] = []
         _ship_package(self.context)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Stops the session this engine started; after a failure or a stop signal by ending its JVM
+        (:func:`tf_dlrm.data.spark_session.end_session`)."""
         if self._owns_session:
-            self.spark.stop()
+            from tf_dlrm.data import spark_session
+
+            spark_session.end_session(self.spark, failed)
 
     def describe(self, paths: Sequence[str]) -> list[InputFile]:
         """Detects formats (from the first lines Spark reads) and counts lines per partition."""
@@ -255,20 +239,20 @@ class SparkEngine:
         parts_dir = os.path.join(os.path.abspath(workspace), "_spark_parts")
         os.makedirs(parts_dir, exist_ok=True)
         broadcast = self.context.broadcast(vocabulary)
-        try:
-            transforming = functools.partial(
-                _transform_partition,
-                layout=self._layout,
-                formats=self._formats,
-                block_bytes=self.block_bytes,
-                plan=plan,
-                vocabulary=broadcast,
-                dtypes=list(dtypes),
-                parts_dir=parts_dir,
-            )
-            results = sorted(self._rdd.mapPartitionsWithIndex(transforming).collect(), key=lambda r: r[0])
-        finally:
-            broadcast.unpersist()
+        transforming = functools.partial(
+            _transform_partition,
+            layout=self._layout,
+            formats=self._formats,
+            block_bytes=self.block_bytes,
+            plan=plan,
+            vocabulary=broadcast,
+            dtypes=list(dtypes),
+            parts_dir=parts_dir,
+        )
+        results = sorted(self._rdd.mapPartitionsWithIndex(transforming).collect(), key=lambda r: r[0])
+        # Not in a ``finally``: after a stop signal cut the collect short, a py4j call would wait on the connection
+        # that call left with an unread answer; the JVM is ended then anyway (spark_session.end_session).
+        broadcast.unpersist()
         tally = merge_tallies(r[3] for r in results)
         paths = [f.path for f in files]
         if strict and tally.total:
@@ -288,20 +272,13 @@ class SparkEngine:
 
 
 def _ship_package(context) -> None:
-    """Ships this package's code to the executors, once per SparkContext.
+    """Ships this package's code to the executors, once per SparkContext."""
+    from tf_dlrm.data import spark_session
 
-    The zip must outlive the context (Spark serves added files from their original path to executors
-    that start later), so it is removed when this interpreter exits.
-    """
     if getattr(context, "_tf_dlrm_preprocessing_shipped", False):
         return
-    directory = tempfile.mkdtemp(prefix="tf_dlrm_spark_code_")
-    atexit.register(shutil.rmtree, directory, True)
     package = os.path.dirname(os.path.abspath(__file__))
-    archive = os.path.join(directory, "tf_dlrm_preprocessing.zip")
-    with zipfile.ZipFile(archive, "w") as bundle:
-        for name in sorted(os.listdir(package)):
-            if name.endswith(".py"):
-                bundle.write(os.path.join(package, name), os.path.join("preprocessing", name))
-    context.addPyFile(archive)
+    spark_session.ship_zip(context, "tf_dlrm_preprocessing.zip", {
+        os.path.join("preprocessing", name): os.path.join(package, name)
+        for name in sorted(os.listdir(package)) if name.endswith(".py")})
     context._tf_dlrm_preprocessing_shipped = True

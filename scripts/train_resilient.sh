@@ -14,6 +14,9 @@
 # - No restart when the job failed for a reason a restart cannot fix: a rank's clean refusal of its
 #   input or flags (exit status 2), or an interrupt (130, 143, or this script was signalled).
 # - Single machine (localhost) only; several machines need horovodrun's own elastic mode.
+# - The job runs under python -m tf_dlrm.cli.launch (horovodrun's arguments), in a process group of its own:
+#   SIGTERM or SIGINT to this script (a scheduler's preemption, Ctrl-C) is passed on to it once, so every rank
+#   saves a checkpoint and stops (exit 143 or 130), and the script exits with that status without a restart.
 #
 # Exit status: 0 when a run finished; otherwise the status of the last horovodrun.
 set -uo pipefail
@@ -22,10 +25,11 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 np=2
 min_np=1
 max_restarts=3
-horovodrun="${HOROVODRUN:-horovodrun}"
-[[ -x "$here/.venv/bin/horovodrun" && -z "${HOROVODRUN:-}" ]] && horovodrun="$here/.venv/bin/horovodrun"
+horovodrun="${HOROVODRUN:-}"  # empty: the launcher takes the one on PATH or beside its Python
+[[ -x "$here/.venv/bin/horovodrun" && -z "$horovodrun" ]] && horovodrun="$here/.venv/bin/horovodrun"
+python="${PYTHON:-}"
 
-usage() { sed -n '2,18p' "$0" >&2; exit 2; }
+usage() { sed -n '2,21p' "$0" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --np) np="$2"; shift 2 ;;
@@ -37,6 +41,13 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ $# -gt 0 ]] || { echo "train_resilient.sh: give the training command after --" >&2; usage; }
+# The launcher runs under PYTHON, else this checkout's .venv, else the training command's own Python.
+if [[ -z "$python" ]]; then
+  if [[ -x "$here/.venv/bin/python" ]]; then python="$here/.venv/bin/python"
+  elif [[ "$(basename "$1")" == python* ]]; then python="$1"
+  else python=python3
+  fi
+fi
 for value in "$np" "$min_np" "$max_restarts"; do
   [[ "$value" =~ ^[0-9]+$ ]] || { echo "train_resilient.sh: expected whole numbers. Received: $value" >&2; exit 2; }
 done
@@ -45,8 +56,23 @@ if ! printf '%s\n' "$@" | grep -q -- '^--save_checkpoint_path='; then
   exit 2
 fi
 
+# A background job gets a process group of its own: a signal meant for the job reaches its launcher once, from here.
+set -m
 interrupted=0
-trap 'interrupted=1' INT TERM
+stop_status=0
+trapped=0
+launcher=""
+# Bash runs a trap only between commands, so the job runs in the background and this script waits for it.
+pass_on() {
+  trapped=1
+  if [[ $interrupted -eq 0 ]]; then
+    interrupted=1
+    stop_status=$2  # what the launcher exits with after a signal: 128 + its number
+    [[ -n "$launcher" ]] && kill "-$1" "$launcher" 2>/dev/null
+  fi
+}
+trap 'pass_on TERM 143' TERM
+trap 'pass_on INT 130' INT
 log="$(mktemp -t train_resilient.XXXXXX)"
 trap 'rm -f "$log"' EXIT
 
@@ -54,14 +80,30 @@ attempt=0
 resume=()
 while true; do
   echo "train_resilient.sh: attempt $((attempt + 1)) on $np rank(s)${resume:+ (--resume)}" >&2
-  "$horovodrun" -np "$np" -H "localhost:$np" --gloo "$@" "${resume[@]}" 2>&1 | tee "$log"
-  status=${PIPESTATUS[0]}
+  HOROVODRUN="$horovodrun" PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" \
+    "$python" -m tf_dlrm.cli.launch -np "$np" -H "localhost:$np" --gloo "$@" "${resume[@]}" 2>&1 | tee "$log" &
+  last=$!
+  launcher="$(jobs -p %%)"  # the pipeline's process group is led by the launcher
+  [[ $interrupted -eq 1 ]] && kill -TERM "$launcher" 2>/dev/null  # signalled while it was starting
+  # wait returns early when a signal's trap runs; the job goes on until it has saved and stopped.
+  while true; do
+    trapped=0
+    wait "$last"
+    status=$?
+    [[ $trapped -eq 1 ]] || break
+  done
+  launcher=""
+  [[ $interrupted -eq 1 ]] && status=$stop_status  # a wait cut short cannot tell the job's own status
   if [[ $status -eq 0 ]]; then
     exit 0
   fi
   # horovodrun names the first rank that failed and its exit code.
   first_code="$(grep -oE 'Exit code: -?[0-9]+' "$log" | head -n 1 | grep -oE -- '-?[0-9]+$')"
-  if [[ $interrupted -eq 1 || "$first_code" == "2" || "$first_code" == "130" || "$first_code" == "143" ]]; then
+  if [[ $interrupted -eq 1 ]]; then
+    echo "train_resilient.sh: stopped by a signal, passed on to the job (exit status $status); no restart" >&2
+    exit "$status"
+  fi
+  if [[ "$first_code" == "2" || "$first_code" == "130" || "$first_code" == "143" ]]; then
     echo "train_resilient.sh: the job failed (rank exit code ${first_code:-unknown}); a restart would not help: stopping" >&2
     exit "$status"
   fi

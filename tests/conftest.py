@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -13,6 +14,25 @@ import criteo_samples
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def signal_when_ready(script: str, ready: str, timeout: float = 60) -> tuple[int, str, str]:
+    """Runs ``python -c script``, sends it SIGTERM once it printed the line ``ready``; returns (status, out, err)."""
+    process = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=worker_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == ready
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=timeout)
+    return process.returncode, stdout, stderr
 
 
 def worker_env(extra: dict | None = None) -> dict:

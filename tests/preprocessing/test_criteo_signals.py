@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import REPO, worker_env
+from conftest import REPO, alive, worker_env
 
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 from preprocess_throughput import generate  # noqa: E402
@@ -30,14 +30,6 @@ def children(pid: int) -> list[int]:
         except (OSError, ValueError, IndexError):
             pass
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import REPO, worker_env
+from conftest import REPO, signal_when_ready, worker_env
 
 pytestmark = pytest.mark.slow
 
@@ -91,10 +91,6 @@ STUCK_THREAD = textwrap.dedent("""
 
 
 def test_a_stopped_tool_exits_whatever_threads_are_left():
-    process = subprocess.Popen([sys.executable, "-c", STUCK_THREAD], cwd=REPO, env=worker_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert process.stdout.readline().strip() == "working"
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=30)
-    assert process.returncode == 143, stderr
+    status, _, stderr = signal_when_ready(STUCK_THREAD, "working", timeout=30)
+    assert status == 143, stderr
     assert stderr.strip() == "tool: stopped by SIGTERM; nothing was published (an earlier output is as it was)"

@@ -435,7 +435,8 @@ def main(argv: Sequence[str]) -> None:
         sys.exit(f"error: {error}")
     finally:
         if engine is not None:
-            engine.close()
+            # After a failure or a stop signal the Spark gateway may be cut in the middle of a call.
+            engine.close(failed=sys.exc_info()[0] is not None)
     counts: Any = spec.metadata["num_samples"]
     print(f"wrote {spec.source}: " + ", ".join(f"{split}={count} samples" for split, count in counts.items()))
     for feature in spec.categorical_features:

@@ -24,14 +24,11 @@ This module imports no TensorFlow and no FeatureSpec: executors import only it, 
 
 from __future__ import annotations
 
-import atexit
 import functools
 import operator
 import os
 import shutil
-import sys
 import tempfile
-import zipfile
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -43,29 +40,15 @@ DEFAULT_BLOCK_LINES = 1 << 16
 _ERROR = "error"
 
 
-def _require_pyspark():
-    try:
-        import pyspark  # noqa: F401
-    except ImportError as error:
-        raise ImportError("--engine=spark needs PySpark: install it with `make install-spark` "
-                          "(pip extra `tf_dlrm[spark]`)") from error
+INSTALL = "`make install-spark` (pip extra `tf_dlrm[spark]`)"
 
 
 def make_session(master: str = "local[*]", conf: dict | None = None):
-    """A SparkSession whose Python workers use this interpreter (unless PYSPARK_PYTHON is set)."""
-    _require_pyspark()
-    from pyspark.sql import SparkSession
+    """A SparkSession whose Python workers use this interpreter (:func:`tf_dlrm.data.spark_session.start_session`)."""
+    from tf_dlrm.data import spark_session  # driver only: executors import this module without it
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(master).appName("tf_dlrm_transcode").config("spark.ui.enabled", "false")
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
-    try:
-        session = builder.getOrCreate()
-    except Exception as error:  # py4j/PySpark raise their own types; the cause is kept
-        raise RuntimeError(f"Cannot start Spark with --spark_master={master} (needs Java 17 and a reachable master): {error}") from error
-    session.sparkContext.setLogLevel("WARN")
-    return session
+    spark_session.require_pyspark(INSTALL)
+    return spark_session.start_session(master, "tf_dlrm_transcode", conf)
 
 
 # ----------------------------------------------------------------------------- executor functions
@@ -163,7 +146,9 @@ class SparkEngine:
 
     def __init__(self, spark=None, master: str = "local[*]", min_partitions: int | None = None,
                  block_lines: int = DEFAULT_BLOCK_LINES):
-        _require_pyspark()
+        from tf_dlrm.data import spark_session
+
+        spark_session.require_pyspark(INSTALL)
         if block_lines <= 0:
             raise ValueError(f"Expected block_lines > 0. Received: block_lines={block_lines}")
         self._owns_session = spark is None
@@ -173,9 +158,13 @@ class SparkEngine:
         self.block_lines = block_lines
         _ship_modules(self.context)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Stops the session this engine started; after a failure or a stop signal by ending its JVM
+        (:func:`tf_dlrm.data.spark_session.end_session`)."""
         if self._owns_session:
-            self.spark.stop()
+            from tf_dlrm.data import spark_session
+
+            spark_session.end_session(self.spark, failed)
 
     reads_parquet = True
 
@@ -270,20 +259,17 @@ class SparkEngine:
 
 
 def _ship_modules(context) -> None:
-    """Ships the modules executors import, once per SparkContext (the zip outlives the context)."""
+    """Ships the modules executors import, once per SparkContext."""
+    from tf_dlrm.data import spark_session
+
     if getattr(context, "_tf_dlrm_transcode_shipped", False):
         return
-    directory = tempfile.mkdtemp(prefix="tf_dlrm_spark_code_")
-    atexit.register(shutil.rmtree, directory, True)
     data = os.path.dirname(os.path.abspath(__file__))
     package = os.path.dirname(data)
-    archive = os.path.join(directory, "tf_dlrm_transcode.zip")
-    with zipfile.ZipFile(archive, "w") as bundle:
-        bundle.writestr("tf_dlrm/__init__.py", "")
-        bundle.writestr("tf_dlrm/data/__init__.py", "")
-        for name in ("csv_values.py", "csv_vocabulary.py", "parquet_cells.py", "transcode_spark.py"):
-            bundle.write(os.path.join(data, name), f"tf_dlrm/data/{name}")
     if os.path.getsize(os.path.join(package, "__init__.py")) or os.path.getsize(os.path.join(data, "__init__.py")):
         raise RuntimeError("tf_dlrm/__init__.py and tf_dlrm/data/__init__.py must stay empty: executors get empty copies")
-    context.addPyFile(archive)
+    entries: dict[str, str | bytes] = {"tf_dlrm/__init__.py": b"", "tf_dlrm/data/__init__.py": b""}
+    for name in ("csv_values.py", "csv_vocabulary.py", "parquet_cells.py", "transcode_spark.py"):
+        entries[f"tf_dlrm/data/{name}"] = os.path.join(data, name)
+    spark_session.ship_zip(context, "tf_dlrm_transcode.zip", entries)
     context._tf_dlrm_transcode_shipped = True

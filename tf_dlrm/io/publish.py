@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import tempfile
 from typing import Iterable, Iterator
@@ -44,10 +45,39 @@ OWNER = ".tf_dlrm_writer.json"  # in a temporary output only: who writes it (hos
 _STAGED: set[str] = set()
 
 
+# Outputs this process has published (a stop signal after that must not say that nothing was).
+PUBLISHED: list[str] = []
+# Stop signals that came while an output was being swapped in (see ``_swap_held``), raised again after it.
+_HELD: list[int] = []
+_holding = False
+
+
 def remove_staged() -> None:
     """Removes the temporary outputs this process is writing (see ``_STAGED``)."""
     for workspace in list(_STAGED):
         shutil.rmtree(workspace, ignore_errors=True)
+
+
+def hold_signal(number: int) -> bool:
+    """Called by the stop-signal handler (:mod:`tf_dlrm.io.stop_signals`): True when the signal must wait because an
+    output is being swapped in (it is raised again once the swap is done)."""
+    if _holding:
+        _HELD.append(number)
+    return _holding
+
+
+@contextlib.contextmanager
+def _swap_held() -> Iterator[None]:
+    """The renames that swap an output in: a stop signal between them would leave ``output_dir`` missing and the
+    earlier output under a hidden name, so it waits until they are done (two renames: no wait to speak of)."""
+    global _holding
+    _holding = True
+    try:
+        yield
+    finally:
+        _holding = False
+        if _HELD:
+            signal.raise_signal(_HELD.pop(0))
 
 
 class OutputDirectoryError(FileExistsError, ValueError):
@@ -137,20 +167,34 @@ def remove_abandoned(parent: str, name: str) -> list[str]:
 
 
 def _publish(workspace: str, output_dir: str) -> None:
-    """Swaps the finished workspace in; an earlier output is removed only after the swap."""
+    """Swaps the finished workspace in; an earlier output is removed only after the swap.
+
+    The earlier output, renamed aside, is removed even when a stop signal cuts its removal short (again while the
+    signal unwinds, and by the second signal's end through ``_STAGED``): no ``.<name>.old-*`` is left behind.
+    """
     if not os.path.lexists(output_dir):
-        os.rename(workspace, output_dir)
+        with _swap_held():
+            os.rename(workspace, output_dir)
+            PUBLISHED.append(output_dir)
         return
     parent, name = os.path.split(os.path.abspath(output_dir))
     old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
     os.rmdir(old)
-    os.rename(output_dir, old)
     try:
-        os.rename(workspace, output_dir)
-    except BaseException:
-        os.rename(old, output_dir)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        with _swap_held():
+            os.rename(output_dir, old)
+            try:
+                os.rename(workspace, output_dir)
+            except BaseException:
+                os.rename(old, output_dir)
+                raise
+            PUBLISHED.append(output_dir)
+            _STAGED.add(old)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if old in _STAGED:
+            shutil.rmtree(old, ignore_errors=True)
+            _STAGED.discard(old)
 
 
 @contextlib.contextmanager
