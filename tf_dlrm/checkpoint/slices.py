@@ -78,13 +78,14 @@ def write_rows(root: str, name: str, rows: int, width: int, read_chunk) -> tuple
     return {**entry, "shape": [rows, width], "dtype": "float32"}, finite
 
 
-def save_pieces(embedding, rank: int, root: str, arrays, files: dict, delay_s: float = 0.0) -> tuple[list, str | None]:
+def save_pieces(embedding, rank: int, root: str, arrays, file_records: dict, delay_s: float = 0.0) -> tuple[list, str | None]:
     """Writes every piece this rank owns of every array in ``arrays``; returns ``(records, error)``.
 
     ``arrays``: ``(key, table, state_of, row_wise)`` tuples, ``key`` naming the array (``"table"``
     or an optimizer slot), ``state_of`` None for the table itself. A record is
     ``{"key", "table", "columns", "file"}``; ``error`` names the first array holding NaN or inf, or
-    the file that could not be written (writing stops there).
+    the file that could not be written (writing stops there). ``file_records``: the manifest's
+    ``files``, which gets each written file's size and sha256.
     """
     records = []
     for key, table, state_of, row_wise in arrays:
@@ -98,7 +99,7 @@ def save_pieces(embedding, rank: int, root: str, arrays, files: dict, delay_s: f
             prefix = "tables/table" if key == "table" else f"optimizer/embedding_{key}_table"
             file = slice_file(prefix, table, columns, 1 if row_wise else dim)
             try:
-                files[file], finite = write_rows(
+                file_records[file], finite = write_rows(
                     root, file, rows, columns[1] - columns[0],
                     lambda start, stop, p=piece: embedding.read_piece_rows(p, start, stop, state_of, row_wise))
             except OSError as failure:
