@@ -17,11 +17,16 @@ as a job on several machines needs for its checkpoints anyway): when the command
 (``TF_DLRM_STOP_FILE``) and writes it when signalled; every rank looks for it at most once a second and
 then stops as if signalled (tf_dlrm/train/interrupt.py). The file is removed when the job ends.
 
+If the launcher itself dies (SIGKILL, an out-of-memory kill), horovodrun gets SIGTERM from the kernel
+(Linux's parent-death signal) and ends the ranks: a job never trains on unattended beside the one a restart
+starts on the same checkpoints.
+
 Exit status: ``128 + signal`` after a signal, else horovodrun's.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -33,6 +38,18 @@ from tf_dlrm.io import files
 from tf_dlrm.train.interrupt import LAUNCHER_ENV, STOP_FILE_ENV
 
 SHELLS = {"sh", "bash", "dash", "zsh", "env"}
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _ends_with(launcher: int):
+    """The ``preexec_fn`` of horovodrun's process: SIGTERM to it when the launcher (pid ``launcher``) dies."""
+
+    def arrange() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != launcher:  # died before the line above: nobody would send the signal
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arrange
 
 
 def _children(pid: int) -> list[int]:
@@ -119,7 +136,7 @@ def main(argv: list[str]) -> int:
         os.path.join(os.path.dirname(sys.executable), "horovodrun")
     stop_file = stop_file_of(argv)
     environment = {**os.environ, LAUNCHER_ENV: "1", **({STOP_FILE_ENV: stop_file} if stop_file else {})}
-    job = subprocess.Popen([horovodrun, *argv], env=environment, start_new_session=True)
+    job = subprocess.Popen([horovodrun, *argv], env=environment, start_new_session=True, preexec_fn=_ends_with(os.getpid()))
     received: list[int] = []
 
     def on_signal(number, frame):
