@@ -253,8 +253,10 @@ def check_compatible(directory: str, manifest: dict, spec, model_config, identit
     if saved.get("name") == current["name"]:  # the same model: compare its own hyper-parameters too
         saved_config = saved.get("config") if isinstance(saved.get("config"), dict) else {}
         flags = identity.get("flags", {})
+        # A hyper-parameter the checkpoint does not record came after it was saved; a model's new
+        # hyper-parameters default to what it did before, so only the recorded ones are compared.
         differences += [f"--{flags.get(key, key)}: {saved_config.get(key)!r} in the checkpoint, {current['config'].get(key)!r} "
-                        "from the flags" for key in sorted(set(saved_config) | set(current["config"]))
+                        "from the flags" for key in sorted(saved_config)
                         if saved_config.get(key) != current["config"].get(key)]
     if differences:
         raise CheckpointError(f"checkpoint {directory} was saved for a different model: " + "; ".join(differences))
