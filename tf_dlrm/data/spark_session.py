@@ -50,6 +50,11 @@ def start_session(master: str, app_name: str, conf: dict | None = None):
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # py4j logs a traceback for each call the JVM's end cuts, and a stop signal sent to the process group (Ctrl-C)
+    # may end the JVM before this process runs its handler; every such failure is also raised to the tool, which
+    # names it in one line.
+    for name in ("py4j", "py4j.java_gateway", "py4j.clientserver"):
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
     builder = SparkSession.builder.master(master).appName(app_name).config("spark.ui.enabled", "false")
     conf = dict(conf or {})
     own_scratch = master.startswith("local") and _scratch_in_own_directory(conf)
@@ -76,9 +81,7 @@ def start_session(master: str, app_name: str, conf: dict | None = None):
 
 
 def _end_at_stop() -> None:
-    """A stop signal's first act: the JVM killed; py4j's own log of the calls that then fail is no news."""
-    for name in ("py4j", "py4j.java_gateway", "py4j.clientserver"):
-        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    """A stop signal's first act: the JVM killed."""
     _end_jvm(grace_s=0.0)
 
 
