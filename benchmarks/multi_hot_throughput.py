@@ -35,6 +35,7 @@ pooling on the owner makes them equal.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -58,6 +59,21 @@ def width(feature: int) -> int:
 
 def combiner(feature: int) -> str:
     return "sum" if feature % 2 == 0 else "mean"
+
+
+def feature_configs(rows: int, ragged: bool = False) -> list:
+    """One table of ``rows`` rows per feature; ragged: multi-hot rows of 1 to 2 * hotness - 1 ids (see
+    ragged_batches), the same mean."""
+    from tf_dlrm.embedding import FeatureConfig, TableConfig
+
+    features = []
+    for f in range(NUM_FEATURES):
+        table = TableConfig(f"f{f}", rows, width(f))
+        if ragged and hotness(f) > 1:
+            features.append(FeatureConfig(f"f{f}", table, hotness=2 * hotness(f) - 1, combiner=combiner(f), ragged=True))
+        else:
+            features.append(FeatureConfig(f"f{f}", table, hotness=hotness(f), combiner=combiner(f)))
+    return features
 
 
 def make_batches(count: int, batch_size: int, rows: int, seed: int):
@@ -115,21 +131,15 @@ def build_tf_dlrm(rows: int, batches, learning_rate: float, validate_ids: bool =
                   embedding_optimizer: str = "sgd", ragged: bool = False):
     import tensorflow as tf
 
-    from tf_dlrm.embedding.table_config import FeatureConfig
     from tf_dlrm.embedding import DistributedEmbedding
     from tf_dlrm.parallel.env import DistributedEnv
-    from tf_dlrm.sharding.plan import TableSpec
-    from tf_dlrm.sharding.planner import make_plan
     from tf_dlrm.models.dlrm import DLRM
     from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.optimizers.settings import OptimizerConfig
     from tf_dlrm.train.step import Trainer
 
-    # ragged: multi-hot rows of 1 to 2 * hotness - 1 ids (see ragged_batches), the same mean.
-    features = [FeatureConfig(f"f{f}", f"f{f}", hotness=2 * hotness(f) - 1, combiner=combiner(f), ragged=True) if ragged and hotness(f) > 1
-                else FeatureConfig(f"f{f}", f"f{f}", hotness=hotness(f), combiner=combiner(f)) for f in range(NUM_FEATURES)]
-    plan = make_plan([TableSpec(f"f{f}", rows, width(f)) for f in range(NUM_FEATURES)], 1, data_parallel_threshold=0)
-    embedding = DistributedEmbedding.from_plan(plan, features=features, validate_ids=validate_ids, use_kernel=use_kernel, name="embedding")
+    embedding = DistributedEmbedding(feature_configs(rows, ragged), validate_ids=validate_ids, use_kernel=use_kernel,
+                                     name="embedding")
     model = DLRM(embedding, NUM_NUMERICAL, bottom_mlp_dims=BOTTOM, top_mlp_dims=TOP, interaction="cat")
     env = DistributedEnv()
     model(_features(*batches[0][:2]))
@@ -198,21 +208,18 @@ def build_naive(rows: int, batches, learning_rate: float, sparse: bool):
 def alltoall_bytes(rows: int, batch_size: int) -> dict:
     """Embedding alltoall bytes per step (forward) of the busiest rank, from the widths the layer
     itself sends (``send_widths``), for this multi-hot config and the same tables one-hot."""
-    from tf_dlrm.embedding.table_config import FeatureConfig
     from tf_dlrm.embedding import DistributedEmbedding
-    from tf_dlrm.sharding.plan import TableSpec
-    from tf_dlrm.sharding.planner import make_plan
+    from tf_dlrm.parallel.env import DistributedEnv
 
-    tables = [TableSpec(f"f{f}", rows, width(f)) for f in range(NUM_FEATURES)]
-    multi_hot = [FeatureConfig(f"f{f}", f"f{f}", hotness=hotness(f), combiner=combiner(f)) for f in range(NUM_FEATURES)]
-    one_hot = [FeatureConfig(f"f{f}", f"f{f}") for f in range(NUM_FEATURES)]
+    multi_hot = feature_configs(rows)
+    one_hot = [dataclasses.replace(f, hotness=1, combiner="sum") for f in multi_hot]
     result = {}
     for world_size in (2, 8):
-        plan = make_plan(tables, world_size, data_parallel_threshold=0)
         local_batch = batch_size // world_size
         sent = {}
         for name, features in (("multi_hot", multi_hot), ("one_hot", one_hot)):
-            layer = DistributedEmbedding.from_plan(plan, rank=0, features=features)
+            layer = DistributedEmbedding(features, env=DistributedEnv(rank=0, world_size=world_size),
+                                         data_parallel_threshold=0, data_parallel_input=False)
             sent[name] = (world_size - 1) * local_batch * max(layer.send_widths) * 4
         sent["ids_per_step"] = sum(hotness(f) for f in range(NUM_FEATURES)) * batch_size
         result[str(world_size)] = sent

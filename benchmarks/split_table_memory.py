@@ -53,25 +53,26 @@ def measure(form: str, rows: int, dim: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from tf_dlrm.embedding import DistributedEmbedding
-    from tf_dlrm.sharding.plan import TableSpec
-    from tf_dlrm.sharding.planner import make_plan
+    from tf_dlrm.embedding import DistributedEmbedding, FeatureConfig, Placement, TableConfig
     from tf_dlrm.embedding.split_tables import table_bytes
 
+    def one_table_layer(name: str, table_rows: int):
+        # One table, its one feature named like it; stacked: one tensor, as the model's lookup gives.
+        storage = "split_bfloat16" if form == "split" else "float32"
+        table = TableConfig(name, table_rows, dim, placement=Placement("table_wise", storage=storage))
+        return DistributedEmbedding([FeatureConfig(name, table)], seed=1)
+
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    plan = make_plan([TableSpec("big", rows, dim)], 1, "table_wise", data_parallel_threshold=0)
     ids = tf.constant(np.random.default_rng(0).integers(0, rows, 4096), tf.int32)
     tf.reduce_sum(tf.gather(tf.zeros([8, dim]), [0]))  # TensorFlow's own start-up allocations first
     # A small layer of the same form first: what the first lookup loads once (the kernel library, the
     # ops' thread pools and caches, tens of MB, and not the same for both forms) is then in the baseline.
-    small = make_plan([TableSpec("small", 4096, dim)], 1, "table_wise", data_parallel_threshold=0)
-    warm = DistributedEmbedding.from_plan(small, seed=1, split_embedding_tables=form == "split")
-    # from_plan names each table's one feature like the table; stacked: one tensor, as the model's lookup gives.
+    warm = one_table_layer("small", 4096)
     float(tf.reduce_sum(tf.cast(warm({"small": ids % 4096}, stacked=True), tf.float32)))
     gc.collect()
     before = rss_bytes()
     reset_peak_rss()
-    layer = DistributedEmbedding.from_plan(plan, seed=1, split_embedding_tables=form == "split")
+    layer = one_table_layer("big", rows)
     pooled = layer({"big": ids}, stacked=True)
     float(tf.reduce_sum(tf.cast(pooled, tf.float32)))
     peak = rss_bytes("VmHWM")

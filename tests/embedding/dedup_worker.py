@@ -13,9 +13,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tf_dlrm.parallel import env as env_module  # noqa: E402
-from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
 from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
 from tf_dlrm.sharding.planner import make_plan  # noqa: E402
+from tests.plan_layer import plan_layer  # noqa: E402
 
 env = env_module.initialize(force_horovod=True)
 tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -24,7 +24,7 @@ for strategy in ("table_wise", "column_wise", "auto"):
     cardinalities = [40, 300, 500, 1000, 2000, 77]
     plan = make_plan([TableSpec(f"t{i}", rows, 8) for i, rows in enumerate(cardinalities)], env.world_size, strategy,
                      data_parallel_threshold=60)
-    layers = [DistributedEmbedding.from_plan(plan, rank=env.rank, seed=5, deduplicate_exchange=d, name=f"embedding_{d}") for d in (False, True)]
+    layers = [plan_layer(plan, rank=env.rank, seed=5, deduplicate_exchange=d, name=f"embedding_{d}") for d in (False, True)]
     global_batch = 12 * env.world_size
     rng = np.random.default_rng(7)
     # Few distinct ids per table: many duplicates in every destination's block.

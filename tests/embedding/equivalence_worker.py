@@ -30,6 +30,7 @@ from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
 from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
 from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
 from tf_dlrm.sharding.planner import make_plan  # noqa: E402
+from tests.plan_layer import plan_layer  # noqa: E402
 from tf_dlrm.models.dlrm import DLRM  # noqa: E402
 from tf_dlrm.embedding.embedding_bank import EmbeddingBank  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
@@ -57,9 +58,9 @@ def make_model(case, env):
         tables, env.world_size, case["strategy"], data_parallel_threshold=case["data_parallel_threshold"],
         column_slice_threshold=case.get("column_slice_threshold"),
     )
-    embedding = DistributedEmbedding.from_plan(plan, rank=env.rank, seed=case["seed"], data_parallel_input=case["data_parallel_input"],
-                                     features=case.get("features"), deduplicate_exchange=case.get("deduplicate_exchange", False),
-                                     hot_rows={t: case["hot_ids"] for t in plan.model_parallel} if case.get("hot_ids") else None)
+    embedding = plan_layer(plan, rank=env.rank, seed=case["seed"], data_parallel_input=case["data_parallel_input"],
+                           features=case.get("features"), deduplicate_exchange=case.get("deduplicate_exchange", False),
+                           hot_rows={t: case["hot_ids"] for t in plan.model_parallel} if case.get("hot_ids") else None)
     model = DLRM(embedding, **model_kwargs(case))
     model.build(None)  # from the widths (DLRM.build): no eager forward with its collectives
     return plan, model
@@ -139,8 +140,8 @@ def local_inputs(batch, model, env):
 
 
 def reference_pooled(reference, features):
-    """The reference bank's pooled embeddings (its list call: the ids in feature order)."""
-    return reference.embedding([features[f.name] for f in reference.embedding.features])
+    """The reference bank's pooled embeddings, stacked in feature order."""
+    return reference.embedding({f.name: features[f.name] for f in reference.embedding.features}, stacked=True)
 
 
 FLOOR = {"value": 1e-3}  # set per case: see test_equivalence.py

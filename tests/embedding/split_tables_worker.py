@@ -36,6 +36,7 @@ from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
 from tf_dlrm.parallel.env import DistributedEnv  # noqa: E402
 from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
 from tf_dlrm.embedding.split_tables import read_float32  # noqa: E402
+from tests.plan_layer import plan_layer  # noqa: E402
 from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 from tf_dlrm.models.dlrm import DLRM  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
@@ -70,7 +71,7 @@ class TruncatingEmbedding(DistributedEmbedding):
 
 
 def make_model(case, plan, rank, embedding_class, **options):
-    embedding = embedding_class.from_plan(plan, rank=rank, seed=case["seed"], **options)
+    embedding = plan_layer(plan, rank=rank, seed=case["seed"], layer_class=embedding_class, **options)
     model = DLRM(embedding, num_numerical=equivalence.NUM_NUMERICAL, bottom_mlp_dims=[8, case["dim"]],
                  top_mlp_dims=[8, 4, 1], seed=case["seed"])
     return model
@@ -93,7 +94,7 @@ def run_case(case, env):
     equivalence.FLOOR["value"] = 1e-3
     plan, plan_1 = plan_for(case, env.world_size), plan_for(case, 1)
     count = len(plan.tables)
-    split = make_model(case, plan, env.rank, DistributedEmbedding, split_embedding_tables=True)
+    split = make_model(case, plan, env.rank, DistributedEmbedding, storage="split_bfloat16")
     reference_n = make_model(case, plan, env.rank, TruncatingEmbedding)
     reference_1 = make_model(case, plan_1, 0, TruncatingEmbedding)
     batches = equivalence.make_batches(case, case["steps"] + 1)

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from conftest import launch
+from tests.plan_layer import plan_layer
 
 
 @pytest.mark.multirank
@@ -25,11 +26,10 @@ def test_deduplicated_exchange_equals_the_plain_one(world_size, tmp_path):
 
 def test_deduplicate_exchange_refuses_multi_hot_features():
     from tf_dlrm.embedding.table_config import FeatureConfig
-    from tf_dlrm.embedding import DistributedEmbedding
     from tf_dlrm.sharding.plan import TableSpec
     from tf_dlrm.sharding.planner import make_plan
 
     plan = make_plan([TableSpec("a", 100, 4), TableSpec("b", 100, 4)], 2, "table_wise", data_parallel_threshold=10)
     features = [FeatureConfig(name="a", table="a", hotness=3), FeatureConfig(name="b", table="b")]
     with pytest.raises(ValueError, match=r"deduplicate_exchange \(--deduplicate_exchange\) needs one-hot features.*\[.a.\]"):
-        DistributedEmbedding.from_plan(plan, rank=0, features=features, deduplicate_exchange=True)
+        plan_layer(plan, rank=0, features=features, deduplicate_exchange=True)

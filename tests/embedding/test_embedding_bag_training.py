@@ -24,6 +24,7 @@ from tf_dlrm.models.dlrm import DLRM
 from tf_dlrm.optimizers.settings import LearningRateSchedule
 from tf_dlrm.optimizers.settings import OptimizerConfig
 from tf_dlrm.train.step import Trainer
+from tests.plan_layer import plan_layer
 
 TABLES = [TableSpec("items", 30, 8), TableSpec("tags", 12, 8), TableSpec("users", 50, 8), TableSpec("small", 4, 8)]
 FEATURES = [
@@ -57,7 +58,7 @@ def train(optimizer: str, kernel: bool, monkeypatch):
         if not kernel:
             patch.setattr(embedding_module, "bag_kernel", lambda: None)
         plan = make_plan(TABLES, 1, data_parallel_threshold=5)
-        layer = DistributedEmbedding.from_plan(plan, features=FEATURES, seed=3, name="embedding")
+        layer = plan_layer(plan, features=FEATURES, seed=3, name="embedding")
         model = DLRM(layer, 4, bottom_mlp_dims=(16, 8), top_mlp_dims=(8, 1), interaction="cat")
         data = batches()
         model(data[0][0])
@@ -90,13 +91,10 @@ def test_without_the_library_the_layer_pools_with_tensorflow_ops():
     """``TF_DLRM_DISABLE_KERNELS=1`` (or no library): the plain path, nothing marked, same values."""
     code = (
         "import numpy as np, tensorflow as tf\n"
-        "from tf_dlrm.embedding.table_config import FeatureConfig\n"
-        "from tf_dlrm.embedding import DistributedEmbedding\n"
+        "from tf_dlrm.embedding import DistributedEmbedding, FeatureConfig, TableConfig\n"
         "from tf_dlrm.ops.embedding_bag import distinct_rows\n"
-        "from tf_dlrm.sharding.plan import TableSpec\n"
-        "from tf_dlrm.sharding.planner import make_plan\n"
-        "plan = make_plan([TableSpec('items', 30, 4)], 1, data_parallel_threshold=0)\n"
-        "layer = DistributedEmbedding.from_plan(plan, features=[FeatureConfig('f', 'items', hotness=3, combiner='mean')], seed=2)\n"
+        "items = TableConfig('items', 30, 4, initializer='uniform_sqrt_rows')\n"
+        "layer = DistributedEmbedding([FeatureConfig('f', items, hotness=3, combiner='mean')], seed=2)\n"
         "out = layer({'f': np.array([[1, 1, 2], [29, 0, 0]], np.int32)}, stacked=True)\n"
         "print(layer.group_kernel, [distinct_rows(v) for v in layer.shard_variables], np.round(out.numpy().sum(), 5))\n")
     results = []
@@ -112,7 +110,7 @@ def test_without_the_library_the_layer_pools_with_tensorflow_ops():
 
 def test_use_kernel_false_keeps_the_tensorflow_path_and_is_serialised():
     plan = make_plan(TABLES, 1, data_parallel_threshold=5)
-    layer = DistributedEmbedding.from_plan(plan, features=FEATURES, use_kernel=False)
+    layer = plan_layer(plan, features=FEATURES, use_kernel=False)
     layer.build()
     assert not layer.single_op and not any(layer.group_kernel) and not layer.kernel_checked_features
     assert not any(distinct_rows(v) for v in layer.shard_variables + layer.replicated_variables)

@@ -11,6 +11,7 @@ from tf_dlrm.embedding import DistributedEmbedding
 from tf_dlrm.sharding.plan import TableSpec
 from tf_dlrm.sharding.planner import make_plan
 from tf_dlrm.embedding.table_config import FeatureConfig
+from tests.plan_layer import plan_layer
 
 FEATURES = [
     FeatureConfig("clicks", "items", hotness=3, combiner="sum"),
@@ -22,7 +23,7 @@ FEATURES = [
 
 def make_layer(**kwargs):
     plan = make_plan([TableSpec("items", 40, 6), TableSpec("devices", 5, 3)], 1, data_parallel_threshold=10)
-    layer = DistributedEmbedding.from_plan(plan, features=FEATURES, seed=4, **kwargs)
+    layer = plan_layer(plan, features=FEATURES, seed=4, **kwargs)
     layer.build()
     return layer
 

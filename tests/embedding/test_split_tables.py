@@ -35,6 +35,7 @@ import pytest
 
 from arithmetic import ARITHMETIC_PATHS
 from conftest import REPO, CaseLaunches, launch, worker_env
+from tests.plan_layer import plan_layer
 
 BASE = {"seed": 3, "global_batch": 24, "steps": 3, "learning_rate": 0.1, "data_parallel_threshold": 100,
         "cardinalities": [50, 300, 500, 1000], "dim": 8, "adam_epsilon": 1e-4}
@@ -84,7 +85,6 @@ def test_split_and_join_are_bit_exact():
 def _layer(split: bool, rows=(300, 500), dim=6, seed=5):
     import keras
 
-    from tf_dlrm.embedding import DistributedEmbedding
     from tf_dlrm.sharding.plan import TableSpec
     from tf_dlrm.sharding.planner import make_plan
 
@@ -92,7 +92,7 @@ def _layer(split: bool, rows=(300, 500), dim=6, seed=5):
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
         plan = make_plan([TableSpec(f"t{i}", r, dim) for i, r in enumerate(rows)], 1, "table_wise", data_parallel_threshold=0)
-        layer = DistributedEmbedding.from_plan(plan, seed=seed, split_embedding_tables=split)
+        layer = plan_layer(plan, seed=seed, storage="split_bfloat16" if split else "float32")
         layer.build()
     finally:
         keras.mixed_precision.set_global_policy(policy)
@@ -122,7 +122,7 @@ def test_split_variables_round_trip_and_hold_float32_bytes():
     assert np.array_equal(tf.bitcast(tf.convert_to_tensor(high), tf.uint16).numpy(), (values.view(np.uint32) >> 16).astype(np.uint16))
     split.set_full_table(1, -values[300:])  # the second table sits at row 300
     assert np.array_equal(split.get_full_table(1).view(np.uint32), (-values[300:]).view(np.uint32))
-    assert split.get_config()["split_embedding_tables"] is True
+    assert {f["table"]["placement"]["storage"] for f in split.get_config()["feature_configs"]} == {"split_bfloat16"}
 
 
 def test_split_tables_are_filled_block_by_block_with_the_float32_values():
@@ -137,20 +137,19 @@ def test_split_tables_are_filled_block_by_block_with_the_float32_values():
 def test_unsupported_combinations_are_refused_naming_the_flag():
     import keras
 
-    from tf_dlrm.embedding import DistributedEmbedding
     from tf_dlrm.sharding.plan import TableSpec
     from tf_dlrm.sharding.planner import make_plan
 
     plan = make_plan([TableSpec("t0", 300, 4), TableSpec("t1", 300, 4)], 2, "table_wise", data_parallel_threshold=0)
     with pytest.raises(ValueError, match=r"--split_embedding_tables needs bfloat16 compute .*--amp"):
-        DistributedEmbedding.from_plan(plan, split_embedding_tables=True)  # float32 policy
+        plan_layer(plan, storage="split_bfloat16")  # float32 policy
     policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     try:
         with pytest.raises(ValueError, match="--split_embedding_tables cannot be combined with --deduplicate_exchange"):
-            DistributedEmbedding.from_plan(plan, split_embedding_tables=True, deduplicate_exchange=True)
+            plan_layer(plan, storage="split_bfloat16", deduplicate_exchange=True)
         with pytest.raises(ValueError, match="--split_embedding_tables cannot be combined with --hot_rows_budget"):
-            DistributedEmbedding.from_plan(plan, split_embedding_tables=True, hot_rows={0: [1, 2]})
+            plan_layer(plan, storage="split_bfloat16", hot_rows={0: [1, 2]})
     finally:
         keras.mixed_precision.set_global_policy(policy)
 

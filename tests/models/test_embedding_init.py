@@ -1,6 +1,6 @@
-"""``--embedding_init`` / ``init_bound``: the bound of the tables' uniform initial values.
+"""``--embedding_init`` / a table's ``initializer``: the bound of the tables' uniform initial values.
 
-The default of main.py is Keras's [-0.05, 0.05]; ``sqrt_rows`` (and the layers' ``init_bound=None``)
+The default is Keras's [-0.05, 0.05]; ``sqrt_rows`` (``TableConfig(initializer="uniform_sqrt_rows")``)
 keeps the DLRM reference's 1/sqrt(rows). Every layer that creates table values (the one-process
 bank, the sharded layer's fused shards and hot-row replicas, dynamic tables) must use the bound it
 was given, and a sharded table must still equal the one-process table.
@@ -65,10 +65,11 @@ def test_values_lie_within_the_bound_and_fill_it(bound):
 
 
 def test_layers_use_their_bound_and_sharded_equals_one_process():
-    from tf_dlrm.embedding import DistributedEmbedding
+    from tf_dlrm.embedding import TableConfig
     from tf_dlrm.sharding.plan import TableSpec
     from tf_dlrm.sharding.planner import make_plan
     from tf_dlrm.embedding.embedding_bank import EmbeddingBank
+    from tests.plan_layer import plan_layer
 
     bank = EmbeddingBank(CARDINALITIES, 8, seed=4, init_bound=0.05)
     bank.build()
@@ -81,9 +82,10 @@ def test_layers_use_their_bound_and_sharded_equals_one_process():
         np.testing.assert_array_equal(bank.tables[table].numpy(), initial_table_slice(4, table, rows, 8, init_bound=0.05))
     gathered = {}
     for rank in range(2):
-        layer = DistributedEmbedding.from_plan(plan, rank=rank, seed=4, init_bound=0.05, hot_rows={2: [0, 7, 39999]})
+        layer = plan_layer(plan, rank=rank, seed=4, initializer=0.05, hot_rows={2: [0, 7, 39999]})
         layer.build()
-        assert layer.get_config()["init_bound"] == 0.05 and "rank" not in layer.get_config()
+        config = layer.get_config()
+        assert [f["table"]["initializer"] for f in config["feature_configs"]] == [0.05] * 3 and "rank" not in config
         for table, rows in enumerate(CARDINALITIES):
             for piece in layer.table_pieces(table):
                 gathered.setdefault(table, {})[piece.column_start] = layer.read_piece_rows(piece, 0, rows)
@@ -93,17 +95,38 @@ def test_layers_use_their_bound_and_sharded_equals_one_process():
         full = np.concatenate([columns[start] for start in sorted(columns)], axis=1)
         np.testing.assert_array_equal(full, bank.tables[table].numpy())
     assert sorted(gathered) == [0, 1, 2] and len(gathered[2]) == 2  # the big table is cut in two
-    with pytest.raises(ValueError, match="Received: init_bound=-2"):
-        DistributedEmbedding.from_plan(plan, init_bound=-2)
+    with pytest.raises(ValueError, match="Received: initializer=-2"):
+        TableConfig("t0", 3, 8, initializer=-2)
     with pytest.raises(ValueError, match="Received: init_bound='x'"):
         EmbeddingBank(CARDINALITIES, 8, init_bound="x")
 
 
-def test_dynamic_tables_take_the_flag_unless_the_spec_names_none():
-    from tf_dlrm.spec.dynamic import table_config
+def test_dynamic_tables_take_the_flag_and_sqrt_rows_is_one_over_sqrt_capacity():
+    from tf_dlrm.cli.dynamic_builder import dynamic_table_configs
+    from tf_dlrm.embedding.dynamic.layer import new_row_bound
+    from tf_dlrm.spec.feature_spec import FeatureSpec
 
-    assert table_config("c", {"capacity": 100}, 4, 0.05).bound == 0.05
-    assert table_config("c", {"capacity": 100}, 4).bound == pytest.approx(0.1)
+    spec = FeatureSpec.from_dict({"feature_spec": {"c": {"dtype": "int64", "dynamic": True, "capacity": 100},
+                                                   "label": {"dtype": "bool"}},
+                                  "channel_spec": {"categorical": ["c"], "numerical": [], "label": ["label"]},
+                                  "source_spec": {}})
+    assert new_row_bound(dynamic_table_configs(spec, 0.05, [4])[0]) == 0.05
+    assert new_row_bound(dynamic_table_configs(spec, "uniform_sqrt_rows", [4])[0]) == pytest.approx(0.1)
+
+
+def test_sqrt_rows_reaches_every_table_of_main_py():
+    from tf_dlrm.cli import builder
+    from tf_dlrm.cli.model_config import ModelConfig
+    from tf_dlrm.spec.feature_spec import FeatureSpec
+
+    spec = FeatureSpec.from_dict({"feature_spec": {"a": {"dtype": "int32", "cardinality": 400},
+                                                   "b": {"dtype": "int32", "cardinality": 25},
+                                                   "n": {"dtype": "float16"}, "label": {"dtype": "bool"}},
+                                  "channel_spec": {"categorical": ["a", "b"], "numerical": ["n"], "label": ["label"]},
+                                  "source_spec": {}})
+    tables = builder.make_table_configs(spec, None, ModelConfig(embedding_init_bound=None))
+    assert [t.init_bound for t in tables] == [None, None]  # 1/sqrt(rows): 0.05 and 0.2, not the default 0.05
+    assert [t.init_bound for t in builder.make_table_configs(spec, None, ModelConfig())] == [0.05, 0.05]
 
 
 def test_the_library_layer_takes_each_tables_initializer_and_keeps_it_in_its_config():

@@ -26,13 +26,13 @@ def test_registered_by_name_with_width_one_tables():
 
 
 def test_logit_is_bias_plus_id_weights_plus_linear_numerical():
-    from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
     from tf_dlrm.sharding.plan import TableSpec
+    from tests.plan_layer import plan_layer
     from tf_dlrm.sharding.planner import make_plan
     from tf_dlrm.models.logistic_regression import LogisticRegression
 
     plan = make_plan([TableSpec("a", 10, 1), TableSpec("b", 7, 1)], 1, "table_wise")
-    model = LogisticRegression(DistributedEmbedding.from_plan(plan, name="embedding"), num_numerical=3, seed=1)
+    model = LogisticRegression(plan_layer(plan, name="embedding"), num_numerical=3, seed=1)
     model.build(None)
     rng = np.random.default_rng(0)
     tables = [rng.normal(size=(10, 1)).astype(np.float32), rng.normal(size=(7, 1)).astype(np.float32)]

@@ -167,12 +167,12 @@ def test_rowwise_adagrad_refuses_what_it_cannot_keep_exact(features, refused):
     """Row-wise state of a column-sliced table sums each sample's partial squares over the slices:
     exact for one one-hot reader only, so anything else is refused by name before training."""
     from tf_dlrm.embedding.table_config import FeatureConfig
-    from tf_dlrm.embedding import DistributedEmbedding
     from tf_dlrm.sharding.plan import TableSpec
+    from tests.plan_layer import plan_layer
     from tf_dlrm.sharding.planner import make_plan
 
     plan = make_plan([TableSpec("t0", 40, 8), TableSpec("t1", 30, 8)], 2, "column_wise", data_parallel_threshold=1)
-    layer = DistributedEmbedding.from_plan(plan, rank=0, features=[FeatureConfig(n, t, h) for n, t, h in features])
+    layer = plan_layer(plan, rank=0, features=[FeatureConfig(n, t, h) for n, t, h in features])
     layer.build()
     env = DistributedEnv(rank=0, world_size=2)
     make = lambda: SparseUpdater(SparseRowwiseAdagrad(), env, layer.sparse_variables, [], layer.padding_variables)  # noqa: E731

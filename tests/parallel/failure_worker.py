@@ -14,7 +14,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from tf_dlrm.parallel import env as env_module  # noqa: E402
-from tf_dlrm.embedding import DistributedEmbedding  # noqa: E402
 from tf_dlrm.sharding.plan import TableSpec  # noqa: E402
 from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 from tf_dlrm.models.dlrm import DLRM  # noqa: E402
@@ -22,6 +21,7 @@ from tf_dlrm.cli.builder import build_with_dummy_batch  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
 from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
 from tf_dlrm.train.step import Trainer
+from tests.plan_layer import plan_layer
 
 
 def main():
@@ -29,7 +29,7 @@ def main():
     failing_rank = int(sys.argv[2]) if len(sys.argv) > 2 else -1
     env = env_module.initialize(force_horovod=True)
     plan = make_plan([TableSpec(f"t{i}", 5000, 8) for i in range(3)], env.world_size, "column_wise")
-    embedding = DistributedEmbedding.from_plan(plan, rank=env.rank)
+    embedding = plan_layer(plan, rank=env.rank)
     model = DLRM(embedding, num_numerical=2, bottom_mlp_dims=[8], top_mlp_dims=[4, 1])
     build_with_dummy_batch(model, 2, embedding, env.world_size)
     trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(0.1)))

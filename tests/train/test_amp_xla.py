@@ -41,17 +41,17 @@ def _policy(name):
 
 def small_model(seed=5, cardinalities=(40, 3000, 500, 7000), dim=8, interaction="dot", policy="float32"):
     """A single-process DLRM with replicated and model-parallel tables, built under ``policy``."""
-    from tf_dlrm.embedding import DistributedEmbedding
     from tf_dlrm.sharding.plan import TableSpec
     from tf_dlrm.sharding.planner import make_plan
     from tf_dlrm.models.dlrm import DLRM
+    from tests.plan_layer import plan_layer
     from tf_dlrm.cli.builder import build_with_dummy_batch
 
     restore = _policy(policy)
     try:
         plan = make_plan([TableSpec(f"t{i}", rows, dim) for i, rows in enumerate(cardinalities)], 1, "auto",
                          data_parallel_threshold=100)
-        embedding = DistributedEmbedding.from_plan(plan, rank=0, seed=seed)
+        embedding = plan_layer(plan, rank=0, seed=seed)
         model = DLRM(embedding, num_numerical=5, bottom_mlp_dims=[16, dim], top_mlp_dims=[16, 8, 1],
                      interaction=interaction, seed=seed)
         build_with_dummy_batch(model, 5, embedding, 1)

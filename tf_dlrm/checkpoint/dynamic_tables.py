@@ -46,6 +46,7 @@ import tensorflow as tf
 from tf_dlrm.checkpoint import store
 from tf_dlrm.io import files
 from tf_dlrm.checkpoint.store import CheckpointError
+from tf_dlrm.embedding.dynamic.layer import new_row_bound, rows_per_shard
 from tf_dlrm.embedding.training_step import embedding_layer
 from tf_dlrm.optimizers.sparse_optimizer import tf_variable
 from tf_dlrm.parallel import collectives
@@ -91,7 +92,15 @@ def meta_of(layer, sparse_updater, world_size: int) -> dict:
     slot_names = tuple(sparse_updater.slot_names) if sparse_updater is not None else ()
     return {"format": FORMAT, "version": VERSION, "world_size": world_size, "num_shards": layer.num_shards,
             "seed": layer.seed, "training_step": int(layer.training_step.numpy()),
-            "tables": [t.to_dict() for t in layer.table_configs], "slots": list(slot_names)}
+            "tables": [_table_record(t, layer.num_shards) for t in layer.table_configs], "slots": list(slot_names)}
+
+
+def _table_record(table, num_shards: int) -> dict:
+    """What the manifest says of a dynamic table (the restore compares name and width)."""
+    storage = table.placement.dynamic
+    return {"name": table.name, "capacity": storage.capacity, "width": table.embedding_dim,
+            "eviction": storage.eviction, "min_count": storage.min_count, "capacity_scope": storage.capacity_scope,
+            "rows_per_shard": rows_per_shard(table, num_shards), "initial_bound": new_row_bound(table)}
 
 
 def rank_file_name(rank: int) -> str:
@@ -137,7 +146,7 @@ def read_meta(directory: str) -> dict:
 
 def _check_compatible(meta: dict, layer, slot_names, path: str) -> None:
     saved = [(t["name"], t["width"]) for t in meta["tables"]]
-    mine = [(t.name, t.width) for t in layer.table_configs]
+    mine = [(t.name, t.embedding_dim) for t in layer.table_configs]
     if saved != mine:
         raise ValueError(f"The dynamic tables of {path} do not match the model's. Expected (name, width): {mine}. "
                          f"Received: {saved}")
@@ -172,7 +181,7 @@ def check_rows(directory: str, layer, slot_names) -> tuple[dict, list]:
     for table, config in enumerate(layer.table_configs):
         keys = np.concatenate([f[f"t{table}_keys"] for f in loaded])
         per_shard = np.bincount(routing.owner_shard(keys, layer.num_shards), minlength=layer.num_shards)
-        capacity = config.rows_per_shard(layer.num_shards)
+        capacity = rows_per_shard(config, layer.num_shards)
         if per_shard.max(initial=0) > capacity:
             shard = int(np.argmax(per_shard))
             raise ValueError(f"The dynamic-table checkpoint {directory} holds {int(per_shard[shard])} keys of table "

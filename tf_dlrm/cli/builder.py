@@ -186,7 +186,7 @@ def make_table_configs(spec: FeatureSpec, plan: ShardingPlan, config: ModelConfi
     if optimizer is not None:  # the run's hyper-parameters (--adagrad_*, --adam_*) for the model's choices
         chosen = {t: table_optimizers.from_settings(optimizer, o.name, o.learning_rate) for t, o in chosen.items()}
     model_parallel = set(plan.model_parallel) if plan is not None else set()
-    return [dataclasses.replace(table, initializer=config.embedding_init_bound, optimizer=chosen.get(t),
+    return [dataclasses.replace(table, initializer=config.table_initializer, optimizer=chosen.get(t),
                                 placement=Placement(hot_rows=tuple((hot_rows or {}).get(t, ())),
                                                     storage="split_bfloat16" if split_embedding_tables and t in model_parallel
                                                     else "float32"))
@@ -220,7 +220,7 @@ def make_embedding(spec: FeatureSpec, plan: ShardingPlan | None, config: ModelCo
             raise ValueError(f"Dynamic tables are built for models that read the spec's columns as they are (e.g. "
                              f"--model=dlrm). Received: --model={config.name}, which derives features from the columns")
         widths = [table.embedding_dim for table in model_tables(spec, config)]  # the model may choose its tables' widths
-        return dynamic_builder.make_dynamic_embedding(spec, config.embedding_init_bound, env, seed, widths, num_shards=num_shards)
+        return dynamic_builder.make_dynamic_embedding(spec, config.table_initializer, env, seed, widths, num_shards=num_shards)
     tables = {t.name: t for t in make_table_configs(spec, plan, config, optimizer, hot_rows, split_embedding_tables)}
     features = [dataclasses.replace(f, table=tables[f.table_name]) for f in features]
     return DistributedEmbedding(features, plan=plan, env=env, seed=seed, data_parallel_input=data_parallel_input or derived,

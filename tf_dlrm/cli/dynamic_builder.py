@@ -14,10 +14,10 @@ def has_dynamic_tables(spec) -> bool:
     return bool(dynamic_spec.dynamic_features(spec))
 
 
-def dynamic_table_configs(spec, init_bound, widths) -> list[TableConfig]:
-    """One dynamic :class:`TableConfig` per categorical feature, named after it; ``init_bound``:
-    ``--embedding_init``'s bound (None: ``1/sqrt(capacity)``); ``widths``: each table's width. Every
-    categorical feature must be dynamic and one-hot (the error names the others)."""
+def dynamic_table_configs(spec, initializer, widths) -> list[TableConfig]:
+    """One dynamic :class:`TableConfig` per categorical feature, named after it; ``initializer``:
+    ``--embedding_init``'s (``"uniform_sqrt_rows"``: new rows uniform in ``1/sqrt(capacity)``); ``widths``: each
+    table's width. Every categorical feature must be dynamic and one-hot (the error names the others)."""
     names = spec.categorical_features
     fixed = [n for n in names if not dynamic_spec.is_dynamic(spec.feature_spec[n])]
     if fixed:
@@ -28,17 +28,18 @@ def dynamic_table_configs(spec, init_bound, widths) -> list[TableConfig]:
         raise ValueError(f"Expected one-hot dynamic features. Received: hotness > 1 for {multi_hot}")
     tables = []
     for name, width in zip(names, widths):
-        table = dynamic_spec.table_config(name, spec.feature_spec[name], width, init_bound)
-        storage = DynamicStorage(capacity=table.capacity, eviction=table.eviction.value, min_count=table.min_count,
-                                 capacity_scope=table.capacity_scope.value)
-        tables.append(TableConfig(name, table.capacity, table.width, initializer=init_bound,
+        properties = spec.feature_spec[name]
+        storage = DynamicStorage(capacity=int(properties["capacity"]), eviction=properties.get("eviction", "none"),
+                                 min_count=int(properties.get("min_count", 1)),
+                                 capacity_scope=properties.get("capacity_scope", "per_rank"))
+        tables.append(TableConfig(name, storage.capacity, int(width), initializer=initializer,
                                   placement=Placement(dynamic=storage)))
     return tables
 
 
-def make_dynamic_embedding(spec, init_bound, env: DistributedEnv, seed: int, widths, num_shards: int | None = None
+def make_dynamic_embedding(spec, initializer, env: DistributedEnv, seed: int, widths, num_shards: int | None = None
                            ) -> DistributedEmbedding:
     """The (unbuilt) embedding of :func:`dynamic_table_configs`' tables, one feature each; ``num_shards``:
     shards of every table (default: the world size; export holds a checkpoint's shards in one process)."""
-    features = [FeatureConfig(table.name, table) for table in dynamic_table_configs(spec, init_bound, widths)]
+    features = [FeatureConfig(table.name, table) for table in dynamic_table_configs(spec, initializer, widths)]
     return DistributedEmbedding(features, seed=seed, env=env, dynamic_shards=num_shards, name="embedding")

@@ -67,6 +67,11 @@ class ModelConfig:
         if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.embedding_widths):
             raise ValueError(f"Expected --embedding_dim widths > 0. Received: {list(self.embedding_widths)}")
 
+    @property
+    def table_initializer(self):
+        """``--embedding_init`` as a :class:`TableConfig` initializer (whose None is the library's default bound)."""
+        return "uniform_sqrt_rows" if self.embedding_init_bound is None else self.embedding_init_bound
+
 
 @dataclasses.dataclass(frozen=True)
 class ShardingConfig:

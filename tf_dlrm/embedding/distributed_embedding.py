@@ -43,7 +43,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.ops.assemble import assemble_columns, assemble_kernel, assembly_layout
-from tf_dlrm.parallel.env import DistributedEnv, current_env
+from tf_dlrm.parallel.env import current_env
 from tf_dlrm.embedding.dedup_exchange import deduplicated_exchange
 from tf_dlrm.ops.embedding_bag import bag_kernel, mark_distinct_rows, multi_table_bag_lookup
 from tf_dlrm.embedding.full_tables import FullTableAccess
@@ -60,14 +60,12 @@ from tf_dlrm.sharding.packing import (
     replicated_labels,
     send_width,
 )
-from tf_dlrm.sharding.dynamic_routing import DynamicTableConfig
 from tf_dlrm.sharding.plan import ShardingPlan
 from tf_dlrm.embedding.pooling import normalize_ids, pooled_lookup
 from tf_dlrm.embedding.split_tables import check_split_options
 from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
 from tf_dlrm.embedding.planning import DEFAULT_DATA_PARALLEL_ROWS, plan_tables
-from tf_dlrm.embedding.table_config import TableConfig, as_feature_config, default_features, feature_tables, tables_of
-from tf_dlrm.embedding.table_init import check_init_bound
+from tf_dlrm.embedding.table_config import as_feature_config, feature_tables, tables_of
 from tf_dlrm.embedding.variable_kind import VariableKind, mark, set_layout
 
 
@@ -77,7 +75,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
 
     Args:
         feature_configs: :class:`FeatureConfig` (or dicts), a list in input order or a dict of them; each
-            names its table, a :class:`TableConfig` (the tables come from the features) or a plan's table name.
+            holds its :class:`TableConfig` (the tables come from the features, in order of first use).
         seed: initial values depend only on ``(seed, table)``.
         data_parallel_input: read local batches of every feature and exchange ids (see module doc).
         validate_ids: check every id against its table's rows (and ragged rows against hotness).
@@ -86,17 +84,12 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             sample; one-hot features only, every rank owning a slice; the rows travel in float32.
         use_kernel: pool with tf_dlrm's embedding-bag kernel when it is built (see module doc);
             False keeps plain TensorFlow ops (the same values; benchmarks compare the two).
-        hot_rows: ``{table index or name: sorted ids}`` of model-parallel tables replicated on every
-            rank; only cold rows travel (:mod:`tf_dlrm.embedding.hot_row_layer`). One-hot features.
-        split_embedding_tables: model-parallel shards as split bf16 tables (:mod:`tf_dlrm.embedding.split_tables`:
-            its limits); looked up with TensorFlow ops (the embedding-bag kernel reads float32 only).
-        init_bound: initial values uniform in ``[-init_bound, init_bound]``; None: ``1/sqrt(rows)`` per table
-            (:mod:`tf_dlrm.embedding.table_init`).
         strategy, data_parallel_threshold, column_slice_threshold: how the planner places the tables whose
             placement is ``auto`` (:func:`tf_dlrm.sharding.planner.make_plan`); unused when ``plan`` is given.
             On several ranks, tables of fewer than ``data_parallel_threshold`` rows (default 2048, as
             ``main.py``'s ``--data_parallel_rows``) are replicated.
-        plan: a :class:`ShardingPlan` (or its ``to_dict()``) to execute instead of planning.
+        plan: a :class:`ShardingPlan` (or its ``to_dict()``) of the features' tables, in their order, to execute
+            instead of planning (``main.py`` plans once for its memory checks and hands the plan on).
         env: this process's rank and world size (a :class:`tf_dlrm.parallel.env.DistributedEnv`); default
             :func:`tf_dlrm.parallel.env.current_env` (Horovod's ranks under horovodrun, else one process).
         dynamic_shards: shards of the dynamic tables (default one per rank).
@@ -104,9 +97,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
 
     def __init__(self, feature_configs, *, seed: int = 0, data_parallel_input: bool = True, validate_ids: bool = True,
                  deduplicate_exchange: bool = False, use_kernel: bool = True, strategy: str = "auto",
-                 data_parallel_threshold: int = DEFAULT_DATA_PARALLEL_ROWS, column_slice_threshold: int | None = None, plan=None, env=None,
-                 hot_rows=None, split_embedding_tables: bool = False, init_bound: float | None = None,
-                 dynamic_shards: int | None = None, **kwargs):
+                 data_parallel_threshold: int = DEFAULT_DATA_PARALLEL_ROWS, column_slice_threshold: int | None = None,
+                 plan=None, env=None, dynamic_shards: int | None = None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(feature_configs, Mapping):
             feature_configs = list(feature_configs.values())
@@ -120,47 +112,40 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         # Set by the training step while it traces: a user's model need not pass ``training`` down.
         self.training_default = None
         self.output_features = self.features  # every feature, in the order of the output dict
-        if all(isinstance(f.table, TableConfig) for f in self.features):
-            # Tables come from the features (the public form): the plan follows the placements.
-            self.table_configs = tables_of(self.features)
-            if any(t.dynamic for t in self.table_configs):
-                self._make_dynamic_layer(seed, dynamic_shards)
-                if not self.features:
-                    self._init_dynamic_only(seed, data_parallel_input, validate_ids, deduplicate_exchange, use_kernel)
-                    return
-            if plan is None:
-                plan = plan_tables(self.table_configs, self.features, self.env.world_size, strategy=strategy,
-                                   data_parallel_threshold=data_parallel_threshold,
-                                   column_slice_threshold=column_slice_threshold,
-                                   unplanned=getattr(self, "dynamic_table_configs", ()))
-            plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
-            given = [(t.name, t.rows, t.dim) for t in plan.tables]
-            if given != [(t.name, t.vocabulary_size, t.embedding_dim) for t in self.table_configs]:
-                raise ValueError(f"Expected a plan of the features' tables. Received: a plan of {given}")
-            hot_rows = {t: list(c.placement.hot_rows) for t, c in enumerate(self.table_configs) if c.placement.hot_rows}
-            split = {c.placement.storage for t, c in enumerate(self.table_configs) if t in set(plan.model_parallel)}
-            if len(split) > 1:
-                raise ValueError("Expected one storage for every model-parallel table (split bfloat16 tables are fused "
-                                 f"with the others). Received: {sorted(split)}")
-            split_embedding_tables = split == {"split_bfloat16"}
-        elif plan is None:
-            raise ValueError("Expected features holding their TableConfig objects (or a plan naming the tables). "
-                             f"Received: tables {[f.table for f in self.features]}")
+        # Tables come from the features: the plan follows the placements.
+        self.table_configs = tables_of(self.features)
+        if any(t.dynamic for t in self.table_configs):
+            self._make_dynamic_layer(seed, dynamic_shards)
+            if not self.features:
+                self._init_dynamic_only(seed, data_parallel_input, validate_ids, deduplicate_exchange, use_kernel)
+                return
+        if plan is None:
+            plan = plan_tables(self.table_configs, self.features, self.env.world_size, strategy=strategy,
+                               data_parallel_threshold=data_parallel_threshold,
+                               column_slice_threshold=column_slice_threshold,
+                               unplanned=getattr(self, "dynamic_table_configs", ()))
+        plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
+        given = [(t.name, t.rows, t.dim) for t in plan.tables]
+        if given != [(t.name, t.vocabulary_size, t.embedding_dim) for t in self.table_configs]:
+            raise ValueError(f"Expected a plan of the features' tables. Received: a plan of {given}")
+        hot_rows = {t: list(c.placement.hot_rows) for t, c in enumerate(self.table_configs) if c.placement.hot_rows}
+        storage = {c.placement.storage for t, c in enumerate(self.table_configs) if t in set(plan.model_parallel)}
+        if len(storage) > 1:
+            raise ValueError("Expected one storage for every model-parallel table (split bfloat16 tables are fused "
+                             f"with the others). Received: {sorted(storage)}")
         self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
         if self.plan.world_size != self.env.world_size:
             raise ValueError(f"Expected a plan for the {self.env.world_size} ranks of this run. "
                              f"Received: a plan for {self.plan.world_size}")
         table_names = [t.name for t in self.plan.tables]
         rank = self.env.rank
-        self.table_init_bounds = (tuple(t.init_bound for t in self.table_configs) if self.table_configs is not None
-                                  else (check_init_bound(init_bound),) * len(table_names))
+        self.table_init_bounds = tuple(t.init_bound for t in self.table_configs)
         self.feature_tables = feature_tables(self.features, table_names)
         self.feature_widths = tuple(self.plan.tables[t].dim for t in self.feature_tables)
         widths = set(self.feature_widths)
         # One width for all features: the output is [b, F, D] (DLRM's interaction wants that).
         self.embedding_dim = widths.pop() if len(widths) == 1 else None
         self.seed = int(seed)
-        self.init_bound = check_init_bound(init_bound)
         self.data_parallel_input = bool(data_parallel_input)
         self.validate_ids = bool(validate_ids)
         self.use_kernel = bool(use_kernel)
@@ -200,7 +185,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
                                  f"{[len(w) for w in self.source_entry_widths]}, data_parallel_input={self.data_parallel_input}")
         self.shard_variables, self.replicated_variables = [], []
         self._init_hot_rows(hot_rows)
-        self.split_embedding_tables = bool(split_embedding_tables)
+        self.split_embedding_tables = storage == {"split_bfloat16"}
         if self.split_embedding_tables:
             check_split_options(self.compute_dtype, bool(self.hot_rows), self.deduplicate_exchange)
 
@@ -217,13 +202,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
                              f"features {[(f.name, f.table_name, f.hotness) for f in readers]} for dynamic tables "
                              f"{sorted(names)}")
         static = [f for f in self.features if f.table_name not in names]
-        configs = [DynamicTableConfig(name=f.table.name, capacity=f.table.placement.dynamic.capacity,
-                                      width=f.table.embedding_dim, eviction=f.table.placement.dynamic.eviction,
-                                      min_count=f.table.placement.dynamic.min_count,
-                                      capacity_scope=f.table.placement.dynamic.capacity_scope,
-                                      initial_bound=f.table.init_bound or None) for f in readers]
         self.dynamic_features = tuple(readers)
-        self.dynamic_layer = DynamicEmbedding(configs, rank=self.env.rank, world_size=self.env.world_size,
+        self.dynamic_layer = DynamicEmbedding([f.table for f in readers], rank=self.env.rank, world_size=self.env.world_size,
                                               num_shards=num_shards, seed=seed, name=f"{self.name}_dynamic")
         self.features = tuple(static)
         self.table_configs = tables_of(self.features)
@@ -232,10 +212,10 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
     def _init_dynamic_only(self, seed: int, data_parallel_input: bool, validate_ids: bool, deduplicate_exchange: bool,
                            use_kernel: bool) -> None:
         """Every table dynamic (``main.py --keys=hashed``): the layer is its inner :class:`DynamicEmbedding`
-        (no plan, no fixed variables); the list form of :meth:`call` takes the features' keys in order."""
+        (no plan, no fixed variables)."""
         layer = self.dynamic_layer
         self.features = self.dynamic_features
-        self.plan, self.seed, self.init_bound = None, int(seed), None
+        self.plan, self.seed = None, int(seed)
         self.data_parallel_input, self.validate_ids = bool(data_parallel_input), bool(validate_ids)
         self.deduplicate_exchange, self.use_kernel = bool(deduplicate_exchange), bool(use_kernel)
         self.feature_widths, self.embedding_dim = tuple(layer.feature_widths), layer.embedding_dim
@@ -250,22 +230,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         """Whether every table is dynamic (the layer then runs its :attr:`dynamic_layer` alone)."""
         return self.dynamic_layer is not None and self.plan is None
 
-    @classmethod
-    def from_plan(cls, plan, rank: int = 0, features=None, **options):
-        """The layer of an already computed ``plan`` on ``rank`` (``main.py``'s builder and the tests):
-        ``features`` name the plan's tables (default: one one-hot ``sum`` feature per table, named like
-        it); by default every rank reads the global batch of its own tables' ids."""
-        plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
-        if features is None:
-            features = default_features([t.name for t in plan.tables])
-        options.setdefault("data_parallel_input", False)
-        return cls(features, plan=plan, env=DistributedEnv(rank=rank, world_size=plan.world_size), **options)
-
-    def table_optimizers(self) -> dict | None:
-        """``{table index: table optimizer object}`` (:mod:`tf_dlrm.embedding.optimizers`) when the
-        layer was made from :class:`TableConfig` objects; None for a layer made from a plan."""
-        if self.table_configs is None:
-            return None
+    def table_optimizers(self) -> dict:
+        """``{table index: table optimizer object}`` (:mod:`tf_dlrm.embedding.optimizers`; None: the step's)."""
         return {t: config.optimizer for t, config in enumerate(self.table_configs)}
 
     def dynamic_optimizers(self) -> list:
@@ -412,14 +378,14 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if missing:
             raise ValueError(f"Expected ids of every feature {list(self.input_modes)}. Missing: {missing}")
         if self.dynamic_only:
-            vectors = self.dynamic_layer([inputs[f.name] for f in self.features], local_batch=local_batch,
-                                         training=bool(training))
+            vectors = self.dynamic_layer({f.table_name: inputs[f.name] for f in self.features}, training=bool(training))
             return vectors if stacked else {f.name: vectors[:, i] for i, f in enumerate(self.features)}
         pooled = self._lookup([inputs[self.features[f].name] for f in self._input_features()], local_batch)
         if self.dynamic_layer is None:
             return pooled if stacked else self.split_features(pooled)
         pieces = self.split_features(pooled)
-        vectors = self.dynamic_layer([inputs[f.name] for f in self.dynamic_features], training=bool(training))
+        vectors = self.dynamic_layer({f.table_name: inputs[f.name] for f in self.dynamic_features},
+                                     training=bool(training))
         for index, feature in enumerate(self.dynamic_features):
             pieces[feature.name] = vectors[:, index]
         if not stacked:
@@ -573,8 +539,4 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             "data_parallel_threshold": self.data_parallel_threshold,
             "column_slice_threshold": self.column_slice_threshold,
         }
-        if self.table_configs is None:
-            config.update(plan=self.plan.to_dict(), init_bound=self.init_bound,
-                          hot_rows={str(table): list(ids) for table, ids in self.hot_rows.items()},
-                          split_embedding_tables=self.split_embedding_tables)
         return config

@@ -109,12 +109,10 @@ class EmbeddingBank(keras.layers.Layer):
 
     def call(self, inputs, local_batch=None, training=None, stacked=False):
         """``{feature name: ids}`` -> ``{feature name: [b, width]}``, or with ``stacked`` the
-        :class:`DistributedEmbedding`'s stacked form (``[b, F, D]``, or ``[b, sum of widths]``). A sequence of
-        ids in feature order gives the stacked form too."""
-        if isinstance(inputs, Mapping):
-            vectors = [self._pool(f, inputs[feature.name]) for f, feature in enumerate(self.features)]
-        else:
-            vectors, stacked = [self._pool(f, ids) for f, ids in enumerate(inputs)], True
+        :class:`DistributedEmbedding`'s stacked form (``[b, F, D]``, or ``[b, sum of widths]``)."""
+        if not isinstance(inputs, Mapping):
+            raise TypeError(f"Expected a dict of feature name -> ids. Received: {type(inputs).__name__}")
+        vectors = [self._pool(f, inputs[feature.name]) for f, feature in enumerate(self.features)]
         if not stacked:
             return {feature.name: tf.cast(v, self.compute_dtype) for feature, v in zip(self.features, vectors)}
         if self.embedding_dim is None:

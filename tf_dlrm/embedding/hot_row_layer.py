@@ -1,6 +1,6 @@
 """The hot-row replicas of a :class:`~tf_dlrm.embedding.DistributedEmbedding` (a mixin).
 
-``hot_rows={table: sorted ids}`` (model-parallel tables, typically from
+A table's ``Placement(hot_rows=ids)`` (model-parallel tables; ``main.py`` takes them from
 :func:`tf_dlrm.sharding.hot_rows.plan_hot_rows`) gives every rank a ``hot`` variable per such table,
 ``[len(ids), D]``, initialised to those rows' initial values (:func:`initial_table_rows`), and makes
 the layer exchange only cold rows (:mod:`tf_dlrm.embedding.hot_row_exchange`). In one process
@@ -19,31 +19,21 @@ from tf_dlrm.embedding.table_init import initial_table_rows
 from tf_dlrm.embedding.variable_kind import VariableKind, mark
 
 
-def normalize_hot_rows(hot_rows, table_names, cardinalities, model_parallel) -> dict[int, tuple[int, ...]]:
-    """``{table index: sorted distinct ids}`` from ``{table index or name: ids}``; errors name the table."""
+def checked_hot_rows(hot_rows, table_names, cardinalities, model_parallel) -> dict[int, tuple[int, ...]]:
+    """``{table index: sorted distinct ids}`` (the tables' ``Placement(hot_rows=...)``), checked against the plan;
+    errors name the table."""
     result = {}
-    for key, ids in dict(hot_rows or {}).items():
-        if isinstance(key, str) and not key.isdigit():
-            if key not in table_names:
-                raise ValueError(f"hot_rows names an unknown table {key!r}. Tables: {list(table_names)}")
-            table = table_names.index(key)
-        else:
-            table = int(key)
-            if not 0 <= table < len(table_names):
-                raise ValueError(f"hot_rows: table index {table} is outside [0, {len(table_names)})")
-        values = np.asarray(list(ids), np.int64)
-        if values.size == 0:
+    for table, ids in hot_rows.items():
+        if not ids:
             continue
         name = table_names[table]
         if table not in model_parallel:
-            raise ValueError(f"hot_rows: table {name!r} is replicated on every rank already; only model-parallel "
-                             f"tables have hot rows")
-        if np.any(np.diff(values) <= 0):
-            raise ValueError(f"hot_rows of table {name!r} must be distinct and sorted ascending")
-        if values[0] < 0 or values[-1] >= cardinalities[table]:
-            raise ValueError(f"hot_rows of table {name!r} must be in [0, {cardinalities[table]}). "
-                             f"Received: {values[0]} .. {values[-1]}")
-        result[table] = tuple(int(v) for v in values)
+            raise ValueError(f"Table {name!r} has Placement(hot_rows=...) but is replicated on every rank (its "
+                             "vocabulary is under data_parallel_threshold): give it a model-parallel placement")
+        if ids[-1] >= cardinalities[table]:
+            raise ValueError(f"Expected the hot_rows of table {name!r} in [0, {cardinalities[table]}). "
+                             f"Received: {ids[-1]}")
+        result[table] = tuple(int(v) for v in ids)
     return result
 
 
@@ -52,7 +42,7 @@ class HotRowReplicas:
 
     def _init_hot_rows(self, hot_rows) -> None:
         names = [t.name for t in self.plan.tables]
-        self.hot_rows = normalize_hot_rows(hot_rows, names, self.cardinalities, set(self.model_parallel))
+        self.hot_rows = checked_hot_rows(hot_rows, names, self.cardinalities, set(self.model_parallel))
         # In one process nothing travels: the option is kept (get_config) but executes nothing.
         self.hot_tables = tuple(sorted(self.hot_rows)) if self.plan.world_size > 1 else ()
         self.hot_variables = []

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 import numpy as np
 
 import tf_dlrm.embedding.optimizers as table_optimizers
+from tf_dlrm.sharding.dynamic_routing import CapacityScope, EvictionPolicy
 
 
 class Combiner(str, enum.Enum):
@@ -64,8 +65,8 @@ class Storage(str, enum.Enum):
     SPLIT_BFLOAT16 = "split_bfloat16"
 
 
-EVICTIONS = ("none", "lru", "lfu")
-CAPACITY_SCOPES = ("per_rank", "total")
+EVICTIONS = tuple(p.value for p in EvictionPolicy)
+CAPACITY_SCOPES = tuple(s.value for s in CapacityScope)
 
 
 def _check_positive_int(owner: str, name: str, value) -> None:

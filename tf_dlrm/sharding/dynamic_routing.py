@@ -1,4 +1,4 @@
-"""The plan of dynamic tables, in pure Python (no TensorFlow): configs, capacity and key owners.
+"""The plan of dynamic tables, in pure Python (no TensorFlow): eviction policies, capacity scopes and key owners.
 
 Ownership is row-wise: key ``k`` of any table belongs to shard ``mix64(k) >> 1 mod S``, with
 :func:`mix64` the SplitMix64 finaliser (Steele, Lea & Flood 2014), a fixed bijection of 64-bit
@@ -10,9 +10,7 @@ per-shard capacity (and so per-shard eviction) is defined.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import math
 
 import numpy as np
 
@@ -43,63 +41,6 @@ class CapacityScope(str, enum.Enum):
 
     PER_RANK = "per_rank"
     TOTAL = "total"
-
-
-@dataclasses.dataclass(frozen=True)
-class DynamicTableConfig:
-    """One dynamic table.
-
-    Args:
-        name: the table's name.
-        capacity: rows (per shard or in total, see ``capacity_scope``); > 0.
-        width: the embedding width; > 0.
-        eviction: an :class:`EvictionPolicy`.
-        min_count: a key gets a row after it was seen ``min_count`` times in training (1: at once).
-        capacity_scope: a :class:`CapacityScope`.
-        initial_bound: new rows are uniform in ``[-b, b]``; default ``1 / sqrt(capacity)`` (the DLRM
-            initialisation of a fixed table of that many rows).
-    """
-
-    name: str
-    capacity: int
-    width: int
-    eviction: EvictionPolicy = EvictionPolicy.NONE
-    min_count: int = 1
-    capacity_scope: CapacityScope = CapacityScope.PER_RANK
-    initial_bound: float | None = None
-
-    def __post_init__(self):
-        for field in ("capacity", "width", "min_count"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-                raise ValueError(f"Expected a positive integer for {field} of dynamic table {self.name!r}. "
-                                 f"Received: {field}={value!r}")
-        try:
-            object.__setattr__(self, "eviction", EvictionPolicy(self.eviction))
-        except ValueError as error:
-            raise ValueError(f"Expected eviction one of {[p.value for p in EvictionPolicy]} for dynamic table "
-                             f"{self.name!r}. Received: eviction={self.eviction!r}") from error
-        try:
-            object.__setattr__(self, "capacity_scope", CapacityScope(self.capacity_scope))
-        except ValueError as error:
-            raise ValueError(f"Expected capacity_scope one of {[s.value for s in CapacityScope]} for dynamic table "
-                             f"{self.name!r}. Received: capacity_scope={self.capacity_scope!r}") from error
-        if self.initial_bound is not None and not self.initial_bound > 0:
-            raise ValueError(f"Expected initial_bound > 0 for dynamic table {self.name!r}. Received: {self.initial_bound}")
-
-    @property
-    def bound(self) -> float:
-        return float(self.initial_bound) if self.initial_bound is not None else 1.0 / math.sqrt(self.capacity)
-
-    def rows_per_shard(self, num_shards: int) -> int:
-        if self.capacity_scope is CapacityScope.TOTAL:
-            return -(-self.capacity // num_shards)
-        return self.capacity
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "capacity": int(self.capacity), "width": int(self.width),
-                "eviction": self.eviction.value, "min_count": int(self.min_count),
-                "capacity_scope": self.capacity_scope.value, "initial_bound": self.initial_bound}
 
 
 def shards_of_rank(rank: int, world_size: int, num_shards: int) -> tuple[int, ...]:

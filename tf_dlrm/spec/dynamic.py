@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from tf_dlrm.sharding.dynamic_routing import CapacityScope, DynamicTableConfig, EvictionPolicy
+from tf_dlrm.sharding.dynamic_routing import CapacityScope, EvictionPolicy
 
 KEYS = ("dynamic", "capacity", "capacity_scope", "eviction", "min_count")
 KEY_DTYPES = ("int8", "int16", "int32", "int64")
@@ -52,15 +52,6 @@ def problem(name: str, properties: Mapping[str, Any]) -> str | None:
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count <= 0:
         return f".min_count: expected a positive integer. Received: {min_count!r}"
     return None
-
-
-def table_config(name: str, properties: Mapping[str, Any], width: int, initial_bound: float | None = None) -> DynamicTableConfig:
-    """``initial_bound``: new rows uniform in ``[-b, b]`` (``--embedding_init``); None: ``1/sqrt(capacity)``."""
-    return DynamicTableConfig(
-        name=name, capacity=int(properties["capacity"]), width=int(width),
-        eviction=properties.get("eviction", "none"), min_count=int(properties.get("min_count", 1)),
-        capacity_scope=properties.get("capacity_scope", "per_rank"), initial_bound=initial_bound,
-    )
 
 
 def dynamic_features(spec) -> list[str]:

@@ -15,8 +15,15 @@ from tf_dlrm.checkpoint import dynamic_tables as checkpoint
 from tf_dlrm.embedding.dynamic import hashing
 from tf_dlrm.sharding import dynamic_routing as routing
 from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
-from tf_dlrm.sharding.dynamic_routing import DynamicTableConfig
 from tf_dlrm.embedding.dynamic.shard_state import ShardState
+from tf_dlrm.embedding.table_config import DynamicStorage, Placement, TableConfig
+
+
+def dynamic_layer(name: str, capacity: int, width: int, **options) -> DynamicEmbedding:
+    """The inner layer of one dynamic table, new rows uniform in 1/sqrt(capacity)."""
+    table = TableConfig(name, capacity, width, initializer="uniform_sqrt_rows",
+                        placement=Placement(dynamic=DynamicStorage(capacity)))
+    return DynamicEmbedding([table], **options)
 
 
 def test_numpy_and_tensorflow_owners_agree_over_the_whole_key_range():
@@ -40,26 +47,37 @@ def test_initial_rows_depend_on_key_seed_and_table_only():
     assert not np.array_equal(first, hashing.initial_rows(keys, seed=1, table=1, width=6, bound=0.5).numpy())
 
 
-@pytest.mark.parametrize("field, value", [("capacity", 0), ("capacity", -3), ("width", 0), ("min_count", 0), ("capacity", 2.5)])
-def test_bad_table_config_is_refused_by_name(field, value):
-    arguments = {"name": "items", "capacity": 10, "width": 4, field: value}
-    with pytest.raises(ValueError, match=f"{field} of dynamic table 'items'. Received: {field}={value}"):
-        DynamicTableConfig(**arguments)
+@pytest.mark.parametrize("field, value", [("capacity", 0), ("capacity", -3), ("min_count", 0), ("capacity", 2.5)])
+def test_bad_dynamic_storage_is_refused_by_name(field, value):
+    arguments = {"capacity": 10, field: value}
+    with pytest.raises(ValueError, match=f"Expected {field} to be a positive integer for a dynamic table. "
+                                         f"Received: {field}={value}"):
+        DynamicStorage(**arguments)
 
 
 def test_bad_policy_and_scope_are_refused():
-    with pytest.raises(ValueError, match="eviction one of .*Received: eviction='fifo'"):
-        DynamicTableConfig("items", 10, 4, eviction="fifo")
-    with pytest.raises(ValueError, match="capacity_scope one of"):
-        DynamicTableConfig("items", 10, 4, capacity_scope="global")
+    with pytest.raises(ValueError, match=r"eviction in \['none', 'lru', 'lfu'\]. Received: eviction='fifo'"):
+        DynamicStorage(10, eviction="fifo")
+    with pytest.raises(ValueError, match=r"capacity_scope in \['per_rank', 'total'\]"):
+        DynamicStorage(10, capacity_scope="global")
+
+
+def test_the_inner_layer_takes_dynamic_tables_only_and_their_keys_by_table_name():
+    with pytest.raises(ValueError, match="Expected dynamic tables .*Received: table 'items'"):
+        DynamicEmbedding([TableConfig("items", 10, 4)])
+    layer = dynamic_layer("items", 8, 2)
+    with pytest.raises(ValueError, match=r"Expected the keys of every dynamic table \['items'\] by table name. "
+                                         r"Received: \['users'\]"):
+        layer({"users": tf.constant([1], tf.int64)}, training=True)
+    assert DynamicEmbedding.from_config(layer.get_config()).table_configs == layer.table_configs
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.uint64, tf.string])
 def test_key_dtype_other_than_signed_integers_is_refused(dtype):
-    layer = DynamicEmbedding([{"name": "items", "capacity": 8, "width": 2}])
+    layer = dynamic_layer("items", 8, 2)
     keys = tf.constant(["a", "b"]) if dtype == tf.string else tf.constant([1, 2], dtype)
     with pytest.raises(ValueError, match="int64 \\(or int32\\) keys for dynamic feature 'items'"):
-        layer((keys,), training=True)
+        layer({"items": keys}, training=True)
 
 
 def test_routing_check_refuses_unsigned_dtype():
@@ -117,12 +135,12 @@ def test_min_count_admits_a_key_on_its_kth_sighting():
 
 
 def test_training_inserts_evaluation_reads_zeros_and_inserts_nothing():
-    layer = DynamicEmbedding([{"name": "items", "capacity": 8, "width": 3}], seed=4)
+    layer = dynamic_layer("items", 8, 3, seed=4)
     seen = tf.constant([2**60, -5, 2**60], tf.int64)
-    trained = layer((seen,), training=True).numpy()
+    trained = layer({"items": seen}, training=True).numpy()
     expected = hashing.initial_rows(tf.constant([2**60, -5, 2**60], tf.int64), 4, 0, 3, 1 / np.sqrt(8)).numpy()
     np.testing.assert_array_equal(trained[:, 0, :], expected)
-    evaluated = layer((tf.constant([-5, 123], tf.int64),), training=False).numpy()
+    evaluated = layer({"items": tf.constant([-5, 123], tf.int64)}, training=False).numpy()
     np.testing.assert_array_equal(evaluated[0, 0], expected[1])
     np.testing.assert_array_equal(evaluated[1, 0], np.zeros(3))
     assert layer.counters()["items"]["rows"] == 2
@@ -130,7 +148,7 @@ def test_training_inserts_evaluation_reads_zeros_and_inserts_nothing():
 
 def test_fixed_table_checkpoint_into_a_dynamic_table_is_a_clear_error(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "tf_dlrm.checkpoint", "version": 1}))
-    layer = DynamicEmbedding([{"name": "items", "capacity": 8, "width": 3}])
+    layer = dynamic_layer("items", 8, 3)
     layer.build()
     with pytest.raises(ValueError, match="holds fixed embedding tables .*a dynamic table restores only"):
         checkpoint.restore_rows(str(tmp_path), layer, None, DistributedEnv())
@@ -139,22 +157,23 @@ def test_fixed_table_checkpoint_into_a_dynamic_table_is_a_clear_error(tmp_path):
 
 
 def test_restore_into_smaller_capacity_is_a_clear_error(tmp_path):
-    big = DynamicEmbedding([{"name": "items", "capacity": 8, "width": 3}])
-    big((tf.constant([1, 2, 3, 4], tf.int64),), training=True)
+    big = dynamic_layer("items", 8, 3)
+    big({"items": tf.constant([1, 2, 3, 4], tf.int64)}, training=True)
     checkpoint.save_rows(str(tmp_path), big, None, DistributedEnv())
-    small = DynamicEmbedding([{"name": "items", "capacity": 3, "width": 3}])
+    small = dynamic_layer("items", 3, 3)
     small.build()
     with pytest.raises(ValueError, match="holds 4 keys of table 'items' for shard 0 of 1; its capacity is 3 rows"):
         checkpoint.restore_rows(str(tmp_path), small, None, DistributedEnv())
-    other = DynamicEmbedding([{"name": "users", "capacity": 8, "width": 3}])
+    other = dynamic_layer("users", 8, 3)
     other.build()
     with pytest.raises(ValueError, match="do not match the model's"):
         checkpoint.restore_rows(str(tmp_path), other, None, DistributedEnv())
-    restored = DynamicEmbedding([{"name": "items", "capacity": 8, "width": 3}])
+    restored = dynamic_layer("items", 8, 3)
     restored.build()
     checkpoint.restore_rows(str(tmp_path), restored, None, DistributedEnv())
     keys = tf.constant([4, 1, 99], tf.int64)
-    np.testing.assert_array_equal(restored((keys,), training=False).numpy(), big((keys,), training=False).numpy())
+    np.testing.assert_array_equal(restored({"items": keys}, training=False).numpy(),
+                                  big({"items": keys}, training=False).numpy())
 
 
 def test_saved_model_serves_raw_keys_like_the_trained_model(tmp_path):

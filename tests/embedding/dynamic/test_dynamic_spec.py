@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tf_dlrm.cli.dynamic_builder import dynamic_table_configs
+from tf_dlrm.embedding.table_config import DynamicStorage
 from tf_dlrm.spec import dynamic as dynamic_spec
 from tf_dlrm.spec.feature_spec import FeatureSpec
 from tf_dlrm.spec.format import FeatureSpecError
@@ -22,8 +24,11 @@ def test_dynamic_feature_needs_no_cardinality_and_reports_its_capacity():
     spec = FeatureSpec.from_dict(raw_spec(eviction="lfu", min_count=3, capacity_scope="total"), source="s.yaml")
     assert spec.cardinalities() == [1000, 50]
     assert dynamic_spec.dynamic_features(spec) == ["user"]
-    config = dynamic_spec.table_config("user", spec.feature_spec["user"], 16)
-    assert (config.capacity, config.eviction.value, config.min_count, config.capacity_scope.value) == (1000, "lfu", 3, "total")
+    only_user = raw_spec(eviction="lfu", min_count=3, capacity_scope="total")
+    del only_user["feature_spec"]["item"]
+    only_user["channel_spec"]["categorical"] = ["user"]
+    (table,) = dynamic_table_configs(FeatureSpec.from_dict(only_user), 0.05, [16])
+    assert table.placement.dynamic == DynamicStorage(1000, "lfu", 3, "total") and table.embedding_dim == 16
 
 
 @pytest.mark.parametrize("user, message", [

@@ -22,17 +22,18 @@ full shard) reads zeros and gets no gradient.
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Mapping, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_dlrm.embedding.table_config import FeatureConfig
+from tf_dlrm.embedding.table_config import TableConfig
 from tf_dlrm.parallel import collectives
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.embedding.dynamic import hashing
-from tf_dlrm.sharding.dynamic_routing import DynamicTableConfig, shards_of_rank
+from tf_dlrm.sharding.dynamic_routing import shards_of_rank
 from tf_dlrm.embedding.dynamic.shard_state import ShardState
 from tf_dlrm.embedding.variable_kind import VariableKind, mark
 from tf_dlrm.optimizers.sparse_optimizer import tf_variable
@@ -40,18 +41,34 @@ from tf_dlrm.optimizers.sparse_optimizer import tf_variable
 KEY_DTYPES = (tf.int32, tf.int64)
 
 
-def as_table_config(table) -> DynamicTableConfig:
-    if isinstance(table, DynamicTableConfig):
-        return table
-    return DynamicTableConfig(**table)
+def as_dynamic_table(table) -> TableConfig:
+    """A :class:`TableConfig` (or its ``to_dict()``) placed as dynamic (``Placement(dynamic=DynamicStorage(...))``)."""
+    table = table if isinstance(table, TableConfig) else TableConfig.from_dict(table)
+    if not table.dynamic:
+        raise ValueError(f"Expected dynamic tables (placement=Placement(dynamic=DynamicStorage(...))). "
+                         f"Received: table {table.name!r} with placement {table.placement}")
+    return table
+
+
+def rows_per_shard(table: TableConfig, num_shards: int) -> int:
+    """A shard's rows: the capacity, or with ``capacity_scope="total"`` its share of it."""
+    storage = table.placement.dynamic
+    return -(-storage.capacity // num_shards) if storage.capacity_scope == "total" else storage.capacity
+
+
+def new_row_bound(table: TableConfig) -> float:
+    """New rows are uniform in ``[-b, b]``: the table's initializer, or for ``"uniform_sqrt_rows"``
+    ``1/sqrt(capacity)`` (the DLRM initialisation of a fixed table of that many rows)."""
+    bound = table.init_bound
+    return 1.0 / math.sqrt(table.placement.dynamic.capacity) if bound is None else float(bound)
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
 class DynamicEmbedding(keras.layers.Layer):
-    """One one-hot feature per dynamic table, keyed by raw int64 keys.
+    """One one-hot feature per dynamic table, keyed by raw int64 keys; called with ``{table name: keys}``.
 
     Args:
-        tables: :class:`DynamicTableConfig` (or dicts), one per feature, one width for all.
+        tables: dynamic :class:`TableConfig` objects (or their dicts), one per feature, one width for all.
         rank, world_size: this process's place.
         num_shards: shards of every table (default ``world_size``); shard ``s`` lives on rank
             ``s mod world_size``. One process with ``num_shards=N`` takes the same insertion and
@@ -62,24 +79,24 @@ class DynamicEmbedding(keras.layers.Layer):
     def __init__(self, tables: Sequence, rank: int = 0, world_size: int = 1, num_shards: int | None = None,
                  seed: int = 0, **kwargs):
         super().__init__(**kwargs)
-        self.table_configs = tuple(as_table_config(t) for t in tables)
+        self.table_configs = tuple(as_dynamic_table(t) for t in tables)
         if not self.table_configs:
             raise ValueError("Expected at least one dynamic table. Received: tables=[]")
-        widths = {t.width for t in self.table_configs}
+        widths = {t.embedding_dim for t in self.table_configs}
         if len(widths) != 1:
             raise ValueError(f"Expected one width for every dynamic table. Received: "
-                             f"{ {t.name: t.width for t in self.table_configs} }")
+                             f"{ {t.name: t.embedding_dim for t in self.table_configs} }")
         self.embedding_dim = widths.pop()
         self.env = DistributedEnv(rank=rank, world_size=world_size)
         self.num_shards = int(num_shards or world_size)
         self.local_shards = shards_of_rank(rank, world_size, self.num_shards)
         self.seed = int(seed)
-        self.features = tuple(FeatureConfig(name=t.name, table=t.name) for t in self.table_configs)
-        self.feature_widths = tuple(t.width for t in self.table_configs)
-        capacities = [t.rows_per_shard(self.num_shards) for t in self.table_configs]
+        self.feature_widths = tuple(t.embedding_dim for t in self.table_configs)
+        capacities = [rows_per_shard(t, self.num_shards) for t in self.table_configs]
         self.row_offsets = tuple(int(o) for o in np.cumsum([0] + capacities))
         self.states = {
-            shard: [ShardState(capacity, t.eviction, t.min_count, f"{self.name}_{t.name}_shard{shard}")
+            shard: [ShardState(capacity, t.placement.dynamic.eviction, t.placement.dynamic.min_count,
+                               f"{self.name}_{t.name}_shard{shard}")
                     for t, capacity in zip(self.table_configs, capacities)]
             for shard in self.local_shards
         }
@@ -116,11 +133,13 @@ class DynamicEmbedding(keras.layers.Layer):
 
     # ------------------------------------------------------------------ the lookup
 
-    def call(self, categorical, local_batch=None, training=False):
-        if len(categorical) != len(self.table_configs):
-            raise ValueError(f"Expected {len(self.table_configs)} dynamic features "
-                             f"({', '.join(t.name for t in self.table_configs)}). Received: {len(categorical)}")
-        for name, ids in zip((t.name for t in self.table_configs), categorical):
+    def call(self, inputs, training=False):
+        names = [t.name for t in self.table_configs]
+        if not isinstance(inputs, Mapping) or sorted(inputs) != sorted(names):
+            raise ValueError(f"Expected the keys of every dynamic table {names} by table name. Received: "
+                             f"{sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__}")
+        categorical = [inputs[name] for name in names]
+        for name, ids in zip(names, categorical):
             if ids.dtype not in KEY_DTYPES:
                 raise ValueError(f"Expected int64 (or int32) keys for dynamic feature {name!r}. Received: dtype={ids.dtype.name}")
         keys = tf.reshape(tf.stack([tf.cast(tf.reshape(ids, [-1]), tf.int64) for ids in categorical], axis=1), [-1])
@@ -184,7 +203,7 @@ class DynamicEmbedding(keras.layers.Layer):
     def _initialise_rows(self, shard, table, new_rows, new_keys):
         config = self.table_configs[table]
         fused = new_rows + self.row_offsets[table]
-        values = hashing.initial_rows(new_keys, self.seed, table, config.width, config.bound)
+        values = hashing.initial_rows(new_keys, self.seed, table, config.embedding_dim, new_row_bound(config))
         tf_variable(self.storage[shard]).scatter_nd_update(fused[:, None], values)
         for slot, initial in self._slot_resets.get(shard, ()):
             width = slot.shape[1]
