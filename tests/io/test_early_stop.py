@@ -26,9 +26,13 @@ PROGRAMS = {
     "tf_dlrm.data.transcode": (["-m", "tf_dlrm.data.transcode", "--input_spec=/nonexistent/spec.yaml", "--output_dir={out}"], TOOL_LINE),
     "tf_dlrm.data.synthetic": (["-m", "tf_dlrm.data.synthetic", "--feature_spec=/nonexistent/spec.yaml", "--output_dir={out}"], TOOL_LINE),
     "main.py": (["main.py", "--dataset_path=/nonexistent", "--save_checkpoint_path={out}"], RANK_LINE),
+    # Its horovodrun is /bin/false here: a lost signal shows as the launcher's exit 1.
+    "tf_dlrm launch": (["-m", "tf_dlrm.cli.launch", "-np", "1", "-H", "localhost:1", "python", "main.py",
+                        "--save_checkpoint_path={out}"], "{tool}: stopped by {signal} while starting; no job was started"),
 }
 # A late signal (the imports ended before it came) meets the program's own handler, which says this.
-OWN_HANDLERS = ("nothing was published (an earlier output is as it was)", "before training started")
+OWN_HANDLERS = ("nothing was published (an earlier output is as it was)", "before training started",
+                "while starting the job")
 
 
 def _ignoring_sigint() -> None:
@@ -45,7 +49,7 @@ def _importing_numpy(pid: int) -> bool:
 
 def _signalled_while_importing(arguments: list[str], number: int, output_dir: str) -> tuple[int, str]:
     argv = [sys.executable, *(argument.format(out=output_dir) for argument in arguments)]
-    process = subprocess.Popen(argv, cwd=REPO, env=worker_env(),
+    process = subprocess.Popen(argv, cwd=REPO, env=worker_env({"HOROVODRUN": "/bin/false"}),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=_ignoring_sigint if number == signal.SIGINT else None)
     try:
