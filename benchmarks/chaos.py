@@ -7,7 +7,8 @@ The job: a DLRM (dim 16, MLPs 64-16 and 64-32-1, batch 1024) on a synthetic data
 ``feature_specs/synthetic_small.yaml`` (``--train_samples``, 128 steps an epoch by default, ``--epochs``), 2 ranks,
 a checkpoint every ``--checkpoint_every_steps`` into a directory on a small tmpfs (``--tmpfs_mib``; where
 ``mount -t tmpfs`` is refused the full-disk fault is left out and the run says so). It runs once uninterrupted
-through ``python -m tf_dlrm.cli.launch`` (the reference AUC), then in rounds of up to ``--faults_per_round`` faults
+through ``python -m tf_dlrm.cli.launch`` (the reference AUC; ``--reference_alongside``: at the same time as the
+first round, which its faults then meet on a busier machine), then in rounds of up to ``--faults_per_round`` faults
 (those a round's training has finished before go to the next round), each round one training from step 0, launched alternately through ``python -m tf_dlrm.cli.launch`` and
 ``scripts/train_resilient.sh``. Faults are drawn with ``--seed`` (kind, and how many steps after the job's current
 step it strikes), so a failing draw can be replayed:
@@ -66,6 +67,7 @@ from tf_dlrm.checkpoint import store  # noqa: E402
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 KINDS = ("rank_sigkill", "launcher_sigterm", "launcher_sigint", "launcher_sigkill", "disk_full",
          "crash_corrupt_newest", "rank_sigstop", "data_replaced")
+DATA_KINDS = ("data_replaced",)  # faults that change the dataset every run reads
 LAUNCHERS = ("launch", "train_resilient")
 PRINT_FREQ = 8
 # Going again means passing the fault's step by this much: a rank can run ahead of a dead peer by a step at most (every
@@ -262,8 +264,9 @@ class Campaign:
 
     # --------------------------------------------------------------- one round
 
-    def run_round(self, number: int, faults: list[Fault], reference_auc: float) -> tuple[dict, list[dict], list[Fault]]:
-        """One training from step 0 with ``faults``; those it had no time for (it finished) are returned."""
+    def run_round(self, number: int, faults: list[Fault], reference) -> tuple[dict, list[dict], list[Fault]]:
+        """One training from step 0 with ``faults``; those it had no time for (it finished) are returned.
+        ``reference()``: the uninterrupted run's ``{"auc", "seconds"}`` (waits for it when it runs alongside)."""
         launcher = self.args.launchers[number % len(self.args.launchers)]
         save = os.path.join(self.checkpoint_root, f"round{number}")
         for entry in os.listdir(self.checkpoint_root):  # earlier rounds' checkpoints would fill the small disk
@@ -298,6 +301,7 @@ class Campaign:
         self.put_back_data()
         self.check_listed()
         final = final_record(self.log % self.attempt)
+        reference_auc = reference()["auc"]
         # On fewer ranks the sums run in another order: then the AUC is compared within 3 Hanley-McNeil standard errors
         # (docs/testing.md, trainings in different arithmetic), else within --auc_tolerance (a resume is exact).
         positives = round(final["positive_rate"] * VALID_SAMPLES)
@@ -499,6 +503,41 @@ class Campaign:
             self.replaced_label = None
 
 
+class Reference:
+    """The uninterrupted run's ``{"auc", "seconds"}``: ``--reference_auc``, or the run, before the rounds or (with
+    ``--reference_alongside``) at the same time as the first, in a thread; calling the object waits for it."""
+
+    def __init__(self, campaign: Campaign, args):
+        self.result: dict | None = None
+        self.failure: BaseException | None = None
+        if args.reference_auc is not None:
+            self._done({"auc": args.reference_auc, "seconds": 0.0})
+        self.thread = threading.Thread(target=self._run, args=(campaign,), daemon=True)
+        if args.reference_auc is None and args.reference_alongside:
+            self.thread.start()
+        elif args.reference_auc is None:
+            self._run(campaign)
+
+    def _run(self, campaign: Campaign) -> None:
+        try:
+            self._done(campaign.uninterrupted())
+        except BaseException as error:  # noqa: BLE001: raised again where the result is wanted
+            self.failure = error
+
+    def _done(self, result: dict) -> None:
+        self.result = result
+        print(json.dumps({"uninterrupted_auc": result["auc"], "seconds": round(result["seconds"], 1)}), flush=True)
+
+    def __call__(self) -> dict:
+        if self.thread.is_alive():
+            self.thread.join()
+        if self.failure is not None:
+            raise self.failure
+        if self.result is None:
+            raise SystemExit("chaos: the uninterrupted run did not end")
+        return self.result
+
+
 def hanley_mcneil(auc: float, positives: int, negatives: int) -> float:
     """The standard error of an AUC on ``positives`` and ``negatives`` (Hanley and McNeil 1982, eq. 2)."""
     q1, q2 = auc / (2 - auc), 2 * auc * auc / (1 + auc)
@@ -615,6 +654,9 @@ def main() -> None:
     parser.add_argument("--launchers", default=",".join(LAUNCHERS), help="taken in turn, one a round")
     parser.add_argument("--reference_auc", type=float, default=None,
                         help="the uninterrupted run's AUC from an earlier run of the same settings (skips that run)")
+    parser.add_argument("--reference_alongside", action="store_true",
+                        help="run the uninterrupted run at the same time as the first round (sooner, but a loaded "
+                             "machine for that round's faults); refused with the kinds that change the data")
     parser.add_argument("--markdown", default=None)
     args = parser.parse_args()
     args.launchers = [name for name in args.launchers.split(",") if name]
@@ -623,6 +665,9 @@ def main() -> None:
     kinds = [k for k in args.kinds.split(",") if k]
     if sorted(set(kinds) - set(KINDS)):
         parser.error(f"--kinds: expected names from {list(KINDS)}. Received: {args.kinds}")
+    touching_data = sorted(set(kinds) & set(DATA_KINDS))
+    if args.reference_alongside and args.reference_auc is None and touching_data:
+        parser.error(f"--reference_alongside: the uninterrupted run would read the data that {touching_data} change")
     os.makedirs(args.work_dir, exist_ok=True)
     started = time.monotonic()
     data = make_data(args)
@@ -637,12 +682,11 @@ def main() -> None:
     rounds, records = [], []
     try:
         campaign = Campaign(args, data, checkpoint_root, mounted)
-        reference = campaign.uninterrupted() if args.reference_auc is None else {"auc": args.reference_auc, "seconds": 0.0}
-        print(json.dumps({"uninterrupted_auc": reference["auc"], "seconds": round(reference["seconds"], 1)}), flush=True)
+        reference = Reference(campaign, args)
         pending, number = list(faults), 0
         while pending and number < args.max_rounds:
             batch, pending = pending[:args.faults_per_round], pending[args.faults_per_round:]
-            summary, mine, left = campaign.run_round(number, batch, reference["auc"])
+            summary, mine, left = campaign.run_round(number, batch, reference)
             pending = left + pending
             print(json.dumps(summary), flush=True)
             rounds.append(summary)
@@ -650,13 +694,14 @@ def main() -> None:
             number += 1
     finally:
         for pid in os.listdir("/proc"):  # a job the campaign left running (it failed) holds files in the mount
-            if pid.isdigit() and any(part.startswith(f"--save_checkpoint_path={checkpoint_root}")
+            if pid.isdigit() and any(part.startswith((f"--save_checkpoint_path={checkpoint_root}",
+                                                      f"--save_checkpoint_path={os.path.join(args.work_dir, 'uninterrupted')}"))
                                      for part in command_line(int(pid))):
                 send(int(pid), signal.SIGKILL)
         if mounted:
             time.sleep(1.0)
             unmount(checkpoint_root)
-    summary = summarize(rounds, records, reference, time.monotonic() - started)
+    summary = summarize(rounds, records, reference(), time.monotonic() - started)
     summary.update(cpu=platform.processor() or platform.machine(), cores=os.cpu_count())
     print(json.dumps(summary), flush=True)
     if args.markdown:
