@@ -21,8 +21,13 @@ step it strikes), so a failing draw can be replayed:
   to half, as a machine crash in the middle of writing it would leave it (when it was the only one, ``--resume``
   refuses, and the restart adds ``--restart_if_all_corrupt`` as docs/checkpoints.md says);
 - ``rank_sigstop``: one rank frozen (SIGSTOP) for 2-8 s, then thawed;
+- ``rank_frozen``: one rank frozen for good (SIGSTOP, no SIGCONT): the job must end by itself within
+  ``FROZEN_BOUND_S`` (its peer's collective times out, Gloo's 30 s, and horovodrun kills the frozen rank), with one
+  line, and is restarted as after a lost rank;
 - ``data_replaced``: the training split's ``label.bin`` replaced (by a rename, as the dataset tools publish) with
   other labels; put back when a restart refuses it, or at the round's end.
+- ``data_overwritten``: the same labels written over ``label.bin`` in place (the running ranks read the new bytes): the
+  ranks must refuse them at their next read and stop; the original is put back (by a rename) before the restart.
 
 After a fault the job is restarted the way docs/training.md says: when it ended, the same command with
 ``--resume`` (a stop by the launcher's signal, a lost rank under the launch module, a crash); after a lost rank
@@ -66,8 +71,9 @@ from tf_dlrm.checkpoint import store  # noqa: E402
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 KINDS = ("rank_sigkill", "launcher_sigterm", "launcher_sigint", "launcher_sigkill", "disk_full",
-         "crash_corrupt_newest", "rank_sigstop", "data_replaced")
-DATA_KINDS = ("data_replaced",)  # faults that change the dataset every run reads
+         "crash_corrupt_newest", "rank_sigstop", "rank_frozen", "data_replaced",
+         "data_overwritten")
+DATA_KINDS = ("data_replaced", "data_overwritten")  # faults that change the dataset every run reads
 LAUNCHERS = ("launch", "train_resilient")
 PRINT_FREQ = 8
 # Going again means passing the fault's step by this much: a rank can run ahead of a dead peer by a step at most (every
@@ -79,11 +85,14 @@ PROGRESS = re.compile(r"\] (\d+)/(\d+)\s+loss ")
 RESTORED = re.compile(r"restored checkpoint \S+ \(step (\d+)\)")
 OWN_RESTART = re.compile(r"train_resilient\.sh: attempt [2-9]")
 FRESH = re.compile(r"no (?:intact )?checkpoint under .* yet")
-REFUSED_DATA = re.compile(r"different training split|trained on a different")
+REFUSED_DATA = re.compile(r"different training split|trained on a different|changed under the running job")
 ALL_CORRUPT = "--resume found only corrupt checkpoints"
 VALID_SAMPLES = 16384
 FAULT_TIMEOUT_S = 300.0  # a fault whose job is not going again by then did not survive
 ORPHAN_GRACE_S = 10.0
+# A rank frozen for good: its peers' next collective fails after HOROVOD_GLOO_TIMEOUT_SECONDS (30 s), horovodrun then
+# SIGKILLs the frozen rank (within 10 s); the rest is a loaded machine's margin.
+FROZEN_BOUND_S = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +143,15 @@ def command_line(pid: int) -> list[str]:
 def is_rank(pid: int) -> bool:
     argv = command_line(pid)
     return len(argv) > 1 and "python" in os.path.basename(argv[0]) and argv[1].endswith("main.py")
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (stopped counts; a zombie, ended but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def send(pid: int, number: int) -> None:
@@ -385,6 +403,7 @@ class Campaign:
             record["step"] = step
         handled = time.monotonic()  # progress lines before this are the faulty job's own (orphans, a frozen rank)
         job, survived = self.until_going(job, step, struck, handled)
+        survived = survived and record.get("bounded", True)  # a frozen rank must end the job by itself
         resumed = [restored for when, restored in job.resumed if when > struck]
         regained = job.passed_after(min(step + GOING_AGAIN_STEPS, self.final_step - 1), handled)
         record.update(
@@ -487,6 +506,26 @@ class Campaign:
         send(pid, signal.SIGCONT)
         record["frozen_s"] = round(fault.seconds, 1)
 
+    def _rank_frozen(self, job: Job, fault: Fault, record: dict) -> None:
+        ranks = job.ranks()
+        if not ranks:
+            return
+        pid = ranks[fault.index % len(ranks)]
+        record["rank_pid"] = pid
+        lines_before = len(job.lines)
+        send(pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        while time.monotonic() - frozen < FROZEN_BOUND_S and alive(pid):
+            time.sleep(0.2)
+        record["bounded"] = not alive(pid)
+        record["ended_s"] = round(time.monotonic() - frozen, 1) if record["bounded"] else None
+        with job.lock:
+            after = job.lines[lines_before:]
+        record["message"] = next((line.strip() for line in after if "error (rank" in line), None)
+        if alive(pid):  # not ended by the job itself: not survived; the campaign ends it to go on
+            send(pid, signal.SIGKILL)
+            send(pid, signal.SIGCONT)
+
     def _data_replaced(self, job: Job, fault: Fault, record: dict) -> None:
         labels = os.path.join(self.data, "train", "label.bin")
         self.put_back_data()  # replaced already: this fault replaces it anew
@@ -496,6 +535,25 @@ class Campaign:
         os.rename(labels + ".new", labels)
         self.replaced_label = labels
         record["replaced"] = os.path.relpath(labels, self.data)
+
+    def _data_overwritten(self, job: Job, fault: Fault, record: dict) -> None:
+        labels = os.path.join(self.data, "train", "label.bin")
+        self.put_back_data()
+        shutil.copyfile(labels, labels + ".original")  # a copy: the writes below change the file itself
+        other = np.fromfile(labels, dtype=np.uint8) ^ 1
+        with open(labels, "r+b") as handle:
+            handle.write(other.tobytes())
+        self.replaced_label = labels
+        record["overwritten"] = os.path.relpath(labels, self.data)
+        written = time.monotonic()
+        job.wait_for_step(10**9, 60)  # until the ranks stop (or 60 s)
+        record["message"] = next((line.strip() for line in job.text().splitlines()[::-1]
+                                  if "changed under the running job" in line), None)
+        # The ranks must have refused the new bytes (and stopped), or finished without reading the split again.
+        record["bounded"] = job.ended() and (record["message"] is not None or job.finish(10) == 0)
+        record["ended_s"] = round(time.monotonic() - written, 1) if job.ended() else None
+        if job.ended():
+            self.put_back_data()  # what the line says to do before --resume
 
     def put_back_data(self) -> None:
         if self.replaced_label is not None:
@@ -630,6 +688,7 @@ def markdown(path: str, rounds, records, summary, argv, mounted: bool) -> None:
             lines.append(f"| {r['fault']} | {r['round']} | {r['launcher']} | {r['kind']} | | not injected: {r['reason']} | | | | | |")
             continue
         notes = {key: r[key] for key in ("launcher_exit", "interrupted_line", "orphans_left", "save_due_step", "job_ended",
+                                          "ended_s", "bounded",
                                           "message", "truncated", "frozen_s", "rank_pid", "skipped") if key in r}
         lines.append(f"| {r['fault']} | {r['round']} | {r['launcher']} | {r['kind']} | {r['step']} | {r['survived']} | "
                      f"{r['restarts']} | {r['resumed_from']} | {r['steps_lost']} | {r['wall_s_lost']} | "
