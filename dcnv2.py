@@ -5,6 +5,11 @@
 Flags given on the line override the defaults (tf_dlrm/cli/nvidia_scripts.py; docs/training.md).
 """
 
+if __name__ == "__main__":  # before the imports below (TensorFlow): a stop signal while they run counts
+    from tf_dlrm.io.early_stop import stop_rank_while_starting
+
+    stop_rank_while_starting("dcnv2.py")
+
 import sys
 
 from tf_dlrm.cli.nvidia_scripts import script_argv

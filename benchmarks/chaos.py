@@ -7,7 +7,8 @@ The job: a DLRM (dim 16, MLPs 64-16 and 64-32-1, batch 1024) on a synthetic data
 ``feature_specs/synthetic_small.yaml`` (``--train_samples``, 128 steps an epoch by default, ``--epochs``), 2 ranks,
 a checkpoint every ``--checkpoint_every_steps`` into a directory on a small tmpfs (``--tmpfs_mib``; where
 ``mount -t tmpfs`` is refused the full-disk fault is left out and the run says so). It runs once uninterrupted
-through ``python -m tf_dlrm.cli.launch`` (the reference AUC), then in rounds of up to ``--faults_per_round`` faults
+through ``python -m tf_dlrm.cli.launch`` (the reference AUC; ``--reference_alongside``: at the same time as the
+first round, which its faults then meet on a busier machine), then in rounds of up to ``--faults_per_round`` faults
 (those a round's training has finished before go to the next round), each round one training from step 0, launched alternately through ``python -m tf_dlrm.cli.launch`` and
 ``scripts/train_resilient.sh``. Faults are drawn with ``--seed`` (kind, and how many steps after the job's current
 step it strikes), so a failing draw can be replayed:
@@ -20,8 +21,13 @@ step it strikes), so a failing draw can be replayed:
   to half, as a machine crash in the middle of writing it would leave it (when it was the only one, ``--resume``
   refuses, and the restart adds ``--restart_if_all_corrupt`` as docs/checkpoints.md says);
 - ``rank_sigstop``: one rank frozen (SIGSTOP) for 2-8 s, then thawed;
+- ``rank_frozen``: one rank frozen for good (SIGSTOP, no SIGCONT): the job must end by itself within
+  ``FROZEN_BOUND_S`` (its peer's collective times out, Gloo's 30 s, and horovodrun kills the frozen rank), with one
+  line, and is restarted as after a lost rank;
 - ``data_replaced``: the training split's ``label.bin`` replaced (by a rename, as the dataset tools publish) with
   other labels; put back when a restart refuses it, or at the round's end.
+- ``data_overwritten``: the same labels written over ``label.bin`` in place (the running ranks read the new bytes): the
+  ranks must refuse them at their next read and stop; the original is put back (by a rename) before the restart.
 
 After a fault the job is restarted the way docs/training.md says: when it ended, the same command with
 ``--resume`` (a stop by the launcher's signal, a lost rank under the launch module, a crash); after a lost rank
@@ -65,7 +71,9 @@ from tf_dlrm.checkpoint import store  # noqa: E402
 
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 KINDS = ("rank_sigkill", "launcher_sigterm", "launcher_sigint", "launcher_sigkill", "disk_full",
-         "crash_corrupt_newest", "rank_sigstop", "data_replaced")
+         "crash_corrupt_newest", "rank_sigstop", "rank_frozen", "data_replaced",
+         "data_overwritten")
+DATA_KINDS = ("data_replaced", "data_overwritten")  # faults that change the dataset every run reads
 LAUNCHERS = ("launch", "train_resilient")
 PRINT_FREQ = 8
 # Going again means passing the fault's step by this much: a rank can run ahead of a dead peer by a step at most (every
@@ -77,11 +85,14 @@ PROGRESS = re.compile(r"\] (\d+)/(\d+)\s+loss ")
 RESTORED = re.compile(r"restored checkpoint \S+ \(step (\d+)\)")
 OWN_RESTART = re.compile(r"train_resilient\.sh: attempt [2-9]")
 FRESH = re.compile(r"no (?:intact )?checkpoint under .* yet")
-REFUSED_DATA = re.compile(r"different training split|trained on a different")
+REFUSED_DATA = re.compile(r"different training split|trained on a different|changed under the running job")
 ALL_CORRUPT = "--resume found only corrupt checkpoints"
 VALID_SAMPLES = 16384
 FAULT_TIMEOUT_S = 300.0  # a fault whose job is not going again by then did not survive
 ORPHAN_GRACE_S = 10.0
+# A rank frozen for good: its peers' next collective fails after HOROVOD_GLOO_TIMEOUT_SECONDS (30 s), horovodrun then
+# SIGKILLs the frozen rank (within 10 s); the rest is a loaded machine's margin.
+FROZEN_BOUND_S = 120.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +143,15 @@ def command_line(pid: int) -> list[str]:
 def is_rank(pid: int) -> bool:
     argv = command_line(pid)
     return len(argv) > 1 and "python" in os.path.basename(argv[0]) and argv[1].endswith("main.py")
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (stopped counts; a zombie, ended but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def send(pid: int, number: int) -> None:
@@ -262,8 +282,9 @@ class Campaign:
 
     # --------------------------------------------------------------- one round
 
-    def run_round(self, number: int, faults: list[Fault], reference_auc: float) -> tuple[dict, list[dict], list[Fault]]:
-        """One training from step 0 with ``faults``; those it had no time for (it finished) are returned."""
+    def run_round(self, number: int, faults: list[Fault], reference) -> tuple[dict, list[dict], list[Fault]]:
+        """One training from step 0 with ``faults``; those it had no time for (it finished) are returned.
+        ``reference()``: the uninterrupted run's ``{"auc", "seconds"}`` (waits for it when it runs alongside)."""
         launcher = self.args.launchers[number % len(self.args.launchers)]
         save = os.path.join(self.checkpoint_root, f"round{number}")
         for entry in os.listdir(self.checkpoint_root):  # earlier rounds' checkpoints would fill the small disk
@@ -298,6 +319,7 @@ class Campaign:
         self.put_back_data()
         self.check_listed()
         final = final_record(self.log % self.attempt)
+        reference_auc = reference()["auc"]
         # On fewer ranks the sums run in another order: then the AUC is compared within 3 Hanley-McNeil standard errors
         # (docs/testing.md, trainings in different arithmetic), else within --auc_tolerance (a resume is exact).
         positives = round(final["positive_rate"] * VALID_SAMPLES)
@@ -381,6 +403,7 @@ class Campaign:
             record["step"] = step
         handled = time.monotonic()  # progress lines before this are the faulty job's own (orphans, a frozen rank)
         job, survived = self.until_going(job, step, struck, handled)
+        survived = survived and record.get("bounded", True)  # a frozen rank must end the job by itself
         resumed = [restored for when, restored in job.resumed if when > struck]
         regained = job.passed_after(min(step + GOING_AGAIN_STEPS, self.final_step - 1), handled)
         record.update(
@@ -483,6 +506,26 @@ class Campaign:
         send(pid, signal.SIGCONT)
         record["frozen_s"] = round(fault.seconds, 1)
 
+    def _rank_frozen(self, job: Job, fault: Fault, record: dict) -> None:
+        ranks = job.ranks()
+        if not ranks:
+            return
+        pid = ranks[fault.index % len(ranks)]
+        record["rank_pid"] = pid
+        lines_before = len(job.lines)
+        send(pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        while time.monotonic() - frozen < FROZEN_BOUND_S and alive(pid):
+            time.sleep(0.2)
+        record["bounded"] = not alive(pid)
+        record["ended_s"] = round(time.monotonic() - frozen, 1) if record["bounded"] else None
+        with job.lock:
+            after = job.lines[lines_before:]
+        record["message"] = next((line.strip() for line in after if "error (rank" in line), None)
+        if alive(pid):  # not ended by the job itself: not survived; the campaign ends it to go on
+            send(pid, signal.SIGKILL)
+            send(pid, signal.SIGCONT)
+
     def _data_replaced(self, job: Job, fault: Fault, record: dict) -> None:
         labels = os.path.join(self.data, "train", "label.bin")
         self.put_back_data()  # replaced already: this fault replaces it anew
@@ -493,10 +536,64 @@ class Campaign:
         self.replaced_label = labels
         record["replaced"] = os.path.relpath(labels, self.data)
 
+    def _data_overwritten(self, job: Job, fault: Fault, record: dict) -> None:
+        labels = os.path.join(self.data, "train", "label.bin")
+        self.put_back_data()
+        shutil.copyfile(labels, labels + ".original")  # a copy: the writes below change the file itself
+        other = np.fromfile(labels, dtype=np.uint8) ^ 1
+        with open(labels, "r+b") as handle:
+            handle.write(other.tobytes())
+        self.replaced_label = labels
+        record["overwritten"] = os.path.relpath(labels, self.data)
+        written = time.monotonic()
+        job.wait_for_step(10**9, 60)  # until the ranks stop (or 60 s)
+        record["message"] = next((line.strip() for line in job.text().splitlines()[::-1]
+                                  if "changed under the running job" in line), None)
+        # The ranks must have refused the new bytes (and stopped), or finished without reading the split again.
+        record["bounded"] = job.ended() and (record["message"] is not None or job.finish(10) == 0)
+        record["ended_s"] = round(time.monotonic() - written, 1) if job.ended() else None
+        if job.ended():
+            self.put_back_data()  # what the line says to do before --resume
+
     def put_back_data(self) -> None:
         if self.replaced_label is not None:
             os.rename(self.replaced_label + ".original", self.replaced_label)
             self.replaced_label = None
+
+
+class Reference:
+    """The uninterrupted run's ``{"auc", "seconds"}``: ``--reference_auc``, or the run, before the rounds or (with
+    ``--reference_alongside``) at the same time as the first, in a thread; calling the object waits for it."""
+
+    def __init__(self, campaign: Campaign, args):
+        self.result: dict | None = None
+        self.failure: BaseException | None = None
+        if args.reference_auc is not None:
+            self._done({"auc": args.reference_auc, "seconds": 0.0})
+        self.thread = threading.Thread(target=self._run, args=(campaign,), daemon=True)
+        if args.reference_auc is None and args.reference_alongside:
+            self.thread.start()
+        elif args.reference_auc is None:
+            self._run(campaign)
+
+    def _run(self, campaign: Campaign) -> None:
+        try:
+            self._done(campaign.uninterrupted())
+        except BaseException as error:  # noqa: BLE001: raised again where the result is wanted
+            self.failure = error
+
+    def _done(self, result: dict) -> None:
+        self.result = result
+        print(json.dumps({"uninterrupted_auc": result["auc"], "seconds": round(result["seconds"], 1)}), flush=True)
+
+    def __call__(self) -> dict:
+        if self.thread.is_alive():
+            self.thread.join()
+        if self.failure is not None:
+            raise self.failure
+        if self.result is None:
+            raise SystemExit("chaos: the uninterrupted run did not end")
+        return self.result
 
 
 def hanley_mcneil(auc: float, positives: int, negatives: int) -> float:
@@ -591,6 +688,7 @@ def markdown(path: str, rounds, records, summary, argv, mounted: bool) -> None:
             lines.append(f"| {r['fault']} | {r['round']} | {r['launcher']} | {r['kind']} | | not injected: {r['reason']} | | | | | |")
             continue
         notes = {key: r[key] for key in ("launcher_exit", "interrupted_line", "orphans_left", "save_due_step", "job_ended",
+                                          "ended_s", "bounded",
                                           "message", "truncated", "frozen_s", "rank_pid", "skipped") if key in r}
         lines.append(f"| {r['fault']} | {r['round']} | {r['launcher']} | {r['kind']} | {r['step']} | {r['survived']} | "
                      f"{r['restarts']} | {r['resumed_from']} | {r['steps_lost']} | {r['wall_s_lost']} | "
@@ -615,6 +713,9 @@ def main() -> None:
     parser.add_argument("--launchers", default=",".join(LAUNCHERS), help="taken in turn, one a round")
     parser.add_argument("--reference_auc", type=float, default=None,
                         help="the uninterrupted run's AUC from an earlier run of the same settings (skips that run)")
+    parser.add_argument("--reference_alongside", action="store_true",
+                        help="run the uninterrupted run at the same time as the first round (sooner, but a loaded "
+                             "machine for that round's faults); refused with the kinds that change the data")
     parser.add_argument("--markdown", default=None)
     args = parser.parse_args()
     args.launchers = [name for name in args.launchers.split(",") if name]
@@ -623,6 +724,9 @@ def main() -> None:
     kinds = [k for k in args.kinds.split(",") if k]
     if sorted(set(kinds) - set(KINDS)):
         parser.error(f"--kinds: expected names from {list(KINDS)}. Received: {args.kinds}")
+    touching_data = sorted(set(kinds) & set(DATA_KINDS))
+    if args.reference_alongside and args.reference_auc is None and touching_data:
+        parser.error(f"--reference_alongside: the uninterrupted run would read the data that {touching_data} change")
     os.makedirs(args.work_dir, exist_ok=True)
     started = time.monotonic()
     data = make_data(args)
@@ -637,12 +741,11 @@ def main() -> None:
     rounds, records = [], []
     try:
         campaign = Campaign(args, data, checkpoint_root, mounted)
-        reference = campaign.uninterrupted() if args.reference_auc is None else {"auc": args.reference_auc, "seconds": 0.0}
-        print(json.dumps({"uninterrupted_auc": reference["auc"], "seconds": round(reference["seconds"], 1)}), flush=True)
+        reference = Reference(campaign, args)
         pending, number = list(faults), 0
         while pending and number < args.max_rounds:
             batch, pending = pending[:args.faults_per_round], pending[args.faults_per_round:]
-            summary, mine, left = campaign.run_round(number, batch, reference["auc"])
+            summary, mine, left = campaign.run_round(number, batch, reference)
             pending = left + pending
             print(json.dumps(summary), flush=True)
             rounds.append(summary)
@@ -650,13 +753,14 @@ def main() -> None:
             number += 1
     finally:
         for pid in os.listdir("/proc"):  # a job the campaign left running (it failed) holds files in the mount
-            if pid.isdigit() and any(part.startswith(f"--save_checkpoint_path={checkpoint_root}")
+            if pid.isdigit() and any(part.startswith((f"--save_checkpoint_path={checkpoint_root}",
+                                                      f"--save_checkpoint_path={os.path.join(args.work_dir, 'uninterrupted')}"))
                                      for part in command_line(int(pid))):
                 send(int(pid), signal.SIGKILL)
         if mounted:
             time.sleep(1.0)
             unmount(checkpoint_root)
-    summary = summarize(rounds, records, reference, time.monotonic() - started)
+    summary = summarize(rounds, records, reference(), time.monotonic() - started)
     summary.update(cpu=platform.processor() or platform.machine(), cores=os.cpu_count())
     print(json.dumps(summary), flush=True)
     if args.markdown:

@@ -24,6 +24,11 @@ end: a failed run leaves an existing ``OUTPUT_DIR`` untouched.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before the imports below: a stop signal while they run counts (tf_dlrm/io/early_stop.py)
+    from tf_dlrm.io.early_stop import stop_while_starting
+
+    stop_while_starting("preprocessing.criteo")
+
 import contextlib
 import dataclasses
 import glob

@@ -17,9 +17,20 @@
 # - The job runs under python -m tf_dlrm.cli.launch (horovodrun's arguments), in a process group of its own:
 #   SIGTERM or SIGINT to this script (a scheduler's preemption, Ctrl-C) is passed on to it once, so every rank
 #   saves a checkpoint and stops (exit 143 or 130), and the script exits with that status without a restart.
+#   Also when the script was started with those signals ignored (a background command of a non-interactive shell,
+#   `train_resilient.sh ... &` in a script, starts with SIGINT ignored), as the launch module treats them.
 #
 # Exit status: 0 when a run finished; otherwise the status of the last horovodrun.
 set -uo pipefail
+
+# Bash cannot trap a signal that was ignored when it started: a SIGINT to this script would pass by and the job train
+# on to its end. Run again with SIGINT and SIGTERM at their defaults (coreutils env 8.31+).
+if [[ -r /proc/$$/status ]] && (( 16#$(awk '/^SigIgn:/ {print $2}' /proc/$$/status) & 0x4002 )); then
+  if env --default-signal=INT,TERM true 2>/dev/null; then
+    exec env --default-signal=INT,TERM "$BASH" "$0" "$@"
+  fi
+  echo "train_resilient.sh: started with SIGINT or SIGTERM ignored, and this env cannot restore them: they will not reach the job" >&2
+fi
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 np=2
@@ -29,7 +40,7 @@ horovodrun="${HOROVODRUN:-}"  # empty: the launcher takes the one on PATH or bes
 [[ -x "$here/.venv/bin/horovodrun" && -z "$horovodrun" ]] && horovodrun="$here/.venv/bin/horovodrun"
 python="${PYTHON:-}"
 
-usage() { sed -n '2,21p' "$0" >&2; exit 2; }
+usage() { sed -n '2,23p' "$0" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --np) np="$2"; shift 2 ;;

@@ -26,6 +26,11 @@ Exit status: ``128 + signal`` after a signal, else horovodrun's.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before the imports below: a stop signal while they run counts (tf_dlrm/io/early_stop.py)
+    from tf_dlrm.io.early_stop import stop_while_starting
+
+    stop_while_starting("tf_dlrm launch", "{tool}: stopped by {signal} while starting; no job was started")
+
 import ctypes
 import os
 import shutil
@@ -136,12 +141,16 @@ def main(argv: list[str]) -> int:
         os.path.join(os.path.dirname(sys.executable), "horovodrun")
     stop_file = stop_file_of(argv)
     environment = {**os.environ, LAUNCHER_ENV: "1", **({STOP_FILE_ENV: stop_file} if stop_file else {})}
-    job = subprocess.Popen([horovodrun, *argv], env=environment, start_new_session=True, preexec_fn=_ends_with(os.getpid()))
     received: list[int] = []
+    job = None
 
     def on_signal(number, frame):
         del frame
         received.append(number)
+        if job is None:  # horovodrun is starting (it gets SIGTERM when this process ends: the parent-death signal)
+            print(f"tf_dlrm launch: stopped by {signal.Signals(number).name} while starting the job", file=sys.stderr,
+                  flush=True)
+            os._exit(128 + number)
         if len(received) == 1:
             ranks = rank_processes(job.pid)
             written = stop_file is not None and write_stop_file(stop_file)
@@ -159,8 +168,9 @@ def main(argv: list[str]) -> int:
         else:
             job.send_signal(signal.SIGTERM)
 
-    for number in (signal.SIGINT, signal.SIGTERM):
+    for number in (signal.SIGINT, signal.SIGTERM):  # before horovodrun starts: no signal passes unanswered
         signal.signal(number, on_signal)
+    job = subprocess.Popen([horovodrun, *argv], env=environment, start_new_session=True, preexec_fn=_ends_with(os.getpid()))
     try:
         code = job.wait()
     finally:

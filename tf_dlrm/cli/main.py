@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before the imports below (TensorFlow): a stop signal while they run counts
+    from tf_dlrm.io.early_stop import stop_rank_while_starting
+
+    stop_rank_while_starting()
+
 import os
 import sys
 import traceback

@@ -8,6 +8,11 @@ so that a later run reads them instead of counting again. Preprocessing may writ
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before the imports below: a stop signal while they run counts (tf_dlrm/io/early_stop.py)
+    from tf_dlrm.io.early_stop import stop_while_starting
+
+    stop_while_starting("tf_dlrm.data.id_counts")
+
 import os
 
 import numpy as np

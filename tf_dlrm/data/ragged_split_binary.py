@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tf_dlrm.data.validation import BadDataError
+from tf_dlrm.data.validation import CHANGED_ADVICE, BadDataError
 from tf_dlrm.io.files import RandomAccessFile
 from tf_dlrm.spec.format import lengths_dtype_for
 
@@ -123,6 +123,10 @@ class RaggedColumn:
         if lengths.size != available or len(raw) != (end - begin) * self.ids_dtype.itemsize:
             raise BadDataError(f"split '{self.split}', feature '{self.feature}': short read of {self.ids_path} or "
                                f"{self.lengths_path} at sample {start}: the files changed under the running job")
+        for path in (self.lengths_path, self.ids_path):
+            if (change := self._open_file(path).changed()) is not None:
+                raise BadDataError(f"split '{self.split}', feature '{self.feature}', file {path}: {change}: the file "
+                                   f"changed under the running job; {CHANGED_ADVICE}")
         return np.frombuffer(raw, self.ids_dtype), lengths
 
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tf_dlrm.data.ragged_split_binary import RaggedColumn, ragged_id_problem
 from tf_dlrm.io.files import RandomAccessFile
-from tf_dlrm.data.validation import BadDataError, id_problem, label_problem, numerical_problem, raw_label_dtype
+from tf_dlrm.data.validation import CHANGED_ADVICE, BadDataError, id_problem, label_problem, numerical_problem, raw_label_dtype
 from tf_dlrm.spec import dynamic as dynamic_spec
 from tf_dlrm.spec.feature_spec import FeatureSpec
 from tf_dlrm.spec.format import NUMERICAL_CHANNEL
@@ -195,6 +195,9 @@ class SplitBinaryReader:
                 f"(split '{self.split}'): the file changed under the running job, it now has "
                 f"{self._file(column.path).size()} bytes and {self.num_samples * record} were expected"
             )
+        if (change := self._file(column.path).changed()) is not None:  # overwritten in place: refused, not trained on
+            raise BadDataError(f"{column.path}: {change} (split '{self.split}'): the file changed under the running job; "
+                               f"{CHANGED_ADVICE}")
         values = np.frombuffer(raw, dtype=column.dtype).reshape(available, column.width)
         if available < count and self.last_batch == "pad":
             values = np.concatenate([values, np.zeros((count - available, column.width), column.dtype)])

@@ -23,6 +23,11 @@ id is refused naming the feature. The output is staged and published whole (:mod
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before the imports below: a stop signal while they run counts (tf_dlrm/io/early_stop.py)
+    from tf_dlrm.io.early_stop import stop_while_starting
+
+    stop_while_starting("tf_dlrm.data.to_split_tfrecords")
+
 import copy
 import json
 import os

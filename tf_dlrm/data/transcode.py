@@ -59,6 +59,11 @@ choose by (``--valid_fraction=0``: train and test only).
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # before the imports below: a stop signal while they run counts (tf_dlrm/io/early_stop.py)
+    from tf_dlrm.io.early_stop import stop_while_starting
+
+    stop_while_starting("tf_dlrm.data.transcode")
+
 import dataclasses
 import itertools
 import os

@@ -26,6 +26,11 @@ import numpy as np
 MARKER = "BadDataError: "
 
 
+# What a job whose data file was overwritten in place says after naming the file (the reader checks after every read).
+CHANGED_ADVICE = ("no step trained on its new bytes. Put the data back as it was and continue with --resume, or train "
+                  "on the new data with a new --save_checkpoint_path")
+
+
 class BadDataError(ValueError):
     """A dataset value or file is wrong; the message names the split, feature, file and sample."""
 

@@ -30,6 +30,7 @@ import posixpath
 import re
 import shutil
 import threading
+import time
 
 import numpy as np
 
@@ -377,6 +378,7 @@ class RandomAccessFile:
         self.path = path
         self._remote = is_remote(path)
         self._descriptor = None if self._remote else os.open(path, os.O_RDONLY)
+        self._opened = None if self._remote else self._state()
         self._local = threading.local()
         self._handles: list = []
         self._lock = threading.Lock()
@@ -401,6 +403,23 @@ class RandomAccessFile:
 
     def size(self) -> int:
         return os.fstat(self._descriptor).st_size if not self._remote else getsize(self.path)
+
+    def _state(self) -> tuple[int, int]:
+        status = os.fstat(self._descriptor)
+        return status.st_size, status.st_mtime_ns
+
+    def changed(self) -> str | None:
+        """How the file was written to since it was opened, or None: call it after a read, and a read that got any
+        bytes of a writer (one that overwrites the file in place keeps its size) finds the modification time moved
+        on (the kernel updates it before it copies the bytes). A file replaced by a rename is no change: the
+        descriptor still reads the file it opened. Local files only (None for remote ones)."""
+        if self._remote:
+            return None
+        now = self._state()
+        if now == self._opened:
+            return None
+        when = time.strftime("%H:%M:%S", time.localtime(now[1] / 1e9))
+        return f"written to since the job opened it (modified at {when}; {self._opened[0]} bytes then, {now[0]} now)"
 
     def close(self) -> None:
         if self._descriptor is not None:
