@@ -133,11 +133,13 @@ class Trainer(TrainingStep):
         )
 
     def _predict_local(self, features, label):
-        """This rank's rows of the global batch: ``[rows, 2]`` float32 of (click probability, label).
-        The model's forward still runs collectively (the embedding exchange), the scores stay here."""
+        """This rank's rows of the global batch: ``[rows, 3]`` float32 of (click probability, label, logit); the
+        logit is what a calibration (:mod:`tf_dlrm.calibration`) is fitted on and applied to. The model's forward
+        still runs collectively (the embedding exchange), the scores stay here."""
         logits = self.model(features, training=False)
         probabilities = tf.cast(tf.reshape(tf.sigmoid(logits), [-1]), tf.float32)
-        return tf.stack([probabilities, tf.cast(tf.reshape(label, [-1]), tf.float32)], axis=1)
+        return tf.stack([probabilities, tf.cast(tf.reshape(label, [-1]), tf.float32),
+                         tf.cast(tf.reshape(logits, [-1]), tf.float32)], axis=1)
 
     def mean_over_ranks(self, value) -> float:
         """Collective: the mean of a scalar (the printed loss) over ranks; one small allreduce,
