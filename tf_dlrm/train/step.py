@@ -123,13 +123,13 @@ class Trainer(TrainingStep):
     # ------------------------------------------------------------------ evaluation
 
     def _predict_step(self, features, label):
-        """Click probabilities and labels of the global batch, in global order, on every rank."""
-        logits = self.model(features, training=False)
-        probabilities = tf.reshape(tf.sigmoid(logits), [-1])
-        label = tf.reshape(label, [-1])
+        """Click probabilities and labels of the global batch, in global order, on every rank: those of
+        :meth:`_predict_local` (one graph for both, so the same float operations: TensorFlow may fuse the
+        sigmoid into the last layer where the logits are not an output, which changes the last bits)."""
+        rows = self._predict_local(features, label)
         return (
-            collectives.allgather(self.env, probabilities, name="eval_predictions"),
-            collectives.allgather(self.env, label, name="eval_labels"),
+            collectives.allgather(self.env, rows[:, 0], name="eval_predictions"),
+            collectives.allgather(self.env, tf.cast(tf.reshape(label, [-1]), rows.dtype), name="eval_labels"),
         )
 
     def _predict_local(self, features, label):
