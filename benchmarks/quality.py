@@ -19,7 +19,10 @@ model (ARCHITECTURE "Benchmark output"; ``impl`` names the model):
   of every feature, i.e. a width-1 embedding per table, plus the numerical features), Adam.
 
 Each line: ``{"benchmark": "quality", "config": DATASET, "impl": ..., "auc": ..., "logloss": ...,
-"oracle_auc": ... (synthetic specs), "flags": [...]}``; AUC is exact (tf_dlrm.metrics).
+"oracle_auc": ... (synthetic specs), "flags": [...]}``; AUC is exact (tf_dlrm.metrics). A tf_dlrm line also has
+``ne`` and ``calibration`` and, with ``main.py``'s ``--calibration`` (on by default; fitted on the validation split,
+the one these figures are of), ``uncalibrated_logloss``, ``uncalibrated_ne``, ``uncalibrated_calibration`` and the
+map, ``calibrated`` (``--main_flags=--calibration=none`` for none).
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ ARCHITECTURE = {"embedding_dim": 128, "bottom_mlp_dims": (512, 256, 128), "top_m
 MODEL_FLAGS = {"tf_dlrm_dcnv2": ["--model=dcnv2"], "tf_dlrm_deepfm": ["--model=deepfm"],
                "tf_dlrm_wide_deep": ["--model=wide_deep", "--feature_spec=feature_spec_crossed.yaml"],
                "tf_dlrm_amp": ["--amp"], "tf_dlrm_amp_split": ["--amp", "--split_embedding_tables"]}
+# Of a tf_dlrm run's final record: NE, calibration, and with main.py's --calibration the uncalibrated figures and the map.
+CALIBRATION_FIELDS = ("ne", "calibration", "uncalibrated_logloss", "uncalibrated_ne", "uncalibrated_calibration",
+                      "calibrated")
 BASELINE_RATE = {"keras_adam": 0.001, "logistic_regression": 0.01}  # Adam's usual rate; LR has ~1 weight per id: 10x
 
 
@@ -166,13 +172,16 @@ def main():
             if impl.startswith("tf_dlrm"):
                 final = run_main(path, flags, os.path.join(args.data_dir, f"quality_{config}_{impl}.jsonl"))
                 auc, loss = final.get("auc"), final.get("logloss")
+                # NE and calibration beside them; with --calibration (main.py's default) the model's own figures too.
+                extra = {name: final.get(name) for name in CALIBRATION_FIELDS if name in final}
             else:
                 keras.utils.set_random_seed(args.seed)
                 model = keras_dlrm(spec) if impl == "keras_adam" else logistic_regression(spec)
                 auc, loss = fit_and_score(model, spec, batch_size, epochs, args.seed, BASELINE_RATE[impl])
                 flags = [f"adam {BASELINE_RATE[impl]} on every weight"] + common[:2]
+                extra = {}
             print(json.dumps({
-                "benchmark": "quality", "config": config, "impl": impl, "auc": auc, "logloss": loss,
+                "benchmark": "quality", "config": config, "impl": impl, "auc": auc, "logloss": loss, **extra,
                 "oracle_auc": oracle_auc(path), "train_rows": spec_rows(spec, "train"), "flags": flags,
                 "seconds": round(time.time() - started, 1),
             }), flush=True)

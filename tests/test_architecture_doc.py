@@ -153,5 +153,5 @@ def test_a_wrong_page_is_reported():
         "8: `tf_dlrm/io/` has a row already (line 5)",
     ], found
     assert found[5].startswith("the package table's rows, bottom first, are [['io', 'metrics'], ['parallel'], ['ops'], "
-                               "['io']]; tests/test_layering.py's LAYERS are [['io', 'metrics'], ['ops'], ['parallel'],")
+                               "['io']]; tests/test_layering.py's LAYERS are [['calibration', 'io', 'metrics'], ['ops'], ['parallel'],")
     assert "the client `preprocessing` has no row in the clients table" in found[6:]

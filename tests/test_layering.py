@@ -21,7 +21,7 @@ PACKAGE = os.path.join(REPO, "tf_dlrm")
 # Bottom to top. A package may import the packages of the levels below its own, never above; packages
 # on one level are independent of each other.
 LAYERS = (
-    ("io", "metrics"),  # publishing outputs safely; exact AUC and logloss (numpy only: the synthetic data's
+    ("io", "metrics", "calibration"),  # publishing outputs safely; exact AUC and logloss; post-hoc calibration (numpy only: the synthetic data's
                         # oracle and the training loop both score with them)
     ("ops",),           # the C++ kernels and their Python wrappers
     ("parallel",),      # Horovod's environment and collectives

@@ -98,10 +98,11 @@ class ClickMetrics:
     positive_rate: float
 
     @classmethod
-    def of(cls, labels: np.ndarray, probabilities: np.ndarray) -> "ClickMetrics":
+    def of(cls, labels: np.ndarray, probabilities: np.ndarray, auc: float | None = None) -> "ClickMetrics":
+        """The figures of ``probabilities``; ``auc``: known already (of scores ranked as these are), not recomputed."""
         labels = np.asarray(labels, dtype=np.float64).reshape(-1)
         probabilities = np.asarray(probabilities, dtype=np.float64).reshape(-1)
-        return cls(exact_auc(labels, probabilities), logloss(labels, probabilities),
+        return cls(exact_auc(labels, probabilities) if auc is None else auc, logloss(labels, probabilities),
                    normalized_entropy(labels, probabilities), calibration(labels, probabilities), positive_rate(labels))
 
     def as_dict(self) -> dict[str, float]:

@@ -43,7 +43,9 @@ def model_flags(data: str) -> list[str]:
         "--batch_size=192", "--valid_batch_size=384", "--epochs=2", "--learning_rate=0.05", "--optimizer=adam",
         "--embedding_optimizer=rowwise_adagrad", "--embedding_learning_rate=0.02",
         "--warmup_steps=2", "--decay_start_step=4", "--decay_steps=12", "--print_freq=5", "--evals_per_epoch=0",
-        "--seed=7",
+        # The worker's predictions (its "predict" task) are the model's own; --calibration's runs, evaluations and
+        # exports are tests/cli/test_calibration_runs.py's.
+        "--seed=7", "--calibration=none",
     ]
 
 

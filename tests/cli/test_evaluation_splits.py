@@ -110,6 +110,9 @@ def test_main_chooses_on_validation_and_never_on_test(tmp_path):
     assert (final["split"], final["selected_on"]) == ("test", None) and "best_step" not in final
     assert "test_auc" not in final and not [e for e in log if e["event"] == "final_test"]
     output = last.stdout + last.stderr
+    # --calibration (on by default) is never fitted on the held-out split: the figures are the model's own.
+    assert final["calibrated"] is None and "uncalibrated_logloss" not in final
+    assert "calibration: not fitted: the evaluated split 'test' is the held-out test split" in output
     assert f"step {final['steps']}, the last (nothing chose it)" in output and "test AUC" in output
     assert "validation AUC" not in output
 

@@ -78,7 +78,8 @@ def test_early_stopping_every_k_steps_on_partial_evaluations(tmp_path):
     evaluated = events(tmp_path / "eval.jsonl")[-1]
     assert evaluated["steps"] == evals[best]["step"] and evaluated["samples"] == MAX_BATCHES * VALID_BATCH
     assert abs(evaluated["auc"] - evals[best]["auc"]) <= 1e-6, (evaluated, evals[best])
-    assert abs(evaluated["ne"] - evals[best]["ne"]) <= 1e-5, (evaluated, evals[best])
+    assert abs(evaluated["uncalibrated_ne"] - evals[best]["ne"]) <= 1e-5, (evaluated, evals[best])
+    assert abs(evaluated["ne"] - final["ne"]) <= 1e-5, (evaluated, final)  # with the calibration fitted at the end
     # Early stopping counts evaluations of a validation split: without one, refused before training.
     blind = run_python(["main.py", *flags, "--valid_split=", "--early_stopping_patience=2"], check=False)
     assert blind.returncode == 2 and "--early_stopping_patience=2 counts evaluations of the validation split" in blind.stderr

@@ -70,7 +70,9 @@ def test_keep_best_reports_restores_and_saves_the_best_evaluation(tmp_path):
     assert min(evals, key=lambda e: e["auc"])["step"] != best["step"]
     final = log[-1]
     assert final["best_step"] == best["step"] and final["auc"] == best["auc"] and final["steps"] == evals[-1]["step"]
-    assert final["ne"] == best["ne"] and final["calibration"] == best["calibration"]
+    # The figures of the chosen state before the calibration fitted on it at the end (same ranking: same AUC).
+    assert final["uncalibrated_ne"] == best["ne"] and final["uncalibrated_calibration"] == best["calibration"]
+    assert final["calibrated"]["step"] == best["step"] and final["ne"] < best["ne"]
     # The test split: evaluated once, at the chosen step, with the inverted labels' figures.
     tested = [e for e in log if e["event"] == "final_test"]
     assert len(tested) == 1 and tested[0]["step"] == best["step"] and tested[0]["split"] == "inverted"
@@ -90,8 +92,9 @@ def test_keep_best_reports_restores_and_saves_the_best_evaluation(tmp_path):
     evaluated = events(tmp_path / "eval.jsonl")[-1]
     assert abs(evaluated["auc"] - best["auc"]) <= 1e-6, (evaluated, best)
     assert abs(evaluated["test_auc"] - tested[0]["auc"]) <= 1e-6, (evaluated, tested)
-    for name in ("ne", "calibration", "positive_rate"):
-        assert abs(evaluated[name] - best[name]) <= 1e-5, (name, evaluated, best)
+    for name in ("uncalibrated_ne", "uncalibrated_calibration", "positive_rate"):
+        assert abs(evaluated[name] - best[name.removeprefix("uncalibrated_")]) <= 1e-5, (name, evaluated, best)
+    assert abs(evaluated["ne"] - final["ne"]) <= 1e-5  # the checkpoint's calibration applied
     # --early_stopping_metric=logloss: the state of the lowest validation logloss, which here comes
     # before the best AUC (the model turns over-confident first), is the one kept.
     by_loss = run_python(["main.py", *flags, "--keep_best", "--early_stopping_metric=logloss",
@@ -101,7 +104,7 @@ def test_keep_best_reports_restores_and_saves_the_best_evaluation(tmp_path):
     lowest = min(loss_evals, key=lambda e: e["logloss"])
     assert [e["auc"] for e in loss_evals] == [e["auc"] for e in evals]  # the same training
     assert lowest["step"] != best["step"], "the lowest logloss and the best AUC fell on the same evaluation"
-    assert loss_log[-1]["best_step"] == lowest["step"] and loss_log[-1]["logloss"] == lowest["logloss"]
+    assert loss_log[-1]["best_step"] == lowest["step"] and loss_log[-1]["uncalibrated_logloss"] == lowest["logloss"]
     assert f"restored the state of step {lowest['step']} (validation logloss {lowest['logloss']:.6f})" in by_loss.stderr
     # A test split the spec lacks: refused before training, naming the flag and the spec's splits.
     typo = run_python(["main.py", *flags[:-1], "--test_split=tset"], check=False)

@@ -103,6 +103,9 @@ class Checkpointer(RestoreChecks):
         # --keep_best / --early_stopping_patience: a callable giving the choice so far (the metric, its best
         # value and step, evaluations since) to save in each manifest; its best step's checkpoint is kept on disk.
         self.selection = None
+        # --calibration: the record (tf_dlrm.calibration) fitted at the end of training, kept in the final checkpoint's
+        # manifest (added to it when that step is saved already); None: none.
+        self.calibration = None
         self.embedding = embedding_layer(trainer.model)
         # Dynamic tables (tf_dlrm.embedding.dynamic) have no full-table layout: checkpoint_dynamic saves their rows.
         self.dynamic = dynamic_tables.is_dynamic(self.embedding)
@@ -160,7 +163,10 @@ class Checkpointer(RestoreChecks):
         than later checkpoints: its checkpoint, saved now or earlier in the run, becomes the newest, and
         those of later steps (states the run rejected) are deleted.
         """
-        if not self.save_path or (step == self.last_saved_step and not chosen):
+        if not self.save_path:
+            return
+        if step == self.last_saved_step and not chosen:
+            self._add_calibration(step)
             return
         if not chosen:
             self.save(step)
@@ -174,6 +180,24 @@ class Checkpointer(RestoreChecks):
             superseded = store.make_latest(self.save_path, final, self.keep, self.protected(), supersede=True)
             self._say_superseded(superseded, step)
         self.last_saved_step = step
+        self._add_calibration(step)
+
+    def _add_calibration(self, step: int) -> None:
+        """Collective: :attr:`calibration` into the manifest of the checkpoint of ``step``, saved before it was fitted."""
+        if self.calibration is None:
+            return
+        error = None
+        if self.env.is_chief:
+            directory = files.join(self.save_path, store.checkpoint_name(step))
+            try:
+                manifest = store.read_manifest(directory)
+                if manifest.get("calibration") != self.calibration:
+                    store.replace_manifest(directory, {**manifest, "calibration": self.calibration})
+            except (OSError, CheckpointError) as failure:
+                error = f"cannot record the calibration in checkpoint {directory}: {failure}"
+        error = collectives.broadcast_json(self.env, error, "checkpoint_calibration")
+        if error:
+            raise CheckpointError(error)
 
     def _say_superseded(self, superseded: list[str], step: int) -> None:
         if superseded:
@@ -320,6 +344,7 @@ class Checkpointer(RestoreChecks):
             "loss_scale": scale,
             "embedding_state": state_entries,
             **({"selection": selection} if selection else {}),
+            **({"calibration": self.calibration} if self.calibration else {}),
             **({dynamic_tables.MANIFEST_KEY: dynamic_record} if dynamic_record else {}),
             "files": files,
         }

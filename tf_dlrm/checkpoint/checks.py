@@ -254,6 +254,7 @@ class RestoreChecks:
             "optimizer_state": [s["file"] for s in manifest["optimizer_state"]],
             "loss_scale": [s["file"] for s in manifest["loss_scale"]] if self._loss_scale_matches(manifest) else [],
             "selection": manifest.get("selection"),  # --keep_best's choice so far, for a resumed run
+            "calibration": manifest.get("calibration"),  # tf_dlrm.calibration's record, fitted at the end of training
         }
 
     def _table_shapes(self) -> tuple[list[int], list[int]]:

@@ -51,6 +51,7 @@ import re
 import numpy as np
 import yaml
 
+from tf_dlrm.calibration import Calibration
 from tf_dlrm.io import files
 
 FORMAT = "tf_dlrm.checkpoint"
@@ -165,6 +166,11 @@ def _check_manifest(manifest, path: str) -> None:
     for name in (MODEL_CONFIG, SPEC_COPY) if manifest["model"] is not None else ():
         if name not in manifest["files"]:
             fail(f"{name} is not listed")
+    if manifest.get("calibration") is not None:
+        try:
+            Calibration.from_record(manifest["calibration"])
+        except ValueError as error:
+            fail(f"calibration: {error}")
 
 
 def _sha256(path: str) -> str:
@@ -323,6 +329,16 @@ def write_npy(root: str, name: str, array: np.ndarray) -> dict:
 def write_text(root: str, name: str, text: str) -> dict:
     """Writes ``text`` as ``root/name`` (UTF-8, fsynced); returns its manifest entry (bytes, sha256)."""
     return _write_file(root, name, lambda sink: sink.write(text.encode("utf-8")))
+
+
+def replace_manifest(directory: str, manifest: dict) -> None:
+    """Replaces a published checkpoint's manifest (a field added at the end of the run: the calibration) in one
+    rename: a reader sees the old manifest or the new one, both complete."""
+    _check_manifest(manifest, files.join(directory, MANIFEST))
+    write_text(directory, MANIFEST + ".partial", json.dumps(manifest, indent=1))
+    files.rename(files.join(directory, MANIFEST + ".partial"), files.join(directory, MANIFEST), overwrite=True)
+    if not files.is_remote(directory):
+        files.sync_directory(directory)
 
 
 def write_manifest(root: str, manifest: dict) -> None:

@@ -10,7 +10,7 @@ variables and TensorFlow ops (and, for dynamic tables, their key maps), so servi
     served = tf.saved_model.load(DIR)
     out = served.signatures["serving_default"](numerical=..., cat_0_bin=..., cat_1_bin_values=...,
                                                cat_1_bin_row_lengths=..., ...)
-    out["probability"]  # [batch] click probabilities
+    out["probability"]  # [batch] click probabilities, calibrated as --mode=eval's (the checkpoint's calibration)
 
 Inputs (:func:`serving_signature`, from the FeatureSpec): ``numerical`` float32 ``[batch, num_numerical]``
 (the values the training reader yields) and one input per categorical feature the model reads, named
@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging as absl_logging
 
+from tf_dlrm.calibration import Calibration
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.io import files
 from tf_dlrm.io.publish import check_replaceable, staged_output
@@ -119,8 +120,12 @@ def load_checkpoint_into(model, directory: str, manifest: dict, by_name: bool = 
         variable.assign(array)
 
 
-def export_checkpoint(directory: str, manifest: dict, saved_model_path: str, spec, model_config) -> dict:
+def export_checkpoint(directory: str, manifest: dict, saved_model_path: str, spec, model_config,
+                      calibrated: bool = True) -> dict:
     """Writes the SavedModel of a verified checkpoint atomically; returns a summary.
+
+    ``calibrated``: the served probabilities apply the calibration the manifest holds, if any (as ``--mode=eval``
+    does; ``--calibration=none``: the model's own).
 
     The process holds the full model once, as the SavedModel does. Refuses to overwrite a non-empty
     ``saved_model_path`` (a SavedModel is never replaced) or to write around the checkpoint it
@@ -139,8 +144,10 @@ def export_checkpoint(directory: str, manifest: dict, saved_model_path: str, spe
         num_shards, seed = meta["num_shards"], meta["seed"]
     model = rebuild_for_serving(spec, model_config, seed or 0, num_shards)
     load_checkpoint_into(model, directory, manifest, by_name=not library)
-    module = serving_module(model, model_signature(spec, model))
+    calibration = Calibration.from_record(manifest.get("calibration")) if calibrated else None
+    module = serving_module(model, model_signature(spec, model), calibration)
     info = serving_info(spec, module, builder.model_identity(model_config)["name"], directory, manifest["step"])
+    info["calibration"] = None if calibration is None else manifest["calibration"]
     with staged_output(saved_model_path, "--saved_model_path", WRITER, [directory]) as temporary:
         _save(module, temporary, info)
     return info

@@ -8,6 +8,7 @@ import functools
 
 from absl import flags
 
+from tf_dlrm.calibration import METHODS as CALIBRATION_METHODS
 from tf_dlrm.cli.embedding_dims import parse_width_mapping
 from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig, parse_dims, parse_embedding_init
 from tf_dlrm.embedding.optimizers import DEFAULT_OPTIMIZER
@@ -221,6 +222,11 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         f.DEFINE_float("auc_threshold", None, "Stop training once validation AUC reaches this.")
         f.DEFINE_bool("keep_best", False, "Keep the state (weights and optimizers) of the evaluation with the best validation "
                       "--early_stopping_metric; restore, report (final JSON: best_step) and save it at the end.")
+        f.DEFINE_enum("calibration", "platt", list(CALIBRATION_METHODS), "Post-hoc calibration of the probabilities, "
+                      "fitted at the end of training on the validation split (never on a test split) by minimizing its "
+                      "logloss: platt: sigmoid(a*logit + b); temperature: sigmoid(logit / T); none: off. Saved with the final "
+                      "checkpoint and applied by the final figures, --mode=eval and --mode=export (none: not applied); "
+                      "the figures without it are reported beside (uncalibrated_logloss etc.).")
         f.DEFINE_string("inference_batch_sizes", "1,64,1024,4096", "--mode=inference: global batch sizes to time.")
     with _topic("runtime", flag_values):
         define_amp_flag(flag_values)
@@ -409,6 +415,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         keep_best=values.keep_best or values.early_stopping_patience > 0,
         test_split=values.test_split,
         select_on_test=values.select_on_test,
+        calibration=values.calibration,
         horovod_cycle_time_ms=parse_cycle_time(values.horovod_cycle_time_ms),
     )
 

@@ -320,12 +320,16 @@ def run_train(config, stop=None) -> dict:
             final_step = keeper.step
             last = evaluate(trainer, valid_reader, where=f"evaluation at step {final_step}",
                             max_batches=config.loop.eval_max_batches)
-    checkpointer.finish(final_step, chosen=chosen)
+    calibrated = _fit_calibration(session, valid_reader, splits, final_step)
+    if calibrated is not None:
+        last = calibrated
+    checkpointer.finish(final_step, chosen=chosen)  # with the calibration in its manifest
     tested = None
     if test_reader is not None:
-        # Once, at the state selection chose: this figure never chose anything.
-        tested = evaluate(trainer, test_reader, where=f"test evaluation at step {final_step}")
-        reporter.say(f"test ({splits.test}) at step {final_step}: {tested.metrics.describe()}  ({tested.samples} samples)")
+        # Once, at the state selection chose: this figure never chose anything (nor fitted the calibration).
+        tested = evaluate(trainer, test_reader, where=f"test evaluation at step {final_step}",
+                          calibration=calibrated.calibration if calibrated is not None else None)
+        reporter.say(f"test ({splits.test}) at step {final_step}: {tested.describe()}  ({tested.samples} samples)")
         reporter.event("final_test", step=final_step, split=splits.test, **tested.record())
         reporter.scalars(final_step, **{f"test_{name}": value for name, value in tested.metrics.as_dict().items()})
     model = session.model
@@ -349,19 +353,66 @@ def run_train(config, stop=None) -> dict:
     }
     if keeper is not None:
         record["best_step"] = final_step
+    if last is not None:
+        record.update(last.uncalibrated_fields())
+    record["calibrated"] = _calibration_record(last, splits.valid, final_step)
     if last is not None and last.partial:
         record["partial"] = True
     summary = {
         "steps": result.steps, "world size": env.world_size, "precision": session.policy,
         "reported state": _reported_state(final_step, record["selected_on"], keeper, config),
         **_metric_lines(splits.valid_role, last, splits.valid),
+        "calibration map": _describe_calibration(last, splits.valid),
         "train samples/s": record["train_samples_per_s"], "stopped early": result.stopped_early,
     }
     if tested is not None:
         record.update({f"test_{name}": value for name, value in tested.metrics.as_dict().items()})
+        record.update(tested.uncalibrated_fields("test_"))
         record["test_split"] = splits.test
         summary.update(_metric_lines("test", tested, splits.test))
     return _finish(session, record, summary)
+
+
+def _fit_calibration(session: Session, valid_reader, splits, step: int):
+    """``--calibration``: fitted on the validation split at the reported state (one more pass over the split, the
+    model's logits gathered on rank 0), kept for the final checkpoint's manifest; returns that evaluation (its
+    ``metrics`` calibrated, ``uncalibrated`` the model's), or None when nothing was fitted (said in one line).
+    Never fitted on a split that may not choose (the test split of a dataset without a validation split)."""
+    from tf_dlrm.train.loop import evaluate
+
+    config, reporter = session.config, session.reporter
+    if config.calibration == "none" or valid_reader is None:
+        return None
+    if not splits.selects:
+        reporter.say(f"calibration: not fitted: the evaluated split '{splits.valid}' is the held-out test split, which "
+                     "fits nothing (give the dataset a validation split, docs/data.md); the figures are uncalibrated")
+        return None
+    result = evaluate(session.trainer, valid_reader, where=f"calibration at step {step}",
+                      max_batches=config.loop.eval_max_batches, fit=config.calibration)
+    if result.calibration is None:
+        reporter.say(f"calibration: not fitted on {splits.valid}: {result.calibration_note}; the figures are uncalibrated")
+        return None
+    fitted, before = result.calibration, result.uncalibrated
+    session.checkpointer.calibration = {**fitted.record(), "split": splits.valid, "step": int(step)}
+    reporter.say(f"calibration fitted on {splits.valid} ({result.samples} samples) at step {step}: {fitted.describe()}; "
+                 f"{splits.valid} logloss {before.logloss:.6f} -> {result.metrics.logloss:.6f}, NE {before.ne:.6f} -> "
+                 f"{result.metrics.ne:.6f}, calibration {before.calibration:.4f} -> {result.metrics.calibration:.4f}")
+    reporter.event("calibration", step=int(step), split=splits.valid, map=fitted.record(), **result.record())
+    return result
+
+
+def _calibration_record(result, split: str, step: int) -> dict | None:
+    """The final record's ``calibrated``: the map applied to the figures (method, scale, shift) and where it was
+    fitted; None: the figures are the model's own."""
+    if result is None or result.calibration is None:
+        return None
+    return {**result.calibration.record(), "split": split, "step": int(step)}
+
+
+def _describe_calibration(result, split: str) -> str:
+    if result is None or result.calibration is None:
+        return "none"
+    return f"{result.calibration.describe()} (fitted on {split})"
 
 
 def _selecting(config) -> bool:
@@ -398,32 +449,57 @@ def run_eval(config) -> dict:
     for flag, split in named:
         if split not in available:
             raise ValueError(f"--{flag}={split} is not a split of {session.spec.source}: {available}")
+    calibration = checkpoint_calibration(header, config, session.reporter)
     results = []
     for index, (_, split) in enumerate(named):
         reader = builder.make_reader(
             session.spec, split, config.valid_batch_size, session.env, session.model.input_modes, False, config.seed,
             dataset_type=config.dataset_type,
         )
-        results.append(evaluate(session.trainer, reader, max_batches=0 if index else config.loop.eval_max_batches))
+        results.append(evaluate(session.trainer, reader, max_batches=0 if index else config.loop.eval_max_batches,
+                                calibration=calibration))
     result, role = results[0], resolved.valid_role if resolved.valid else "test"
     record = {
-        "mode": "eval", **result.metrics.as_dict(), "samples": result.samples, "split": named[0][1],
-        "checkpoint": header["path"], "steps": header["step"], "world_size": session.env.world_size,
+        "mode": "eval", **result.metrics.as_dict(), **result.uncalibrated_fields(), "samples": result.samples,
+        "split": named[0][1], "checkpoint": header["path"], "steps": header["step"], "world_size": session.env.world_size,
         "train_samples_per_s": None,
+        "calibrated": None if calibration is None else header["calibration"],
     }
     if result.partial:
         record["partial"] = True
     summary = {
         "checkpoint": header["path"], "step": header["step"], "world size": session.env.world_size,
         f"{role} samples": result.samples, **_metric_lines(role, result, named[0][1]),
+        "calibration map": "none" if calibration is None else
+        f"{calibration.describe()} (fitted on {header['calibration'].get('split', '?')})",
         "eval seconds": result.seconds,
     }
     if len(results) > 1:
         record.update({f"test_{name}": value for name, value in results[1].metrics.as_dict().items()})
+        record.update(results[1].uncalibrated_fields("test_"))
         record["test_samples"] = results[1].samples
         record["test_split"] = resolved.test
         summary.update({"test samples": results[1].samples, **_metric_lines("test", results[1], resolved.test)})
     return _finish(session, record, summary)
+
+
+def checkpoint_calibration(header: dict, config, reporter):
+    """The calibration a checkpoint's manifest holds (:mod:`tf_dlrm.calibration`), None with ``--calibration=none``
+    or when it holds none (said in one line)."""
+    from tf_dlrm.calibration import Calibration
+
+    record = header.get("calibration")
+    if config.calibration == "none":
+        return None
+    if record is None:
+        reporter.say(f"calibration: checkpoint {header['path']} holds none (saved during training, or by a run with "
+                     "--calibration=none or without a validation split): the figures are uncalibrated")
+        return None
+    calibration = Calibration.from_record(record)
+    if calibration.method != config.calibration:
+        reporter.say(f"calibration: applying the checkpoint's {calibration.method} map (--calibration={config.calibration} "
+                     "chooses what training fits; none turns it off here)")
+    return calibration
 
 
 def _metric_lines(role: str, result, split: str = "") -> dict:
@@ -432,7 +508,13 @@ def _metric_lines(role: str, result, split: str = "") -> dict:
     label = role if split in ("", role) else f"{role} ({split})"
     names = {"auc": "AUC", "logloss": "logloss", "ne": "NE", "calibration": "calibration", "positive_rate": "positive rate"}
     values = result.metrics.as_dict() if result is not None else dict.fromkeys(names)
-    return {f"{label} {names[name]}": value for name, value in values.items()}
+    lines = {}
+    for name, value in values.items():
+        lines[f"{label} {names[name]}"] = value
+        if result is not None and result.uncalibrated is not None and name in ("logloss", "ne", "calibration"):
+            # The model's own figure, before the calibration (the AUC is the same).
+            lines[f"{label} {names[name]} (uncalibrated)"] = getattr(result.uncalibrated, name)
+    return lines
 
 
 # ---------------------------------------------------------------------- inference
@@ -514,6 +596,7 @@ def format_latency_table(results: list[dict]) -> str:
 
 def run_export(config) -> dict:
     """Rank 0 verifies the checkpoint and writes the SavedModel; other ranks only wait for the outcome."""
+    from tf_dlrm.calibration import Calibration
     from tf_dlrm.cli import builder, export
 
     env, spec, reporter, _ = start(config)
@@ -530,8 +613,10 @@ def run_export(config) -> dict:
                 if manifest.get("model") is not None:  # saved by main.py (a script's checkpoint records no spec)
                     checkpoint_store.check_compatible(directory, manifest, spec, config.model,
                                                       builder.model_identity(config.model))
-                info = export.export_checkpoint(directory, manifest, config.saved_model_path, spec, config.model)
-            outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started}
+                info = export.export_checkpoint(directory, manifest, config.saved_model_path, spec, config.model,
+                                                calibrated=config.calibration != "none")
+            outcome = {"checkpoint": directory, "step": info["step"], "seconds": time.time() - started,
+                       "calibrated": info["calibration"]}
         except (ValueError, TypeError, KeyError, OSError) as error:  # every rank raises it below
             outcome = {"error": str(error)}
     outcome = collectives.broadcast_json(env, outcome, "export_status")
@@ -539,7 +624,10 @@ def run_export(config) -> dict:
         raise checkpoint_store.CheckpointError(outcome["error"])
     record = {"mode": "export", "saved_model_path": config.saved_model_path, **outcome, "world_size": env.world_size}
     reporter.say(f"exported {outcome['checkpoint']} (step {outcome['step']}) to {config.saved_model_path}")
+    calibrated = outcome["calibrated"]
     reporter.summary({"checkpoint": outcome["checkpoint"], "step": outcome["step"], "SavedModel": config.saved_model_path,
+                      "calibration map": "none" if calibrated is None else
+                      f"{Calibration.from_record(calibrated).describe()} (fitted on {calibrated.get('split', '?')})",
                       "export seconds": outcome["seconds"]})
     reporter.event("final", **record)
     reporter.close()

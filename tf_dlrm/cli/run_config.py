@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from tf_dlrm.calibration import METHODS as CALIBRATION_METHODS
 from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
 from tf_dlrm.train.loop_config import LoopConfig
 from tf_dlrm.optimizers.settings import OptimizerConfig
@@ -59,6 +60,9 @@ class RunConfig:
     log_parameters: dict | None = dataclasses.field(default=None, compare=False)
     # Lines printed on rank 0 at the start: NVIDIA flags accepted with no effect (tf_dlrm.cli.nvidia_flags).
     notes: tuple[str, ...] = ()
+    # --calibration: the map of logits fitted on the validation split at the end of training, saved with the final
+    # checkpoint and applied by --mode=eval and export (tf_dlrm.calibration); none: neither fitted nor applied.
+    calibration: str = "platt"
     # --cpu: hide every GPU (tf_dlrm.parallel.devices); else one GPU per rank where a host has them.
     cpu: bool = False
 
@@ -73,6 +77,8 @@ class RunConfig:
             raise ValueError(
                 f"Expected --test_split to differ from --valid_split (the validation split selects, the test split "
                 f"reports). Received: --test_split={self.test_split} --valid_split={self.valid_split}")
+        if self.calibration not in CALIBRATION_METHODS:
+            raise ValueError(f"Expected --calibration in {list(CALIBRATION_METHODS)}. Received: --calibration={self.calibration}")
         self._check_checkpoint_flags()
 
     def _check_checkpoint_flags(self) -> None:

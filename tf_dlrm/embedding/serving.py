@@ -9,6 +9,9 @@
     loaded.signatures["serving_default"](numerical=..., item=..., history_values=..., history_row_lengths=...)
     # -> {"probability": [batch] float32, sigmoid of the model's logits}
 
+    # Calibrated (tf_dlrm.calibration, fitted on held-out logits and labels): sigmoid(scale * logit + shift).
+    export_saved_model(model, "serving/2", signature, calibration=calibration.fit(logits, labels, "platt"))
+
 The signature takes one tensor per input of the model's dict (``{"numerical": [b, n] float32, <feature>:
 ids}``), under :func:`input_name` (``cat_1.bin`` serves as ``cat_1_bin``); a ragged input ``name`` (a
 ``tf.RaggedTensorSpec``) becomes two, ``<name>_values`` (the ids of every row, concatenated) and
@@ -144,12 +147,13 @@ def checked_inputs(inputs: dict, input_signature: dict) -> dict:
 
 class _Serving(tf.Module):
     """``model`` behind one signature: an input per model input (:func:`flat_signature`), out
-    ``{"probability": [batch] float32}``, the sigmoid of the model's logits.
+    ``{"probability": [batch] float32}``, the sigmoid of the model's logits (with ``calibration``, a
+    :class:`tf_dlrm.calibration.Calibration`, of ``scale * logit + shift``: constants of the graph).
 
     Made by :func:`serving_module`, which traces and checks it; written by :func:`save_module`.
     """
 
-    def __init__(self, model, input_signature: dict):
+    def __init__(self, model, input_signature: dict, calibration=None):
         super().__init__(name="tf_dlrm_serving")
         # The variables are tracked, not the Keras model: saving a Keras model object makes TensorFlow
         # trace its call with float inputs made up from its build shapes.
@@ -172,9 +176,11 @@ class _Serving(tf.Module):
                     inputs[name] = ragged_input(input_name(name), given[values], given[lengths])
                 else:
                     inputs[name] = given[self.served[name][0]]
-            logits = call(checked_inputs(inputs, self.input_signature), training=False)
             # Served in float32 whatever the compute dtype the model was trained under.
-            return {"probability": tf.reshape(tf.sigmoid(tf.cast(logits, tf.float32)), [-1])}
+            logits = tf.cast(call(checked_inputs(inputs, self.input_signature), training=False), tf.float32)
+            if calibration is not None:
+                logits = logits * tf.constant(calibration.scale, tf.float32) + tf.constant(calibration.shift, tf.float32)
+            return {"probability": tf.reshape(tf.sigmoid(logits), [-1])}
 
         self.serve = tf.function(serve, input_signature=flat)
 
@@ -190,7 +196,7 @@ class _Serving(tf.Module):
         return info
 
 
-def serving_module(model, input_signature: dict) -> "_Serving":
+def serving_module(model, input_signature: dict, calibration=None) -> "_Serving":
     """The serving module of ``model`` (built, every table in this process), its signature traced
     with TensorFlow's own ops (:func:`tf_dlrm.ops.kernels_off`).
 
@@ -198,6 +204,7 @@ def serving_module(model, input_signature: dict) -> "_Serving":
         model: a built Keras model called with a dict (``{"numerical": [b, n], <feature>: ids}``),
             returning logits.
         input_signature: ``{model input name: tf.TensorSpec or tf.RaggedTensorSpec}``.
+        calibration: a :class:`tf_dlrm.calibration.Calibration` applied to the logits (None: none).
 
     Raises:
         ValueError: a layer on several ranks, two inputs of one serving name, or a graph still using
@@ -208,7 +215,7 @@ def serving_module(model, input_signature: dict) -> "_Serving":
         if env is not None and env.world_size > 1:
             raise ValueError(f"Expected a model in one process (every table whole). Received: layer {layer.name!r} "
                              f"on {env.world_size} ranks: restore its checkpoint into a one-process model first")
-    module = _Serving(model, input_signature)
+    module = _Serving(model, input_signature, calibration)
     with kernels_off():
         custom = own_kernels(module.serve)  # traces the signature here, inside the block
     if custom:
@@ -233,7 +240,7 @@ def own_kernels(function) -> list[str]:
     return sorted(op for op in used if op.startswith("TfDlrm"))
 
 
-def export_saved_model(model, path: str, input_signature: dict) -> str:
+def export_saved_model(model, path: str, input_signature: dict, calibration=None) -> str:
     """Writes ``model`` (built, in one process) as a SavedModel at ``path`` (which must not exist;
     written beside it first, then renamed); returns ``path``.
 
@@ -242,13 +249,15 @@ def export_saved_model(model, path: str, input_signature: dict) -> str:
             kernels.
         path: the SavedModel directory.
         input_signature: ``{model input name: tf.TensorSpec or tf.RaggedTensorSpec}`` of ``model``'s dict input.
+        calibration: a :class:`tf_dlrm.calibration.Calibration` (:func:`tf_dlrm.calibration.fit` on held-out
+            logits and labels) the served probabilities apply; None: the model's own.
 
     Raises:
         ValueError: several ranks, an existing ``path``, or what :func:`serving_module` refuses.
     """
     if os.path.exists(path):
         raise ValueError(f"Expected a new SavedModel path. Received: {path!r}, which exists")
-    module = serving_module(model, input_signature)
+    module = serving_module(model, input_signature, calibration)
     temporary = f"{path.rstrip(os.sep)}.tmp"
     shutil.rmtree(temporary, ignore_errors=True)
     save_module(module, temporary)

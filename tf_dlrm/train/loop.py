@@ -13,6 +13,7 @@ import tensorflow as tf
 from tf_dlrm.parallel import collectives
 from tf_dlrm.train.loop_config import LoopConfig
 from tf_dlrm.data.reader import SplitBinaryReader
+from tf_dlrm.calibration import Calibration, fit as fit_calibration
 from tf_dlrm.metrics import ClickMetrics
 from tf_dlrm.train.early_stopping import EarlyStopping, metric_name
 from tf_dlrm.train.guards import LossWatch, check_score_count
@@ -22,11 +23,15 @@ from tf_dlrm.train.step import Trainer
 
 @dataclasses.dataclass
 class EvalResult:
-    metrics: ClickMetrics
+    metrics: ClickMetrics  # with ``calibration`` applied, when there is one
     samples: int
     seconds: float
     batches: int = 0  # global batches evaluated
     partial: bool = False  # only the first --eval_max_batches batches of the split
+    # The calibration applied (or fitted here and applied), None: none; then ``uncalibrated``: the model's own figures.
+    calibration: Calibration | None = None
+    uncalibrated: ClickMetrics | None = None
+    calibration_note: str = ""  # why a calibration asked for was not fitted
 
     @property
     def auc(self) -> float:
@@ -37,17 +42,39 @@ class EvalResult:
         return self.metrics.logloss
 
     def record(self) -> dict:
-        """The fields of a JSON log record: the metrics, the samples and whether the split was cut short."""
-        return {**self.metrics.as_dict(), "samples": self.samples, "partial": self.partial}
+        """The fields of a JSON log record: the metrics, the samples and whether the split was cut short; with a
+        calibration, the uncalibrated figures as ``uncalibrated_logloss`` etc."""
+        return {**self.metrics.as_dict(), **self.uncalibrated_fields(), "samples": self.samples, "partial": self.partial}
+
+    def uncalibrated_fields(self, prefix: str = "") -> dict:
+        """``{prefix}uncalibrated_logloss``, ``_ne`` and ``_calibration`` when a calibration was applied, else ``{}``
+        (AUC is the same: a calibration never changes the ranking)."""
+        if self.uncalibrated is None:
+            return {}
+        return {f"{prefix}uncalibrated_{name}": getattr(self.uncalibrated, name) for name in ("logloss", "ne", "calibration")}
+
+    def describe(self) -> str:
+        """The console's figures: the metrics, and with a calibration the uncalibrated ones after them."""
+        line = self.metrics.describe()
+        if self.uncalibrated is not None:
+            u = self.uncalibrated
+            line += f"  (uncalibrated: logloss {u.logloss:.6f}  NE {u.ne:.6f}  calibration {u.calibration:.4f})"
+        return line
 
 
-def evaluate(trainer: Trainer, reader: SplitBinaryReader, where: str = "evaluation", max_batches: int = 0) -> EvalResult:
+def evaluate(trainer: Trainer, reader: SplitBinaryReader, where: str = "evaluation", max_batches: int = 0,
+             calibration: Calibration | None = None, fit: str | None = None) -> EvalResult:
     """Exact metrics (:class:`tf_dlrm.metrics.ClickMetrics`) over the split (padded last batch
     trimmed), or over its first ``max_batches`` global batches (0: all); the same on every rank.
 
     Each rank keeps the scores of its own rows; at the end they are gathered to rank 0 only, which
     puts them back in the split's order (the order every rank saw when each held all of them, so the
     figures are those of the whole split in one process), computes the metrics and broadcasts them.
+
+    ``calibration``: applied to the logits (:mod:`tf_dlrm.calibration`); ``fit``: a method (``platt``,
+    ``temperature``) fitted on these rows on rank 0, then applied (when the fit is refused, the result
+    has no calibration and says why in ``calibration_note``). Either way ``metrics`` are the calibrated
+    figures (the AUC the model's own: the map is increasing) and ``uncalibrated`` the model's.
 
     Raises:
         NonFiniteError: when a score is NaN or inf (no AUC is computed from such scores).
@@ -65,27 +92,54 @@ def evaluate(trainer: Trainer, reader: SplitBinaryReader, where: str = "evaluati
         rows.append(local)
         sizes.append(local.shape[0])
     samples = min(batches * reader.global_batch_size, reader.num_samples)
-    mine = np.concatenate(rows) if rows else np.zeros((0, 2), np.float32)
-    values = _metrics_on_root(trainer.env, mine, np.asarray(sizes, np.int32), samples)
+    mine = np.concatenate(rows) if rows else np.zeros((0, 3), np.float32)
+    values, outcome = _metrics_on_root(trainer.env, mine, np.asarray(sizes, np.int32), samples, calibration, fit)
     check_score_count(int(values[-2]), int(values[-1]), where)
-    metrics = ClickMetrics(*(float(v) for v in values[:-2]))
-    return EvalResult(metrics, samples, time.time() - started, batches, batches < reader.num_batches)
+    size = len(dataclasses.fields(ClickMetrics))
+    metrics = ClickMetrics(*(float(v) for v in values[:size]))
+    applied = Calibration.from_record(outcome.get("calibration"))
+    uncalibrated = ClickMetrics(*(float(v) for v in values[size:2 * size])) if applied is not None else None
+    return EvalResult(metrics, samples, time.time() - started, batches, batches < reader.num_batches, applied,
+                      uncalibrated, outcome.get("note", ""))
 
 
-def _metrics_on_root(env, mine: np.ndarray, sizes: np.ndarray, samples: int) -> np.ndarray:
-    """Rank 0 gathers every rank's ``(probability, label)`` rows, restores the split's order, trims
-    the padding and computes the metrics; every rank gets them back (with the count of non-finite
-    scores and of scores) as one float64 vector."""
+def _metrics_on_root(env, mine: np.ndarray, sizes: np.ndarray, samples: int, calibration: Calibration | None = None,
+                     fit: str | None = None) -> tuple[np.ndarray, dict]:
+    """Rank 0 gathers every rank's ``(probability, label, logit)`` rows, restores the split's order, trims
+    the padding and computes the metrics (with ``calibration``, or one it fits by ``fit``, applied); every rank
+    gets them back as one float64 vector (the metrics, the uncalibrated ones, the count of non-finite scores
+    and of scores) and ``{"calibration": record, "note": why none was fitted}``."""
     gathered, rows_per_rank = collectives.gather_to_root(env, tf.constant(mine), name="eval_scores")
     batch_sizes, _ = collectives.gather_to_root(env, tf.constant(sizes), name="eval_batch_sizes")
-    values = np.zeros(len(dataclasses.fields(ClickMetrics)) + 2, np.float64)
+    size = len(dataclasses.fields(ClickMetrics))
+    values = np.zeros(2 * size + 2, np.float64)
+    outcome = {"calibration": None if calibration is None else calibration.record(), "note": ""}
     if env.is_chief:
         ordered = restore_split_order(gathered.numpy(), rows_per_rank.numpy(), batch_sizes.numpy(), env.world_size)[:samples]
-        scores, labels = ordered[:, 0], ordered[:, 1]
+        scores, labels, logits = ordered[:, 0], ordered[:, 1], ordered[:, 2]
         bad = int(np.count_nonzero(~np.isfinite(scores)))
-        metrics = ClickMetrics.of(labels, scores) if not bad else ClickMetrics(*[math.nan] * (values.size - 2))
-        values[:] = [*metrics.as_dict().values(), bad, scores.size]
-    return collectives.broadcast(env, tf.constant(values), name="eval_metrics").numpy() if env.distributed else values
+        metrics = ClickMetrics.of(labels, scores) if not bad else ClickMetrics(*[math.nan] * size)
+        calibrated = metrics
+        if fit is not None and not bad:
+            try:
+                calibration = fit_calibration(logits, labels, fit)
+            except ValueError as refusal:
+                calibration, outcome["note"] = None, str(refusal)
+            outcome["calibration"] = None if calibration is None else calibration.record()
+        if calibration is not None and not bad:
+            calibrated = calibrated_metrics(metrics, labels, calibration.probabilities(logits))
+        values[:] = [*calibrated.as_dict().values(), *metrics.as_dict().values(), bad, scores.size]
+    if env.distributed:
+        values = collectives.broadcast(env, tf.constant(values), name="eval_metrics").numpy()
+        if fit is not None:  # once a run: the fitted map (or why none) on every rank
+            outcome = collectives.broadcast_json(env, outcome, "eval_calibration")
+    return values, outcome
+
+
+def calibrated_metrics(metrics: ClickMetrics, labels: np.ndarray, probabilities: np.ndarray) -> ClickMetrics:
+    """The figures of calibrated ``probabilities``; the AUC is ``metrics``' (of the same logits): an increasing
+    map keeps the ranking, and recomputing it could only add or remove float ties."""
+    return ClickMetrics.of(labels, probabilities, auc=metrics.auc)
 
 
 def restore_split_order(rows: np.ndarray, rows_per_rank: np.ndarray, batch_sizes: np.ndarray, world_size: int) -> np.ndarray:
@@ -161,7 +215,7 @@ def train(
         evals.append(result)
         last_eval_step = step
         part = f", partial: the first {result.batches} of {valid_reader.num_batches} batches" if result.partial else ""
-        reporter.say(f"eval at step {step}: {result.metrics.describe()}  ({result.samples} samples{part}, {result.seconds:.1f} s)")
+        reporter.say(f"eval at step {step}: {result.describe()}  ({result.samples} samples{part}, {result.seconds:.1f} s)")
         reporter.event("eval", step=step, **result.record())
         reporter.scalars(step, **result.metrics.as_dict())
         if on_eval is not None:

@@ -123,21 +123,23 @@ class Trainer(TrainingStep):
     # ------------------------------------------------------------------ evaluation
 
     def _predict_step(self, features, label):
-        """Click probabilities and labels of the global batch, in global order, on every rank."""
-        logits = self.model(features, training=False)
-        probabilities = tf.reshape(tf.sigmoid(logits), [-1])
-        label = tf.reshape(label, [-1])
+        """Click probabilities and labels of the global batch, in global order, on every rank: those of
+        :meth:`_predict_local` (one graph for both, so the same float operations: TensorFlow may fuse the
+        sigmoid into the last layer where the logits are not an output, which changes the last bits)."""
+        rows = self._predict_local(features, label)
         return (
-            collectives.allgather(self.env, probabilities, name="eval_predictions"),
-            collectives.allgather(self.env, label, name="eval_labels"),
+            collectives.allgather(self.env, rows[:, 0], name="eval_predictions"),
+            collectives.allgather(self.env, tf.cast(tf.reshape(label, [-1]), rows.dtype), name="eval_labels"),
         )
 
     def _predict_local(self, features, label):
-        """This rank's rows of the global batch: ``[rows, 2]`` float32 of (click probability, label).
-        The model's forward still runs collectively (the embedding exchange), the scores stay here."""
+        """This rank's rows of the global batch: ``[rows, 3]`` float32 of (click probability, label, logit); the
+        logit is what a calibration (:mod:`tf_dlrm.calibration`) is fitted on and applied to. The model's forward
+        still runs collectively (the embedding exchange), the scores stay here."""
         logits = self.model(features, training=False)
         probabilities = tf.cast(tf.reshape(tf.sigmoid(logits), [-1]), tf.float32)
-        return tf.stack([probabilities, tf.cast(tf.reshape(label, [-1]), tf.float32)], axis=1)
+        return tf.stack([probabilities, tf.cast(tf.reshape(label, [-1]), tf.float32),
+                         tf.cast(tf.reshape(logits, [-1]), tf.float32)], axis=1)
 
     def mean_over_ranks(self, value) -> float:
         """Collective: the mean of a scalar (the printed loss) over ranks; one small allreduce,
