@@ -266,22 +266,32 @@ def summarize(bandwidth: float, phase: int, control_dir: str, ranks: int, names:
 
 
 def table(path: str) -> str:
-    """The markdown table of the ``emulated_options`` lines in ``path``: world size x bandwidth x option."""
+    """The markdown table of the ``emulated_options`` lines in ``path``: world size x bandwidth x option, with the
+    ratio of medians and, from the rounds (``step_ms_all``, in round order), the range of the per-round ratios
+    (each option's turn against its baseline's turn of the same round: the spread the machine's load leaves)."""
     def cell(value):
         return "-" if value is None else f"{value:g}"
 
-    rows = ["| N | link (Mbit/s) | option | step (ms) | compute / exchange / allreduce (ms) | ratio to baseline |",
-            "|---:|---:|---|---:|---|---:|"]
+    records = []
     with open(path) as handle:
         for line in handle:
             record = json.loads(line)
-            if record.get("benchmark") != "emulated_options":
-                continue
-            ms = record["ms"]
-            ratio = record["ratio_to_baseline"]
-            versus = "-" if ratio is None else f"{ratio:.2f} (of {record['baseline']})"
-            rows.append(f"| {record['world_size']} | {record['bandwidth_mbit']:g} | {record['option']} | {ms['step']:g} | "
-                        f"{cell(ms['compute'])} / {cell(ms['exchange'])} / {cell(ms['allreduce'])} | {versus} |")
+            if record.get("benchmark") == "emulated_options":
+                records.append(record)
+    rows = ["| N | link (Mbit/s) | id skew | seed | option | step (ms) | compute / exchange / allreduce (ms) | ratio to baseline "
+            "(per round: min-max) |", "|---:|---:|---|---:|---|---:|---|---|"]
+    for record in records:
+        ms, ratio = record["ms"], record["ratio_to_baseline"]
+        versus = "-"
+        if ratio is not None:
+            base = next(r for r in records if r["option"] == record["baseline"] and r["commit"] == record["commit"]
+                        and r["world_size"] == record["world_size"] and r["bandwidth_mbit"] == record["bandwidth_mbit"]
+                        and r["id_skew"] == record["id_skew"] and r["seed"] == record["seed"])
+            rounds = [a / b for a, b in zip(record["step_ms_all"], base["step_ms_all"])]
+            versus = f"{ratio:.2f} of {record['baseline']} ({min(rounds):.2f}-{max(rounds):.2f})"
+        compute = ms["compute"] if ms["compute"] is None or ms["compute"] >= 0 else None  # phases alone above the step
+        rows.append(f"| {record['world_size']} | {record['bandwidth_mbit']:g} | {record['id_skew']} | {record['seed']} | {record['option']} | "
+                    f"{ms['step']:g} | {cell(compute)} / {cell(ms['exchange'])} / {cell(ms['allreduce'])} | {versus} |")
     return "\n".join(rows)
 
 
