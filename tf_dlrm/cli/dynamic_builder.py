@@ -31,7 +31,8 @@ def dynamic_table_configs(spec, initializer, widths) -> list[TableConfig]:
         properties = spec.feature_spec[name]
         storage = DynamicStorage(capacity=int(properties["capacity"]), eviction=properties.get("eviction", "none"),
                                  min_count=int(properties.get("min_count", 1)),
-                                 capacity_scope=properties.get("capacity_scope", "per_rank"))
+                                 capacity_scope=properties.get("capacity_scope", "per_rank"),
+                                 max_idle_steps=properties.get("max_idle_steps"))
         tables.append(TableConfig(name, storage.capacity, int(width), initializer=initializer,
                                   placement=Placement(dynamic=storage)))
     return tables

@@ -83,17 +83,21 @@ def _check_name(kind: str, name) -> None:
 class DynamicStorage:
     """A dynamic table: raw int64 keys get rows on first sight in training, up to ``capacity`` rows
     per rank (``capacity_scope="total"``: over all ranks); when full, ``eviction`` (``none``, ``lru``,
-    ``lfu``) decides; a key gets a row after ``min_count`` sightings. Unseen keys read zeros. The
-    table's ``vocabulary_size`` is ignored."""
+    ``lfu``) decides; a key gets a row after ``min_count`` sightings. With ``max_idle_steps=T``, a row whose
+    key no training step looked up in the last ``T`` steps is dropped (the key, seen again, starts over as
+    a new key). Unseen keys read zeros. The table's ``vocabulary_size`` is ignored."""
 
     capacity: int
     eviction: str = "none"
     min_count: int = 1
     capacity_scope: str = "per_rank"
+    max_idle_steps: int | None = None
 
     def __post_init__(self):
         _check_positive_int("a dynamic table", "capacity", self.capacity)
         _check_positive_int("a dynamic table", "min_count", self.min_count)
+        if self.max_idle_steps is not None:
+            _check_positive_int("a dynamic table", "max_idle_steps", self.max_idle_steps)
         if self.eviction not in EVICTIONS:
             raise ValueError(f"Expected eviction in {list(EVICTIONS)}. Received: eviction={self.eviction!r}")
         if self.capacity_scope not in CAPACITY_SCOPES:

@@ -11,6 +11,7 @@ A categorical feature becomes a dynamic table with ``dynamic: true``::
 - ``capacity``: rows (``capacity_scope: per_rank`` (default) or ``total``), required;
 - ``eviction``: ``none`` (default: a full shard rejects new keys), ``lru`` or ``lfu``;
 - ``min_count``: a key gets a row once seen that many times (default 1);
+- ``max_idle_steps``: a row no training step looked up for that many steps is dropped (default: never);
 - ``cardinality``: optional (the NVIDIA format requires it for fixed tables only); when absent,
   ``FeatureSpec.cardinalities()`` reports the capacity (the table's rows, for memory estimates).
 """
@@ -21,7 +22,7 @@ from typing import Any, Mapping
 
 from tf_dlrm.sharding.dynamic_routing import CapacityScope, EvictionPolicy
 
-KEYS = ("dynamic", "capacity", "capacity_scope", "eviction", "min_count")
+KEYS = ("dynamic", "capacity", "capacity_scope", "eviction", "min_count", "max_idle_steps")
 KEY_DTYPES = ("int8", "int16", "int32", "int64")
 
 
@@ -51,6 +52,9 @@ def problem(name: str, properties: Mapping[str, Any]) -> str | None:
     min_count = properties.get("min_count", 1)
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count <= 0:
         return f".min_count: expected a positive integer. Received: {min_count!r}"
+    idle = properties.get("max_idle_steps")
+    if idle is not None and (isinstance(idle, bool) or not isinstance(idle, int) or idle <= 0):
+        return f".max_idle_steps: expected a positive integer (or no key: rows never expire). Received: {idle!r}"
     return None
 
 

@@ -38,7 +38,8 @@ def dynamic_features(tables) -> list[FeatureConfig]:
     features = []
     for table in tables:
         storage = DynamicStorage(capacity=table["capacity"], eviction=table.get("eviction", "none"),
-                                 min_count=table.get("min_count", 1), capacity_scope=table.get("capacity_scope", "per_rank"))
+                                 min_count=table.get("min_count", 1), capacity_scope=table.get("capacity_scope", "per_rank"),
+                                 max_idle_steps=table.get("max_idle_steps"))
         config = TableConfig(table["name"], table["capacity"], table["width"], placement=Placement(dynamic=storage))
         features.append(FeatureConfig(table["name"], config))
     return features

@@ -22,7 +22,7 @@ from conftest import launch, run_python
 CASE = {"seed": 5, "global_batch": 24, "learning_rate": 0.1, "new_keys_per_step": 6, "first_steps": 3, "second_steps": 3,
         "embedding_optimizer": "lazy_adam", "adam_epsilon": 1e-4,
         "tables": [{"name": "a", "capacity": 300, "width": 4, "eviction": "lru"},
-                   {"name": "b", "capacity": 300, "width": 4, "min_count": 2}]}
+                   {"name": "b", "capacity": 300, "width": 4, "min_count": 2, "max_idle_steps": 2}]}
 WORKER = "tests/embedding/dynamic/dynamic_checkpoint_worker.py"
 
 

@@ -36,6 +36,10 @@ CASES = [
     {**BASE, "name": "evict_total_adagrad", "steps": 5, "embedding_optimizer": "adagrad", "reference_shards": "world",
      "tables": [{"name": "a", "capacity": 24, "width": 4, "eviction": "lru", "capacity_scope": "total"},
                 {"name": "b", "capacity": 12, "width": 4, "eviction": "lfu", "capacity_scope": "total"}]},
+    # Rows idle for 1 (a) or 2 (b) steps dropped: decided by each row's last use and the step, one plain table.
+    {**BASE, "name": "idle_adagrad", "steps": 5, "embedding_optimizer": "adagrad", "reference_shards": 1,
+     "tables": [{"name": "a", "capacity": 400, "width": 4, "max_idle_steps": 1},
+                {"name": "b", "capacity": 400, "width": 4, "max_idle_steps": 2, "min_count": 2}]},
 ]
 # At 4 ranks (the costliest launch on 2 cores) one insertion case and the case whose per-shard
 # capacity depends on N; every optimizer and eviction already runs at N = 2 and N = 3.

@@ -126,6 +126,19 @@ def test_full_shard_without_policy_rejects_new_keys_and_keeps_old_rows():
     assert int(state.rejections.numpy()) == 2 and _live(state) == [5, 6]
 
 
+def test_rows_idle_longer_than_max_idle_steps_are_dropped_and_their_rows_reused():
+    state = ShardState(3, "none", 1, "idle_test", max_idle_steps=2)
+    first = _resolve(state, [1, 2, 3], 1)
+    _resolve(state, [1], 2)
+    assert _resolve(state, [1, 5], 3)[5] == -1  # 2 and 3 were last used 2 steps ago: kept, the shard is full
+    assert _live(state) == [1, 2, 3] and int(state.rejections.numpy()) == 1
+    rows = _resolve(state, [1, 4], 4)  # now 3 steps idle: dropped; 4 takes the lowest freed row (key 2's)
+    assert _live(state) == [1, 4] and rows[4] == first[2] and int(state.evictions.numpy()) == 2
+    assert int(state.lookup(tf.constant([3], tf.int64)).numpy()[0]) == -1  # evaluation reads zeros for it
+    exported = state.export()
+    assert sorted(zip(exported["keys"].tolist(), exported["last_used"].tolist())) == [(1, 4), (4, 4)]
+
+
 def test_min_count_admits_a_key_on_its_kth_sighting():
     state = ShardState(4, "none", 3, "admission_test")
     assert _resolve(state, [9], 1)[9] == -1

@@ -24,11 +24,11 @@ def test_dynamic_feature_needs_no_cardinality_and_reports_its_capacity():
     spec = FeatureSpec.from_dict(raw_spec(eviction="lfu", min_count=3, capacity_scope="total"), source="s.yaml")
     assert spec.cardinalities() == [1000, 50]
     assert dynamic_spec.dynamic_features(spec) == ["user"]
-    only_user = raw_spec(eviction="lfu", min_count=3, capacity_scope="total")
+    only_user = raw_spec(eviction="lfu", min_count=3, capacity_scope="total", max_idle_steps=50)
     del only_user["feature_spec"]["item"]
     only_user["channel_spec"]["categorical"] = ["user"]
     (table,) = dynamic_table_configs(FeatureSpec.from_dict(only_user), 0.05, [16])
-    assert table.placement.dynamic == DynamicStorage(1000, "lfu", 3, "total") and table.embedding_dim == 16
+    assert table.placement.dynamic == DynamicStorage(1000, "lfu", 3, "total", 50) and table.embedding_dim == 16
 
 
 @pytest.mark.parametrize("user, message", [
@@ -39,6 +39,7 @@ def test_dynamic_feature_needs_no_cardinality_and_reports_its_capacity():
     ({"min_count": 0}, "feature_spec.user.min_count: expected a positive integer. Received: 0"),
     ({"dynamic": "yes"}, "feature_spec.user.dynamic: expected true or false. Received: 'yes'"),
     ({"capacity_scope": "cluster"}, "feature_spec.user.capacity_scope: expected one of"),
+    ({"max_idle_steps": 0}, "feature_spec.user.max_idle_steps: expected a positive integer .*Received: 0"),
 ])
 def test_bad_dynamic_settings_name_the_file_feature_and_key(user, message):
     with pytest.raises(FeatureSpecError, match=f"s.yaml: {message}"):

@@ -96,7 +96,7 @@ class DynamicEmbedding(keras.layers.Layer):
         self.row_offsets = tuple(int(o) for o in np.cumsum([0] + capacities))
         self.states = {
             shard: [ShardState(capacity, t.placement.dynamic.eviction, t.placement.dynamic.min_count,
-                               f"{self.name}_{t.name}_shard{shard}")
+                               f"{self.name}_{t.name}_shard{shard}", t.placement.dynamic.max_idle_steps)
                     for t, capacity in zip(self.table_configs, capacities)]
             for shard in self.local_shards
         }

@@ -16,6 +16,10 @@ the arrival order, so ``N`` ranks and one process holding the same shards take t
    smallest ``use_count``, then oldest, then key); keys left without a row are *rejected*: they
    read zeros this step and get no gradient (counted, never a wrong row).
 
+With ``max_idle_steps=T``, each training step first drops the rows last used more than ``T`` steps
+before it (counted as evictions): a function of each row's ``last_used`` and the step only, so it too
+is the same on every number of ranks, and after a restore (``last_used`` is checkpointed).
+
 The caller writes the new rows' initial values and resets their optimizer state (the evicted
 rows' state goes with them).
 """
@@ -36,10 +40,13 @@ def _ordered(candidates: tf.Tensor, sort_keys) -> tf.Tensor:
 
 
 class ShardState:
-    """Args: capacity (rows of this shard), policy, min_count, name (for the variables)."""
+    """Args: capacity (rows of this shard), policy, min_count, name (for the variables), max_idle_steps
+    (None: rows stay until evicted for room)."""
 
-    def __init__(self, capacity: int, policy: EvictionPolicy, min_count: int, name: str):
+    def __init__(self, capacity: int, policy: EvictionPolicy, min_count: int, name: str,
+                 max_idle_steps: int | None = None):
         self.capacity, self.policy, self.min_count = int(capacity), EvictionPolicy(policy), int(min_count)
+        self.max_idle_steps = None if max_idle_steps is None else int(max_idle_steps)
         self.map = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1, name=f"{name}_map")
         self.seen = (tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=0, name=f"{name}_seen")
                      if self.min_count > 1 else None)
@@ -60,6 +67,8 @@ class ShardState:
         """Training: maps the ascending distinct ``keys`` (with their ``counts`` in this step),
         inserting and evicting as needed. Returns ``(rows [U] (-1: no row), new_rows, new_keys)``."""
         keys = tf.reshape(keys, [-1])  # the map's results have no static shape: give them one
+        if self.max_idle_steps is not None:
+            self._drop_idle(tf.cast(step, tf.int64))
         found = tf.reshape(self.map.lookup(keys), [-1])
         is_new = found < 0
         admitted = is_new
@@ -71,11 +80,15 @@ class ShardState:
             self.seen.remove(tf.boolean_mask(keys, admitted))
         candidates = tf.boolean_mask(keys, admitted)  # ascending
         wanted = tf.shape(candidates, out_type=tf.int64)[0]
-        # A row is never freed (an evicted row goes to a new key at once), so the occupied rows are
-        # always the prefix [0, size): free rows cost O(new keys), not a scan of the capacity.
-        size = self.size.read_value()
-        free = tf.range(size, size + tf.minimum(wanted, self.capacity - size))
-        self.size.assign(size + tf.shape(free, out_type=tf.int64)[0])
+        if self.max_idle_steps is None:
+            # No row is ever freed (an evicted row goes to a new key at once), so the occupied rows are
+            # always the prefix [0, size): free rows cost O(new keys), not a scan of the capacity.
+            size = self.size.read_value()
+            free = tf.range(size, size + tf.minimum(wanted, self.capacity - size))
+            self.size.assign(size + tf.shape(free, out_type=tf.int64)[0])
+        else:  # idle rows are freed anywhere: the lowest free rows, ascending
+            unoccupied = tf.reshape(tf.where(~self.occupied), [-1])
+            free = unoccupied[: tf.minimum(wanted, tf.shape(unoccupied, out_type=tf.int64)[0])]
         shortfall = wanted - tf.shape(free, out_type=tf.int64)[0]
         victims = tf.zeros([0], tf.int64)
         if self.policy is not EvictionPolicy.NONE:
@@ -99,6 +112,13 @@ class ShardState:
         self.last_used.scatter_nd_update(live_rows[:, None], tf.fill(tf.shape(live_rows), tf.cast(step, tf.int64)))
         self.use_count.scatter_nd_add(live_rows[:, None], tf.boolean_mask(counts, present))
         return rows, new_rows, new_keys
+
+    def _drop_idle(self, step):
+        """Frees the rows last used more than ``max_idle_steps`` steps before ``step``."""
+        idle = tf.reshape(tf.where(self.occupied & (step - self.last_used > self.max_idle_steps)), [-1])
+        self.map.remove(tf.gather(self.row_key, idle))
+        self.occupied.scatter_nd_update(idle[:, None], tf.zeros_like(idle, tf.bool))
+        self.evictions.assign_add(tf.shape(idle, out_type=tf.int64)[0])
 
     def _evict(self, found, is_new, shortfall):
         """Up to ``shortfall`` victims among the rows not used in this step, removed from the map."""
