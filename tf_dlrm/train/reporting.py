@@ -13,6 +13,8 @@ import tensorflow as tf
 from tf_dlrm.io import files
 from tf_dlrm.io.json_values import json_value
 
+SUMMARY_LABEL_WIDTH = 26  # the summary's label column; longer labels run into the values
+
 
 class Reporter:
     """Writes only on the chief rank; every other rank gets a silent reporter.
@@ -86,7 +88,9 @@ class Reporter:
     def summary(self, lines: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        width = max(len(k) for k in lines)
+        # A long label (a figure's variant: "validation NE (uncalibrated)") runs into the value column rather
+        # than pushing every other line's value to the right.
+        width = max([len(k) for k in lines if len(k) <= SUMMARY_LABEL_WIDTH] or [SUMMARY_LABEL_WIDTH])
         rule = "=" * (width + 30)
         print(rule, file=self.stream)
         for key, value in lines.items():
