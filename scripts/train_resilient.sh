@@ -86,13 +86,17 @@ trap 'pass_on TERM 143' TERM
 trap 'pass_on INT 130' INT
 log="$(mktemp -t train_resilient.XXXXXX)"
 trap 'rm -f "$log"' EXIT
+# Should this script die without passing a signal on (SIGKILL, the out-of-memory killer), the launcher gets SIGTERM
+# from the kernel and stops the job as after a preemption (checkpoint saved), instead of training on unattended.
+pdeathsig=()
+command -v setpriv >/dev/null 2>&1 && pdeathsig=(setpriv --pdeathsig TERM)
 
 attempt=0
 resume=()
 while true; do
   echo "train_resilient.sh: attempt $((attempt + 1)) on $np rank(s)${resume:+ (--resume)}" >&2
   HOROVODRUN="$horovodrun" PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" \
-    "$python" -m tf_dlrm.cli.launch -np "$np" -H "localhost:$np" --gloo "$@" "${resume[@]}" 2>&1 | tee "$log" &
+    "${pdeathsig[@]}" "$python" -m tf_dlrm.cli.launch -np "$np" -H "localhost:$np" --gloo "$@" "${resume[@]}" 2>&1 | tee "$log" &
   last=$!
   launcher="$(jobs -p %%)"  # the pipeline's process group is led by the launcher
   [[ $interrupted -eq 1 ]] && kill -TERM "$launcher" 2>/dev/null  # signalled while it was starting

@@ -68,3 +68,29 @@ def test_a_signal_to_the_script_stops_the_job_once_and_no_restart_follows(tmp_pa
     assert "attempt 2" not in output, output
     assert output.strip().splitlines()[-1] == (f"train_resilient.sh: stopped by a signal, passed on to the job "
                                                f"(exit status {128 + number}); no restart"), output
+
+
+def test_a_script_killed_outright_takes_its_job_with_it(tmp_path):
+    """SIGKILL (or the out-of-memory killer) gives the script no chance to pass a signal on: the launcher gets
+    SIGTERM from the kernel as the script dies (setpriv --pdeathsig) and stops the job as after a preemption.
+    Before, the launcher and its ranks trained on unattended (benchmarks/results/chaos.md)."""
+    job = tmp_path / "job"
+    job.write_text(STAND_IN.format(python=sys.executable))
+    job.chmod(job.stat().st_mode | stat.S_IEXEC)
+    script = subprocess.Popen(["bash", "scripts/train_resilient.sh", "--np", "2", "--", "python", "main.py",
+                               f"--save_checkpoint_path={tmp_path / 'save'}"], cwd=REPO,
+                              env=worker_env({"PYTHON": str(job), "HOROVODRUN": str(job)}), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        assert script.stdout.readline().startswith("train_resilient.sh: attempt 1")
+        assert script.stdout.readline().strip() == "job started"
+        killed = time.monotonic()
+        os.kill(script.pid, signal.SIGKILL)
+        # The pipe ends when the job and its tee have exited (the job writes its last line through tee).
+        output, _ = script.communicate(timeout=30)
+    finally:
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+            script.wait()
+    assert time.monotonic() - killed < 10, output
+    assert output.strip().splitlines() == ["job got TERM"], output
