@@ -196,15 +196,14 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         dynamic = [t for t in self.table_configs if t.dynamic]
         names = {t.name for t in dynamic}
         readers = [f for f in self.features if f.table_name in names]
-        problems = [f.name for f in readers if not f.one_hot]
-        if problems or len(readers) != len(dynamic):
-            raise ValueError("Expected one one-hot feature per dynamic table (its keys, [batch] int64). Received: "
-                             f"features {[(f.name, f.table_name, f.hotness) for f in readers]} for dynamic tables "
-                             f"{sorted(names)}")
+        if len(readers) != len(dynamic):
+            raise ValueError("Expected one feature per dynamic table (its int64 keys). Received: features "
+                             f"{[(f.name, f.table_name) for f in readers]} for dynamic tables {sorted(names)}")
         static = [f for f in self.features if f.table_name not in names]
         self.dynamic_features = tuple(readers)
         self.dynamic_layer = DynamicEmbedding([f.table for f in readers], rank=self.env.rank, world_size=self.env.world_size,
-                                              num_shards=num_shards, seed=seed, name=f"{self.name}_dynamic")
+                                              num_shards=num_shards, seed=seed, combiners=[f.combiner for f in readers],
+                                              name=f"{self.name}_dynamic")
         self.features = tuple(static)
         self.table_configs = tables_of(self.features)
         self.dynamic_table_configs = tuple(f.table for f in readers)

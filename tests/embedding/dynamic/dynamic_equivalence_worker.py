@@ -34,14 +34,16 @@ NUM_NUMERICAL = 4
 
 
 def dynamic_features(tables) -> list[FeatureConfig]:
-    """One feature per dynamic table of the case (``{"name", "capacity", "width", ...}``), named like it."""
+    """One feature per dynamic table of the case (``{"name", "capacity", "width", ...}``, ``hotness`` and ``combiner``
+    for a multi-hot one), named like it."""
     features = []
     for table in tables:
         storage = DynamicStorage(capacity=table["capacity"], eviction=table.get("eviction", "none"),
                                  min_count=table.get("min_count", 1), capacity_scope=table.get("capacity_scope", "per_rank"),
                                  max_idle_steps=table.get("max_idle_steps"))
         config = TableConfig(table["name"], table["capacity"], table["width"], placement=Placement(dynamic=storage))
-        features.append(FeatureConfig(table["name"], config))
+        features.append(FeatureConfig(table["name"], config, hotness=table.get("hotness", 1),
+                                      combiner=table.get("combiner", "sum")))
     return features
 
 
@@ -64,10 +66,11 @@ def make_batches(case, count):
     batches = []
     for _ in range(count):
         keys = []
-        for pool in pools:
+        for pool, table in zip(pools, case["tables"]):
             pool.extend(rng.integers(-2**63, 2**63 - 1, case["new_keys_per_step"], dtype=np.int64))
             weights = np.arange(1, len(pool) + 1, dtype=np.float64) ** 2
-            keys.append(np.asarray(pool, np.int64)[rng.choice(len(pool), size, p=weights / weights.sum())])
+            shape = (size, table["hotness"]) if table.get("hotness", 1) > 1 else size
+            keys.append(np.asarray(pool, np.int64)[rng.choice(len(pool), shape, p=weights / weights.sum())])
         numerical = rng.random((size, NUM_NUMERICAL), dtype=np.float32)
         label = rng.integers(0, 2, (size, 1)).astype(np.float32)
         batches.append((numerical, dict(zip([t["name"] for t in case["tables"]], keys)), label))

@@ -40,6 +40,10 @@ CASES = [
     {**BASE, "name": "idle_adagrad", "steps": 5, "embedding_optimizer": "adagrad", "reference_shards": 1,
      "tables": [{"name": "a", "capacity": 400, "width": 4, "max_idle_steps": 1},
                 {"name": "b", "capacity": 400, "width": 4, "max_idle_steps": 2, "min_count": 2}]},
+    # Multi-hot dynamic features (3 keys per sample, pooled by mean and sum), LRU evictions on small shards.
+    {**BASE, "name": "evict_multi_hot_sgd", "steps": 4, "embedding_optimizer": "sgd", "reference_shards": "world",
+     "tables": [{"name": "a", "capacity": 6, "width": 4, "eviction": "lru", "hotness": 3, "combiner": "mean"},
+                {"name": "b", "capacity": 5, "width": 4, "eviction": "lfu", "hotness": 2}]},
 ]
 # At 4 ranks (the costliest launch on 2 cores) one insertion case and the case whose per-shard
 # capacity depends on N; every optimizer and eviction already runs at N = 2 and N = 3.

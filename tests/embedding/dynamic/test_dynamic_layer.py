@@ -159,6 +159,32 @@ def test_training_inserts_evaluation_reads_zeros_and_inserts_nothing():
     assert layer.counters()["items"]["rows"] == 2
 
 
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_multi_hot_keys_pool_the_rows_one_hot_lookups_give(combiner):
+    from tf_dlrm.embedding import DistributedEmbedding, DynamicStorage, FeatureConfig, Placement, TableConfig
+
+    table = TableConfig("items", 50, 3, placement=Placement(dynamic=DynamicStorage(50)))
+    ragged = DistributedEmbedding([FeatureConfig("history", table, hotness=4, ragged=True, combiner=combiner)], seed=2)
+    fixed = DistributedEmbedding([FeatureConfig("pair", table, hotness=2, combiner=combiner)], seed=2)
+    one_hot = DistributedEmbedding([FeatureConfig("item", table)], seed=2)
+    keys = tf.ragged.constant([[7, -3, 7], [], [2**62], [5, 6, 7, 8]], tf.int64)
+    trained = ragged({"history": keys}, training=True)["history"].numpy()  # inserts every key
+    rows = one_hot({"item": keys.values}, training=True)["item"].numpy()  # the same seed: the same new rows
+    counts = keys.row_lengths().numpy()
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    for sample, count in enumerate(counts):
+        total = rows[starts[sample]:starts[sample + 1]].sum(axis=0)
+        scale = {"sum": 1.0, "mean": max(count, 1), "sqrtn": max(np.sqrt(count), 1)}[combiner]
+        np.testing.assert_allclose(trained[sample], total / scale, rtol=1e-6, atol=1e-7)
+    assert ragged.dynamic_layer.counters()["items"]["rows"] == 6  # distinct keys
+    # Fixed hotness, evaluation: a key without a row adds zeros and still counts for mean and sqrtn.
+    pair = fixed({"pair": tf.constant([[5, 6], [5, 999]], tf.int64)}, training=True)["pair"].numpy()
+    unseen = fixed({"pair": tf.constant([[5, 123456]], tf.int64)}, training=False)["pair"].numpy()
+    scale = {"sum": 1.0, "mean": 2.0, "sqrtn": np.sqrt(2.0)}[combiner]
+    np.testing.assert_allclose(unseen[0], rows[4] / scale, rtol=1e-6, atol=1e-7)  # rows[4]: key 5's row
+    np.testing.assert_allclose(pair[0], (rows[4] + rows[5]) / scale, rtol=1e-6, atol=1e-7)
+
+
 def test_fixed_table_checkpoint_into_a_dynamic_table_is_a_clear_error(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "tf_dlrm.checkpoint", "version": 1}))
     layer = dynamic_layer("items", 8, 3)

@@ -29,7 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_dlrm.embedding.table_config import TableConfig
+from tf_dlrm.embedding.table_config import Combiner, TableConfig
 from tf_dlrm.parallel import collectives
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.embedding.dynamic import hashing
@@ -65,10 +65,13 @@ def new_row_bound(table: TableConfig) -> float:
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
 class DynamicEmbedding(keras.layers.Layer):
-    """One one-hot feature per dynamic table, keyed by raw int64 keys; called with ``{table name: keys}``.
+    """One feature per dynamic table, keyed by raw int64 keys; called with ``{table name: keys}``, each ``[batch]``
+    (one-hot), ``[batch, hotness]`` or ragged ``[batch, None]`` (multi-hot, pooled by the table's combiner).
 
     Args:
         tables: dynamic :class:`TableConfig` objects (or their dicts), one per feature, one width for all.
+        combiners: how each table's multi-hot keys pool (``sum``, ``mean``, ``sqrtn``; default ``sum``); a key
+            without a row adds zeros and counts for ``mean`` and ``sqrtn``, as an id of a fixed table does.
         rank, world_size: this process's place.
         num_shards: shards of every table (default ``world_size``); shard ``s`` lives on rank
             ``s mod world_size``. One process with ``num_shards=N`` takes the same insertion and
@@ -77,11 +80,14 @@ class DynamicEmbedding(keras.layers.Layer):
     """
 
     def __init__(self, tables: Sequence, rank: int = 0, world_size: int = 1, num_shards: int | None = None,
-                 seed: int = 0, **kwargs):
+                 seed: int = 0, combiners: Sequence[str] | None = None, **kwargs):
         super().__init__(**kwargs)
         self.table_configs = tuple(as_dynamic_table(t) for t in tables)
         if not self.table_configs:
             raise ValueError("Expected at least one dynamic table. Received: tables=[]")
+        self.combiners = tuple(Combiner(c).value for c in (combiners or ["sum"] * len(self.table_configs)))
+        if len(self.combiners) != len(self.table_configs):
+            raise ValueError(f"Expected one combiner per dynamic table. Received: {list(self.combiners)}")
         widths = {t.embedding_dim for t in self.table_configs}
         if len(widths) != 1:
             raise ValueError(f"Expected one width for every dynamic table. Received: "
@@ -138,21 +144,22 @@ class DynamicEmbedding(keras.layers.Layer):
         if not isinstance(inputs, Mapping) or sorted(inputs) != sorted(names):
             raise ValueError(f"Expected the keys of every dynamic table {names} by table name. Received: "
                              f"{sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__}")
-        categorical = [inputs[name] for name in names]
-        for name, ids in zip(names, categorical):
-            if ids.dtype not in KEY_DTYPES:
-                raise ValueError(f"Expected int64 (or int32) keys for dynamic feature {name!r}. Received: dtype={ids.dtype.name}")
-        keys = tf.reshape(tf.stack([tf.cast(tf.reshape(ids, [-1]), tf.int64) for ids in categorical], axis=1), [-1])
-        count = len(self.table_configs)
-        batch = tf.shape(keys, out_type=tf.int64)[0] // count
-        tables = tf.tile(tf.range(count, dtype=tf.int64), [batch])
+        # Every table's keys flat, one table after the other: the exchange and the shards take (table, key) pairs
+        # in any order (each shard resolves a step's distinct keys sorted), so one path serves one-hot and multi-hot.
+        flat = [_flat_keys(name, inputs[name]) for name in names]
+        keys = tf.concat([values for values, _, _ in flat], axis=0)
+        tables = tf.concat([tf.fill(tf.shape(values, out_type=tf.int64), tf.constant(t, tf.int64))
+                            for t, (values, _, _) in enumerate(flat)], axis=0)
         if training:
             self.training_step.assign_add(1)
         if not self.env.distributed:
             vectors = self._owner_lookup(tables, keys, bool(training))
         else:
             vectors = self._exchanged_lookup(tables, keys, bool(training))
-        return tf.cast(tf.reshape(vectors, [-1, count, self.embedding_dim]), self.compute_dtype)
+        pieces = tf.split(vectors, [tf.shape(values)[0] for values, _, _ in flat], axis=0, num=len(flat))
+        pooled = [_pooled(piece, rows, samples, combiner)
+                  for piece, (_, rows, samples), combiner in zip(pieces, flat, self.combiners)]
+        return tf.cast(tf.stack(pooled, axis=1), self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
         return (None, len(self.table_configs), self.embedding_dim)
@@ -243,4 +250,28 @@ class DynamicEmbedding(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "tables": [t.to_dict() for t in self.table_configs], "rank": self.env.rank,
-                "world_size": self.env.world_size, "num_shards": self.num_shards, "seed": self.seed}
+                "world_size": self.env.world_size, "num_shards": self.num_shards, "seed": self.seed,
+                "combiners": list(self.combiners)}
+
+
+def _flat_keys(name: str, ids):
+    """``(keys [n] int64, sample of each key [n] or None for one key per sample, samples)`` of one feature's ids."""
+    if ids.dtype not in KEY_DTYPES:
+        raise ValueError(f"Expected int64 (or int32) keys for dynamic feature {name!r}. Received: dtype={ids.dtype.name}")
+    if isinstance(ids, tf.RaggedTensor):
+        return tf.cast(ids.values, tf.int64), tf.cast(ids.value_rowids(), tf.int64), tf.cast(ids.nrows(), tf.int64)
+    if ids.shape.rank == 2:
+        samples, hotness = tf.shape(ids, out_type=tf.int64)[0], tf.shape(ids, out_type=tf.int64)[1]
+        return tf.cast(tf.reshape(ids, [-1]), tf.int64), tf.repeat(tf.range(samples), hotness), samples
+    return tf.cast(tf.reshape(ids, [-1]), tf.int64), None, None
+
+
+def _pooled(vectors, rows, samples, combiner: str):
+    """One vector per sample: the key's own (one-hot), or the pool of its keys' vectors."""
+    if rows is None:
+        return vectors
+    total = tf.math.unsorted_segment_sum(vectors, rows, samples)
+    if combiner == Combiner.SUM.value:
+        return total
+    count = tf.math.unsorted_segment_sum(tf.ones_like(rows, vectors.dtype), rows, samples)[:, None]
+    return tf.math.divide_no_nan(total, count if combiner == Combiner.MEAN.value else tf.sqrt(count))
