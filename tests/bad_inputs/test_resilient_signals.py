@@ -40,20 +40,25 @@ def _ignoring_stop_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-@pytest.mark.parametrize("ignored_at_start", [False, True], ids=["default", "ignored_at_start"])
-@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_to_the_script_stops_the_job_once_and_no_restart_follows(tmp_path, number, ignored_at_start):
+def start_script(tmp_path, preexec_fn=None) -> subprocess.Popen:
+    """The script running the stand-in job (its group of its own), once the job has started."""
     job = tmp_path / "job"
     job.write_text(STAND_IN.format(python=sys.executable))
     job.chmod(job.stat().st_mode | stat.S_IEXEC)
     script = subprocess.Popen(["bash", "scripts/train_resilient.sh", "--np", "2", "--", "python", "main.py",
                                f"--save_checkpoint_path={tmp_path / 'save'}"], cwd=REPO,
                               env=worker_env({"PYTHON": str(job), "HOROVODRUN": str(job)}), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                              preexec_fn=_ignoring_stop_signals if ignored_at_start else None)
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=preexec_fn)
+    assert script.stdout.readline().startswith("train_resilient.sh: attempt 1")
+    assert script.stdout.readline().strip() == "job started"
+    return script
+
+
+@pytest.mark.parametrize("ignored_at_start", [False, True], ids=["default", "ignored_at_start"])
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_script_stops_the_job_once_and_no_restart_follows(tmp_path, number, ignored_at_start):
+    script = start_script(tmp_path, _ignoring_stop_signals if ignored_at_start else None)
     try:
-        assert script.stdout.readline().startswith("train_resilient.sh: attempt 1")
-        assert script.stdout.readline().strip() == "job started"
         signalled = time.monotonic()
         os.kill(script.pid, number)
         output, _ = script.communicate(timeout=30)
@@ -74,16 +79,8 @@ def test_a_script_killed_outright_takes_its_job_with_it(tmp_path):
     """SIGKILL (or the out-of-memory killer) gives the script no chance to pass a signal on: the launcher gets
     SIGTERM from the kernel as the script dies (setpriv --pdeathsig) and stops the job as after a preemption.
     Before, the launcher and its ranks trained on unattended (benchmarks/results/chaos.md)."""
-    job = tmp_path / "job"
-    job.write_text(STAND_IN.format(python=sys.executable))
-    job.chmod(job.stat().st_mode | stat.S_IEXEC)
-    script = subprocess.Popen(["bash", "scripts/train_resilient.sh", "--np", "2", "--", "python", "main.py",
-                               f"--save_checkpoint_path={tmp_path / 'save'}"], cwd=REPO,
-                              env=worker_env({"PYTHON": str(job), "HOROVODRUN": str(job)}), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    script = start_script(tmp_path)
     try:
-        assert script.stdout.readline().startswith("train_resilient.sh: attempt 1")
-        assert script.stdout.readline().strip() == "job started"
         killed = time.monotonic()
         os.kill(script.pid, signal.SIGKILL)
         # The pipe ends when the job and its tee have exited (the job writes its last line through tee).
