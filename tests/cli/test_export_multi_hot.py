@@ -34,7 +34,8 @@ FLAGS = ["--dataset_type=split_tfrecords", "--model=dcnv2", "--embedding_dim=8",
          "--optimizer=sgd", "--embedding_optimizer=sgd", "--print_freq=1000", "--evals_per_epoch=0", "--seed=3"]
 DYNAMIC_FLAGS = ["--model=dcnv2", "--embedding_dim=8", "--deep_mlp_dims=16", "--num_cross_layers=2",
                  "--cross_low_rank=4", "--batch_size=192", "--valid_batch_size=250", "--epochs=1", "--learning_rate=0.05",
-                 "--optimizer=adam", "--embedding_optimizer=adagrad", "--print_freq=1000", "--evals_per_epoch=0", "--seed=3"]
+                 "--optimizer=adam", "--embedding_optimizer=adagrad", "--print_freq=1000", "--evals_per_epoch=0", "--seed=3",
+                 "--calibration=none"]  # the worker's predictions are the model's own: compared with what is served
 SERVE = os.path.join(REPO, "tests", "cli", "serve_saved_model.py")
 
 

@@ -75,12 +75,15 @@ def test_table_init_independent_of_slicing():
 
 def test_embedding_bank_lookup_and_full_tables():
     bank = EmbeddingBank([10, 20], 4, seed=1)
-    ids = (np.array([1, 9], np.int32), np.array([0, 19], np.int32))
-    out = bank(ids).numpy()
+    ids = {"t0": np.array([1, 9], np.int32), "t1": np.array([0, 19], np.int32)}
+    out = bank(ids, stacked=True).numpy()
     assert out.shape == (2, 2, 4)
     np.testing.assert_array_equal(out[1, 1], bank.get_full_table(1)[19])
+    np.testing.assert_array_equal(bank(ids)["t1"].numpy(), out[:, 1])
     bank.set_full_table(0, np.full((10, 4), 2.0, np.float32))
-    np.testing.assert_array_equal(bank(ids).numpy()[:, 0], np.full((2, 4), 2.0))
+    np.testing.assert_array_equal(bank(ids, stacked=True).numpy()[:, 0], np.full((2, 4), 2.0))
+    with pytest.raises(TypeError, match="Expected a dict of feature name -> ids. Received: tuple"):
+        bank(tuple(ids.values()))
 
 
 def features(numerical, t0, t1) -> dict:
