@@ -133,7 +133,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if len(storage) > 1:
             raise ValueError("Expected one storage for every model-parallel table (split bfloat16 tables are fused "
                              f"with the others). Received: {sorted(storage)}")
-        self.plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
+        self.plan = plan
         if self.plan.world_size != self.env.world_size:
             raise ValueError(f"Expected a plan for the {self.env.world_size} ranks of this run. "
                              f"Received: a plan for {self.plan.world_size}")
