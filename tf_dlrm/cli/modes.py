@@ -333,7 +333,7 @@ def run_train(config, stop=None) -> dict:
         reporter.event("final_test", step=final_step, split=splits.test, **tested.record())
         reporter.scalars(final_step, **{f"test_{name}": value for name, value in tested.metrics.as_dict().items()})
     model = session.model
-    if getattr(embedding_layer(model), "dynamic_only", False):
+    if getattr(embedding_layer(model), "dynamic_layer", None) is not None:
         # Rows, evictions and rejections of every dynamic table, summed over ranks (collective).
         counters = embedding_layer(model).dynamic_layer.global_counters()
         reporter.event("dynamic_tables", tables=counters)

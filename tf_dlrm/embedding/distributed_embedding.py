@@ -225,6 +225,22 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         self.split_embedding_tables = False
 
     @property
+    def output_widths(self) -> tuple:
+        """The width of each output feature, in :attr:`output_features`' order (what a model on this layer reads;
+        :attr:`feature_widths` are the planned features' alone when dynamic tables sit beside fixed ones)."""
+        if self.dynamic_layer is None or self.dynamic_only:
+            return tuple(self.feature_widths)
+        widths = dict(zip((f.name for f in self.features), self.feature_widths))
+        widths.update(zip((f.name for f in self.dynamic_features), self.dynamic_layer.feature_widths))
+        return tuple(widths[f.name] for f in self.output_features)
+
+    @property
+    def output_dim(self) -> int | None:
+        """The one width of every output feature (the stacked output is then ``[b, F, D]``), else None."""
+        widths = set(self.output_widths)
+        return widths.pop() if len(widths) == 1 else None
+
+    @property
     def dynamic_only(self) -> bool:
         """Whether every table is dynamic (the layer then runs its :attr:`dynamic_layer` alone)."""
         return self.dynamic_layer is not None and self.plan is None
@@ -520,9 +536,9 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if isinstance(input_shape, Mapping):
             return {f.name: (None, f.table.embedding_dim if hasattr(f.table, "embedding_dim") else None)
                     for f in self.output_features}
-        if self.embedding_dim is None:
-            return (None, sum(self.feature_widths))
-        return (None, self.num_features, self.embedding_dim)
+        if self.output_dim is None:
+            return (None, sum(self.output_widths))
+        return (None, len(self.output_features), self.output_dim)
 
     def get_config(self):
         # Never the rank or the world size: a saved layer is rebuilt for the run that loads it.

@@ -51,7 +51,7 @@ class DeepFM(RankingModel):
         return width_one_tables.with_linear_features(deep)
 
     def create_layers(self):
-        widths = set(self.embedding.feature_widths[:self.num_categorical])
+        widths = set(self.embedding.output_widths[:self.num_categorical])
         if len(widths) != 1:
             raise ValueError(f"DeepFM's FM term needs one width for every deep table. Received widths: {sorted(widths)}")
         if self.extra_width != self.num_categorical:

@@ -36,7 +36,7 @@ class FM(RankingModel):
         return width_one_tables.with_linear_features(deep)
 
     def create_layers(self):
-        widths = set(self.embedding.feature_widths[:self.num_categorical])
+        widths = set(self.embedding.output_widths[:self.num_categorical])
         if len(widths) != 1:
             raise ValueError(f"The FM's pairwise term needs one width for every table. Received widths: {sorted(widths)}")
         self.vector_width = widths.pop()
