@@ -1,5 +1,5 @@
 """Delta publishing end to end, with real processes: ``main.py --delta_every_steps`` on 2 ranks (column slices,
-replicated tables) and on 1, ``--mode=export`` of checkpoints, ``python -m tf_dlrm.cli.apply_deltas``, and the
+replicated tables, hot rows) and on 1, ``--mode=export`` of checkpoints, ``python -m tf_dlrm.cli.apply_deltas``, and the
 SavedModels served by a process that cannot import tf_dlrm.
 
 The claim: an export of step S0 with the deltas of steps S0 -> S applied serves what an export of the checkpoint of
@@ -85,8 +85,10 @@ def _run(tmp_path_factory, name: str, ranks: int, extra: list[str], optimizer: s
 
 
 def two_ranks(tmp_path_factory) -> dict:
+    # Hot rows: the replicas hold the model's values of the most looked-up rows, the owners' copies are stale.
     return _run(tmp_path_factory, "two_ranks", 2, ["--dist_strategy=column_wise", "--delta_every_steps=2",
-                                                   "--checkpoint_every_steps=2"], "rowwise_adagrad", (4, STEPS))
+                                                   "--checkpoint_every_steps=2", "--hot_rows_budget=0.05"],
+                "rowwise_adagrad", (4, STEPS))
 
 
 def one_rank(tmp_path_factory) -> dict:
@@ -208,3 +210,19 @@ def test_the_fingerprint_sees_a_change_in_any_one_column():
         changed[5, column] = np.nextafter(changed[5, column], np.float32(np.inf))  # the smallest change there is
         after = row_fingerprints(changed)
         assert after[5] != base[5] and np.array_equal(np.delete(after, 5), np.delete(base, 5)), column
+
+
+def test_a_run_restarted_at_a_step_replaces_the_deltas_after_it(tmp_path_factory):
+    """Training again from the checkpoint of step 6 makes the old delta of step 9 a state no chain reaches: the new
+    run removes it (saying so) and writes its own, which follows step 6."""
+    run = one_rank(tmp_path_factory)
+    out = str(tmp_path_factory.mktemp("restarted"))
+    shutil.copytree(run["deltas"], f"{out}/deltas")
+    completed = run_python(["main.py", *_flags(_dataset(tmp_path_factory), "catch_up_adam"), f"--max_steps={STEPS}",
+                            f"--restore_checkpoint_path={run['out']}/checkpoints/ckpt-00000006",
+                            f"--save_checkpoint_path={out}/checkpoints", "--delta_every_steps=3", f"--delta_dir={out}/deltas"])
+    assert (f"deltas: removed delta-00000009 under {out}/deltas: they are later than step 6, where this run starts"
+            in completed.stdout + completed.stderr)
+    assert sorted(os.listdir(f"{out}/deltas")) == ["delta-00000003", "delta-00000006", "delta-00000009"]
+    with open(f"{out}/deltas/delta-00000009/manifest.json") as handle:
+        assert json.load(handle)["previous_step"] == 6
