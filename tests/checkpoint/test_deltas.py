@@ -98,6 +98,52 @@ def one_rank(tmp_path_factory) -> dict:
                 "catch_up_adam", (4, 6, 9))
 
 
+def _dynamic_dataset(tmp_path_factory) -> str:
+    """Sparse int64 keys (every feature a dynamic table) in shards too small for them: LRU evicts in every step."""
+    if "dynamic_data" not in _cache:
+        import yaml
+
+        from tf_dlrm.data.hidden_model import GeneratorConfig
+        from tf_dlrm.data.synthetic import generate
+        from tf_dlrm.spec.feature_spec import FeatureSpec
+
+        directory = str(tmp_path_factory.mktemp("delta_dynamic_data"))
+        spec = FeatureSpec.load(os.path.join(REPO, "feature_specs", "synthetic_small.yaml"), check_files=False)
+        generate(spec, directory, num_train_samples=1536, num_valid_samples=384, seed=3,
+                 config=GeneratorConfig(hashed_keys=True))
+        path = os.path.join(directory, "feature_spec.yaml")
+        with open(path) as handle:
+            raw = yaml.safe_load(handle)
+        for properties in raw["feature_spec"].values():
+            if properties.get("dynamic"):
+                properties.update(capacity=min(int(properties["capacity"]), 60), eviction="lru")
+        with open(path, "w") as handle:
+            yaml.safe_dump(raw, handle, sort_keys=False)
+        _cache["dynamic_data"] = directory
+    return _cache["dynamic_data"]
+
+
+def dynamic_two_ranks(tmp_path_factory) -> dict:
+    if "dynamic" not in _cache:
+        data = _dynamic_dataset(tmp_path_factory)
+        out = str(tmp_path_factory.mktemp("dynamic_two_ranks"))
+        flags = _flags(data, "adagrad") + ["--embedding_dim=4", "--bottom_mlp_dims=8,4", "--top_mlp_dims=8,1"]
+        launch(2, ["main.py", *flags, f"--max_steps={STEPS}", f"--save_checkpoint_path={out}/checkpoints",
+                   "--checkpoint_every_steps=2", "--keep_checkpoints=20", "--delta_every_steps=2", f"--delta_dir={out}/deltas",
+                   f"--log_path={out}/train.jsonl"])
+        for step in (4, STEPS):
+            run_python(["main.py", *flags, "--mode=export", f"--restore_checkpoint_path={out}/checkpoints/ckpt-{step:08d}",
+                        f"--saved_model_path={out}/export_{step}"])
+        _apply(f"{out}/export_4", f"{out}/deltas", f"{out}/applied_{STEPS}")
+        batch = _batch(data, os.path.join(out, "batch.npz"))
+        arguments = []
+        for name in (f"applied_{STEPS}", f"export_{STEPS}", "export_4"):
+            arguments += [f"{out}/{name}", batch, f"{out}/{name}.npy", "--"]
+        run_python(["tests/cli/serve_saved_model.py", *arguments[:-1]])
+        _cache["dynamic"] = {"out": out, "deltas": f"{out}/deltas"}
+    return _cache["dynamic"]
+
+
 def _apply(export: str, deltas: str, output: str, *more: str, check: bool = True):
     return run_python(["-m", "tf_dlrm.cli.apply_deltas", f"--saved_model_path={export}", f"--delta_dir={deltas}",
                        f"--output_path={output}", *more], check=check)
@@ -226,3 +272,23 @@ def test_a_run_restarted_at_a_step_replaces_the_deltas_after_it(tmp_path_factory
     assert sorted(os.listdir(f"{out}/deltas")) == ["delta-00000003", "delta-00000006", "delta-00000009"]
     with open(f"{out}/deltas/delta-00000009/manifest.json") as handle:
         assert json.load(handle)["previous_step"] == 6
+
+
+def test_dynamic_tables_deltas_hold_changed_and_evicted_keys(tmp_path_factory):
+    """Dynamic tables on 2 ranks, shards of 60 rows for hundreds of keys: each delta holds the keys whose rows changed
+    (new keys among them) and the keys evicted since the last; the export of step 4 brought forward serves the
+    validation keys (unseen ones among them) as the export of step 10 does, bit for bit."""
+    run = dynamic_two_ranks(tmp_path_factory)
+    out = run["out"]
+    applied, full, base = (np.load(f"{out}/{name}.npy") for name in (f"applied_{STEPS}", f"export_{STEPS}", "export_4"))
+    print(f"dynamic: max |applied - full export| = {np.max(np.abs(applied - full)):.3g} over {full.size} rows")
+    np.testing.assert_array_equal(applied, full)
+    assert np.max(np.abs(base - full)) > 1e-3
+    with open(f"{run['deltas']}/delta-00000006/manifest.json") as handle:
+        manifest = json.load(handle)
+    pieces = [piece for table in manifest["dynamic"] for piece in table["pieces"]]
+    assert {piece["rank"] for piece in pieces} == {0, 1}
+    assert sum(piece["removed"] for piece in pieces) > 0 and sum(piece["count"] for piece in pieces) > 0
+    with open(f"{out}/train.jsonl") as handle:
+        final = [json.loads(line) for line in handle if '"dynamic_tables"' in line][-1]
+    assert sum(table["evictions"] for table in final["tables"].values()) > 0, final

@@ -7,6 +7,9 @@ writes one directory per delta under ``DIR``::
         manifest.json                                   written last: format, step, previous_step, tables, files
         tables/table_003.cols_0-8.rows.npy              int64 [n]: the global row ids that changed
         tables/table_003.cols_0-8.values.npy            float32 [n, 8]: their columns [0, 8) at ``step``
+        dynamic/table_000.rank_1.keys.npy               dynamic tables: int64 [n] keys whose rows changed (or are new),
+        dynamic/table_000.rank_1.values.npy             float32 [n, dim] their rows,
+        dynamic/table_000.rank_1.removed_keys.npy       int64 [m] keys that lost their row (evicted), by the rank owning them
         dense/<name>.npy                                every dense weight, whole (small)
 
 A delta holds the rows whose values at ``step`` differ from their values at ``previous_step`` (the step of the
@@ -16,12 +19,14 @@ exported SavedModel). Each rank writes the column slices it owns, as a checkpoin
 (:mod:`tf_dlrm.checkpoint.slices`); rank 0 writes the replicated tables and the dense weights.
 
 Which rows changed is found by value, not by tracking the optimizer: each rank keeps a 64-bit fingerprint of every
-row it holds (8 bytes a row, beside the row's ``4 * width``) and compares the rows against them at each delta.
+row it holds (8 bytes a row, beside the row's ``4 * width``; for a dynamic table, of every live key's row, with the
+key) and compares the rows against them at each delta.
 Whatever moved a row (any sparse optimizer, weight decay, hot-row replicas, a replicated table's dense
-update) is caught, and a row updated back to the same bits is rightly left out. The fingerprint is a sum of the
-row's float32 bit patterns times odd 64-bit constants, modulo 2^64: a change confined to one column always
-changes it (an odd constant is invertible modulo 2^64); a change spread over several columns goes unseen with
-probability about 2^-64. Each delta reads every row this rank holds once, chunk by chunk.
+update) is caught, and a row updated back to the same bits is rightly left out. The fingerprint is the sum, modulo
+2^64, of SplitMix64's finaliser of each column's index and float32 bits: the finaliser is a bijection of 64-bit
+words, so a change confined to one column always changes the fingerprint; a change spread over several columns goes
+unseen only when the sums of scrambled words collide, about 2^-64 per row. Each delta reads every row this rank
+holds once, chunk by chunk.
 
 Atomic as checkpoints are (:mod:`tf_dlrm.checkpoint.store`): a delta is written into a hidden ``.delta-<step>.tmp``,
 every file fsynced, the manifest (with each file's size and sha256) written last, then published with one rename.
@@ -42,6 +47,7 @@ import numpy as np
 
 from tf_dlrm.io import files
 from tf_dlrm.parallel import collectives
+from tf_dlrm.sharding.dynamic_routing import mix64
 from tf_dlrm.embedding.serving import dense_name
 from tf_dlrm.embedding.training_step import embedding_layer
 from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
@@ -69,16 +75,12 @@ def dense_variables(model) -> list:
 # ---------------------------------------------------------------------- the fingerprint
 
 
-def _multipliers(width: int) -> np.ndarray:
-    # Fixed constants (not per run): fingerprints are only compared within one process.
-    generator = np.random.default_rng(0x7F4A7C15)
-    return generator.integers(0, 2**64, size=width, dtype=np.uint64, endpoint=False) | np.uint64(1)
-
-
 def row_fingerprints(values: np.ndarray) -> np.ndarray:
-    """``[n]`` uint64: ``sum_c bits(values[:, c]) * m_c mod 2^64`` with odd constants ``m_c`` (see the module docstring)."""
+    """``[n]`` uint64: ``sum_c mix64(c * 2^32 + bits(values[:, c])) mod 2^64`` (see the module docstring)."""
     bits = np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
-    return (bits * _multipliers(bits.shape[1])).sum(axis=1, dtype=np.uint64)  # wraps modulo 2^64, by design
+    columns = np.arange(bits.shape[1], dtype=np.uint64) << np.uint64(32)
+    with np.errstate(over="ignore"):
+        return mix64(bits | columns).sum(axis=1, dtype=np.uint64)  # wraps modulo 2^64, by design
 
 
 # ---------------------------------------------------------------------- the writer
@@ -107,7 +109,7 @@ class DeltaWriter:
             deltas.on_step(step)
 
     Raises:
-        DeltaError: dynamic tables (their deltas are not written yet), or a failed write.
+        DeltaError: a remote ``directory``, or a failed write.
     """
 
     def __init__(self, model, env, directory: str, every_steps: int = 0, synchronize=None, say=None):
@@ -116,14 +118,14 @@ class DeltaWriter:
         if every_steps < 0:
             raise DeltaError(f"Expected --delta_every_steps >= 0. Received: --delta_every_steps={every_steps}")
         self.layer = embedding_layer(model)
-        if getattr(self.layer, "dynamic_layer", None) is not None:
-            raise DeltaError("--delta_every_steps: deltas of dynamic tables (changed keys, evicted keys) are not written "
-                             "yet; this model has dynamic tables")
+        self.dynamic = getattr(self.layer, "dynamic_layer", None)
         self.env, self.directory, self.every_steps = env, directory, every_steps
         self.synchronize, self.say = synchronize, say or (lambda line: None)
         self.tables = [] if self.layer.plan is None else list(self.layer.plan.tables)
         self.dense = [(dense_name(v), v) for v in dense_variables(model)]
         self.fingerprints: dict[tuple[int, int], np.ndarray] = {}
+        # Dynamic tables: per table, this rank's live keys (ascending) and their rows' fingerprints.
+        self.key_prints: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.last_step: int | None = None
 
     def _pieces(self):
@@ -174,7 +176,29 @@ class DeltaWriter:
                      "where this run starts")
         for table, piece in self._pieces():
             self.fingerprints[(table, piece.column_start)] = self._scan(table, piece)[0]
+        for table in self._dynamic_tables():
+            self.key_prints[table] = self._scan_keys(table)[0]
         self.last_step = step
+
+    def _dynamic_tables(self) -> range:
+        return range(0 if self.dynamic is None else len(self.dynamic.table_configs))
+
+    def _scan_keys(self, table: int):
+        """``((keys, fingerprints), changed keys, their rows, removed keys)`` of this rank's shards of dynamic
+        ``table`` against the last delta: a key is changed when it is new or its row's bits differ (a key evicted and
+        given a row again is too), removed when it had a row then and has none now."""
+        keys, values = self.dynamic.local_rows(table)
+        order = np.argsort(keys, kind="stable")
+        keys, values = keys[order].astype(np.int64), values[order].astype(np.float32)
+        prints = row_fingerprints(values)
+        known_keys, known_prints = self.key_prints.get(table, (np.zeros(0, np.int64), np.zeros(0, np.uint64)))
+        if known_keys.size:
+            place = np.minimum(np.searchsorted(known_keys, keys), known_keys.size - 1)
+            changed = (known_keys[place] != keys) | (known_prints[place] != prints)
+        else:
+            changed = np.ones(keys.size, bool)
+        removed = known_keys[~np.isin(known_keys, keys)]
+        return (keys, prints), keys[changed], values[changed], removed
 
     def on_step(self, step: int) -> str | None:
         """Writes a delta when ``step`` is a multiple of ``every_steps``; returns its path (else None)."""
@@ -200,7 +224,7 @@ class DeltaWriter:
             except (OSError, DeltaError) as failure:
                 error = f"cannot write delta {final}: {failure}"
         error = collectives.broadcast_json(self.env, error, "delta_prepare")
-        records, written, fresh = [], {}, {}
+        records, written, fresh, dynamic_records, fresh_keys = [], {}, {}, [], {}
         if error is None:
             try:
                 for table, piece in self._pieces():
@@ -213,9 +237,11 @@ class DeltaWriter:
                     written[f"{stem}.values.npy"] = _write_npy(temporary, f"{stem}.values.npy", values)
                     records.append({"table": table, "columns": [piece.column_start, piece.column_end], "count": int(ids.size),
                                     "rows": f"{stem}.rows.npy", "values": f"{stem}.values.npy"})
+                dynamic_records, fresh_keys = self._write_dynamic(temporary, written)
             except OSError as failure:
                 error = f"rank {self.env.rank} cannot write delta {final}: {failure}"
-        gathered = collectives.allgather_json(self.env, {"records": records, "files": written, "error": error}, "delta_pieces")
+        gathered = collectives.allgather_json(self.env, {"records": records, "dynamic": dynamic_records if error is None else [],
+                                                         "files": written, "error": error}, "delta_pieces")
         error = next((g["error"] for g in gathered if g["error"]), None)
         if self.env.is_chief and error is None:
             try:
@@ -229,11 +255,28 @@ class DeltaWriter:
             raise DeltaError(error)
         # Only a published delta moves the baseline: after a failed one the next delta still holds those rows.
         self.fingerprints.update(fresh)
+        self.key_prints.update(fresh_keys)
         previous, self.last_step = self.last_step, step
-        changed = sum(r["count"] for g in gathered for r in g["records"])
+        changed = sum(r["count"] for g in gathered for r in g["records"] + g["dynamic"])
         self.say(f"published delta {final} (steps {previous} -> {step}: {changed} changed row slices, "
                  f"{len(self.dense)} dense weights)")
         return final
+
+    def _write_dynamic(self, temporary: str, written: dict) -> tuple[list, dict]:
+        """Writes this rank's changed keys, their rows and its removed keys of every dynamic table; returns the
+        records and the new fingerprints."""
+        records, fresh = [], {}
+        for table in self._dynamic_tables():
+            fresh[table], keys, values, removed = self._scan_keys(table)
+            if not keys.size and not removed.size:
+                continue
+            stem = f"dynamic/table_{table:03d}.rank_{self.env.rank}"
+            record = {"table": table, "rank": self.env.rank, "count": int(keys.size), "removed": int(removed.size)}
+            for field, array in (("keys", keys), ("values", values), ("removed_keys", removed)):
+                record[field] = f"{stem}.{field}.npy"
+                written[record[field]] = _write_npy(temporary, record[field], array)
+            records.append(record)
+        return records, fresh
 
     def _publish(self, step: int, temporary: str, final: str, gathered: list) -> None:
         written = {}
@@ -251,10 +294,14 @@ class DeltaWriter:
             "tables": [{"name": table.name, "rows": int(self.layer.cardinalities[index]), "dim": int(table.dim),
                         "pieces": sorted((p for p in pieces if p["table"] == index), key=lambda p: p["columns"])}
                        for index, table in enumerate(self.tables)],
+            "dynamic": [] if self.dynamic is None else [
+                {"name": config.name, "dim": int(config.embedding_dim),
+                 "pieces": sorted((r for g in gathered for r in g["dynamic"] if r["table"] == index), key=lambda r: r["rank"])}
+                for index, config in enumerate(self.dynamic.table_configs)],
             "dense": dense,
             "files": written,
         }
-        for folder in ("tables", "dense"):  # the other ranks' files were fsynced by their writers
+        for folder in ("tables", "dynamic", "dense"):  # the other ranks' files were fsynced by their writers
             if os.path.isdir(os.path.join(temporary, folder)):
                 files.sync_directory(os.path.join(temporary, folder))
         with open(os.path.join(temporary, MANIFEST), "w", encoding="utf-8") as handle:  # last: it publishes the contents

@@ -8,6 +8,9 @@ reads the export (``main.py --mode=export`` of a checkpoint at step S0), takes t
 ``--up_to_step`` or as far as the chain goes, and writes a new SavedModel equal to ``--mode=export`` of a checkpoint
 at the last delta's step: the same graph, its variables with the deltas' rows and dense weights written in.
 
+Dynamic tables: the evicted keys leave the export's key -> row maps, known keys get their new rows, new keys take free
+rows of the shard the training routed them to; every key then serves what the full export serves.
+
 Only the SavedModel's variables change: ``saved_model.pb`` is copied as it is, and ``variables/variables`` is read
 and written back tensor by tensor (TensorFlow's own checkpoint reader and ``SaveV2``), same keys, dtypes and shapes,
 so the result loads with plain TensorFlow (``tf.saved_model.load``, TF Serving, Triton) as the export did.
@@ -47,8 +50,8 @@ def read_export(saved_model_path: str) -> dict:
         info = json.load(handle)
     if info.get("step") is None or "variables" not in info:
         raise deltas.DeltaError(f"--saved_model_path={saved_model_path}: its {SERVING_INFO} has no step or no variable map "
-                                "(an export of dynamic tables, or one written before delta publishing): export the "
-                                "checkpoint again with main.py --mode=export")
+                                "(an export written before delta publishing): export the checkpoint again with "
+                                "main.py --mode=export")
     return info
 
 
@@ -57,10 +60,49 @@ def _check_tables(path: str, manifest: dict, layout: dict) -> None:
     expected = [(t["name"], t["rows"], t["dim"]) for t in layout["tables"]]
     if found != expected:
         raise deltas.DeltaError(f"delta {path}: its tables (name, rows, dim) {found} are not the export's {expected}")
+    found = [(t["name"], t["dim"]) for t in manifest.get("dynamic", [])]
+    expected = [(t["name"], t["dim"]) for t in layout.get("dynamic", [])]
+    if found != expected:
+        raise deltas.DeltaError(f"delta {path}: its dynamic tables (name, dim) {found} are not the export's {expected}")
     names = {entry["name"] for entry in layout["dense"]}
     missing = [entry["name"] for entry in manifest["dense"] if entry["name"] not in names]
     if missing:
         raise deltas.DeltaError(f"delta {path}: dense weight {missing[0]!r} is not in the export")
+
+
+def _apply_dynamic(tensors: dict, path: str, manifest: dict, table: dict, served: dict) -> None:
+    """One delta's keys of one dynamic table into the export's shards: removed keys leave their map (their rows are
+    freed), a changed key's row is overwritten, a new key takes the lowest free row of its shard (the key's shard is
+    the training's: ``owner_shard(key)`` over the same number of shards)."""
+    from tf_dlrm.sharding.dynamic_routing import owner_shard
+
+    pieces = table["pieces"]
+    removed = np.concatenate([deltas.load(path, p["removed_keys"], manifest) for p in pieces] or [np.zeros(0, np.int64)])
+    keys = np.concatenate([deltas.load(path, p["keys"], manifest) for p in pieces] or [np.zeros(0, np.int64)])
+    values = np.concatenate([deltas.load(path, p["values"], manifest) for p in pieces] or [np.zeros((0, table["dim"]), np.float32)])
+    if values.shape != (keys.size, table["dim"]) or keys.dtype != np.int64 or removed.dtype != np.int64:
+        raise deltas.DeltaError(f"delta {path}: the keys and rows of dynamic table {table['name']!r} are not int64 [n] "
+                                f"and float32 [n, {table['dim']}]")
+    for shard, names in served["shards"].items():
+        map_keys, map_rows = tensors[names["map_keys"]], tensors[names["map_rows"]]
+        occupied, row_key, storage = tensors[names["occupied"]], tensors[names["row_key"]], tensors[names["storage"]]
+        gone = np.isin(map_keys, removed[owner_shard(removed, served["num_shards"]) == int(shard)])
+        occupied[map_rows[gone]] = False
+        map_keys, map_rows = map_keys[~gone], map_rows[~gone]
+        mine = owner_shard(keys, served["num_shards"]) == int(shard)
+        shard_keys, shard_values = keys[mine], values[mine]
+        row_of = dict(zip(map_keys.tolist(), map_rows.tolist()))
+        new = np.array([key not in row_of for key in shard_keys.tolist()], bool)
+        free = np.flatnonzero(~occupied)[:int(new.sum())]
+        if free.size < new.sum():
+            raise deltas.DeltaError(f"delta {path}: dynamic table {table['name']!r} shard {shard}: {int(new.sum())} new keys, "
+                                    f"{free.size} free rows in the export (not the training's capacity?)")
+        rows = np.array([row_of.get(key, -1) for key in shard_keys.tolist()], np.int64)
+        rows[new] = free
+        occupied[free], row_key[free] = True, shard_keys[new]
+        storage[served["offset"] + rows] = shard_values
+        tensors[names["map_keys"]] = np.concatenate([map_keys, shard_keys[new]])
+        tensors[names["map_rows"]] = np.concatenate([map_rows, free.astype(map_rows.dtype)])
 
 
 def apply_chain(tensors: dict, layout: dict, chain: list) -> None:
@@ -83,6 +125,8 @@ def apply_chain(tensors: dict, layout: dict, chain: list) -> None:
                         array = tensors[target["key"]]
                         shift = target["columns"][0]
                         array[target["offset"] + rows, low - shift:high - shift] = values[:, low - start:high - start]
+        for table, served in zip(manifest.get("dynamic", []), layout.get("dynamic", [])):
+            _apply_dynamic(tensors, path, manifest, table, served)
         for entry in manifest["dense"]:
             target = dense_keys[entry["name"]]
             array = deltas.load(path, entry["file"], manifest)
@@ -105,12 +149,13 @@ def apply_deltas(saved_model_path: str, delta_dir: str, output_path: str, up_to_
     reader = tf.train.load_checkpoint(os.path.join(saved_model_path, VARIABLES))
     names = sorted(reader.get_variable_to_dtype_map())
     tensors = {name: reader.get_tensor(name) for name in names}
-    for table in info["variables"]["tables"]:
-        for piece in table["pieces"]:
-            if tensors.get(piece["key"]) is None or tensors[piece["key"]].dtype != np.float32:
-                raise deltas.DeltaError(f"--saved_model_path={saved_model_path}: table {table['name']!r} is not a float32 "
-                                        f"tensor {piece['key']} of its variables")
-            tensors[piece["key"]] = np.array(tensors[piece["key"]])  # writable
+    writable = [(table["name"], piece["key"]) for table in info["variables"]["tables"] for piece in table["pieces"]]
+    writable += [(table["name"], key) for table in info["variables"].get("dynamic", []) for names in table["shards"].values()
+                 for key in names.values()]
+    for table, key in writable:
+        if tensors.get(key) is None:
+            raise deltas.DeltaError(f"--saved_model_path={saved_model_path}: table {table!r}'s {key} is not in its variables")
+        tensors[key] = np.array(tensors[key])  # writable
     apply_chain(tensors, info["variables"], chain)
     step = chain[-1][1]["step"]
     info.update(step=step, base_step=base, deltas=[os.path.abspath(path) for path, _ in chain])

@@ -148,8 +148,7 @@ def export_checkpoint(directory: str, manifest: dict, saved_model_path: str, spe
     module = serving_module(model, model_signature(spec, model), calibration)
     info = serving_info(spec, module, builder.model_identity(model_config)["name"], directory, manifest["step"])
     info["calibration"] = None if calibration is None else manifest["calibration"]
-    if not checkpoint_dynamic.is_dynamic(embedding_layer(model)):
-        info["variables"] = variable_map(model, module)  # where tf_dlrm.cli.apply_deltas writes a delta's rows
+    info["variables"] = variable_map(model, module)  # where tf_dlrm.cli.apply_deltas writes a delta's rows
     with staged_output(saved_model_path, "--saved_model_path", WRITER, [directory]) as temporary:
         _save(module, temporary, info)
     return info

@@ -264,7 +264,31 @@ def variable_map(model, module) -> dict:
         tables.append({"name": table.name, "rows": int(layer.cardinalities[index]), "dim": int(table.dim), "pieces": pieces})
     dense = [{"name": dense_name(v), "key": key(v), "shape": list(v.shape)}
              for v in variables_of_kind(model.trainable_variables, VariableKind.DENSE)]
-    return {"tables": tables, "dense": dense}
+    return {"tables": tables, "dense": dense, "dynamic": _dynamic_map(model, key)}
+
+
+def _dynamic_map(model, key) -> list:
+    """Per dynamic table: its rows in each shard's storage (``offset``, ``capacity``) and each shard's tensors: the
+    storage, the key -> row map's keys and rows, and the rows' ``occupied`` and ``row_key`` (in :class:`_Serving`'s
+    order of ``key_maps`` and ``row_metadata``)."""
+    tables, index = [], 0
+    for layer in sublayers(model):
+        if not hasattr(layer, "local_shards"):
+            continue
+        for shard in layer.local_shards:
+            for table, config in enumerate(layer.table_configs):
+                if len(tables) <= table:
+                    tables.append({"name": config.name, "dim": int(config.embedding_dim), "num_shards": int(layer.num_shards),
+                                   "offset": int(layer.row_offsets[table]),
+                                   "capacity": int(layer.row_offsets[table + 1] - layer.row_offsets[table]), "shards": {}})
+                tables[table]["shards"][str(shard)] = {
+                    "storage": key(layer.storage[shard]),
+                    "map_keys": f"key_maps/{index}/.ATTRIBUTES/table-keys",
+                    "map_rows": f"key_maps/{index}/.ATTRIBUTES/table-values",
+                    "occupied": f"row_metadata/{2 * index}/.ATTRIBUTES/VARIABLE_VALUE",
+                    "row_key": f"row_metadata/{2 * index + 1}/.ATTRIBUTES/VARIABLE_VALUE"}
+                index += 1
+    return tables
 
 
 def own_kernels(function) -> list[str]:
