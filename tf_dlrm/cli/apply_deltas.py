@@ -48,10 +48,10 @@ def read_export(saved_model_path: str) -> dict:
                                 f"(no saved_model.pb or no {SERVING_INFO})")
     with open(path, encoding="utf-8") as handle:
         info = json.load(handle)
-    if info.get("step") is None or "variables" not in info:
+    if info.get("step") is None or not info.get("variables"):
         raise deltas.DeltaError(f"--saved_model_path={saved_model_path}: its {SERVING_INFO} has no step or no variable map "
-                                "(an export written before delta publishing): export the checkpoint again with "
-                                "main.py --mode=export")
+                                "(an export written before delta publishing, or of a model whose weights it could not "
+                                "place): export the checkpoint again with main.py --mode=export")
     return info
 
 

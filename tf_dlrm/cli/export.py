@@ -148,7 +148,10 @@ def export_checkpoint(directory: str, manifest: dict, saved_model_path: str, spe
     module = serving_module(model, model_signature(spec, model), calibration)
     info = serving_info(spec, module, builder.model_identity(model_config)["name"], directory, manifest["step"])
     info["calibration"] = None if calibration is None else manifest["calibration"]
-    info["variables"] = variable_map(model, module)  # where tf_dlrm.cli.apply_deltas writes a delta's rows
+    try:
+        info["variables"] = variable_map(model, module)  # where tf_dlrm.cli.apply_deltas writes a delta's rows
+    except (KeyError, ValueError):
+        info["variables"] = None  # a weight the SavedModel does not track as itself: apply_deltas refuses this export
     with staged_output(saved_model_path, "--saved_model_path", WRITER, [directory]) as temporary:
         _save(module, temporary, info)
     return info
