@@ -1,5 +1,5 @@
 """The console scripts an install makes (``setup.cfg``'s ``console_scripts``): ``tf-dlrm-train``, ``tf-dlrm-synthetic``,
-``tf-dlrm-transcode``.
+``tf-dlrm-transcode``, ``tf-dlrm-apply-deltas``.
 
 pip's wrapper imports the function it names before calling it. Naming the tool's own ``run`` would import the whole
 tool (TensorFlow, numpy) before the tool's stop handlers exist, so a stop signal in that window killed it without a
@@ -29,5 +29,12 @@ def synthetic():
 def transcode():
     stop_while_starting("tf-dlrm-transcode")
     from tf_dlrm.data.transcode import run
+
+    return run()
+
+
+def apply_deltas():
+    stop_while_starting("tf-dlrm-apply-deltas")
+    from tf_dlrm.cli.apply_deltas import run
 
     return run()
