@@ -37,7 +37,8 @@ def test_a_checkpoint_holds_the_whole_state(tmp_path_factory):
     assert {"model_config.json", "feature_spec.yaml"} <= set(manifest["files"])
     # Row-wise Adagrad: one accumulator per row of every table, in full-table layout.
     state = {entry["name"]: entry["file"] for entry in manifest["embedding_state"]}
-    assert sorted(state) == [f"accumulator/table_{t:03d}" for t in range(8)]
+    # And the frequency regularizer's row counts (main.py's default --embedding_min_count, --embedding_frequency_l2).
+    assert sorted(state) == [f"accumulator/table_{t:03d}" for t in range(8)] + [f"row_count/table_{t:03d}" for t in range(8)]
     accumulator = np.load(os.path.join(directory, state["accumulator/table_007"]), allow_pickle=False)
     assert accumulator.shape == (5000, 1) and (accumulator >= 0.1).all() and (accumulator > 0.1).any()
     iteration = np.load(os.path.join(directory, "optimizer", "iteration.npy"), allow_pickle=False)

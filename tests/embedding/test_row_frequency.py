@@ -18,7 +18,7 @@ from tf_dlrm.embedding.variable_kind import SliceLayout, VariableKind, mark, set
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD
 from tf_dlrm.parallel.env import DistributedEnv
 
-RATE = 0.5
+RATE, BATCH = 0.5, 4
 INITIAL = np.array([[1.0, -2.0], [0.5, 1.5], [3.0, 1.0], [-1.0, 2.0]], np.float32)
 # Row 1 is looked up at every step (twice in the first), row 2 only at the first, row 3 only at the third.
 STEPS = [[1, 1, 2], [1], [1, 3]]
@@ -31,7 +31,7 @@ def train(regularizer: FrequencyRegularizer, gradient: float = 0.0):
     for step, ids in enumerate(STEPS, start=1):
         values = tf.fill([len(ids), 2], tf.constant(gradient, tf.float32))
         updater.apply([tf.IndexedSlices(values, tf.constant(ids, tf.int32), tf.constant([4, 2]))], [],
-                      tf.constant(RATE), tf.constant(step, tf.int64), global_batch=len(ids))
+                      tf.constant(RATE), tf.constant(step, tf.int64), global_batch=BATCH)
     return variable.numpy(), updater.slot(variable, COUNT_SLOT).numpy()[:, 0]
 
 
@@ -41,8 +41,9 @@ def test_counts_are_steps_that_looked_a_row_up():
 
 
 def test_l2_pulls_a_rare_row_harder_than_a_frequent_one():
-    l2 = 0.2
+    l2 = 0.8
     actual, _ = train(FrequencyRegularizer(l2=l2))
+    l2 /= BATCH  # one sample's share: the loss is a mean over the global batch
     expected = INITIAL.astype(np.float64)
     for count in (1, 2, 3):  # row 1: its penalty falls as l2 / count
         expected[1] *= 1 - RATE * l2 / count

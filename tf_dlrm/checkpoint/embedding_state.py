@@ -42,7 +42,8 @@ def entries(trainer, records: list, tables) -> list[dict]:
 
 def check(directory: str, manifest: dict, trainer, cardinalities, widths) -> list[str]:
     """Rank 0: the saved embedding optimizer matches the flags and every state file reads with the
-    right shape; returns the entries in restore order (slot, then table)."""
+    right shape; returns the entries in restore order (slot, then table), None for row counts the
+    checkpoint lacks (saved without a frequency regularizer: they start at zero)."""
     updater = trainer.sparse
     saved = manifest["optimizer"].get("embedding_optimizer", "sgd")
     config = getattr(trainer, "config", None)  # main.py's flags; a library model's tables name their optimizers
@@ -57,6 +58,10 @@ def check(directory: str, manifest: dict, trainer, cardinalities, widths) -> lis
     for slot, table in updater.state_entries(len(cardinalities)):
         owner = "frequency regularizer" if slot == COUNT_SLOT else updater.table_optimizer(table).name
         entry = by_name.get(f"{slot}/table_{table:03d}")
+        if entry is None and slot == COUNT_SLOT:
+            # Saved without a frequency regularizer: its rows' counts start at zero (None: nothing to read).
+            found.append(None)
+            continue
         if entry is None:
             raise CheckpointError(f"checkpoint {directory}: no {owner} state {slot!r} for table {table}")
         slices.open_slices(directory, entry, cardinalities[table], widths[table], updater.state_row_wise(slot, table))
@@ -68,6 +73,8 @@ def restore(trainer, directory: str, found: list[dict], cardinalities, widths) -
     """Fills the state of every slice this rank holds from the entries :func:`check` returned."""
     updater, embedding = trainer.sparse, embedding_layer(trainer.model)
     for position, (slot, table) in enumerate(updater.state_entries(len(cardinalities))):
+        if found[position] is None:
+            continue
         row_wise = updater.state_row_wise(slot, table)
         saved = slices.open_slices(directory, found[position], cardinalities[table], widths[table], row_wise)
         slices.restore_pieces(embedding, table, saved, _state_of(updater, slot, table), row_wise)

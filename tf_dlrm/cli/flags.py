@@ -13,7 +13,7 @@ from tf_dlrm.cli.embedding_dims import parse_width_mapping
 from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig, parse_dims, parse_embedding_init
 from tf_dlrm.embedding.optimizers import DEFAULT_OPTIMIZER
 from tf_dlrm.embedding.planning import DEFAULT_DATA_PARALLEL_ROWS
-from tf_dlrm.embedding.table_config import DEFAULT_INIT_BOUND
+from tf_dlrm.embedding.table_config import DEFAULT_FREQUENCY_REGULARIZER, DEFAULT_INIT_BOUND
 from tf_dlrm.sharding.memory_plan import parse_bytes
 from tf_dlrm.cli.cycle_time import parse_cycle_time
 from tf_dlrm.cli.run_config import RunConfig  # noqa: F401 (imported from here by cli and users)
@@ -105,11 +105,12 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         f.DEFINE_string("embedding_init", str(DEFAULT_INIT_BOUND), "Initial embedding values: uniform in [-b, b] "
                         "for this b, or sqrt_rows for b = 1/sqrt(rows) of each table (the DLRM reference's init); dynamic "
                         "tables too.")
-        f.DEFINE_integer("embedding_min_count", 1, "Rare ids: a table row is updated only from the training step that "
-                         "looks it up for the min_count-th time (before, it keeps its initial values); 1: always. Not on "
+        f.DEFINE_integer("embedding_min_count", DEFAULT_FREQUENCY_REGULARIZER.min_count, "Rare ids: a table row is updated only from the training step that "
+                         "looks it up for the min_count-th time (before, it keeps its initial values); 1: from the first. Not on "
                          "dynamic tables (a dynamic feature's min_count admits its keys).")
-        f.DEFINE_float("embedding_frequency_l2", 0.0, "Rare ids: l2 * w / count added to the gradient of each touched "
-                       "table row, count = the training steps that looked the row up (rare rows pulled towards zero).")
+        f.DEFINE_float("embedding_frequency_l2", DEFAULT_FREQUENCY_REGULARIZER.l2, "Rare ids: l2 * w / (count * global batch) added to the gradient "
+                       "of each touched table row, count = the training steps that looked the row up (rare rows pulled "
+                       "towards zero; per sample, as the loss is a batch mean).")
         define_model_flags(argv, flag_values=flag_values)
     with _topic("sharding", flag_values):
         f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise", *nvidia_flags.VALUE_ALIASES["dist_strategy"]],

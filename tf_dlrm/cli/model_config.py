@@ -50,7 +50,8 @@ class ModelConfig:
         embedding_min_count: ``--embedding_min_count``: a row is updated from the step that has looked
             it up this many times (1: from the first); with ``embedding_frequency_l2``, every table's
             :class:`tf_dlrm.embedding.table_config.FrequencyRegularizer`.
-        embedding_frequency_l2: ``--embedding_frequency_l2``: ``l2 * w / count`` added to each touched row's gradient.
+        embedding_frequency_l2: ``--embedding_frequency_l2``: ``l2 * w / (count * global batch)`` added to each
+            touched row's gradient.
     """
 
     embedding_dim: int = 128

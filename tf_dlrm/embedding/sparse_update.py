@@ -189,7 +189,7 @@ class SparseUpdater:
             # Whole rows (no layout): row-wise state needs no exchange.
             updates.append((variable, slots, None, rows, summed * scale if self.env.world_size > 1 else summed, None))
         if self.row_counts is not None:
-            updates = [(v, s, lay, rows, self.row_counts.regularize(v, rows, g), p) for v, s, lay, rows, g, p in updates]
+            updates = [(v, s, lay, rows, self.row_counts.regularize(v, rows, g, global_batch), p) for v, s, lay, rows, g, p in updates]
         if self.weight_decay:
             updates = [(v, s, lay, rows, g + self.weight_decay * gather_float32(v, rows), p) for v, s, lay, rows, g, p in updates]
         means = self.row_mean_squares(updates, global_batch) if self.row_wise else [None] * len(updates)

@@ -110,8 +110,9 @@ class FrequencyRegularizer:
     """Regularization of a table's rows by how often training has seen them
     (:mod:`tf_dlrm.embedding.row_frequency`): each row counts the training steps that looked it up; a
     row is not updated before its count reaches ``min_count`` (it keeps its initial values), and each
-    touched row's gradient gets ``l2 * w / count`` added (rare rows pulled towards zero, frequent ones
-    barely). One setting per model (every table of a model takes the same one, or none)."""
+    touched row's gradient gets ``l2 * w / (count * global batch)`` added (rare rows pulled towards zero,
+    frequent ones barely; per sample, as the loss is a batch mean). One setting per model (every table of
+    a model takes the same one, or none)."""
 
     l2: float = 0.0
     min_count: int = 1
@@ -125,6 +126,11 @@ class FrequencyRegularizer:
     @property
     def active(self) -> bool:
         return self.l2 > 0 or self.min_count > 1
+
+
+# main.py's default (--embedding_frequency_l2, --embedding_min_count), chosen on the KDD 2012 sample
+# (benchmarks/results/quality_real.md, "Rare ids"); a library table has none unless it asks.
+DEFAULT_FREQUENCY_REGULARIZER = FrequencyRegularizer(l2=25.0, min_count=2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +227,7 @@ class TableConfig:
         placement: ``"auto"``, ``"table_wise"``, ``"column_wise"``, ``"replicated"`` or a
             :class:`Placement`.
         frequency_regularizer: None, or a :class:`FrequencyRegularizer` (or its dict) for rare ids:
-            admission after ``min_count`` looked-up steps and ``l2 / count`` on touched rows
+            admission after ``min_count`` looked-up steps and ``l2 / (count * batch)`` on touched rows
             (``main.py``'s ``--embedding_min_count`` and ``--embedding_frequency_l2``).
     """
 

@@ -198,9 +198,6 @@ class TrainingStep:
                 raise ValueError("Expected a sparse_optimizer, or embedding layers made from TableConfig objects")
         self.embedding_rate = 1.0 if embedding_rate is None else embedding_rate
         regularizer = frequency_regularizer_of([layer for layer in sublayers(model) if hasattr(layer, "frequency_regularizers")])
-        if regularizer is not None and hot_row_sync_every != 1:
-            raise ValueError("A frequency regularizer counts the rows of the global batch: it needs hot rows combined "
-                             f"every step. Expected hot_row_sync_every=1. Received: hot_row_sync_every={hot_row_sync_every}")
         self.sparse = SparseUpdater(sparse_optimizer, env, self.shards, self.replicated, self.padding,
                                     weight_decay=embedding_weight_decay, table_optimizers=table_optimizers, hot=self.hot,
                                     frequency_regularizer=regularizer)
