@@ -107,10 +107,10 @@ CASES += [
     for strategy in ("table_wise", "column_wise")
 ]
 # The frequency regularizer (rare ids): every row counts the steps that looked it up, is not updated
-# before its second, and gets l2 * w / count on its gradient; a replicated table (50 rows), table-wise
+# before its second, and gets l2 * w / (count * batch) on its gradient; a replicated table (50 rows), table-wise
 # and column-wise shards and hot rows. The counts are integers (exact in float32, compared exactly);
 # the update adds one elementwise term per touched row, computed alike on every rank: the same tolerances hold.
-FREQUENCY = {**STATEFUL, "frequency_regularizer": {"l2": 0.05, "min_count": 2}, "optimizer": "adam",
+FREQUENCY = {**STATEFUL, "frequency_regularizer": {"l2": 2.0, "min_count": 2}, "optimizer": "adam",
              "dense_learning_rate": 0.01, "adam_epsilon": 1e-4, "magnitude_floor": BASE["learning_rate"]}
 CASES += [
     {**FREQUENCY, "name": f"frequency_{optimizer}_{strategy}", "strategy": strategy, "embedding_optimizer": optimizer}
