@@ -4,7 +4,8 @@ Trained 10 steps with ``-np 2`` column-wise (checkpoints at 5 and 10), then resu
 ``-np 3`` table-wise to step 10: the counts of every table are saved once per table as ``[rows, 1]``
 (a copy lives in every column slice), restored into the other plan, and the step-10 checkpoints
 agree: counts exactly (integers in float32), everything else within 1e-5 (3 ranks sum the same
-gradients in another order than 2, as in test_resume.py).
+gradients in another order than 2, as in test_resume.py). A checkpoint saved without the regularizer
+restores under it, its counts starting at zero.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ pytestmark = pytest.mark.multirank
 FREQUENCY = ["--embedding_frequency_l2=0.1", "--embedding_min_count=2"]
 
 
-def train(tmp_path_factory, name: str, ranks: int, strategy: str, extra: list[str]) -> str:
+def train(tmp_path_factory, name: str, ranks: int, strategy: str, extra: list[str], frequency=FREQUENCY) -> str:
     out = str(tmp_path_factory.mktemp(name))
     save = os.path.join(out, "checkpoints")
-    flags = model_flags(dataset(tmp_path_factory)) + FREQUENCY + [f"--dist_strategy={strategy}"]
+    flags = model_flags(dataset(tmp_path_factory)) + frequency + [f"--dist_strategy={strategy}"]
     run_worker(ranks, [{"name": "train", "action": "train", "argv": flags + [
         f"--max_steps={STEPS}", f"--checkpoint_every_steps={EVERY}", f"--save_checkpoint_path={save}",
         f"--log_path={out}/train.jsonl", *extra]}], out)
@@ -53,3 +54,15 @@ def test_counts_are_saved_per_table_and_resharded_on_resume(tmp_path_factory):
         np.testing.assert_array_equal(mine[name], theirs[name], err_msg=name)
     difference, where = max_difference(ckpt(resumed, STEPS), directory)
     assert difference <= 1e-5, f"largest difference {difference} in {where}"
+
+
+def test_a_checkpoint_without_counts_restores_with_counts_at_zero(tmp_path_factory):
+    plain = train(tmp_path_factory, "counts_absent", 2, "column_wise", [],
+                  frequency=["--embedding_frequency_l2=0", "--embedding_min_count=1"])
+    saved = checkpoint_store.read_manifest(ckpt(plain, EVERY))
+    assert not [e for e in saved["embedding_state"] if e["slot"] == "row_count"]
+    resumed = train(tmp_path_factory, "counts_from_zero", 2, "column_wise",
+                    [f"--restore_checkpoint_path={ckpt(plain, EVERY)}"])
+    arrays = checkpoint_arrays(ckpt(resumed, STEPS))
+    counts = [a for name, a in arrays.items() if name.startswith("embedding_state/row_count/")]
+    assert counts and max(a.max() for a in counts) == STEPS - EVERY  # counted from the restore on
