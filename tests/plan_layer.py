@@ -16,22 +16,25 @@ from tf_dlrm.embedding.table_config import as_feature_config
 from tf_dlrm.parallel.env import DistributedEnv
 
 
-def plan_table_configs(plan, initializer="uniform_sqrt_rows", hot_rows=None, storage: str = "float32") -> dict[str, TableConfig]:
+def plan_table_configs(plan, initializer="uniform_sqrt_rows", hot_rows=None, storage: str = "float32",
+                       frequency_regularizer=None) -> dict[str, TableConfig]:
     """``{name: TableConfig}`` of ``plan``'s tables, in plan order; ``hot_rows``: ``{table index: ids}``;
-    ``storage`` applies to the model-parallel tables."""
+    ``storage`` applies to the model-parallel tables; ``frequency_regularizer`` to every table."""
     model_parallel = set(plan.model_parallel)
     return {t.name: TableConfig(t.name, t.rows, t.dim, initializer=initializer,
                                 placement=Placement(hot_rows=tuple((hot_rows or {}).get(index, ())),
-                                                    storage=storage if index in model_parallel else "float32"))
+                                                    storage=storage if index in model_parallel else "float32"),
+                                frequency_regularizer=frequency_regularizer)
             for index, t in enumerate(plan.tables)}
 
 
 def plan_layer(plan, rank: int = 0, features=None, *, initializer="uniform_sqrt_rows", hot_rows=None,
-               storage: str = "float32", layer_class=DistributedEmbedding, **options) -> DistributedEmbedding:
+               storage: str = "float32", layer_class=DistributedEmbedding, frequency_regularizer=None,
+               **options) -> DistributedEmbedding:
     """The :class:`DistributedEmbedding` (or ``layer_class``) of ``plan`` on ``rank``; ``features``:
     :class:`FeatureConfig` objects (or dicts) whose ``table`` is a plan table's name (default one one-hot ``sum`` feature per
     table, named like it)."""
-    tables = plan_table_configs(plan, initializer, hot_rows, storage)
+    tables = plan_table_configs(plan, initializer, hot_rows, storage, frequency_regularizer)
     if features is None:
         features = [FeatureConfig(name, table) for name, table in tables.items()]
     else:

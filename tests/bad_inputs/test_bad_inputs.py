@@ -89,6 +89,9 @@ CASES = [
     Case("diverging learning rate, 2 ranks", _nothing, ("--learning_rate=1e6", "--epochs=3"),
          r"training loss is (nan|inf) at step \d+ \(learning rate 1e\+06: embeddings \(sgd\) 1e\+06, MLPs \(sgd\) 1e\+06\); "
          r"the last finite loss was", ranks=2),
+    Case("--embedding_min_count of 0", _nothing, ("--embedding_min_count=0",),
+         r"Expected --embedding_min_count >= 1 \(steps that looked a row up before it is updated\)\. "
+         r"Received: --embedding_min_count=0"),
     Case("typo in --valid_split", _nothing, ("--valid_split=tset",),
          r"--valid_split=tset is not a split of \S+feature_spec.yaml \(its splits: \['train', 'test'\]\); name one of them, "
          r"or give --valid_split='' to train without evaluation"),

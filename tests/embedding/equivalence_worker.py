@@ -33,6 +33,7 @@ from tf_dlrm.sharding.planner import make_plan  # noqa: E402
 from tests.plan_layer import plan_layer  # noqa: E402
 from tf_dlrm.models.dlrm import DLRM  # noqa: E402
 from tf_dlrm.embedding.embedding_bank import EmbeddingBank  # noqa: E402
+from tf_dlrm.embedding.row_frequency import COUNT_SLOT  # noqa: E402
 from tf_dlrm.optimizers.settings import LearningRateSchedule  # noqa: E402
 from tf_dlrm.optimizers.settings import OptimizerConfig  # noqa: E402
 from tf_dlrm.spec.format import NUMERICAL_CHANNEL  # noqa: E402
@@ -60,7 +61,8 @@ def make_model(case, env):
     )
     embedding = plan_layer(plan, rank=env.rank, seed=case["seed"], data_parallel_input=case["data_parallel_input"],
                            features=case.get("features"), deduplicate_exchange=case.get("deduplicate_exchange", False),
-                           hot_rows={t: case["hot_ids"] for t in plan.model_parallel} if case.get("hot_ids") else None)
+                           hot_rows={t: case["hot_ids"] for t in plan.model_parallel} if case.get("hot_ids") else None,
+                           frequency_regularizer=case.get("frequency_regularizer"))
     model = DLRM(embedding, **model_kwargs(case))
     model.build(None)  # from the widths (DLRM.build): no eager forward with its collectives
     return plan, model
@@ -74,7 +76,8 @@ def make_models(case, env):
 
 def make_reference(case):
     widths = table_widths(case)
-    reference = DLRM(EmbeddingBank(case["cardinalities"], widths, seed=case["seed"], features=case.get("features")),
+    reference = DLRM(EmbeddingBank(case["cardinalities"], widths, seed=case["seed"], features=case.get("features"),
+                                   frequency_regularizer=case.get("frequency_regularizer")),
                      **model_kwargs(case))
     reference.build(None)
     return reference
@@ -184,6 +187,9 @@ def compute_reference(case) -> dict[str, np.ndarray]:
     for name in trainer.sparse.slot_names:
         arrays.update({f"state_{name}_{t}": reference.embedding.get_full_table(t, lambda v: trainer.sparse.slot(v, name))
                        for t in tables})
+    if trainer.sparse.row_counts is not None:  # the frequency regularizer's counts
+        arrays.update({f"count_{t}": reference.embedding.get_full_table(t, lambda v: trainer.sparse.slot(v, COUNT_SLOT))
+                       for t in tables})
     arrays.update({f"dense_{i}": v.numpy() for i, v in enumerate(trainer.dense_optimizer.variables)})
     return arrays
 
@@ -234,6 +240,16 @@ def embedding_state_diff(model, trainer, expected):
     return result
 
 
+def counts_diff(model, trainer, expected):
+    """The frequency regularizer's row counts (one column per row, a copy in every slice) vs the reference's."""
+    result = {"abs": 0.0, "rel": 0.0}
+    for table in range(len(model.embedding.plan.tables)):
+        full = model.embedding.get_full_table(table, lambda v: trainer.sparse.slot(v, COUNT_SLOT), True)
+        if full is not None:
+            result = worst(result, max_differences(full, expected[f"count_{table}"]))
+    return result
+
+
 def list_diff(mine, expected, prefix):
     result = {"abs": 0.0, "rel": 0.0}
     for i, variable in enumerate(mine):
@@ -275,6 +291,9 @@ def run_case(case, env):
     record["dense_state"] = list_diff(trainer.dense_optimizer.variables, expected, "dense")
     record["state_slots"] = list(trainer.sparse.slot_names)
     record["hot_variables"] = len(trainer.hot)
+    if trainer.sparse.row_counts is not None:
+        record["counts"] = counts_diff(model, trainer, expected)
+        record["most_seen"] = max(float(expected[f"count_{t}"].max()) for t in range(len(plan.tables)))
     # The weights must have moved, or a no-op update would "match" too.
     tables = range(len(plan.tables))
     record["tables_moved"] = max(float(np.abs(expected[f"table_{t}"] - expected[f"initial_{t}"]).max()) for t in tables)

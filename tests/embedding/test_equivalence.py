@@ -106,6 +106,17 @@ CASES += [
                              ("ftrl", "adam"))
     for strategy in ("table_wise", "column_wise")
 ]
+# The frequency regularizer (rare ids): every row counts the steps that looked it up, is not updated
+# before its second, and gets l2 * w / (count * batch) on its gradient; a replicated table (50 rows), table-wise
+# and column-wise shards and hot rows. The counts are integers (exact in float32, compared exactly);
+# the update adds one elementwise term per touched row, computed alike on every rank: the same tolerances hold.
+FREQUENCY = {**STATEFUL, "frequency_regularizer": {"l2": 2.0, "min_count": 2}, "optimizer": "adam",
+             "dense_learning_rate": 0.01, "adam_epsilon": 1e-4, "magnitude_floor": BASE["learning_rate"]}
+CASES += [
+    {**FREQUENCY, "name": f"frequency_{optimizer}_{strategy}", "strategy": strategy, "embedding_optimizer": optimizer}
+    for optimizer, strategy in (("lazy_adam", "table_wise"), ("lazy_adam", "column_wise"), ("adagrad", "column_wise"))
+] + [{**FREQUENCY, **HOT, "name": "frequency_hot_lazy_adam_column_wise", "strategy": "column_wise",
+      "embedding_optimizer": "lazy_adam"}]
 # Launches of 3 and 4 ranks on 2 cores cost the most, so not every case runs at every N. Every layout
 # (an empty rank, odd 3-way and 4-way slices, auto slicing, multi-hot, mixed widths) runs at 2, 3 and 4.
 # At N = 4, one case per stateful family (the hard one, row-wise Adagrad across column slices). At N = 3,
@@ -113,7 +124,8 @@ CASES += [
 # and one hot-row exchange. Every optimizer meets every exchange, table-wise and column-wise, at N = 2.
 AT_FOUR_RANKS = {"rowwise_adagrad_column_wise", "dedup_rowwise_adagrad_column_wise", "hot_lazy_adam_column_wise"}
 AT_THREE_RANKS = AT_FOUR_RANKS | {"adagrad_column_wise", "lazy_adam_column_wise", "ftrl_column_wise",
-                                  "rowwise_adagrad_auto_sliced_dp_input"}
+                                  "rowwise_adagrad_auto_sliced_dp_input", "frequency_lazy_adam_column_wise",
+                                  "frequency_hot_lazy_adam_column_wise"}
 for _case in CASES:
     if "optimizer" in _case:
         _case["world_sizes"] = (2, 3, 4) if _case["name"] in AT_FOUR_RANKS else \
@@ -163,6 +175,9 @@ def test_n_ranks_equal_one_process(world_size, case, tmp_path_factory):
         expected_slots = {"adagrad": ["accumulator"], "rowwise_adagrad": ["accumulator"], "lazy_adam": ["m", "v"],
                           "ftrl": ["accumulator", "linear"]}
         assert record["state_slots"] == expected_slots.get(CASE_BY_NAME[case].get("embedding_optimizer"), [])
+        if CASE_BY_NAME[case].get("frequency_regularizer"):  # counted alike, and some row seen more than once
+            assert record["counts"]["abs"] == 0.0, f"{where}: row counts differ {record['counts']}"
+            assert record["most_seen"] >= 2, f"{where}: no row reached min_count"
 
 
 @pytest.mark.multirank

@@ -192,6 +192,7 @@ def make_table_configs(spec: FeatureSpec, plan: ShardingPlan, config: ModelConfi
     """The model's tables as the embedding library's :class:`TableConfig` objects: rows and widths from
     the spec and ``--embedding_dim(s)``, ``--embedding_init``, the model's own per-table optimizers
     (Wide & Deep's ``--wide_optimizer``: the others take ``--embedding_optimizer``, ``optimizer=None``),
+    ``--embedding_min_count`` and ``--embedding_frequency_l2`` (every table's frequency regularizer),
     ``hot_rows`` (``{table index: ids}``, ``--hot_rows_budget``) and split bfloat16 storage of the
     model-parallel tables (``--split_embedding_tables``) as placements."""
     tables = model_tables(spec, config)
@@ -200,6 +201,7 @@ def make_table_configs(spec: FeatureSpec, plan: ShardingPlan, config: ModelConfi
         chosen = {t: table_optimizers.from_settings(optimizer, o.name, o.learning_rate) for t, o in chosen.items()}
     model_parallel = set(plan.model_parallel) if plan is not None else set()
     return [dataclasses.replace(table, initializer=config.table_initializer, optimizer=chosen.get(t),
+                                frequency_regularizer=config.frequency_regularizer,
                                 placement=Placement(hot_rows=tuple((hot_rows or {}).get(t, ())),
                                                     storage="split_bfloat16" if split_embedding_tables and t in model_parallel
                                                     else "float32"))

@@ -105,6 +105,13 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         f.DEFINE_string("embedding_init", str(DEFAULT_INIT_BOUND), "Initial embedding values: uniform in [-b, b] "
                         "for this b, or sqrt_rows for b = 1/sqrt(rows) of each table (the DLRM reference's init); dynamic "
                         "tables too.")
+        f.DEFINE_integer("embedding_min_count", 1, "Rare ids: a table row is updated only from the training step that "
+                         "looks it up for the min_count-th time (before, it keeps its initial values); 1: from the first. Not on "
+                         "dynamic tables (a dynamic feature's min_count admits its keys).")
+        f.DEFINE_float("embedding_frequency_l2", 0.0, "Rare ids: l2 * w / (count * global batch) added to the gradient "
+                       "of each touched table row, count = the training steps that looked the row up (rare rows pulled "
+                       "towards zero; per sample, as the loss is a batch mean); 0: off. 25 with --embedding_min_count=2 did best on the "
+                       "KDD 2012 sample (benchmarks/results/quality_real.md).")
         define_model_flags(argv, flag_values=flag_values)
     with _topic("sharding", flag_values):
         f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise", *nvidia_flags.VALUE_ALIASES["dist_strategy"]],
@@ -356,6 +363,8 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         params=params,
         embedding_dims=tuple(parse_width_mapping(values.embedding_dims).items()),
         embedding_init_bound=parse_embedding_init(values.embedding_init),
+        embedding_min_count=values.embedding_min_count,
+        embedding_frequency_l2=values.embedding_frequency_l2,
     )
     model_rate = getattr(registry.lookup(name), "embedding_learning_rates", {}).get(embedding_optimizer)
     schedule = LearningRateSchedule(values.learning_rate, values.warmup_steps, values.decay_start_step, values.decay_steps)

@@ -7,7 +7,7 @@ import math
 from typing import Sequence
 
 from tf_dlrm.embedding.planning import DEFAULT_DATA_PARALLEL_ROWS
-from tf_dlrm.embedding.table_config import DEFAULT_INIT_BOUND
+from tf_dlrm.embedding.table_config import DEFAULT_INIT_BOUND, FrequencyRegularizer
 from tf_dlrm.embedding.table_init import check_init_bound
 from tf_dlrm.sharding.plan import Strategy
 
@@ -47,6 +47,11 @@ class ModelConfig:
             list), overriding the spec's and ``embedding_dim``; empty: none.
         embedding_init_bound: ``--embedding_init``: initial table values uniform in ``[-b, b]``;
             None: ``b = 1/sqrt(rows)`` (the DLRM reference).
+        embedding_min_count: ``--embedding_min_count``: a row is updated from the step that has looked
+            it up this many times (1: from the first); with ``embedding_frequency_l2``, every table's
+            :class:`tf_dlrm.embedding.table_config.FrequencyRegularizer`.
+        embedding_frequency_l2: ``--embedding_frequency_l2``: ``l2 * w / (count * global batch)`` added to each
+            touched row's gradient.
     """
 
     embedding_dim: int = 128
@@ -55,6 +60,8 @@ class ModelConfig:
     embedding_dims: tuple[tuple[str, int], ...] = ()
     embedding_init_bound: float | None = DEFAULT_INIT_BOUND
     embedding_widths: tuple[int, ...] = ()
+    embedding_min_count: int = 1
+    embedding_frequency_l2: float = 0.0
 
     def __post_init__(self):
         if isinstance(self.embedding_dim, bool) or not isinstance(self.embedding_dim, int) or self.embedding_dim <= 0:
@@ -66,6 +73,19 @@ class ModelConfig:
         check_init_bound(self.embedding_init_bound, "--embedding_init")
         if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.embedding_widths):
             raise ValueError(f"Expected --embedding_dim widths > 0. Received: {list(self.embedding_widths)}")
+        count = self.embedding_min_count
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"Expected --embedding_min_count >= 1 (steps that looked a row up before it is updated). "
+                             f"Received: --embedding_min_count={count!r}")
+        l2 = self.embedding_frequency_l2
+        if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not 0 <= l2 < math.inf:
+            raise ValueError(f"Expected --embedding_frequency_l2 >= 0. Received: --embedding_frequency_l2={l2!r}")
+
+    @property
+    def frequency_regularizer(self) -> FrequencyRegularizer | None:
+        """``--embedding_min_count`` and ``--embedding_frequency_l2`` as every table's regularizer (None: neither)."""
+        regularizer = FrequencyRegularizer(l2=float(self.embedding_frequency_l2), min_count=self.embedding_min_count)
+        return regularizer if regularizer.active else None
 
     @property
     def table_initializer(self):

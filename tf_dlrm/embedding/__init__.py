@@ -5,7 +5,8 @@
   its table object, so features can share a table. :mod:`tf_dlrm.embedding.optimizers` holds the
   table optimizers (``SGD``, ``Adagrad``, ``RowWiseAdagrad``, ``LazyAdam``, ``CatchUpAdam``, ``DenseAdam``,
   ``FTRL``);
-  :class:`Placement` asks for a sharding, hot rows or split bfloat16 storage.
+  :class:`Placement` asks for a sharding, hot rows or split bfloat16 storage; :class:`FrequencyRegularizer`
+  regularizes rare ids by how often their rows were seen.
 - :class:`DistributedEmbedding`: a Keras layer, ``{feature: ids} -> {feature: [batch, dim]}``; under
   Horovod each rank passes its local batch, tables are sharded table-wise / column-wise or
   replicated over the ranks (:func:`plan_tables`, pure Python).
@@ -20,11 +21,12 @@ from tf_dlrm.embedding.distributed_embedding import DistributedEmbedding
 from tf_dlrm.embedding import optimizers
 from tf_dlrm.embedding.model import BroadcastInitialState, Model, sharded_variables
 from tf_dlrm.embedding.planning import plan_tables
-from tf_dlrm.embedding.table_config import Combiner, DynamicStorage, FeatureConfig, Placement, TableConfig
+from tf_dlrm.embedding.table_config import (Combiner, DynamicStorage, FeatureConfig, FrequencyRegularizer, Placement,
+                                            TableConfig)
 from tf_dlrm.embedding.training_step import TrainingStep
 from tf_dlrm.parallel.env import initialize
 
 __all__ = [
-    "BroadcastInitialState", "Combiner", "DistributedEmbedding", "DynamicStorage", "FeatureConfig", "Model",
+    "BroadcastInitialState", "Combiner", "DistributedEmbedding", "DynamicStorage", "FeatureConfig", "FrequencyRegularizer", "Model",
     "Placement", "TableConfig", "TrainingStep", "initialize", "optimizers", "plan_tables", "sharded_variables",
 ]

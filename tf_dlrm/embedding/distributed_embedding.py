@@ -249,6 +249,10 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         """``{table index: table optimizer object}`` (:mod:`tf_dlrm.embedding.optimizers`; None: the step's)."""
         return {t: config.optimizer for t, config in enumerate(self.table_configs)}
 
+    def frequency_regularizers(self) -> dict:
+        """``{table index: FrequencyRegularizer or None}`` of the tables made from configs."""
+        return {t: config.frequency_regularizer for t, config in enumerate(self.table_configs or ())}
+
     def dynamic_optimizers(self) -> list:
         """The optimizer objects of the dynamic tables (their rows train with the step's base optimizer)."""
         return [t.optimizer for t in getattr(self, "dynamic_table_configs", ())]

@@ -13,13 +13,14 @@ It has the interface of :class:`tf_dlrm.embedding.DistributedEmbedding` that mod
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from tf_dlrm.embedding.table_config import as_feature_config, default_features, feature_tables
+from tf_dlrm.embedding.table_config import FrequencyRegularizer, as_feature_config, default_features, feature_tables
 from tf_dlrm.embedding.table_init import check_init_bound, initial_table_slice
 from tf_dlrm.embedding.variable_kind import SliceLayout, VariableKind, mark, set_layout
 
@@ -48,10 +49,12 @@ class EmbeddingBank(keras.layers.Layer):
             ``t0, t1, ...`` or the names in ``table_names``; default one one-hot feature per table.
         table_names: the tables' names (default ``t<i>``).
         init_bound: initial values uniform in ``[-init_bound, init_bound]``; None: ``1/sqrt(rows)``.
+        frequency_regularizer: None, or the :class:`tf_dlrm.embedding.FrequencyRegularizer` of every table.
     """
 
     def __init__(self, cardinalities: Sequence[int], embedding_dim, seed: int = 0, features=None,
-                 table_names: Sequence[str] | None = None, init_bound: float | None = None, **kwargs):
+                 table_names: Sequence[str] | None = None, init_bound: float | None = None, frequency_regularizer=None,
+                 **kwargs):
         super().__init__(**kwargs)
         self.cardinalities = validate_tables(cardinalities, embedding_dim)
         count = len(self.cardinalities)
@@ -65,6 +68,9 @@ class EmbeddingBank(keras.layers.Layer):
         self.embedding_dim = widths.pop() if len(widths) == 1 else None
         self.seed = int(seed)
         self.init_bound = check_init_bound(init_bound)
+        if isinstance(frequency_regularizer, dict):
+            frequency_regularizer = FrequencyRegularizer(**frequency_regularizer)
+        self.frequency_regularizer = frequency_regularizer
         self.tables = []
 
     @property
@@ -81,6 +87,10 @@ class EmbeddingBank(keras.layers.Layer):
     def output_dim(self) -> int | None:
         """The one width of every feature, else None (as :attr:`DistributedEmbedding.output_dim`)."""
         return self.embedding_dim
+
+    def frequency_regularizers(self) -> dict:
+        """``{table index: FrequencyRegularizer or None}``, as :class:`DistributedEmbedding` reports them."""
+        return {t: self.frequency_regularizer for t in range(len(self.cardinalities))}
 
     def build(self, input_shape=None):
         for index, (rows, width) in enumerate(zip(self.cardinalities, self.table_widths)):
@@ -155,4 +165,6 @@ class EmbeddingBank(keras.layers.Layer):
             "init_bound": self.init_bound,
             "features": [f.to_dict() for f in self.features],
             "table_names": list(self.table_names),
+            "frequency_regularizer": None if self.frequency_regularizer is None
+            else dataclasses.asdict(self.frequency_regularizer),
         }

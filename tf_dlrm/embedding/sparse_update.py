@@ -31,6 +31,7 @@ from tf_dlrm.embedding.split_tables import gather_float32, is_split
 from tf_dlrm.embedding.variable_kind import layout_of
 from tf_dlrm.optimizers.sparse_optimizer import SparseOptimizer, deduplicate, scatter_sub
 from tf_dlrm.optimizers.sparse_sgd import SparseSGD
+from tf_dlrm.embedding.row_frequency import COUNT_SLOT, RowCounts
 from tf_dlrm.embedding.split_update import SplitTableUpdate, float32_gradient
 from tf_dlrm.embedding.table_optimizers import TableOptimizers
 
@@ -50,14 +51,21 @@ class SparseUpdater:
             the same on every rank (:mod:`tf_dlrm.embedding.table_optimizers`).
         hot: its ``hot`` variables (hot-row replicas of whole rows; their gradients arrive summed
             over ranks as ``(rows, values)``, the same on every rank).
+        frequency_regularizer: None, or the model's
+            :class:`tf_dlrm.embedding.table_config.FrequencyRegularizer`: each row of the tables
+            (not of dynamic ones) counts its steps, and the regularizer applies to the touched rows
+            (:mod:`tf_dlrm.embedding.row_frequency`).
     """
 
     def __init__(self, optimizer: SparseOptimizer, env: DistributedEnv, shards, replicated, padding=(), weight_decay: float = 0.0,
-                 table_optimizers=None, hot=()):
+                 table_optimizers=None, hot=(), frequency_regularizer=None):
         self.optimizer, self.env = optimizer, env
         self.shards, self.replicated, self.hot = list(shards), list(replicated), list(hot)
         self.weight_decay = float(weight_decay)
         self.groups = TableOptimizers(optimizer, table_optimizers)
+        # Dynamic tables' storage (sharded, without a slice layout) admits keys by its own min_count.
+        counted = [v for v in self.shards if layout_of(v) is not None] + self.replicated + self.hot
+        self.row_counts = RowCounts(frequency_regularizer, counted) if frequency_regularizer is not None else None
         # Per variable: {group: its optimizer's state} for every group whose tables it holds.
         self.shard_groups = [self.groups.slice_groups(v) for v in self.shards]
         self.replicated_groups = [self.groups.slice_groups(v) for v in self.replicated]
@@ -72,7 +80,8 @@ class SparseUpdater:
         if any(is_split(v) for v in self.replicated + self.hot):
             raise ValueError("Only model-parallel (sharded) embedding variables may be split bfloat16 tables")
         # SGD without decay is linear in the gradient: repeated ids need not be summed first.
-        self.plain_sgd = isinstance(optimizer, SparseSGD) and not self.weight_decay and not self.groups.overridden
+        self.plain_sgd = (isinstance(optimizer, SparseSGD) and not self.weight_decay and not self.groups.overridden
+                          and self.row_counts is None)
         layouts = [layout_of(v) for v in self.shards + list(padding)]
         problems = {layout.row_wise_problem for layout in layouts if layout is not None and layout.row_wise_problem}
         if optimizer.row_wise and problems:
@@ -94,8 +103,14 @@ class SparseUpdater:
         return self.groups.table_optimizer(table)
 
     def state_entries(self, num_tables: int) -> list[tuple[str, int]]:
-        """``(slot, table)`` of every piece of state, in the same order on every rank."""
-        return self.groups.state_entries(num_tables)
+        """``(slot, table)`` of every piece of state, in the same order on every rank (the rows'
+        counts last, slot ``row_count``, when a frequency regularizer keeps them)."""
+        counts = [(COUNT_SLOT, t) for t in range(num_tables)] if self.row_counts is not None else []
+        return self.groups.state_entries(num_tables) + counts
+
+    def state_row_wise(self, slot: str, table: int) -> bool:
+        """Whether state ``slot`` of ``table`` is one value per row (a copy in every column slice)."""
+        return slot == COUNT_SLOT or self.table_optimizer(table).row_wise
 
     @property
     def row_wise(self) -> bool:
@@ -104,6 +119,10 @@ class SparseUpdater:
     def slot(self, variable, name: str, table: int | None = None):
         """The state variable ``name`` of the embedding variable ``variable`` (of the optimizer of
         ``table`` when given, else of the embedding optimizer)."""
+        if name == COUNT_SLOT and self.row_counts is not None:
+            counts = self.row_counts.count_of(variable)
+            if counts is not None:
+                return counts
         group = self.groups.group_of_table(table) if table is not None else 0
         for variables, slots in ((self.shards, self.shard_slots), (self.replicated, self.replicated_slots),
                                  (self.hot, self.hot_slots)):
@@ -114,8 +133,9 @@ class SparseUpdater:
 
     @property
     def variables(self) -> list:
+        counts = self.row_counts.variables if self.row_counts is not None else []
         return [slots[name] for state in self.shard_slots + self.replicated_slots + self.hot_slots
-                for slots in state.values() for name in slots]
+                for slots in state.values() for name in slots] + counts
 
     # ------------------------------------------------------------------ replicated tables
 
@@ -168,6 +188,8 @@ class SparseUpdater:
         for variable, slots, (rows, summed) in zip(self.hot, self.hot_slots, hot_gradients):
             # Whole rows (no layout): row-wise state needs no exchange.
             updates.append((variable, slots, None, rows, summed * scale if self.env.world_size > 1 else summed, None))
+        if self.row_counts is not None:
+            updates = [(v, s, lay, rows, self.row_counts.regularize(v, rows, g, global_batch), p) for v, s, lay, rows, g, p in updates]
         if self.weight_decay:
             updates = [(v, s, lay, rows, g + self.weight_decay * gather_float32(v, rows), p) for v, s, lay, rows, g, p in updates]
         means = self.row_mean_squares(updates, global_batch) if self.row_wise else [None] * len(updates)

@@ -106,6 +106,29 @@ class DynamicStorage:
 
 
 @dataclasses.dataclass(frozen=True)
+class FrequencyRegularizer:
+    """Regularization of a table's rows by how often training has seen them
+    (:mod:`tf_dlrm.embedding.row_frequency`): each row counts the training steps that looked it up; a
+    row is not updated before its count reaches ``min_count`` (it keeps its initial values), and each
+    touched row's gradient gets ``l2 * w / (count * global batch)`` added (rare rows pulled towards zero,
+    frequent ones barely; per sample, as the loss is a batch mean). One setting per model (every table of
+    a model takes the same one, or none)."""
+
+    l2: float = 0.0
+    min_count: int = 1
+
+    def __post_init__(self):
+        if isinstance(self.l2, bool) or not isinstance(self.l2, (int, float)) or not 0 <= self.l2 < math.inf:
+            raise ValueError(f"Expected l2 >= 0 for a frequency regularizer. Received: l2={self.l2!r}")
+        _check_positive_int("a frequency regularizer", "min_count", self.min_count)
+        object.__setattr__(self, "l2", float(self.l2))
+
+    @property
+    def active(self) -> bool:
+        return self.l2 > 0 or self.min_count > 1
+
+
+@dataclasses.dataclass(frozen=True)
 class Placement:
     """Where a table lives (``sharding``) and how it is stored (see the module docstring)."""
 
@@ -198,6 +221,9 @@ class TableConfig:
             ``--embedding_learning_rate`` default to).
         placement: ``"auto"``, ``"table_wise"``, ``"column_wise"``, ``"replicated"`` or a
             :class:`Placement`.
+        frequency_regularizer: None, or a :class:`FrequencyRegularizer` (or its dict) for rare ids:
+            admission after ``min_count`` looked-up steps and ``l2 / (count * batch)`` on touched rows
+            (``main.py``'s ``--embedding_min_count`` and ``--embedding_frequency_l2``).
     """
 
     name: str
@@ -206,6 +232,7 @@ class TableConfig:
     initializer: object = None
     optimizer: object = None
     placement: object = Sharding.AUTO.value
+    frequency_regularizer: object = None
 
     def __post_init__(self):
         _check_name("table", self.name)
@@ -215,6 +242,16 @@ class TableConfig:
         initial_bound(self.initializer, owner)
         object.__setattr__(self, "optimizer", table_optimizers.get(self.optimizer, owner))
         object.__setattr__(self, "placement", as_placement(self.placement))
+        regularizer = self.frequency_regularizer
+        if isinstance(regularizer, dict):
+            regularizer = FrequencyRegularizer(**regularizer)
+        if regularizer is not None and not isinstance(regularizer, FrequencyRegularizer):
+            raise ValueError(f"Expected frequency_regularizer of {owner} to be None or a FrequencyRegularizer. "
+                             f"Received: frequency_regularizer={regularizer!r}")
+        # An inactive setting is no setting: the table keeps no counts.
+        object.__setattr__(self, "frequency_regularizer", regularizer if regularizer is not None and regularizer.active else None)
+        if self.frequency_regularizer is not None and self.placement.dynamic is not None:
+            raise ValueError(f"A dynamic table admits keys by its own min_count: {owner} takes no frequency_regularizer")
         if self.placement.hot_rows and self.placement.hot_rows[-1] >= self.vocabulary_size:
             raise ValueError(f"Expected hot_rows of {owner} in [0, {self.vocabulary_size}). "
                              f"Received: {self.placement.hot_rows[-1]}")
@@ -231,7 +268,9 @@ class TableConfig:
         bound = self.init_bound
         return {"name": self.name, "vocabulary_size": self.vocabulary_size, "embedding_dim": self.embedding_dim,
                 "initializer": "uniform_sqrt_rows" if bound is None else bound,
-                "optimizer": table_optimizers.to_config(self.optimizer), "placement": self.placement.to_dict()}
+                "optimizer": table_optimizers.to_config(self.optimizer), "placement": self.placement.to_dict(),
+                "frequency_regularizer": None if self.frequency_regularizer is None
+                else dataclasses.asdict(self.frequency_regularizer)}
 
     @classmethod
     def from_dict(cls, config: dict) -> TableConfig:

@@ -130,6 +130,17 @@ def table_optimizer_groups(embeddings, default=None) -> tuple[SparseOptimizer | 
     return made[base][0], overrides, None if base.learning_rate is None else float(base.learning_rate)
 
 
+def frequency_regularizer_of(embeddings):
+    """The one :class:`FrequencyRegularizer` of the tables of the layers ``embeddings``, or None
+    (no table has one). The counts and the update are kept per variable, and a variable may hold
+    slices of several tables: every table of the model takes the same setting."""
+    settings = {r for layer in embeddings for r in getattr(layer, "frequency_regularizers", dict)().values()}
+    if len(settings) > 1:
+        raise ValueError("Expected one frequency_regularizer setting for every table of a model (or none). Received: "
+                         f"{sorted(map(repr, settings))}")
+    return settings.pop() if settings else None
+
+
 def embedding_layers(model) -> list:
     """The layers of ``model`` that hold embedding tables (they report their table optimizers)."""
     return [layer for layer in sublayers(model) if hasattr(layer, "table_optimizers")]
@@ -186,8 +197,10 @@ class TrainingStep:
             if sparse_optimizer is None:
                 raise ValueError("Expected a sparse_optimizer, or embedding layers made from TableConfig objects")
         self.embedding_rate = 1.0 if embedding_rate is None else embedding_rate
+        regularizer = frequency_regularizer_of([layer for layer in sublayers(model) if hasattr(layer, "frequency_regularizers")])
         self.sparse = SparseUpdater(sparse_optimizer, env, self.shards, self.replicated, self.padding,
-                                    weight_decay=embedding_weight_decay, table_optimizers=table_optimizers, hot=self.hot)
+                                    weight_decay=embedding_weight_decay, table_optimizers=table_optimizers, hot=self.hot,
+                                    frequency_regularizer=regularizer)
         # hot_row_sync_every > 1: local hot-row updates merged every S steps (None: combined every step).
         self.hot_sync = self.make_hot_row_sync(hot_row_sync_every) if hot_row_sync_every != 1 else None
         # Dynamic tables (tf_dlrm.embedding.dynamic) reset a row's optimizer state when they give it to a new key.
