@@ -155,3 +155,30 @@ def test_config_round_trip_keeps_weights_and_sequences():
     assert list(again.input_modes) == [f.name for f in features()]
     with pytest.raises(ValueError, match="combiner in"):
         FeatureConfig("x", ITEMS, combiner="max")
+
+
+def test_unweighted_sequences_pool_through_the_kernel_like_the_bank():
+    from tf_dlrm.ops.embedding_bag import bag_kernel
+
+    unweighted = [f for f in features() if not f.weighted]
+    layer = DistributedEmbedding(unweighted, seed=3, use_kernel=True)
+    layer.build()
+    if bag_kernel() is not None:  # no weighted feature: the kernel pools the positions
+        assert any(layer._group_kernel)
+    names = [t.name for t in layer.plan.tables]
+    bank = EmbeddingBank([t.rows for t in layer.plan.tables], [t.dim for t in layer.plan.tables],
+                         features=[f.to_dict() | {"table": f.table_name} for f in unweighted], table_names=names)
+    bank.build()
+    for index in range(len(names)):
+        bank.set_full_table(index, layer.get_full_table(index))
+    ids, _ = batch()
+    ids = {f.name: ids[f.name] for f in unweighted}
+    with tf.GradientTape(persistent=True) as tape:
+        mine, reference = layer(ids)["clicks"], bank(ids)["clicks"]
+        loss, reference_loss = tf.reduce_sum(mine * mine), tf.reduce_sum(reference * reference)
+    np.testing.assert_allclose(mine.numpy(), reference.numpy(), rtol=1e-6)
+    gradient = tape.gradient(loss, layer.shard_variables[0].value)
+    expected = tape.gradient(reference_loss, bank.tables[names.index("items")])
+    dense = tf.math.unsorted_segment_sum(gradient.values, gradient.indices, layer.shard_variables[0].shape[0]).numpy()
+    expected = tf.math.unsorted_segment_sum(expected.values, expected.indices, 30).numpy()
+    np.testing.assert_allclose(dense[:30], expected, rtol=1e-6)
