@@ -54,7 +54,8 @@ def serving_signature(spec, input_names) -> dict:
     """``{model input name: tf.TensorSpec or tf.RaggedTensorSpec}`` of a model reading ``input_names``
     (its ``input_modes``' keys) of ``spec``: ``numerical`` float32 ``[None, num_numerical]``, then each
     categorical feature read, in spec order: one-hot int64 ``[None]``, fixed multi-hot int64 ``[None,
-    hotness]``, ragged ``tf.RaggedTensorSpec([None, None], tf.int64, 1)``."""
+    hotness]``, ragged ``tf.RaggedTensorSpec([None, None], tf.int64, 1)`` (a weighted one followed by
+    ``<feature>_weights``, float32 and ragged alike)."""
     read = set(input_names)
     signature = {NUMERICAL_CHANNEL: tf.TensorSpec([None, len(spec.numerical_features)], tf.float32)}
     for feature in spec.categorical_features:
@@ -62,6 +63,8 @@ def serving_signature(spec, input_names) -> dict:
             continue
         if spec.ragged(feature):
             signature[feature] = tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1)
+            if spec.weighted(feature):  # its weights beside it, ragged like its ids
+                signature[f"{feature}_weights"] = tf.RaggedTensorSpec([None, None], tf.float32, ragged_rank=1)
         elif spec.hotness(feature) > 1:
             signature[feature] = tf.TensorSpec([None, spec.hotness(feature)], tf.int64)
         else:
