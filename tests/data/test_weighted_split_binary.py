@@ -145,9 +145,20 @@ def test_main_trains_a_weighted_feature_on_two_ranks_like_one_process(tmp_path):
     data = write_dataset(tmp_path / "data")
     flags = [f"--dataset_path={data}", "--batch_size=256", "--max_steps=20", "--embedding_dim=8", "--bottom_mlp_dims=8",
              "--top_mlp_dims=8,1", "--calibration=none"]
-    run_python(["main.py", *flags, f"--log_path={tmp_path / 'np1.json'}"])
+    run_python(["main.py", *flags, f"--log_path={tmp_path / 'np1.json'}", f"--save_checkpoint_path={tmp_path / 'ckpt'}"])
     launch(2, ["main.py", *flags, f"--log_path={tmp_path / 'np2.json'}"])
     one, two = (json.loads(open(tmp_path / f"np{n}.json").read().splitlines()[-1]) for n in (1, 2))
     # The test logloss of 1024 rows after 16 steps: sums in another order move it by float32 rounding only.
     assert abs(one["logloss"] - two["logloss"]) <= 1e-6 and two["world_size"] == 2
     print(f"main.py with a weighted feature: test logloss {one['logloss']!r} (1 process), {two['logloss']!r} (2 ranks)")
+    # Exported, the weights are served beside the ids; under mean, a sample of one id ignores its weight's size.
+    run_python(["main.py", *flags, "--mode=export", f"--restore_checkpoint_path={tmp_path / 'ckpt'}",
+                f"--saved_model_path={tmp_path / 'serving'}"])
+    serve = tf.saved_model.load(str(tmp_path / "serving")).signatures["serving_default"]
+    assert sorted(serve.structured_input_signature[1]) == [
+        "history_row_lengths", "history_values", "history_weights_row_lengths", "history_weights_values", "item", "numerical"]
+    given = dict(numerical=tf.zeros([2, 1]), item=tf.constant([3, 4], tf.int64), history_values=tf.constant([1, 2, 3], tf.int64),
+                 history_row_lengths=tf.constant([2, 1], tf.int64), history_weights_row_lengths=tf.constant([2, 1], tf.int64))
+    weighted = serve(**given, history_weights_values=tf.constant([0.5, 1.0, 2.0]))["probability"].numpy()
+    plain = serve(**given, history_weights_values=tf.constant([1.0, 1.0, 1.0]))["probability"].numpy()
+    assert weighted[0] != plain[0] and abs(weighted[1] - plain[1]) <= 1e-7
