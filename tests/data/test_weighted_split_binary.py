@@ -162,3 +162,87 @@ def test_main_trains_a_weighted_feature_on_two_ranks_like_one_process(tmp_path):
     weighted = serve(**given, history_weights_values=tf.constant([0.5, 1.0, 2.0]))["probability"].numpy()
     plain = serve(**given, history_weights_values=tf.constant([1.0, 1.0, 1.0]))["probability"].numpy()
     assert weighted[0] != plain[0] and abs(weighted[1] - plain[1]) <= 1e-7
+
+
+CELLS = ["12|7|99", "", "5", "1|2|3|4"]
+WEIGHT_CELLS = ["0.5|1|2", "", "3.25", "1|0|0.125|4"]
+
+
+def weighted_csv_spec(directory, weights: list[str], chunk_type: str = "csv", files=("train.csv",)) -> str:
+    raw = {"feature_spec": {"click": {"dtype": "int8"}, "site": {"dtype": "int64", "cardinality": 4},
+                            "items": {"dtype": "int64", "cardinality": 300, "hotness": 4, "combiner": "mean", "ragged": True,
+                                      "weighted": True},
+                            "item_weights": {"dtype": "float32"}},
+           "channel_spec": {"label": ["click"], "categorical": ["site", "items"]},
+           "source_spec": {"train": [{"type": chunk_type, "features": ["click", "site", "items", "item_weights"],
+                                      "files": list(files), "weights": {"items": "item_weights"}}]}}
+    if chunk_type == "csv":
+        (directory / "train.csv").write_text("".join(f"{i % 2},{i % 4},{cell},{w}\n"
+                                                     for i, (cell, w) in enumerate(zip(CELLS, weights))))
+    (directory / "input.yaml").write_text(yaml.safe_dump(raw))
+    return str(directory / "input.yaml")
+
+
+def test_a_csv_weights_column_transcodes_to_the_weights_file(tmp_path):
+    from tf_dlrm.data.transcode import transcode
+
+    spec = transcode(weighted_csv_spec(tmp_path, WEIGHT_CELLS), str(tmp_path / "out"))
+    (chunk,) = [c for c in spec.chunks("train") if c["features"] == ["items"]]
+    assert chunk["weights"] == "train/cat_1_items.weights.bin" and spec.weighted("items")
+    expected = [[float(w) for w in cell.split("|")] if cell else [] for cell in WEIGHT_CELLS]
+    assert np.fromfile(spec.resolve(chunk["weights"]), np.float32).tolist() == [w for row in expected for w in row]
+    features, _ = next(iter(SplitBinaryReader(spec, "train", 4).dataset()))
+    assert features["items_weights"].to_list() == expected
+    assert features["items"].to_list() == [[int(i) for i in cell.split("|")] if cell else [] for cell in CELLS]
+
+
+def test_a_row_whose_weights_do_not_match_its_ids_is_named(tmp_path):
+    from tf_dlrm.data.csv_values import TranscodeError
+    from tf_dlrm.data.transcode import transcode
+
+    bad = WEIGHT_CELLS[:2] + ["3.25|1"] + WEIGHT_CELLS[3:]
+    with pytest.raises(TranscodeError, match=r"train.csv, line 3: column 4 \('item_weights'\): 2 weights in '3.25\|1' for "
+                                             r"the 1 ids of feature 'items' \(one weight per id"):
+        transcode(weighted_csv_spec(tmp_path, bad), str(tmp_path / "out"))
+    with pytest.raises(TranscodeError, match=r"train.csv, line 4: column 4 \('item_weights'\): 'x' is not a number"):
+        transcode(weighted_csv_spec(tmp_path, WEIGHT_CELLS[:3] + ["1|x|0|4"]), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+    missing = yaml.safe_load(open(weighted_csv_spec(tmp_path, WEIGHT_CELLS)))
+    del missing["source_spec"]["train"][0]["weights"]
+    with pytest.raises(FeatureSpecError, match=r"\.weights: feature 'items' says 'weighted: true': name the column"):
+        FeatureSpec.from_dict(missing)
+
+
+def test_a_parquet_list_of_weights_transcodes_like_csv(tmp_path):
+    pandas = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    from tf_dlrm.data.transcode import transcode
+
+    csv = transcode(weighted_csv_spec(tmp_path, WEIGHT_CELLS), str(tmp_path / "from_csv"))
+    rows = [[int(i) for i in cell.split("|")] if cell else [] for cell in CELLS]
+    weights = [[float(w) for w in cell.split("|")] if cell else [] for cell in WEIGHT_CELLS]
+    frame = pandas.DataFrame({"click": [i % 2 for i in range(4)], "site": [i % 4 for i in range(4)], "items": rows,
+                              "item_weights": weights})
+    frame.to_parquet(tmp_path / "train.parquet")
+    parquet = transcode(weighted_csv_spec(tmp_path, WEIGHT_CELLS, "parquet", ["train.parquet"]), str(tmp_path / "from_parquet"))
+    for chunk in csv.chunks("train"):
+        for relative in chunk["files"] + [chunk[k] for k in ("lengths", "weights") if k in chunk]:
+            assert open(csv.resolve(relative), "rb").read() == open(parquet.resolve(relative), "rb").read(), relative
+
+
+def test_spark_writes_the_weights_file_byte_for_byte_like_the_local_engine(tmp_path):
+    pytest.importorskip("pyspark", reason="the Spark engine needs PySpark: make install-spark")
+    from tf_dlrm.data.transcode import transcode
+    from tf_dlrm.data.transcode_spark import SparkEngine, make_session
+
+    session = make_session("local[2]", conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
+                                              "spark.ui.showConsoleProgress": "false", "spark.driver.memory": "1g"})
+    try:
+        spec_path = weighted_csv_spec(tmp_path, WEIGHT_CELLS)
+        local = transcode(spec_path, str(tmp_path / "local"))
+        spark = transcode(spec_path, str(tmp_path / "spark"), engine=SparkEngine(session, min_partitions=2, block_lines=3))
+    finally:
+        session.stop()
+    for chunk in local.chunks("train"):
+        for relative in chunk["files"] + [chunk[k] for k in ("lengths", "weights") if k in chunk]:
+            assert open(local.resolve(relative), "rb").read() == open(spark.resolve(relative), "rb").read(), relative

@@ -180,6 +180,29 @@ def _validate_chunk(spec, where: str, chunk) -> None:
         _validate_lengths_key(spec, where, chunk)
     if chunk["type"] == SPLIT_BINARY:
         _validate_weights_key(spec, where, chunk)
+    else:
+        _validate_weights_columns(spec, where, chunk)
+
+
+def _validate_weights_columns(spec, where: str, chunk: Mapping[str, Any]) -> None:
+    """A csv or parquet chunk names the column of each weighted feature's weights: ``weights: {feature: column}``,
+    the column one of the chunk's, a float feature no channel reads."""
+    weights = chunk.get("weights", {})
+    if not isinstance(weights, Mapping):
+        _fail(spec, f"{where}.weights: expected a mapping {{weighted feature: its weights column}}. Received: {weights!r}")
+    used = set(spec.categorical_features) | set(spec.numerical_features) | set(spec.channel_spec.get(LABEL_CHANNEL, []))
+    for feature in chunk["features"]:
+        if feature in spec.categorical_features and spec.feature_spec[feature].get("weighted") is True and feature not in weights:
+            _fail(spec, f"{where}.weights: feature '{feature}' says 'weighted: true': name the column of its weights "
+                        f"(weights: {{{feature}: COLUMN}}, a float32 feature of the chunk that no channel reads)")
+    for feature, column in weights.items():
+        properties = spec.feature_spec.get(feature, {})
+        if feature not in chunk["features"] or properties.get("weighted") is not True or properties.get("ragged") is not True:
+            _fail(spec, f"{where}.weights: '{feature}' is not a weighted ragged feature of the chunk "
+                        "('weighted: true' and 'ragged: true')")
+        if column not in chunk["features"] or column in used or spec.feature_spec.get(column, {}).get("dtype") not in FLOAT_DTYPES:
+            _fail(spec, f"{where}.weights.{feature}: column {column!r} must be a feature of the chunk with a float dtype "
+                        "that no channel reads")
 
 
 def _validate_weights_key(spec, where: str, chunk: Mapping[str, Any]) -> None:
