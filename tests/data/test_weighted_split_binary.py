@@ -137,20 +137,24 @@ def write_dataset(directory) -> str:
 
 
 @pytest.mark.multirank
-def test_main_trains_a_weighted_feature_on_two_ranks_like_one_process(tmp_path):
+@pytest.mark.parametrize("layout", [["--dist_strategy=column_wise"], ["--dist_strategy=table_wise", "--data_parallel_input"]],
+                         ids=["column_wise-global_ids", "table_wise-exchanged_ids"])
+def test_main_trains_a_weighted_feature_on_two_ranks_like_one_process(tmp_path, layout):
+    """Both tables model-parallel (no threshold replicates them): column slices read the global batch of ids and
+    weights; whole tables on one rank each get them through the id exchange."""
     import json
 
     from conftest import launch, run_python
 
     data = write_dataset(tmp_path / "data")
     flags = [f"--dataset_path={data}", "--batch_size=256", "--max_steps=20", "--embedding_dim=8", "--bottom_mlp_dims=8",
-             "--top_mlp_dims=8,1", "--calibration=none"]
+             "--top_mlp_dims=8,1", "--calibration=none", "--data_parallel_threshold=0", *layout]
     run_python(["main.py", *flags, f"--log_path={tmp_path / 'np1.json'}", f"--save_checkpoint_path={tmp_path / 'ckpt'}"])
     launch(2, ["main.py", *flags, f"--log_path={tmp_path / 'np2.json'}"])
     one, two = (json.loads(open(tmp_path / f"np{n}.json").read().splitlines()[-1]) for n in (1, 2))
     # The test logloss of 1024 rows after 16 steps: sums in another order move it by float32 rounding only.
     assert abs(one["logloss"] - two["logloss"]) <= 1e-6 and two["world_size"] == 2
-    print(f"main.py with a weighted feature: test logloss {one['logloss']!r} (1 process), {two['logloss']!r} (2 ranks)")
+    print(f"main.py {' '.join(layout)} with a weighted feature: test logloss {one['logloss']!r} (1 process), {two['logloss']!r} (2 ranks)")
     # Exported, the weights are served beside the ids; under mean, a sample of one id ignores its weight's size.
     run_python(["main.py", *flags, "--mode=export", f"--restore_checkpoint_path={tmp_path / 'ckpt'}",
                 f"--saved_model_path={tmp_path / 'serving'}"])
