@@ -105,6 +105,7 @@ class CsvSource:
     delimiter: str
     # Data lines [first, end) over the files read in order (--valid_fraction, --test_fraction); None: all.
     rows: tuple[int, int] | None = None
+    weights: tuple[tuple[str, str], ...] = ()  # (weighted feature, its weights column) of the chunk's `weights`
 
     def check_header(self, path: str, first: str | None) -> None:
         """The first line of ``path`` (no newline; None for an empty file) must name the chunk's features."""
@@ -123,6 +124,7 @@ class ParquetSource:
     split: str
     paths: tuple[str, ...]
     features: tuple[str, ...]
+    weights: tuple[tuple[str, str], ...] = ()  # as CsvSource's
 
 
 class LocalEngine:
@@ -232,14 +234,16 @@ def _source(spec: FeatureSpec, split: str) -> tuple[CsvSource | ParquetSource, D
                 raise TranscodeError(f"{spec.source}: source_spec.{split}[0].{key}: a csv key; a parquet chunk finds its "
                                      f"columns by name. Received: {key}: {chunk[key]!r}")
         paths = tuple(spec.resolve(relative) for relative in chunk["files"])
-        return ParquetSource(split, paths, tuple(chunk["features"])), read_declarations(spec, split, chunk)
+        weights = tuple(chunk.get("weights", {}).items())
+        return ParquetSource(split, paths, tuple(chunk["features"]), weights), read_declarations(spec, split, chunk)
     header, delimiter = chunk.get("header", False), chunk.get("delimiter", ",")
     if not isinstance(header, bool):
         raise TranscodeError(f"{spec.source}: source_spec.{split}[0].header: expected true or false. Received: {header!r}")
     if not isinstance(delimiter, str) or not delimiter or "\n" in delimiter:
         raise TranscodeError(f"{spec.source}: source_spec.{split}[0].delimiter: expected a non-empty string. Received: {delimiter!r}")
     paths = tuple(spec.resolve(relative) for relative in chunk["files"])
-    return CsvSource(split, paths, tuple(chunk["features"]), header, delimiter), read_declarations(spec, split, chunk)
+    return (CsvSource(split, paths, tuple(chunk["features"]), header, delimiter, weights=tuple(chunk.get("weights", {}).items())),
+            read_declarations(spec, split, chunk))
 
 
 def _no_rows(source: CsvSource | ParquetSource) -> str:
@@ -294,7 +298,7 @@ def _layout(spec: FeatureSpec, source: CsvSource | ParquetSource, declarations: 
     # A weighted feature's weights: the column the chunk's `weights: {feature: column}` names.
     weights = tuple(Column(column, position[column], WEIGHTS, np.dtype(np.float32), hotness=spec.hotness(feature),
                            ragged=True, by_name=by_name, weights_of=feature)
-                    for feature, column in spec.chunks(source.split)[0].get("weights", {}).items())
+                    for feature, column in source.weights)
     return CsvLayout(source.features, getattr(source, "delimiter", ","), label, numerical, tuple(categorical), weights)
 
 
