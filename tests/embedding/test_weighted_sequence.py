@@ -182,3 +182,13 @@ def test_unweighted_sequences_pool_through_the_kernel_like_the_bank():
     dense = tf.math.unsorted_segment_sum(gradient.values, gradient.indices, layer.shard_variables[0].shape[0]).numpy()
     expected = tf.math.unsorted_segment_sum(expected.values, expected.indices, 30).numpy()
     np.testing.assert_allclose(dense[:30], expected, rtol=1e-6)
+
+
+def test_bad_ids_of_a_sequence_feature_are_named_by_the_feature(layer):
+    ids, weights = batch()
+    outside = tf.ragged.constant([[3, 30], [], [29]], dtype=tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"feature 'clicks': an id is outside \[0, 30\)"):
+        layer({**ids, "clicks": outside}, weights)
+    longer = tf.ragged.constant([[1, 2, 3, 4], [], []], dtype=tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="'clicks': a sample has more ids than its hotness 3"):
+        layer({**ids, "clicks": longer}, weights)

@@ -135,6 +135,9 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         dynamic_names = {f.name for f in getattr(self, "dynamic_features", ())}
         self.static_features = tuple(f for f in self.user_features if f.name not in dynamic_names)
         self.features, self.feature_positions = expand_sequences(self.static_features)
+        # Weighted and sequence features' ids are checked once, as the user gave them (_internal_inputs).
+        self.checked_on_input = frozenset(f for feature, positions in zip(self.static_features, self.feature_positions)
+                                          if feature.weighted or feature.sequence for f in positions)
         if plan is None:
             plan = plan_tables(self.table_configs, self.features, self.env.world_size, strategy=strategy,
                                data_parallel_threshold=data_parallel_threshold,
@@ -230,7 +233,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         (no plan, no fixed variables)."""
         layer = self.dynamic_layer
         self.features = self.dynamic_features
-        self.static_features, self.feature_positions = (), ()
+        self.static_features, self.feature_positions, self.checked_on_input = (), (), frozenset()
         self.plan, self.seed = None, int(seed)
         self.data_parallel_input, self.validate_ids = bool(data_parallel_input), bool(validate_ids)
         self.deduplicate_exchange, self.use_kernel = bool(deduplicate_exchange), bool(use_kernel)
@@ -360,7 +363,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
     def _normalized(self, features, categorical) -> dict:
         # Ids the kernel pools are checked by it, on the rank that looks them up (one pass fewer).
         return {f: normalize_ids(ids, self.features[f], self.cardinalities[self.feature_tables[f]],
-                                 self.validate_ids and f not in self.kernel_checked_features)
+                                 self.validate_ids and f not in self.kernel_checked_features and f not in self.checked_on_input)
                 for f, ids in zip(features, categorical)}
 
     def _kernel_checks(self, entries) -> list[tuple]:
