@@ -96,7 +96,9 @@ class DIN(Model):
         tiled = tf.repeat(query[:, None, :], HISTORY, axis=1)
         scores = tf.squeeze(self.attention(tf.concat([tiled, keys, tiled - keys, tiled * keys], axis=2)), 2)  # [b, H]
         # Positions past a user's history are padding: masked out of the softmax (an empty history attends to nothing).
-        present = tf.sequence_mask(inputs["history"].row_lengths(), HISTORY)
+        # With --global_ids a rank may hold the global batch of the history's ids: its own rows' lengths come apart.
+        lengths = inputs["history_length"] if "history_length" in inputs else inputs["history"].row_lengths()
+        present = tf.sequence_mask(lengths, HISTORY)
         scores = tf.where(present, scores, tf.fill(tf.shape(scores), -1e9))
         attention = tf.nn.softmax(scores, axis=1) * tf.cast(present, scores.dtype)
         interest = tf.reduce_sum(attention[:, :, None] * keys, axis=1)
@@ -170,9 +172,31 @@ def probe_arrays(data: dict) -> dict:
     return flat
 
 
-def build(seed: int, learning_rate: float) -> DIN:
+def global_names(model: DIN) -> set[str]:
+    """The model inputs a rank reads for the global batch: the ids (and weights) of the features whose tables it
+    owns, when the embedding reads global ids (``data_parallel_input=False``)."""
+    modes = model.embedding.input_modes
+    return {key for name, mode in modes.items() if mode == "global"
+            for key in ((name, f"{name}_weights") if name in WEIGHTED else (name,))}
+
+
+def with_global_inputs(local: tf.data.Dataset, everything: dict, names: set[str], global_batch: int) -> tf.data.Dataset:
+    """``local`` (this rank's rows) with the inputs in ``names`` replaced by the global batch's, and the local rows'
+    history lengths as ``history_length`` (the model's mask)."""
+    global_batches = tf.data.Dataset.from_tensor_slices({name: everything[name] for name in sorted(names)}).batch(global_batch)
+
+    def merge(pair, global_part):
+        x, y = pair
+        mine = {key: value for key, value in x.items() if key not in names}
+        return {**mine, **global_part, "history_length": x["history"].row_lengths()}, y
+
+    return tf.data.Dataset.zip((local, global_batches)).map(merge)
+
+
+def build(seed: int, learning_rate: float, global_ids: bool = False) -> DIN:
     keras.utils.set_random_seed(seed)  # the same dense initial weights on every rank
-    model = DIN(DistributedEmbedding(make_features(learning_rate), seed=seed, name="embedding"))
+    model = DIN(DistributedEmbedding(make_features(learning_rate), seed=seed, name="embedding",
+                                     data_parallel_input=not global_ids))
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss=keras.losses.BinaryCrossentropy(from_logits=True))
     return model
 
@@ -188,16 +212,22 @@ def main(argv=None) -> None:
     parser.add_argument("--restore", default=None, help="restore this checkpoint instead of training")
     parser.add_argument("--export", default=None, help="with --restore, one process: the SavedModel to write")
     parser.add_argument("--probe", default=None, help="with --export: .npz of the probe batch as served")
+    parser.add_argument("--global_ids", action="store_true",
+                        help="each rank reads the global batch of the features whose tables it owns (main.py's loader), "
+                             "instead of its local batch of every feature and an exchange of ids")
     args = parser.parse_args(argv)
     env = initialize()
     if args.global_batch % env.world_size:
         parser.error(f"--global_batch={args.global_batch} does not divide by the number of ranks ({env.world_size})")
-    model = build(args.seed, args.learning_rate)
+    model = build(args.seed, args.learning_rate, args.global_ids)
     count = args.steps * args.global_batch
     data = make_data(count, args.seed)
     rows = local_rows(count, args.global_batch, env.rank, env.world_size)
     local = args.global_batch // env.world_size
     dataset = tf.data.Dataset.from_tensor_slices((as_inputs(data, rows), tf.gather(data["label"], rows))).batch(local)
+    global_inputs = global_names(model) if args.global_ids else set()
+    if global_inputs:
+        dataset = with_global_inputs(dataset, as_inputs(data), global_inputs, args.global_batch)
     if args.restore:
         model(next(iter(dataset))[0])  # builds every weight
         model_checkpoint.restore(model, args.restore)
@@ -212,6 +242,10 @@ def main(argv=None) -> None:
     probe = make_data(PROBE_ROWS, args.seed + 100)
     share = PROBE_ROWS // env.world_size
     mine = as_inputs(probe, np.arange(env.rank * share, (env.rank + 1) * share))
+    if global_inputs:  # the probe is one global batch
+        everything = as_inputs(probe)
+        mine.update({name: everything[name] for name in global_inputs},
+                    history_length=tf.constant(probe["history_lengths"][env.rank * share:(env.rank + 1) * share]))
     outputs = model.embedding(*embedding_inputs(mine))
     arrays = {f"output/{name}": collectives.allgather(env, value, name=f"probe_{name}").numpy()
               for name, value in sorted(outputs.items())}

@@ -1,6 +1,6 @@
 """examples/din_model.py (a DIN-style attention over a weighted sequence feature, weighted ``mean`` on a
-column-wise table, weighted ``sum`` on a replicated one) trained with ``model.fit`` on 2 and 3 ranks equals one
-process: every table, the dense weights, the embedding outputs of a probe batch (pooled and sequence) and the
+column-wise table, weighted ``sum`` on a replicated one) trained with ``model.fit`` on 2 and 3 ranks (ids exchanged,
+or read for the global batch by their tables' owners) equals one process: every table, the dense weights, the embedding outputs of a probe batch (pooled and sequence) and the
 probe scores; a 2-rank checkpoint restored in one process exports a SavedModel that plain TensorFlow serves
 with the weighted ragged inputs, to the scores of the model that was trained.
 
@@ -75,10 +75,13 @@ def check_equal(many: dict, one: dict, label: str) -> dict:
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_fit_on_n_ranks_equals_one_process(one_process, world_size, tmp_path):
+@pytest.mark.parametrize("ids", ["exchanged", "global"])
+def test_fit_on_n_ranks_equals_one_process(one_process, world_size, ids, tmp_path):
+    """``exchanged``: every rank reads its local batch and the ids (and weights) travel to the tables' owners;
+    ``global``: each rank reads the global batch of the features whose tables it owns (main.py's loader)."""
     path = tmp_path / f"np{world_size}.npz"
-    launch(world_size, [SCRIPT, *ARGS, f"--output={path}"], timeout=600)
-    check_equal(dict(np.load(path)), one_process, f"{world_size} ranks")
+    launch(world_size, [SCRIPT, *ARGS, f"--output={path}", *(["--global_ids"] if ids == "global" else [])], timeout=600)
+    check_equal(dict(np.load(path)), one_process, f"{world_size} ranks, {ids} ids")
 
 
 @pytest.mark.multirank
