@@ -55,7 +55,7 @@ def test_a_pip_install_carries_preprocessing_and_its_console_script():
     include = setup_cfg()["options.packages.find"]["include"].split()
     assert {"tf_dlrm", "tf_dlrm.*", "preprocessing", "preprocessing.*"} <= set(include), include
     scripts = console_scripts()
-    assert scripts["tf-dlrm-preprocess-criteo"] == "preprocessing.criteo:run"
+    assert scripts["tf-dlrm-preprocess-criteo"] == "preprocessing.console_script:criteo"
     for name, target in scripts.items():
         module, attribute = target.split(":")
         assert module.split(".")[0] in {entry.split(".")[0] for entry in include} | {"main"}, (name, target)

@@ -5,7 +5,9 @@ repository), score what ``--mode=eval`` scores.
 - A DCNv2 on NVIDIA's split_tfrecords layout with a one-hot, a ragged (1 to 3 ids per sample) and a
   fixed-hotness (2 ids) feature;
 - a DCNv2 on dynamic tables (``tf_dlrm.data.synthetic --hashed_keys``: raw int64 keys, unseen ones in the
-  validation split; dynamic tables take one width).
+  validation split; dynamic tables take one width);
+- a DCNv2 on dynamic tables beside fixed ones (``feature_specs/synthetic_multi_hot.yaml`` with three features made
+  dynamic: one-hot, 5 ids mean-pooled, 2 ids summed; the fixed ones of widths 8 and 16, multi-hot too).
 
 One process trains each a few steps, evaluates the checkpoint (``--mode=eval``), exports it (``--mode=export``)
 and writes the whole validation split as the signature's inputs. The served scores of that split give
@@ -59,6 +61,17 @@ def tasks_of(name: str, flags: list, out: str) -> list:
     ]
 
 
+def write_mixed_spec(directory) -> None:
+    """``mixed.yaml`` beside the dataset's spec: three of its categorical features dynamic (one width: 16)."""
+    import yaml
+
+    spec = yaml.safe_load((directory / "feature_spec.yaml").read_text())
+    for name in ("cat_2.bin", "cat_3.bin", "cat_4.bin"):
+        properties = spec["feature_spec"][name]
+        properties.update(dynamic=True, capacity=properties["cardinality"], embedding_dim=16)
+    (directory / "mixed.yaml").write_text(yaml.safe_dump(spec))
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """One process trains both models, evaluates, predicts and exports them; a TensorFlow-only process serves."""
@@ -71,15 +84,20 @@ def runs(tmp_path_factory):
     write_dataset(str(data), num_prebatches=20, variable=True, fixed=(2,))
     spec = FeatureSpec.load(os.path.join(REPO, "feature_specs", "synthetic_small.yaml"), check_files=False)
     generate(spec, str(keys), 1536, 1000, seed=3, config=GeneratorConfig(hashed_keys=True))
+    mixed = tmp_path_factory.mktemp("mixed_data")
+    generate(FeatureSpec.load(os.path.join(REPO, "feature_specs", "synthetic_multi_hot.yaml"), check_files=False),
+             str(mixed), 1536, 1000, seed=3)
+    write_mixed_spec(mixed)
     tasks = (tasks_of("multi_hot", [f"--dataset_path={data}", *FLAGS], out)
-             + tasks_of("dynamic", [f"--dataset_path={keys}", *DYNAMIC_FLAGS], out))
+             + tasks_of("dynamic", [f"--dataset_path={keys}", *DYNAMIC_FLAGS], out)
+             + tasks_of("mixed", [f"--dataset_path={mixed}", "--feature_spec=mixed.yaml", *DYNAMIC_FLAGS], out))
     with open(os.path.join(out, "tasks.json"), "w") as handle:
         json.dump(tasks, handle)
     run_python(["tests/checkpoint/checkpoint_worker.py", os.path.join(out, "tasks.json"), out])
     with open(os.path.join(out, "results.json")) as handle:
         results = json.load(handle)
     found = {}
-    for name in ("multi_hot", "dynamic"):
+    for name in ("multi_hot", "dynamic", "mixed"):
         saved_model, stem = os.path.join(out, f"{name}_saved_model"), os.path.join(out, f"{name}_predict")
         more = [f"{stem}_split.npz={stem}_split_served.npy", os.path.join(out, f"{name}_bad.json")]
         serve_alone(saved_model, f"{stem}_batch.npz", f"{stem}_served.npy", *more, cwd=str(tmp_path_factory.mktemp("serve")))
@@ -98,7 +116,7 @@ def exported(runs):
     return runs["multi_hot"]
 
 
-@pytest.mark.parametrize("name", ["multi_hot", "dynamic"])
+@pytest.mark.parametrize("name", ["multi_hot", "dynamic", "mixed"])
 def test_served_alone_scores_what_eval_scores(runs, name):
     from tf_dlrm.metrics import ClickMetrics
 
@@ -107,7 +125,7 @@ def test_served_alone_scores_what_eval_scores(runs, name):
     scores = run["split_served"][: len(labels)]
     served = ClickMetrics.of(labels, scores)
     evaluated = run["eval"]
-    assert evaluated["samples"] == len(labels) == {"multi_hot": 640, "dynamic": 1000}[name]
+    assert evaluated["samples"] == len(labels) == {"multi_hot": 640, "dynamic": 1000, "mixed": 1000}[name]
     print(f"{name}: --mode=eval AUC {evaluated['auc']:.9f} logloss {evaluated['logloss']:.9f}; served by TensorFlow "
           f"alone AUC {served.auc:.9f} logloss {served.logloss:.9f}; |difference| AUC "
           f"{abs(served.auc - evaluated['auc']):.3g} logloss {abs(served.logloss - evaluated['logloss']):.3g}; first "
@@ -194,3 +212,16 @@ def test_wrong_multi_hot_input_is_refused_with_its_message(exported):
     for case, fragment in expected.items():
         assert fragment in found[case], (case, found[case])
     assert "scored" not in found.values(), found  # every wrong variant refused, none scored in silence
+
+
+def test_mixed_export_serves_dynamic_keys_beside_fixed_ids(runs):
+    """The fixed tables' inputs keep their id range, the dynamic ones take raw keys (no cardinality); multi-hot
+    inputs of both kinds are ``[batch, hotness]``."""
+    inputs = runs["mixed"]["info"]["inputs"]
+    assert inputs["cat_1_bin"] == {"dtype": "int64", "shape": [None, 3], "feature": "cat_1.bin", "hotness": 3,
+                                   "ragged": False, "cardinality": 16}
+    assert inputs["cat_2_bin"] == {"dtype": "int64", "shape": [None], "feature": "cat_2.bin", "hotness": 1,
+                                   "ragged": False, "cardinality": None}
+    assert inputs["cat_3_bin"] == {"dtype": "int64", "shape": [None, 5], "feature": "cat_3.bin", "hotness": 5,
+                                   "ragged": False, "cardinality": None}
+    assert inputs["cat_4_bin"]["cardinality"] is None and inputs["cat_5_bin"]["cardinality"] is not None

@@ -192,3 +192,20 @@ def test_bad_ids_of_a_sequence_feature_are_named_by_the_feature(layer):
     longer = tf.ragged.constant([[1, 2, 3, 4], [], []], dtype=tf.int64)
     with pytest.raises(tf.errors.InvalidArgumentError, match="'clicks': a sample has more ids than its hotness 3"):
         layer({**ids, "clicks": longer}, weights)
+
+
+def test_a_sequence_feature_beside_a_dynamic_table_stacks_as_its_positions():
+    from tf_dlrm.embedding import DynamicStorage, Placement
+
+    queries = TableConfig("queries", 1, 4, placement=Placement(dynamic=DynamicStorage(capacity=50)))
+    layer = DistributedEmbedding([FeatureConfig("clicks", ITEMS, hotness=3, ragged=True, combiner=None),
+                                  FeatureConfig("query", queries)], seed=3)
+    layer.build()
+    ids = {"clicks": tf.ragged.constant([[1, 2], [], [5, 6, 7]], dtype=tf.int64),
+           "query": tf.constant([2**40, 7, 2**40], tf.int64)}
+    out = layer(ids)
+    stacked = layer(ids, stacked=True)
+    assert out["clicks"].shape == (3, 3, 4) and out["query"].shape == (3, 4)
+    assert stacked.shape == (3, 4, 4) and layer.compute_output_shape(None) == (None, 4, 4)
+    np.testing.assert_array_equal(stacked[:, :3].numpy(), out["clicks"].numpy())
+    np.testing.assert_array_equal(stacked[:, 3].numpy(), out["query"].numpy())

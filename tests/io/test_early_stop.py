@@ -24,8 +24,18 @@ RANK_LINE = "interrupted by {signal} while starting; nothing was saved"
 PROGRAMS = {
     "preprocessing.criteo": (["-m", "preprocessing.criteo", "--input=/nonexistent/day_0", "--output_dir={out}"], TOOL_LINE),
     "tf_dlrm.data.transcode": (["-m", "tf_dlrm.data.transcode", "--input_spec=/nonexistent/spec.yaml", "--output_dir={out}"], TOOL_LINE),
+    "tf_dlrm.cli.apply_deltas": (["-m", "tf_dlrm.cli.apply_deltas", "--saved_model_path=/nonexistent", "--delta_dir=/nonexistent",
+                                  "--output_path={out}"], TOOL_LINE),
     "tf_dlrm.data.synthetic": (["-m", "tf_dlrm.data.synthetic", "--feature_spec=/nonexistent/spec.yaml", "--output_dir={out}"], TOOL_LINE),
     "main.py": (["main.py", "--dataset_path=/nonexistent", "--save_checkpoint_path={out}"], RANK_LINE),
+    # The console scripts (setup.cfg), called as pip's wrapper calls them.
+    **{tool: (["-c", f"import sys; from {module} import {name}; sys.exit({name}())", *arguments], line)
+       for tool, module, name, arguments, line in (
+           ("tf-dlrm-train", "tf_dlrm.cli.console", "train", ["--dataset_path=/nonexistent", "--save_checkpoint_path={out}"], RANK_LINE),
+           ("tf-dlrm-synthetic", "tf_dlrm.cli.console", "synthetic", ["--feature_spec=/nonexistent/spec.yaml", "--output_dir={out}"], TOOL_LINE),
+           ("tf-dlrm-transcode", "tf_dlrm.cli.console", "transcode", ["--input_spec=/nonexistent/spec.yaml", "--output_dir={out}"], TOOL_LINE),
+           ("tf-dlrm-apply-deltas", "tf_dlrm.cli.console", "apply_deltas", ["--saved_model_path=/nonexistent", "--delta_dir=/nonexistent", "--output_path={out}"], TOOL_LINE),
+           ("tf-dlrm-preprocess-criteo", "preprocessing.console_script", "criteo", ["--input=/nonexistent/day_0", "--output_dir={out}"], TOOL_LINE))},
     # Its horovodrun is /bin/false here: a lost signal shows as the launcher's exit 1.
     "tf_dlrm launch": (["-m", "tf_dlrm.cli.launch", "-np", "1", "-H", "localhost:1", "python", "main.py",
                         "--save_checkpoint_path={out}"], "{tool}: stopped by {signal} while starting; no job was started"),

@@ -109,6 +109,19 @@ def make_features(spec: FeatureSpec) -> tuple[FeatureConfig, ...]:
                  for name in spec.categorical_features)
 
 
+def planned_tables(spec: FeatureSpec, model: ModelConfig) -> list[TableConfig]:
+    """The tables the run's plan places: :func:`model_tables` less the dynamic ones when the spec mixes both kinds
+    (a dynamic table routes its keys by hash, outside the plan). A spec of dynamic tables only keeps them all: its
+    plan then describes their sizes (the memory lines and the printed plan), and no layer executes it."""
+    from tf_dlrm.cli import dynamic_builder
+
+    tables = model_tables(spec, model)
+    if dynamic_builder.has_dynamic_tables(spec) and not dynamic_builder.all_dynamic(spec):
+        dynamic = set(dynamic_builder.dynamic_spec.dynamic_features(spec))
+        tables = [t for t in tables if t.name not in dynamic]
+    return tables
+
+
 def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: ShardingConfig, world_size: int,
                        optimizer: OptimizerConfig | None = None) -> ShardingPlan:
     """The plan of ``sharding`` for ``world_size`` ranks. One process replicates nothing: all its
@@ -118,9 +131,9 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
     (:func:`tf_dlrm.embedding.planning.row_wise_kept_whole`)."""
     from tf_dlrm.embedding.planning import row_wise_kept_whole, table_specs
 
-    tables = table_specs(model_tables(spec, model))
-    features, _ = model_features(spec, model)
+    tables = table_specs(planned_tables(spec, model))
     names = [t.name for t in tables]
+    features = [f for f in model_features(spec, model)[0] if f.table_name in set(names)]
     row_wise = optimizer is not None and table_optimizers.from_settings(optimizer).make().row_wise
     kept_whole = row_wise_kept_whole(names, features, f"--embedding_optimizer={optimizer.embedding_optimizer}" if row_wise else None)
     placements = None
@@ -215,14 +228,19 @@ def make_embedding(spec: FeatureSpec, plan: ShardingPlan | None, config: ModelCo
             what = "dynamic tables" if dynamic else f"--model={config.name}, which derives features from the columns"
             raise ValueError(f"{flag} is implemented for models that read the spec's columns as they are, on fixed "
                              f"tables (e.g. --model=dlrm). Received: {what}")
-    if dynamic:
-        if derived:
-            raise ValueError(f"Dynamic tables are built for models that read the spec's columns as they are (e.g. "
-                             f"--model=dlrm). Received: --model={config.name}, which derives features from the columns")
+    if dynamic and derived:
+        raise ValueError(f"Dynamic tables are built for models that read the spec's columns as they are (e.g. "
+                         f"--model=dlrm). Received: --model={config.name}, which derives features from the columns")
+    if dynamic and dynamic_builder.all_dynamic(spec):
         widths = [table.embedding_dim for table in model_tables(spec, config)]  # the model may choose its tables' widths
-        return dynamic_builder.make_dynamic_embedding(spec, config.table_initializer, env, seed, widths, num_shards=num_shards)
+        return dynamic_builder.make_dynamic_embedding(spec, features, config.table_initializer, env, seed, widths,
+                                                      num_shards=num_shards)
     tables = {t.name: t for t in make_table_configs(spec, plan, config, optimizer, hot_rows, split_embedding_tables)}
     features = [dataclasses.replace(f, table=tables[f.table_name]) for f in features]
+    if dynamic:  # fixed tables under the plan beside dynamic ones
+        widths = [table.embedding_dim for table in model_tables(spec, config)]
+        return dynamic_builder.make_dynamic_embedding(spec, features, config.table_initializer, env, seed, widths,
+                                                      plan=plan, num_shards=num_shards)
     return DistributedEmbedding(features, plan=plan, env=env, seed=seed, data_parallel_input=data_parallel_input or derived,
                                 deduplicate_exchange=deduplicate_exchange, name="embedding")
 

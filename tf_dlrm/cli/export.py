@@ -38,7 +38,7 @@ from tf_dlrm.calibration import Calibration
 from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.io import files
 from tf_dlrm.io.publish import check_replaceable, staged_output
-from tf_dlrm.embedding.serving import save_module, serving_module
+from tf_dlrm.embedding.serving import save_module, serving_module, variable_map
 from tf_dlrm.embedding.training_step import embedding_layer
 from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
 from tf_dlrm.checkpoint import store as checkpoint_store
@@ -152,6 +152,10 @@ def export_checkpoint(directory: str, manifest: dict, saved_model_path: str, spe
     module = serving_module(model, model_signature(spec, model), calibration)
     info = serving_info(spec, module, builder.model_identity(model_config)["name"], directory, manifest["step"])
     info["calibration"] = None if calibration is None else manifest["calibration"]
+    try:
+        info["variables"] = variable_map(model, module)  # where tf_dlrm.cli.apply_deltas writes a delta's rows
+    except (KeyError, ValueError):
+        info["variables"] = None  # a weight the SavedModel does not track as itself: apply_deltas refuses this export
     with staged_output(saved_model_path, "--saved_model_path", WRITER, [directory]) as temporary:
         _save(module, temporary, info)
     return info

@@ -185,6 +185,9 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         )
         f.DEFINE_integer("checkpoint_every_steps", 0, "Save a checkpoint every this many steps (0: only at the end).")
         f.DEFINE_integer("keep_checkpoints", 2, "Checkpoints kept under --save_checkpoint_path (older ones are deleted).")
+        f.DEFINE_integer("delta_every_steps", 0, "Write a delta (embedding rows changed since the last one, dense weights) "
+                         "every this many steps into --delta_dir, for tf_dlrm.cli.apply_deltas (0: none).")
+        f.DEFINE_string("delta_dir", None, "Directory of the deltas (delta-<step> directories, published atomically).")
         f.DEFINE_bool(
             "resume", False,
             "Continue from the newest intact checkpoint under --save_checkpoint_path (corrupt newer ones are skipped, "
@@ -406,6 +409,8 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         loop=loop_from_flags(values),
         checkpoint_every_steps=values.checkpoint_every_steps,
         keep_checkpoints=values.keep_checkpoints,
+        delta_every_steps=values.delta_every_steps,
+        delta_dir=values.delta_dir,
         resume=values.resume,
         restart_if_all_corrupt=values.restart_if_all_corrupt,
         stop_timeout_s=values.stop_timeout_s,

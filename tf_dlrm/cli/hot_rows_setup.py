@@ -21,7 +21,12 @@ def hot_row_plan(spec, plan, sharding, env, split: str, global_batch_size: int) 
     """Collective: the run's hot-row plan, or None (budget 0, one rank, or no model-parallel table)."""
     from tf_dlrm.data import id_counts
 
+    from tf_dlrm.cli import dynamic_builder
+
     budget = sharding.hot_rows_budget
+    if budget and dynamic_builder.has_dynamic_tables(spec):  # before counting ids the plan does not index
+        raise ValueError("--hot_rows_budget is implemented for models that read the spec's columns as they are, on "
+                         "fixed tables (e.g. --model=dlrm). Received: dynamic tables")
     if not budget or env.world_size < 2 or not plan.model_parallel:
         return None
     error = ""

@@ -279,9 +279,19 @@ def run_train(config, stop=None) -> dict:
                          f"{f', {stopper.waited} evaluation(s) since' if stopper else ''}")
         checkpointer.selection = lambda: keeper.record(stopper.waited if stopper else None)
 
+    delta_writer = None
+    if config.delta_every_steps:
+        from tf_dlrm.checkpoint.deltas import DeltaWriter
+
+        delta_writer = DeltaWriter(trainer.model, env, config.delta_dir, config.delta_every_steps,
+                                   getattr(trainer, "synchronize_hot_rows", None), reporter.say)
+        delta_writer.start(start_step)
+
     def on_step(step, epoch, batch_in_epoch):
         with stop.paused() if stop is not None else contextlib.nullcontext():
             checkpointer.on_step(step, epoch, batch_in_epoch)
+            if delta_writer is not None:
+                delta_writer.on_step(step)
         if stop is not None:
             stop.poll(trainer, env, step)
 
@@ -333,7 +343,7 @@ def run_train(config, stop=None) -> dict:
         reporter.event("final_test", step=final_step, split=splits.test, **tested.record())
         reporter.scalars(final_step, **{f"test_{name}": value for name, value in tested.metrics.as_dict().items()})
     model = session.model
-    if getattr(embedding_layer(model), "dynamic_only", False):
+    if getattr(embedding_layer(model), "dynamic_layer", None) is not None:
         # Rows, evictions and rejections of every dynamic table, summed over ranks (collective).
         counters = embedding_layer(model).dynamic_layer.global_counters()
         reporter.event("dynamic_tables", tables=counters)

@@ -37,6 +37,10 @@ class RunConfig:
     loop: LoopConfig
     checkpoint_every_steps: int = 0
     keep_checkpoints: int = 2
+    # --delta_every_steps, --delta_dir: a delta (the rows changed since the last one, the dense weights) every this many
+    # steps (tf_dlrm.checkpoint.deltas); 0: none.
+    delta_every_steps: int = 0
+    delta_dir: str | None = None
     resume: bool = False
     # --restart_if_all_corrupt: a --resume that finds only corrupt checkpoints starts over instead of stopping.
     restart_if_all_corrupt: bool = False
@@ -95,6 +99,11 @@ class RunConfig:
                              "--resume too")
         if self.checkpoint_every_steps and not self.save_checkpoint_path:
             raise ValueError("--checkpoint_every_steps needs --save_checkpoint_path (where to save)")
+        if self.delta_every_steps < 0:
+            raise ValueError(f"Expected --delta_every_steps >= 0. Received: --delta_every_steps={self.delta_every_steps}")
+        if bool(self.delta_every_steps) != bool(self.delta_dir):
+            raise ValueError("--delta_every_steps and --delta_dir go together (how often, and where to write the deltas). "
+                             f"Received: --delta_every_steps={self.delta_every_steps} --delta_dir={self.delta_dir}")
         if self.mode in ("eval", "export") and not (self.restore_checkpoint_path or self.resume):
             raise ValueError(
                 f"--mode={self.mode} needs a checkpoint: give --restore_checkpoint_path=DIR "

@@ -67,7 +67,7 @@ from tf_dlrm.embedding.pooling import normalize_ids, normalize_weights, pooled_l
 from tf_dlrm.embedding.split_tables import check_split_options
 from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
 from tf_dlrm.embedding.planning import DEFAULT_DATA_PARALLEL_ROWS, plan_tables
-from tf_dlrm.embedding.sequence_features import expand_sequences, split_positions
+from tf_dlrm.embedding.sequence_features import expand_sequences, position_name, split_positions
 from tf_dlrm.embedding.table_config import TableConfig, as_feature_config, feature_tables, tables_of
 from tf_dlrm.embedding.variable_kind import VariableKind, mark, set_layout
 
@@ -243,6 +243,24 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         self.shard_variables, self.replicated_variables, self.padding_variables = [], [], []
         self.hot_rows, self.hot_tables, self.hot_variables = {}, (), []
         self.split_embedding_tables = False
+
+    @property
+    def output_widths(self) -> tuple:
+        """The width of each output feature (of each position of a sequence feature), in :attr:`output_features`' order (what a model on this layer reads;
+        :attr:`feature_widths` are the planned features' alone when dynamic tables sit beside fixed ones)."""
+        if self.dynamic_layer is None or self.dynamic_only:
+            return tuple(self.feature_widths)
+        widths = dict(zip((f.name for f in self.features), self.feature_widths))
+        widths.update(zip((f.name for f in self.dynamic_features), self.dynamic_layer.feature_widths))
+        # A sequence feature: one width per position (its positions are features of the stacked output).
+        return tuple(widths[position_name(f.name, i) if f.sequence else f.name]
+                     for f in self.output_features for i in range(f.hotness if f.sequence else 1))
+
+    @property
+    def output_dim(self) -> int | None:
+        """The one width of every output feature (the stacked output is then ``[b, F, D]``), else None."""
+        widths = set(self.output_widths)
+        return widths.pop() if len(widths) == 1 else None
 
     @property
     def dynamic_only(self) -> bool:
@@ -423,9 +441,11 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             pieces[feature.name] = vectors[:, index]
         if not stacked:
             return {f.name: pieces[f.name] for f in self.output_features}
-        joined = tf.concat([tf.cast(pieces[f.name], self.compute_dtype) for f in self.output_features], axis=1)
-        widths = {int(p.shape[-1]) for p in pieces.values()}
-        return tf.reshape(joined, [-1, len(self.output_features), widths.pop()]) if len(widths) == 1 else joined
+        # A sequence feature's [b, H, w] joins as its H positions, flat.
+        flat = [tf.reshape(tf.cast(pieces[f.name], self.compute_dtype), [-1, int(np.prod(pieces[f.name].shape[1:]))])
+                for f in self.output_features]
+        joined = tf.concat(flat, axis=1)
+        return joined if self.output_dim is None else tf.reshape(joined, [-1, len(self.output_widths), self.output_dim])
 
     def _internal_inputs(self, inputs, weights) -> tuple[list, dict]:
         """The ids of :meth:`_input_features` in that order, and ``{internal feature: weights}`` (float32 values
@@ -592,9 +612,10 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if isinstance(input_shape, Mapping):
             width = lambda f: f.table.embedding_dim if hasattr(f.table, "embedding_dim") else None  # noqa: E731
             return {f.name: (None, f.hotness, width(f)) if f.sequence else (None, width(f)) for f in self.output_features}
-        if self.embedding_dim is None:
-            return (None, sum(self.feature_widths))
-        return (None, self.num_features, self.embedding_dim)
+        # Stacked: a sequence feature counts as its positions (output_widths has one width per position).
+        if self.output_dim is None:
+            return (None, sum(self.output_widths))
+        return (None, len(self.output_widths), self.output_dim)
 
     def get_config(self):
         # Never the rank or the world size: a saved layer is rebuilt for the run that loads it.

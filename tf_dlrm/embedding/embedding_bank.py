@@ -69,6 +69,21 @@ class EmbeddingBank(keras.layers.Layer):
         self.init_bound = check_init_bound(init_bound)
         self.tables = []
 
+    @property
+    def output_features(self) -> tuple:
+        """Every feature, in the order of the output (as :attr:`DistributedEmbedding.output_features`)."""
+        return self.features
+
+    @property
+    def output_widths(self) -> tuple:
+        """The width of each feature, in feature order (as :attr:`DistributedEmbedding.output_widths`)."""
+        return self.feature_widths
+
+    @property
+    def output_dim(self) -> int | None:
+        """The one width of every feature, else None (as :attr:`DistributedEmbedding.output_dim`)."""
+        return self.embedding_dim
+
     def build(self, input_shape=None):
         for index, (rows, width) in enumerate(zip(self.cardinalities, self.table_widths)):
             values = initial_table_slice(self.seed, index, rows, width, init_bound=self.init_bound)

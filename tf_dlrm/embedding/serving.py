@@ -232,6 +232,65 @@ def save_module(module, path: str) -> None:
 
 #CLASS
 
+def dense_name(variable) -> str:
+    """A dense variable's name without its model's: ``dlrm/bottom_mlp/dense_0/kernel`` -> ``bottom_mlp/dense_0/kernel``
+    (the names checkpoints, exports and deltas use)."""
+    path = variable.path
+    return path.split("/", 1)[1] if "/" in path else path
+
+
+def variable_map(model, module) -> dict:
+    """Where ``module``'s SavedModel keeps each weight of ``model``: what :mod:`tf_dlrm.cli.apply_deltas` writes rows into.
+
+    ``{"tables": [{"name", "rows", "dim", "pieces": [{"key", "offset", "columns"}]}], "dense": [{"name", "key",
+    "shape"}]}``: ``key`` names a tensor of the SavedModel's ``variables/variables`` checkpoint, ``offset`` the row
+    where the table starts in it (tables of one width share a fused variable), ``columns`` the table's columns it
+    holds. Tables: those of the model's embedding layer; dense: its trainable dense variables.
+    """
+    from tf_dlrm.embedding.training_step import embedding_layer
+    from tf_dlrm.embedding.variable_kind import VariableKind, variables_of_kind
+
+    keys = {id(variable): f"model_variables/{index}/.ATTRIBUTES/VARIABLE_VALUE"
+            for index, variable in enumerate(module.model_variables)}
+
+    def key(variable):
+        return keys[id(getattr(variable, "value", variable))]
+
+    layer = embedding_layer(model)
+    tables = []
+    for index, table in enumerate([] if layer.plan is None else layer.plan.tables):
+        pieces = [{"key": key(layer._piece_variable(piece)), "offset": piece.offset,
+                   "columns": [piece.column_start, piece.column_end]} for piece in layer.table_pieces(index)]
+        tables.append({"name": table.name, "rows": int(layer.cardinalities[index]), "dim": int(table.dim), "pieces": pieces})
+    dense = [{"name": dense_name(v), "key": key(v), "shape": list(v.shape)}
+             for v in variables_of_kind(model.trainable_variables, VariableKind.DENSE)]
+    return {"tables": tables, "dense": dense, "dynamic": _dynamic_map(model, key)}
+
+
+def _dynamic_map(model, key) -> list:
+    """Per dynamic table: its rows in each shard's storage (``offset``, ``capacity``) and each shard's tensors: the
+    storage, the key -> row map's keys and rows, and the rows' ``occupied`` and ``row_key`` (in :class:`_Serving`'s
+    order of ``key_maps`` and ``row_metadata``)."""
+    tables, index = [], 0
+    for layer in sublayers(model):
+        if not hasattr(layer, "local_shards"):
+            continue
+        for shard in layer.local_shards:
+            for table, config in enumerate(layer.table_configs):
+                if len(tables) <= table:
+                    tables.append({"name": config.name, "dim": int(config.embedding_dim), "num_shards": int(layer.num_shards),
+                                   "offset": int(layer.row_offsets[table]),
+                                   "capacity": int(layer.row_offsets[table + 1] - layer.row_offsets[table]), "shards": {}})
+                tables[table]["shards"][str(shard)] = {
+                    "storage": key(layer.storage[shard]),
+                    "map_keys": f"key_maps/{index}/.ATTRIBUTES/table-keys",
+                    "map_rows": f"key_maps/{index}/.ATTRIBUTES/table-values",
+                    "occupied": f"row_metadata/{2 * index}/.ATTRIBUTES/VARIABLE_VALUE",
+                    "row_key": f"row_metadata/{2 * index + 1}/.ATTRIBUTES/VARIABLE_VALUE"}
+                index += 1
+    return tables
+
+
 def own_kernels(function) -> list[str]:
     """The tf_dlrm kernels (ops named ``TfDlrm*``) a ``tf.function`` with an input signature runs: a SavedModel
     holding one loads only where tf_dlrm's kernel library is loaded first."""

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from tf_dlrm.models.layers.factorization_machine import FactorizationMachine, LinearTerm
 from tf_dlrm.models.layers.mlp import MLP
-from tf_dlrm.models import width_one_tables
+from tf_dlrm.models.width_one_tables import FirstOrderTables
 from tf_dlrm.models.ranking_model import RankingModel, check_widths, option
 from tf_dlrm.models.registry import register
 
@@ -25,7 +25,7 @@ class DeepFMConfig:
 
 @register
 @keras.saving.register_keras_serializable(package="tf_dlrm")
-class DeepFM(RankingModel):
+class DeepFM(FirstOrderTables, RankingModel):
     """``logit = b + sum_i w[id_i] + sum_{i<j} <v_i, v_j> / sqrt(D) + MLP([numerical, v_1, ..., v_T])``.
 
     ``v_i``: the deep embeddings (one width for all, the FM needs it); ``w``: width-1 tables
@@ -42,16 +42,8 @@ class DeepFM(RankingModel):
     # benchmarks/results/quality_real.md DeepFM with it at 0.01 is level with or above lazy Adam at 0.01.
     embedding_learning_rates = {"lazy_adam": 0.01, "catch_up_adam": 0.01}
 
-    @classmethod
-    def tables(cls, config, deep, crossed=()):
-        return width_one_tables.with_linear_tables(deep)
-
-    @classmethod
-    def features(cls, config, deep, crossed=()):
-        return width_one_tables.with_linear_features(deep)
-
     def create_layers(self):
-        widths = set(self.embedding.feature_widths[:self.num_categorical])
+        widths = set(self.embedding.output_widths[:self.num_categorical])
         if len(widths) != 1:
             raise ValueError(f"DeepFM's FM term needs one width for every deep table. Received widths: {sorted(widths)}")
         if self.extra_width != self.num_categorical:

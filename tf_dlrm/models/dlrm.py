@@ -65,9 +65,9 @@ class DLRM(RankingModel):
     def create_layers(self):
         config, embedding = self.model_config, self.embedding
         dot = config.interaction == InteractionKind.DOT.value
-        embedding_dim = embedding.embedding_dim
+        embedding_dim = embedding.output_dim
         if embedding_dim is None and dot:
-            widths = ", ".join(f"{f.name}: table {f.table_name!r} width {w}" for f, w in zip(embedding.features, embedding.feature_widths))
+            widths = ", ".join(f"{f.name}: table {f.table_name!r} width {w}" for f, w in zip(embedding.output_features, embedding.output_widths))
             raise ValueError(
                 "The dot interaction needs one width for every embedding table; use --interaction=cat (or one "
                 f"--embedding_dim) for tables of different widths. Received: {widths}"

@@ -7,7 +7,7 @@ import math
 import keras
 import tensorflow as tf
 
-from tf_dlrm.models import width_one_tables
+from tf_dlrm.models.width_one_tables import FirstOrderTables
 from tf_dlrm.models.layers.factorization_machine import FactorizationMachine, LinearTerm
 from tf_dlrm.models.ranking_model import RankingModel
 from tf_dlrm.models.registry import register
@@ -15,7 +15,7 @@ from tf_dlrm.models.registry import register
 
 @register
 @keras.saving.register_keras_serializable(package="tf_dlrm")
-class FM(RankingModel):
+class FM(FirstOrderTables, RankingModel):
     """``logit = b + sum_i w[id_i] + sum_{i<j} <v_i, v_j> / sqrt(D) + u . numerical``.
 
     ``v_i``: the deep embeddings (one width ``D`` for all, the pairwise term needs it); ``w``: width-1
@@ -27,16 +27,8 @@ class FM(RankingModel):
     # As DeepFM's (tf_dlrm/models/deepfm.py): its embeddings reach the logit through the pairwise term only.
     embedding_learning_rates = {"lazy_adam": 0.01, "catch_up_adam": 0.01}
 
-    @classmethod
-    def tables(cls, config, deep, crossed=()):
-        return width_one_tables.with_linear_tables(deep)
-
-    @classmethod
-    def features(cls, config, deep, crossed=()):
-        return width_one_tables.with_linear_features(deep)
-
     def create_layers(self):
-        widths = set(self.embedding.feature_widths[:self.num_categorical])
+        widths = set(self.embedding.output_widths[:self.num_categorical])
         if len(widths) != 1:
             raise ValueError(f"The FM's pairwise term needs one width for every table. Received widths: {sorted(widths)}")
         self.vector_width = widths.pop()

@@ -31,7 +31,7 @@ class LogisticRegression(RankingModel):
         return [dataclasses.replace(table, embedding_dim=1) for table in deep]
 
     def create_layers(self):
-        widths = set(self.embedding.feature_widths)
+        widths = set(self.embedding.output_widths)
         if widths != {1}:
             raise ValueError(f"Logistic regression reads width-1 tables. Received widths: {sorted(widths)}")
         self.ids_term = LinearTerm(name="ids")  # b + sum of the looked-up weights

@@ -127,7 +127,7 @@ class RankingModel(Model):
         self.embedding = embedding
         self.num_numerical = int(num_numerical)
         self.seed = int(seed)
-        widths = list(embedding.feature_widths)
+        widths = list(embedding.output_widths)
         self.num_categorical = len(widths) if num_categorical is None else int(num_categorical)
         if not 0 < self.num_categorical <= len(widths):
             raise ValueError(f"Expected 1 to {len(widths)} categorical columns (the embedding's features). "
@@ -227,14 +227,14 @@ class RankingModel(Model):
     @property
     def column_names(self) -> tuple[str, ...]:
         """The spec's categorical columns, in order: the names of the first ``num_categorical`` features."""
-        return tuple(f.name for f in self.embedding.features[:self.num_categorical])
+        return tuple(f.name for f in self.embedding.output_features[:self.num_categorical])
 
     def embedding_inputs(self, inputs) -> dict:
         """``{feature name: ids}`` of every embedding feature from the columns in ``inputs`` (a derived
         feature's ids made here, on this rank's local batch)."""
         if self.sources == column_sources(len(self.sources)):
             return inputs
-        columns, features = self.column_names, self.embedding.features
+        columns, features = self.column_names, self.embedding.output_features
         ids = {}
         for index, (feature, source) in enumerate(zip(features, self.sources)):
             if source[0] == "column":
@@ -259,7 +259,7 @@ class RankingModel(Model):
                 if feature.weighted and source[0] == "column" and f"{columns[source[1]]}_weights" in inputs}
 
     def _check_sources(self) -> None:
-        features = self.embedding.features
+        features = self.embedding.output_features
         if len(self.sources) != len(features):
             raise ValueError(f"Expected one source per feature ({len(features)}). Received: {len(self.sources)} sources")
         for feature, source in zip(features, self.sources):

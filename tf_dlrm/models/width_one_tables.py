@@ -45,6 +45,19 @@ def with_linear_features(deep: Sequence[FeatureConfig]) -> tuple[tuple[FeatureCo
     return tuple(deep) + tuple(linear), tuple(("column", i) for i in range(len(deep))) + tuple(sources)
 
 
+class FirstOrderTables:
+    """Mixin of a ranking model whose deep tables are followed by one width-1 table of each, read with the same ids
+    (a factorization machine's first-order weights: FM's and DeepFM's ``tables`` and ``features``)."""
+
+    @classmethod
+    def tables(cls, config, deep, crossed=()):
+        return with_linear_tables(deep)
+
+    @classmethod
+    def features(cls, config, deep, crossed=()):
+        return with_linear_features(deep)
+
+
 def crossed_tables(deep: Sequence[TableConfig], crossed: Sequence[CrossedFeature]) -> list[TableConfig]:
     """One width-1 table per crossed feature (``buckets`` rows)."""
     rows = {t.name: t.vocabulary_size for t in deep}

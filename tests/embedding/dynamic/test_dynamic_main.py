@@ -1,6 +1,8 @@
 """``main.py`` on a spec whose categorical features are dynamic tables: trains on 1 and 2 ranks,
 reports its tables' counters, refuses bad specs with clear errors (checkpoints, resume, eval and
-export: test_dynamic_main_checkpoint.py)."""
+export: test_dynamic_main_checkpoint.py). A spec mixing dynamic tables (multi-hot ones too) with fixed
+ones trains on 2 ranks as on 1, and its 2-rank checkpoint evaluates the same on 1 (its export:
+tests/cli/test_export_multi_hot.py)."""
 
 from __future__ import annotations
 
@@ -76,3 +78,61 @@ def test_xla_step_inserts_keys_too(dataset, tmp_path):
                 "--max_steps=5", *FLAGS])
     tables = next(e["tables"] for e in events(log) if e["event"] == "dynamic_tables")
     assert all(c["rows"] > 0 for c in tables.values()), tables
+
+
+@pytest.fixture(scope="module")
+def mixed_dataset(tmp_path_factory):
+    """synthetic_multi_hot (one-hot and multi-hot features, widths 8 and 16) with three features made dynamic:
+    ``cat_2.bin`` one-hot, ``cat_3.bin`` 5 ids mean-pooled, ``cat_4.bin`` 2 ids summed (one width, 16)."""
+    import os
+
+    from tf_dlrm.data.synthetic import generate
+    from tf_dlrm.spec.feature_spec import FeatureSpec
+
+    directory = tmp_path_factory.mktemp("mixed_main")
+    spec = FeatureSpec.load(os.path.join(os.path.dirname(__file__), "..", "..", "..", "feature_specs",
+                                         "synthetic_multi_hot.yaml"), check_files=False)
+    generate(spec, str(directory), 10_240, 2_048, seed=1)
+    spec = yaml.safe_load((directory / "feature_spec.yaml").read_text())
+    for name in MIXED_DYNAMIC:
+        spec["feature_spec"][name].update(dynamic=True, capacity=spec["feature_spec"][name]["cardinality"], embedding_dim=16)
+    (directory / "mixed.yaml").write_text(yaml.safe_dump(spec))
+    return directory
+
+
+MIXED_DYNAMIC = ("cat_2.bin", "cat_3.bin", "cat_4.bin")
+MIXED_FLAGS = ["--feature_spec=mixed.yaml", "--interaction=cat", "--bottom_mlp_dims=64,16", "--top_mlp_dims=64,32,1",
+               "--batch_size=512", "--epochs=1", "--print_freq=1", "--learning_rate=0.5", "--optimizer=sgd",
+               "--embedding_optimizer=sgd", "--calibration=none", "--seed=7"]
+
+
+@pytest.mark.multirank
+def test_dynamic_tables_beside_fixed_ones_train_on_two_ranks_as_on_one(mixed_dataset, tmp_path):
+    """The plan places the five fixed tables only (the dynamic ones route keys by hash); 2 ranks see the same loss
+    at every step as one process (the same sums in another order: measured <= 6e-8 over the 20 steps), hold the
+    same keys, reach the same AUC, and their checkpoint evaluated by one process gives that AUC again."""
+    runs = {}
+    for ranks in (1, 2):
+        log = tmp_path / f"np{ranks}.jsonl"
+        args = ["main.py", f"--dataset_path={mixed_dataset}", f"--log_path={log}", *MIXED_FLAGS]
+        if ranks == 2:
+            launch(2, args + [f"--save_checkpoint_path={tmp_path / 'checkpoints'}"])
+        else:
+            run_python(args)
+        runs[ranks] = events(log)
+    config = next(e for e in runs[2] if e["event"] == "config")
+    assert [t["name"] for t in config["plan"]["tables"]] == ["cat_0.bin", "cat_1.bin", "cat_5.bin", "cat_6.bin", "cat_7.bin"]
+    first, second = ([e for e in runs[n] if e["event"] == "dynamic_tables"][0]["tables"] for n in (1, 2))
+    assert first == second and sorted(first) == list(MIXED_DYNAMIC)
+    assert all(c["rows"] > 0 and c["evictions"] == 0 and c["rejections"] == 0 for c in first.values())
+    losses = [{e["step"]: e["loss"] for e in runs[n] if e["event"] == "train"} for n in (1, 2)]
+    assert sorted(losses[0]) == sorted(losses[1]) == list(range(1, 21))
+    for step in losses[0]:
+        assert abs(losses[0][step] - losses[1][step]) <= 1e-5, (step, losses[0][step], losses[1][step])
+    finals = [runs[n][-1] for n in (1, 2)]
+    assert finals[0]["auc"] > 0.6 and abs(finals[0]["auc"] - finals[1]["auc"]) <= 1e-6, finals
+    log = tmp_path / "eval.jsonl"
+    run_python(["main.py", f"--dataset_path={mixed_dataset}", f"--log_path={log}", "--mode=eval",
+                f"--restore_checkpoint_path={tmp_path / 'checkpoints'}", *MIXED_FLAGS])
+    evaluated = events(log)[-1]
+    assert abs(evaluated["auc"] - finals[1]["auc"]) <= 1e-6, (evaluated, finals[1])
