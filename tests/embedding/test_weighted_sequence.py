@@ -209,3 +209,10 @@ def test_a_sequence_feature_beside_a_dynamic_table_stacks_as_its_positions():
     assert stacked.shape == (3, 4, 4) and layer.compute_output_shape(None) == (None, 4, 4)
     np.testing.assert_array_equal(stacked[:, :3].numpy(), out["clicks"].numpy())
     np.testing.assert_array_equal(stacked[:, 3].numpy(), out["query"].numpy())
+
+
+def test_the_bank_counts_a_sequence_as_its_positions_like_the_layer(layer):
+    names = [t.name for t in layer.plan.tables]
+    bank = EmbeddingBank([t.rows for t in layer.plan.tables], [t.dim for t in layer.plan.tables],
+                         features=[f.to_dict() | {"table": f.table_name} for f in features()], table_names=names)
+    assert bank.output_widths == layer.output_widths and bank.compute_output_shape(None) == layer.compute_output_shape(None)

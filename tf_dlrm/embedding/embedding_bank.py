@@ -76,8 +76,9 @@ class EmbeddingBank(keras.layers.Layer):
 
     @property
     def output_widths(self) -> tuple:
-        """The width of each feature, in feature order (as :attr:`DistributedEmbedding.output_widths`)."""
-        return self.feature_widths
+        """The width of each feature (of each position of a sequence feature), in feature order (as
+        :attr:`DistributedEmbedding.output_widths`)."""
+        return tuple(w for f, w in zip(self.features, self.feature_widths) for _ in range(f.hotness if f.sequence else 1))
 
     @property
     def output_dim(self) -> int | None:
@@ -158,8 +159,8 @@ class EmbeddingBank(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         if self.embedding_dim is None:
-            return (None, sum(self.table_widths[t] for t in self.feature_tables))
-        return (None, len(self.features), self.embedding_dim)
+            return (None, sum(self.output_widths))
+        return (None, len(self.output_widths), self.embedding_dim)
 
     def get_full_table(self, table: int, state_of=None, row_wise: bool = False) -> np.ndarray:
         """``state_of`` maps a table variable to its optimizer state (see DistributedEmbedding)."""
