@@ -105,7 +105,7 @@ def model_features(spec: FeatureSpec, model: ModelConfig) -> tuple[tuple[Feature
 def make_features(spec: FeatureSpec) -> tuple[FeatureConfig, ...]:
     """One feature per categorical feature of the spec, reading its own table."""
     return tuple(FeatureConfig(name=name, table=name, hotness=spec.hotness(name), ragged=spec.ragged(name),
-                               combiner=spec.combiner(name))
+                               combiner=spec.combiner(name), weighted=spec.weighted(name))
                  for name in spec.categorical_features)
 
 
@@ -337,11 +337,15 @@ def build_with_dummy_batch(model: RankingModel, num_numerical: int, embedding, w
 def zero_batch(input_modes, embedding, num_numerical: int, local_batch: int, world_size: int) -> dict:
     """A batch of zeros shaped as a reader gives it for ``input_modes`` (ids of the global batch or the local one)."""
     hotness = {f.name: f.hotness for f in embedding.output_features}
+    weighted = {f.name for f in embedding.output_features if f.weighted}
     batch = {NUMERICAL_CHANNEL: np.zeros([local_batch, num_numerical], np.float32)}
     for name, mode in input_modes.items():
         rows = local_batch * world_size if mode == "global" else local_batch
         if name != NUMERICAL_CHANNEL:
-            batch[name] = np.zeros([rows] if hotness.get(name, 1) == 1 else [rows, hotness[name]], np.int32)
+            shape = [rows] if hotness.get(name, 1) == 1 else [rows, hotness[name]]
+            batch[name] = np.zeros(shape, np.int32)
+            if name in weighted:  # as the reader names a weighted column's weights
+                batch[f"{name}_weights"] = np.zeros(shape, np.float32)
     return batch
 
 

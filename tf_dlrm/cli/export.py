@@ -17,8 +17,9 @@ Inputs (:func:`serving_signature`, from the FeatureSpec): ``numerical`` float32 
 :func:`tf_dlrm.embedding.serving.input_name` of it (``cat_1.bin`` serves as ``cat_1_bin``): a one-hot
 feature int64 ``[batch]`` (a dynamic table's raw keys too), a fixed multi-hot one (``hotness`` ids per
 sample) int64 ``[batch, hotness]``, a ragged one (``ragged: true``, 0 to ``hotness`` ids) as
-``<name>_values`` (the ids of every sample, concatenated) and ``<name>_row_lengths`` (ids per sample).
-``tf_dlrm_serving.json`` beside it lists every input with its dtype, shape and feature. A batch of another
+``<name>_values`` (the ids of every sample, concatenated) and ``<name>_row_lengths`` (ids per sample), a
+weighted one (``weighted: true``) followed by its weights, ``<name>_weights_values`` (float32) and
+``<name>_weights_row_lengths``. ``tf_dlrm_serving.json`` beside it lists every input with its dtype, shape and feature. A batch of another
 width, inputs of different batch sizes or row lengths that do not sum to the values stop the call with
 ``InvalidArgumentError: assertion failed: [...]`` naming the input; an id outside its table or a row
 longer than its feature's hotness is refused by the embedding layer, naming the feature.
@@ -54,7 +55,8 @@ def serving_signature(spec, input_names) -> dict:
     """``{model input name: tf.TensorSpec or tf.RaggedTensorSpec}`` of a model reading ``input_names``
     (its ``input_modes``' keys) of ``spec``: ``numerical`` float32 ``[None, num_numerical]``, then each
     categorical feature read, in spec order: one-hot int64 ``[None]``, fixed multi-hot int64 ``[None,
-    hotness]``, ragged ``tf.RaggedTensorSpec([None, None], tf.int64, 1)``."""
+    hotness]``, ragged ``tf.RaggedTensorSpec([None, None], tf.int64, 1)`` (a weighted one followed by
+    ``<feature>_weights``, float32 and ragged alike)."""
     read = set(input_names)
     signature = {NUMERICAL_CHANNEL: tf.TensorSpec([None, len(spec.numerical_features)], tf.float32)}
     for feature in spec.categorical_features:
@@ -62,6 +64,8 @@ def serving_signature(spec, input_names) -> dict:
             continue
         if spec.ragged(feature):
             signature[feature] = tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1)
+            if spec.weighted(feature):  # its weights beside it, ragged like its ids
+                signature[f"{feature}_weights"] = tf.RaggedTensorSpec([None, None], tf.float32, ragged_rank=1)
         elif spec.hotness(feature) > 1:
             signature[feature] = tf.TensorSpec([None, spec.hotness(feature)], tf.int64)
         else:
@@ -175,6 +179,9 @@ def serving_info(spec, module, model: str, directory: str | None = None, step: i
         name = entry.pop("input")
         if name == NUMERICAL_CHANNEL:
             entry["features"] = list(spec.numerical_features)
+            continue
+        if name not in spec.feature_spec and name.endswith("_weights"):  # a weighted feature's weights
+            entry["weights_of"] = name[:-len("_weights")]
             continue
         entry.update(feature=name, hotness=spec.hotness(name), ragged=spec.ragged(name),
                      cardinality=None if name in dynamic else spec.feature_spec[name].get("cardinality"))

@@ -27,6 +27,8 @@ from tf_dlrm.data.csv_vocabulary import Vocabulary, count_cells
 MULTI_HOT_SEPARATOR = "|"
 
 LABEL, NUMERICAL, CATEGORICAL, HASHED, VOCABULARY = "label", "numerical", "categorical", "hashed", "vocabulary"
+# A weighted feature's weights: a cell of one number per id of the feature's cell, separated like its ids.
+WEIGHTS = "weights"
 LOG1P = "log1p"
 
 
@@ -60,6 +62,7 @@ class Column:
     transforms: tuple = ()  # numerical only: Clip or LOG1P, in order
     vocabulary: Vocabulary | None = None
     by_name: bool = False  # a Parquet column: found by its name, not its position
+    weights_of: str = ""  # a weights column: the weighted feature whose ids it weighs
 
     def describe(self) -> str:
         return f"column '{self.feature}'" if self.by_name else f"column {self.index + 1} ('{self.feature}')"
@@ -74,6 +77,7 @@ class CsvLayout:
     label: Column
     numerical: tuple[Column, ...]
     categorical: tuple[Column, ...]
+    weights: tuple[Column, ...] = ()  # the weighted features' weights columns
 
 
 def _cell_error(column: Column, cell: str) -> str | None:
@@ -245,7 +249,33 @@ def parse_cells(layout: CsvLayout, table: np.ndarray, where):
 
     label = parse(layout.label).astype(bool)
     numerical = np.stack([parse(c) for c in layout.numerical], axis=1) if layout.numerical else None
-    return label, numerical, [parse(c) for c in layout.categorical]
+    categorical = [parse(c) for c in layout.categorical]
+    position = {c.feature: index for index, c in enumerate(layout.categorical)}
+    for column in layout.weights:
+        index = position[column.weights_of]
+        categorical[index] = _weighted(column, table[:, column.index], categorical[index], where)
+    return label, numerical, categorical
+
+
+def _weighted(column: Column, cells: np.ndarray, rows: np.ndarray, where) -> tuple:
+    """``(ids, lengths, weights)`` of a weighted feature: its ``[n, hotness]`` rows (ending in -1 past their
+    length) and its weights column's cells, one number per id; a cell whose count differs from its ids' is
+    an error naming the row and both columns."""
+    lists = [cell.split(MULTI_HOT_SEPARATOR) if cell.strip() else [] for cell in cells.tolist()]
+    lengths = (rows >= 0).sum(axis=1)
+    counts = np.fromiter((len(w) for w in lists), np.int64, count=len(lists))
+    wrong = np.flatnonzero(counts != lengths)
+    if wrong.size:
+        row = int(wrong[0])
+        raise TranscodeError(f"{where(row)}: {column.describe()}: {counts[row]} weights in {str(cells[row])!r} for the "
+                             f"{lengths[row]} ids of feature '{column.weights_of}' (one weight per id, separated by "
+                             f"{MULTI_HOT_SEPARATOR!r})")
+    flat = np.array([text for weights in lists for text in weights], dtype=str)
+    numbers = dataclasses.replace(column, kind=NUMERICAL, hotness=1, ragged=False, dtype=np.dtype(np.float32))
+    values, position, reason = parse_column(numbers, flat)
+    if values is None:
+        raise TranscodeError(f"{where(int(np.searchsorted(np.cumsum(counts), position, side='right')))}: {reason}")
+    return rows[rows >= 0], lengths, values.astype(np.float32)
 
 
 def count_block(layout: CsvLayout, features: Sequence[str], path: str, first_line: int, lines: Sequence[str],

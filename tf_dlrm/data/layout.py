@@ -33,12 +33,13 @@ def nvidia_spec(
 
 
 def with_split_binary_sources(spec: FeatureSpec, splits: Sequence[str], base_directory: str,
-                              variable: Sequence[str] = ()) -> FeatureSpec:
+                              variable: Sequence[str] = (), weighted: Sequence[str] = ()) -> FeatureSpec:
     """A copy of ``spec`` whose splits are split_binary files in NVIDIA's per-split layout.
 
     File names are derived from feature names; categorical dtypes follow the cardinality rule. The
     features named in ``variable`` are stored with a lengths file (``<file stem>.lengths.bin``, rows
-    of 0 to hotness ids: :mod:`tf_dlrm.data.ragged_split_binary`) and marked ``ragged: true``.
+    of 0 to hotness ids: :mod:`tf_dlrm.data.ragged_split_binary`) and marked ``ragged: true``; those in
+    ``weighted`` with a weights file too (``<file stem>.weights.bin``).
     """
     features = copy.deepcopy(spec.feature_spec)
     for name in spec.categorical_features:
@@ -56,8 +57,11 @@ def with_split_binary_sources(spec: FeatureSpec, splits: Sequence[str], base_dir
         for index, name in enumerate(spec.categorical_features):
             file = f"{split}/{categorical_file_name(name, index)}"
             chunk = {"type": SPLIT_BINARY, "features": [name], "files": [file]}
+            stem = file[:-len(".bin")] if file.endswith(".bin") else file
             if name in variable:
-                chunk["lengths"] = file[:-len(".bin")] + ".lengths.bin" if file.endswith(".bin") else file + ".lengths"
+                chunk["lengths"] = stem + ".lengths.bin" if file.endswith(".bin") else file + ".lengths"
+            if name in weighted:
+                chunk["weights"] = stem + ".weights.bin"
             chunks.append(chunk)
         sources[split] = chunks
     return FeatureSpec(features, spec.channel_spec, sources, spec.metadata, base_directory=base_directory)

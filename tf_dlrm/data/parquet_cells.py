@@ -29,7 +29,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from tf_dlrm.data.csv_values import CATEGORICAL, HASHED, LABEL, MULTI_HOT_SEPARATOR, NUMERICAL, VOCABULARY, TranscodeError
+from tf_dlrm.data.csv_values import (CATEGORICAL, HASHED, LABEL, MULTI_HOT_SEPARATOR, NUMERICAL, VOCABULARY, WEIGHTS,
+                                     TranscodeError)
 
 
 def require_pyarrow():
@@ -68,6 +69,8 @@ _ALLOWED = {
                   "integer ids (integers or strings, or lists of them for a multi-hot feature)"),
     HASHED: ({"integer", "string"}, "raw values to encode (integers or strings)"),
     VOCABULARY: ({"integer", "string"}, "raw values to encode (integers or strings)"),
+    WEIGHTS: ({"list of float", "list of integer", "list of string", "list of null"},
+              "lists of weights, one number per id of the weighted feature"),
 }
 
 

@@ -11,6 +11,12 @@ headerless files named by its split_binary chunk::
 - ``files``: the ids of all samples back to back, in sample order, in the feature's dtype (the
   cardinality rule of fixed files); no padding, so it holds exactly ``sum(lengths)`` ids.
 
+A weighted feature (``weighted: true``) has a third file, ``weights``: one float32 weight per id, in
+the ids' order (``sum(lengths)`` of them), read at the ids' offsets::
+
+    {type: split_binary, features: [cat_3.bin], files: [train/cat_3.bin], lengths: train/cat_3.lengths.bin,
+     weights: train/cat_3.weights.bin}
+
 Sample ``s`` holds ids ``[offset(s), offset(s) + lengths[s])`` with ``offset(s)`` the sum of the
 lengths before it: offsets are a cumulative sum computed when a reader opens the file (one pass
 over the lengths, which also refuses any length outside ``[0, hotness]`` naming the file, feature
@@ -43,15 +49,16 @@ class RaggedColumn:
             or at ``num_samples``; offsets are kept at those points only.
         open_file: ``open_file(path) -> tf_dlrm.io.files.RandomAccessFile``, so that the caller's open
             files serve both files (default: the column opens each once itself).
+        weights_path: a weighted feature's weights file (None: unweighted).
 
     Raises:
-        BadDataError: a length outside ``[0, hotness]``, or an ids file that does not hold
-            ``sum(lengths)`` ids.
+        BadDataError: a length outside ``[0, hotness]``, or an ids (weights) file that does not hold
+            ``sum(lengths)`` ids (weights).
     """
 
     def __init__(self, ids_path: str, lengths_path: str, ids_dtype, hotness: int, feature: str, split: str,
-                 num_samples: int, granularity: int, open_file=None):
-        self.ids_path, self.lengths_path = ids_path, lengths_path
+                 num_samples: int, granularity: int, open_file=None, weights_path: str | None = None):
+        self.ids_path, self.lengths_path, self.weights_path = ids_path, lengths_path, weights_path
         self._open_file = open_file or self._own_file
         self._own: dict[str, RandomAccessFile] = {}
         self.ids_dtype, self.lengths_dtype = np.dtype(ids_dtype), lengths_dtype_for(hotness)
@@ -64,6 +71,13 @@ class RaggedColumn:
             raise BadDataError(
                 f"split '{split}', feature '{feature}', file {ids_path}: holds {size // self.ids_dtype.itemsize} ids "
                 f"({size} bytes), but the lengths in {lengths_path} add up to {self.total}")
+        if weights_path is not None:
+            size = self._open_file(weights_path).size()
+            if size != self.total * 4:
+                raise BadDataError(
+                    f"split '{split}', feature '{feature}', file {weights_path}: holds {size // 4} weights ({size} bytes), "
+                    f"but the feature has {self.total} ids (the lengths in {lengths_path} add up to {self.total}): one "
+                    f"float32 weight per id{self._first_short_row(size // 4)}")
 
     def _own_file(self, path: str) -> RandomAccessFile:
         if path not in self._own:
@@ -103,6 +117,31 @@ class RaggedColumn:
                 if lengths[bad[0]] > 0 else
                 f"split '{self.split}', feature '{self.feature}', file {self.lengths_path}: sample "
                 f"{first_sample + int(bad[0])} has the negative length {int(lengths[bad[0]])}")
+
+    def _first_short_row(self, weights: int) -> str:
+        """Where the weights run out: the first sample whose ids have no weight (one pass over the lengths)."""
+        if weights >= self.total:
+            return ""
+        itemsize = self.lengths_dtype.itemsize
+        running = 0
+        for start in range(0, self.num_samples, _SCAN_BLOCK):
+            count = min(_SCAN_BLOCK, self.num_samples - start)
+            ends = running + np.cumsum(np.frombuffer(self.read_at(self.lengths_path, count * itemsize, start * itemsize),
+                                                     self.lengths_dtype), dtype=np.int64)
+            if ends.size and ends[-1] > weights:
+                return f"; sample {start + int(np.searchsorted(ends, weights, side='right'))} is the first without its weights"
+            running = int(ends[-1]) if ends.size else running
+        return ""
+
+    def read_weights(self, start: int, count: int) -> np.ndarray:
+        """The float32 weights of samples ``[start, start + count)`` clipped to the split (one read)."""
+        available = max(0, min(count, self.num_samples - start))
+        begin, end = (self.offset(start), self.offset(start + available)) if available else (0, 0)
+        raw = self.read_at(self.weights_path, (end - begin) * 4, begin * 4)
+        if len(raw) != (end - begin) * 4 or (change := self._open_file(self.weights_path).changed()) is not None:
+            raise BadDataError(f"split '{self.split}', feature '{self.feature}', file {self.weights_path}: short read or "
+                               f"a change at sample {start}: the file changed under the running job; {CHANGED_ADVICE}")
+        return np.frombuffer(raw, np.float32)
 
     def offset(self, sample: int) -> int:
         """Ids before ``sample`` (a multiple of ``granularity``, or ``num_samples``)."""

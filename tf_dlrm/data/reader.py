@@ -156,7 +156,7 @@ class SplitBinaryReader:
                 lengths = self.files.lengths_of(index)
                 ragged = None if lengths is None else RaggedColumn(
                     self.files.categorical[index], lengths, spec.dtype(name), spec.hotness(name), name, split,
-                    self.num_samples, self.local_batch_size, open_file=self._file)
+                    self.num_samples, self.local_batch_size, open_file=self._file, weights_path=self.files.weights_of(index))
                 self._categorical.append(
                     _Column(self.files.categorical[index], spec.dtype(name), spec.hotness(name), scope, np.dtype(out), name,
                             bound, ragged)
@@ -203,14 +203,16 @@ class SplitBinaryReader:
             values = np.concatenate([values, np.zeros((count - available, column.width), column.dtype)])
         return values.astype(column.out_dtype)
 
-    def _read_ragged(self, column: _Column, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """A variable-length feature's ``(ids, lengths)`` of rows ``[start, start+count)``; rows past
-        the end of the split (``last_batch="pad"``) are empty."""
+    def _read_ragged(self, column: _Column, start: int, count: int) -> tuple[np.ndarray, ...]:
+        """A variable-length feature's ``(ids, lengths)`` of rows ``[start, start+count)`` (a weighted one's
+        ``(ids, lengths, weights)``); rows past the end of the split (``last_batch="pad"``) are empty."""
         ids, lengths = column.ragged.read(start, count)
         lengths = lengths.astype(np.int64)
         if lengths.size < count and self.last_batch == "pad":
             lengths = np.concatenate([lengths, np.zeros(count - lengths.size, np.int64)])
-        return ids.astype(column.out_dtype), lengths
+        if column.ragged.weights_path is None:
+            return ids.astype(column.out_dtype), lengths
+        return ids.astype(column.out_dtype), lengths, column.ragged.read_weights(start, count)
 
     def _spans(self, batch: int) -> dict[str, tuple[int, int]]:
         start = batch * self.global_batch_size
@@ -249,7 +251,7 @@ class SplitBinaryReader:
             if problem:
                 raise BadDataError(f"split '{self.split}', file {self._numerical.path}: {problem}")
         for column, ids in zip(self._categorical, categorical):
-            problem = (ragged_id_problem(*ids, column.cardinality, spans[column.scope][0]) if column.ragged
+            problem = (ragged_id_problem(*ids[:2], column.cardinality, spans[column.scope][0]) if column.ragged
                        else id_problem(ids, column.cardinality, spans[column.scope][0]))
             if problem:
                 raise BadDataError(f"split '{self.split}', feature '{column.feature}', file {column.path}: {problem}")
@@ -262,10 +264,13 @@ class SplitBinaryReader:
     def dataset(self, epoch: int = 0, start_batch: int = 0) -> tf.data.Dataset:
         """The batches of one epoch, from position ``start_batch`` of that epoch's order."""
         order = self.batch_order(epoch)[start_batch:]
-        # A variable-length feature travels as two tensors, its ids and its row lengths.
+        # A variable-length feature travels as two tensors, its ids and its row lengths (a weighted one as three,
+        # its weights last); the weights reach the model as ``<feature>_weights``, ragged like the ids.
+        weighted = [c.ragged is not None and c.ragged.weights_path is not None for c in self._categorical]
         out_types = [tf.float32]
-        for c in self._categorical:
+        for c, has_weights in zip(self._categorical, weighted):
             out_types += [tf.as_dtype(c.out_dtype), tf.int64] if c.ragged else [tf.as_dtype(c.out_dtype)]
+            out_types += [tf.float32] if has_weights else []
         out_types.append(tf.float32)
         fixed = self.last_batch != "keep"
         local = self.local_batch_size if fixed else None
@@ -273,7 +278,7 @@ class SplitBinaryReader:
         for column in self._categorical:
             rows = self.global_batch_size if fixed and column.scope == "global" else local
             if column.ragged:
-                shapes += [[None], [rows]]
+                shapes += [[None], [rows]] + ([[None]] if column.ragged.weights_path is not None else [])
             else:
                 shapes.append([rows] if column.width == 1 else [rows, column.width])
         shapes.append([local, 1])
@@ -284,16 +289,19 @@ class SplitBinaryReader:
             tensors = tf.numpy_function(self._read_flat, [batch], out_types, stateful=False)
             for tensor, shape in zip(tensors, shapes):
                 tensor.set_shape(shape)
-            categorical, position = [], 1
-            for variable in ragged:
+            categorical, weights, position = [], {}, 1
+            for variable, has_weights, name in zip(ragged, weighted, names):
                 if variable:
                     categorical.append(tf.RaggedTensor.from_row_lengths(tensors[position], tensors[position + 1],
                                                                         validate=False))
                     position += 2
+                    if has_weights:
+                        weights[f"{name}_weights"] = categorical[-1].with_values(tensors[position])
+                        position += 1
                 else:
                     categorical.append(tensors[position])
                     position += 1
-            return {NUMERICAL_CHANNEL: tensors[0], **dict(zip(names, categorical))}, tensors[-1]
+            return {NUMERICAL_CHANNEL: tensors[0], **dict(zip(names, categorical)), **weights}, tensors[-1]
 
         options = tf.data.Options()
         options.deterministic = True

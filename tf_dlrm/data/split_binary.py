@@ -37,6 +37,8 @@ class SplitBinaryWriter:
         by_feature = {f: spec.resolve(chunk["files"][0]) for chunk in chunks for f in chunk["features"]}
         # Variable-length features (a `lengths` file, tf_dlrm.data.ragged_split_binary): feature -> lengths path.
         self._lengths_paths = {chunk["features"][0]: spec.resolve(chunk["lengths"]) for chunk in chunks if chunk.get("lengths")}
+        # Weighted features (a `weights` file beside the lengths file): feature -> weights path.
+        self._weights_paths = {chunk["features"][0]: spec.resolve(chunk["weights"]) for chunk in chunks if chunk.get("weights")}
         self._label_path = by_feature[spec.label_feature]
         self._numerical_path = by_feature[spec.numerical_features[0]] if spec.numerical_features else None
         self._categorical_paths = [by_feature[name] for name in spec.categorical_features]
@@ -55,7 +57,7 @@ class SplitBinaryWriter:
 
     @property
     def paths(self) -> list[str]:
-        paths = [self._label_path] + self._categorical_paths + list(self._lengths_paths.values())
+        paths = [self._label_path] + self._categorical_paths + list(self._lengths_paths.values()) + list(self._weights_paths.values())
         if self._numerical_path:
             paths.insert(1, self._numerical_path)
         return paths
@@ -69,7 +71,8 @@ class SplitBinaryWriter:
             categorical: one ``[n]`` integer array per categorical feature, ids in ``[0, cardinality)``
                 (``[n, hotness]`` for a multi-hot feature: exactly ``hotness`` ids per sample); for a
                 variable-length feature (a ``lengths`` file) ``[n, hotness]`` rows ending in -1 past
-                their length, or a pair ``(ids, lengths)``.
+                their length, or a pair ``(ids, lengths)``; for a weighted one, ``(ids, lengths, weights)``
+                with one weight per id.
 
         Raises:
             ValueError: on wrong shapes or out-of-range ids (naming the feature).
@@ -91,6 +94,14 @@ class SplitBinaryWriter:
             self._spec.categorical_features, categorical, self._categorical_paths, self._categorical_dtypes, self._cardinalities
         ):
             hotness = self._spec.hotness(name)
+            if name in self._weights_paths:
+                if not isinstance(ids, tuple) or len(ids) != 3:
+                    raise ValueError(f"feature '{name}' is weighted: expected (ids, lengths, weights). Received: {type(ids).__name__}")
+                ids, lengths, weights = (np.asarray(a).reshape(-1) for a in ids)
+                if weights.size != ids.size:
+                    raise ValueError(f"feature '{name}': expected one weight per id ({ids.size}). Received: {weights.size} weights")
+                self._streams[self._weights_paths[name]].write(weights.astype(np.float32).tobytes())
+                ids = (ids, lengths)
             if name in self._lengths_paths:
                 ids, lengths = flatten_rows(ids)
                 if lengths.shape != (count,) or lengths.min(initial=0) < 0 or lengths.max(initial=0) > hotness \

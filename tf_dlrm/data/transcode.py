@@ -18,7 +18,12 @@ Cells are plain values (no quoting): labels 0 or 1, numerical values finite numb
 integers in ``[0, cardinality)`` unless the column is encoded. A multi-hot feature (``hotness: h``)
 holds exactly ``h`` ids per cell separated by ``|``, e.g. ``12|7|99`` for ``hotness: 3``; with
 ``ragged: true`` 0 to ``h`` (an empty cell holds none), written with a lengths file
-(:mod:`tf_dlrm.data.ragged_split_binary`).
+(:mod:`tf_dlrm.data.ragged_split_binary`). A weighted ragged feature (``weighted: true``) takes its weights
+from another column of the chunk, named by the chunk key ``weights: {feature: column}`` (the column declared
+in ``feature_spec`` as ``{dtype: float32}`` and read by no channel): one number per id, separated by ``|``
+(``0.5|1|2`` beside ``12|7|99``; a list column in Parquet); a row whose count of weights differs from its
+count of ids is an error naming the file, line (row) and column. The output has a weights file beside the
+lengths file.
 
 Raw values (:mod:`tf_dlrm.data.csv_declarations` has the syntax): ``encode: hash`` turns each stripped
 cell into the int64 key ``blake2b(feature name + NUL + cell, 8 bytes)`` (little-endian, signed) of a
@@ -73,7 +78,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from tf_dlrm.data.csv_declarations import HASH, Declarations, read_declarations, transform_entry, vocabulary_features_of_raw
-from tf_dlrm.data.csv_values import (CATEGORICAL, HASHED, LABEL, NUMERICAL, VOCABULARY, Column, CsvLayout, TranscodeError,
+from tf_dlrm.data.csv_values import (CATEGORICAL, HASHED, LABEL, NUMERICAL, VOCABULARY, WEIGHTS, Column, CsvLayout, TranscodeError,
                                      count_block, count_table, parse_block, parse_cells)
 from tf_dlrm.data.csv_vocabulary import Vocabulary, build_vocabulary
 from tf_dlrm.data.fractions import TEST, check_fractions, command_line_valid_fraction, fraction_ranges
@@ -100,6 +105,7 @@ class CsvSource:
     delimiter: str
     # Data lines [first, end) over the files read in order (--valid_fraction, --test_fraction); None: all.
     rows: tuple[int, int] | None = None
+    weights: tuple[tuple[str, str], ...] = ()  # (weighted feature, its weights column) of the chunk's `weights`
 
     def check_header(self, path: str, first: str | None) -> None:
         """The first line of ``path`` (no newline; None for an empty file) must name the chunk's features."""
@@ -118,6 +124,7 @@ class ParquetSource:
     split: str
     paths: tuple[str, ...]
     features: tuple[str, ...]
+    weights: tuple[tuple[str, str], ...] = ()  # as CsvSource's
 
 
 class LocalEngine:
@@ -155,7 +162,7 @@ class LocalEngine:
     def _parquet_blocks(self, source: ParquetSource, layout: CsvLayout) -> Iterator[tuple[str, int, np.ndarray]]:
         from tf_dlrm.data import parquet_cells
 
-        used = (layout.label, *layout.numerical, *layout.categorical)
+        used = (layout.label, *layout.numerical, *layout.categorical, *layout.weights)
         for path in source.paths:
             for first_row, table in parquet_cells.blocks(path, source.features, used, self.block_lines):
                 yield path, first_row, table
@@ -227,14 +234,16 @@ def _source(spec: FeatureSpec, split: str) -> tuple[CsvSource | ParquetSource, D
                 raise TranscodeError(f"{spec.source}: source_spec.{split}[0].{key}: a csv key; a parquet chunk finds its "
                                      f"columns by name. Received: {key}: {chunk[key]!r}")
         paths = tuple(spec.resolve(relative) for relative in chunk["files"])
-        return ParquetSource(split, paths, tuple(chunk["features"])), read_declarations(spec, split, chunk)
+        weights = tuple(chunk.get("weights", {}).items())
+        return ParquetSource(split, paths, tuple(chunk["features"]), weights), read_declarations(spec, split, chunk)
     header, delimiter = chunk.get("header", False), chunk.get("delimiter", ",")
     if not isinstance(header, bool):
         raise TranscodeError(f"{spec.source}: source_spec.{split}[0].header: expected true or false. Received: {header!r}")
     if not isinstance(delimiter, str) or not delimiter or "\n" in delimiter:
         raise TranscodeError(f"{spec.source}: source_spec.{split}[0].delimiter: expected a non-empty string. Received: {delimiter!r}")
     paths = tuple(spec.resolve(relative) for relative in chunk["files"])
-    return CsvSource(split, paths, tuple(chunk["features"]), header, delimiter), read_declarations(spec, split, chunk)
+    return (CsvSource(split, paths, tuple(chunk["features"]), header, delimiter, weights=tuple(chunk.get("weights", {}).items())),
+            read_declarations(spec, split, chunk))
 
 
 def _no_rows(source: CsvSource | ParquetSource) -> str:
@@ -286,7 +295,11 @@ def _layout(spec: FeatureSpec, source: CsvSource | ParquetSource, declarations: 
             categorical.append(Column(f, position[f], CATEGORICAL, spec.dtype(f), int(spec.feature_spec[f]["cardinality"]),
                                       spec.hotness(f), ragged=_variable_length(spec, f), by_name=by_name))
     label = Column(spec.label_feature, position[spec.label_feature], LABEL, np.dtype(np.float64), by_name=by_name)
-    return CsvLayout(source.features, getattr(source, "delimiter", ","), label, numerical, tuple(categorical))
+    # A weighted feature's weights: the column the chunk's `weights: {feature: column}` names.
+    weights = tuple(Column(column, position[column], WEIGHTS, np.dtype(np.float32), hotness=spec.hotness(feature),
+                           ragged=True, by_name=by_name, weights_of=feature)
+                    for feature, column in source.weights)
+    return CsvLayout(source.features, getattr(source, "delimiter", ","), label, numerical, tuple(categorical), weights)
 
 
 def _by_fraction(input_spec_path: str, spec: FeatureSpec, sources: dict[str, CsvSource], engine, valid_fraction: float,
@@ -378,7 +391,8 @@ def transcode(input_spec_path: str, output_dir: str, block_lines: int = DEFAULT_
     with staged_output(output_dir, "--output_dir", "tf_dlrm.data.transcode", inputs) as workspace:
         # Variable-length multi-hot features get a lengths file (tf_dlrm.data.ragged_split_binary).
         out_spec = with_split_binary_sources(spec, splits, workspace,
-                                             [f for f in spec.categorical_features if _variable_length(spec, f)])
+                                             [f for f in spec.categorical_features if _variable_length(spec, f)],
+                                             [f for f in spec.categorical_features if spec.weighted(f)])
         for feature, vocabulary in vocabularies.items():
             path = os.path.join(workspace, spec.feature_spec[feature]["vocabulary"])
             os.makedirs(os.path.dirname(path), exist_ok=True)

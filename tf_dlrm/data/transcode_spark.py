@@ -121,9 +121,11 @@ def _write_partition(partition, items, tables, csv_layout, parts_dir):
         with open(part, "wb") as handle:
             for where, table in tables(partition, items):
                 label, numerical, categorical = parse_cells(csv_layout, table, where)
-                for array in [label, numerical] + list(categorical):
-                    if array is not None:
-                        np.save(handle, array, allow_pickle=False)
+                # A weighted feature is three arrays (ids, lengths, weights): saved one after another.
+                for entry in [label, numerical] + list(categorical):
+                    for array in (entry if isinstance(entry, tuple) else (entry,)):
+                        if array is not None:
+                            np.save(handle, array, allow_pickle=False)
                 rows += label.shape[0]
     except TranscodeError as error:
         yield partition, None, 0, str(error)
@@ -244,16 +246,18 @@ class SparkEngine:
             errors = [message for _, _, _, message in results if message is not None]
             if errors:
                 raise TranscodeError(errors[0])
-            arrays_per_block = 2 + len(layout.categorical) if layout.numerical else 1 + len(layout.categorical)
+            weighted = {column.weights_of for column in layout.weights}
             for _, part, rows, _ in results:
                 with open(part, "rb") as handle:
                     read = 0
                     while read < rows:
-                        arrays = [np.load(handle, allow_pickle=False) for _ in range(arrays_per_block)]
-                        if not layout.numerical:
-                            arrays.insert(1, None)
-                        writer.append(arrays[0], arrays[1], arrays[2:])
-                        read += arrays[0].shape[0]
+                        load = lambda: np.load(handle, allow_pickle=False)  # noqa: E731
+                        label = load()
+                        numerical = load() if layout.numerical else None
+                        categorical = [tuple(load() for _ in range(3)) if column.feature in weighted else load()
+                                       for column in layout.categorical]
+                        writer.append(label, numerical, categorical)
+                        read += label.shape[0]
         finally:
             shutil.rmtree(parts_dir, ignore_errors=True)
 

@@ -2,7 +2,9 @@
 
 Features and tables. Each feature (a :class:`tf_dlrm.embedding.FeatureConfig`) reads one
 table; several features may read the same table; a feature may be one-hot, fixed multi-hot or
-ragged, pooled by ``sum``, ``mean`` or ``sqrtn``; tables may have different widths.
+ragged, pooled by ``sum``, ``mean`` or ``sqrtn``, weighted (a weight per id, passed beside the ids
+in ``call(inputs, weights)``), or a sequence (no combiner: ``[b, hotness, dim]``, run as one-id
+features by position, :mod:`tf_dlrm.embedding.sequence_features`); tables may have different widths.
 
 Storage. The slices this rank owns, and the replicated tables, are fused by width into a few
 variables (:mod:`tf_dlrm.embedding.fused_variables`), so one gather serves many tables.
@@ -61,11 +63,12 @@ from tf_dlrm.sharding.packing import (
     send_width,
 )
 from tf_dlrm.sharding.plan import ShardingPlan
-from tf_dlrm.embedding.pooling import normalize_ids, pooled_lookup
+from tf_dlrm.embedding.pooling import normalize_ids, normalize_weights, pooled_lookup
 from tf_dlrm.embedding.split_tables import check_split_options
 from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
 from tf_dlrm.embedding.planning import DEFAULT_DATA_PARALLEL_ROWS, plan_tables
-from tf_dlrm.embedding.table_config import as_feature_config, feature_tables, tables_of
+from tf_dlrm.embedding.sequence_features import expand_sequences, position_name, split_positions
+from tf_dlrm.embedding.table_config import TableConfig, as_feature_config, feature_tables, tables_of
 from tf_dlrm.embedding.variable_kind import VariableKind, mark, set_layout
 
 
@@ -105,13 +108,22 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         self.features = tuple(as_feature_config(f) for f in feature_configs)
         if not self.features:
             raise ValueError("Expected at least one feature. Received: feature_configs=()")
+        unsupported = [f.name for f in self.features if (f.weighted or f.sequence)
+                       and isinstance(f.table, TableConfig) and f.table.dynamic]
+        if unsupported:
+            raise ValueError(f"Weighted and sequence features read fixed tables only. Received: {unsupported} "
+                             "reading dynamic tables")
+        # The user's features, in output order; self.features becomes the internal ones (a sequence
+        # feature's positions in its place).
+        self.user_features = self.features
+        self.features, self.feature_positions = expand_sequences(self.features)
         self.env = env if env is not None else current_env()
         self.strategy, self.data_parallel_threshold = strategy, int(data_parallel_threshold)
         self.column_slice_threshold = column_slice_threshold
         self.table_configs, self.dynamic_layer = None, None
         # Set by the training step while it traces: a user's model need not pass ``training`` down.
         self.training_default = None
-        self.output_features = self.features  # every feature, in the order of the output dict
+        self.output_features = self.user_features  # every feature, in the order of the output dict
         # Tables come from the features: the plan follows the placements.
         self.table_configs = tables_of(self.features)
         if any(t.dynamic for t in self.table_configs):
@@ -119,6 +131,13 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             if not self.features:
                 self._init_dynamic_only(seed, data_parallel_input, validate_ids, deduplicate_exchange, use_kernel)
                 return
+        # The user's features on fixed tables, each to its internal positions.
+        dynamic_names = {f.name for f in getattr(self, "dynamic_features", ())}
+        self.static_features = tuple(f for f in self.user_features if f.name not in dynamic_names)
+        self.features, self.feature_positions = expand_sequences(self.static_features)
+        # Weighted and sequence features' ids are checked once, as the user gave them (_internal_inputs).
+        self.checked_on_input = frozenset(f for feature, positions in zip(self.static_features, self.feature_positions)
+                                          if feature.weighted or feature.sequence for f in positions)
         if plan is None:
             plan = plan_tables(self.table_configs, self.features, self.env.world_size, strategy=strategy,
                                data_parallel_threshold=data_parallel_threshold,
@@ -214,6 +233,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         (no plan, no fixed variables)."""
         layer = self.dynamic_layer
         self.features = self.dynamic_features
+        self.static_features, self.feature_positions, self.checked_on_input = (), (), frozenset()
         self.plan, self.seed = None, int(seed)
         self.data_parallel_input, self.validate_ids = bool(data_parallel_input), bool(validate_ids)
         self.deduplicate_exchange, self.use_kernel = bool(deduplicate_exchange), bool(use_kernel)
@@ -226,13 +246,15 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
 
     @property
     def output_widths(self) -> tuple:
-        """The width of each output feature, in :attr:`output_features`' order (what a model on this layer reads;
+        """The width of each output feature (of each position of a sequence feature), in :attr:`output_features`' order (what a model on this layer reads;
         :attr:`feature_widths` are the planned features' alone when dynamic tables sit beside fixed ones)."""
         if self.dynamic_layer is None or self.dynamic_only:
             return tuple(self.feature_widths)
         widths = dict(zip((f.name for f in self.features), self.feature_widths))
         widths.update(zip((f.name for f in self.dynamic_features), self.dynamic_layer.feature_widths))
-        return tuple(widths[f.name] for f in self.output_features)
+        # A sequence feature: one width per position (its positions are features of the stacked output).
+        return tuple(widths[position_name(f.name, i) if f.sequence else f.name]
+                     for f in self.output_features for i in range(f.hotness if f.sequence else 1))
 
     @property
     def output_dim(self) -> int | None:
@@ -270,6 +292,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         in the batch, which the kernel's gradient over distinct rows does not keep)."""
         if not any(not self.features[f].one_hot for f, _ in entries):
             return False
+        if any(self.features[f].weighted for f, _ in entries):  # the kernel takes no weights
+            return False
         if any(len(self.plan.table_slices(s.table)) > 1 for s in slices):
             return False
         return self.use_kernel and bag_kernel() is not None and not self.split_embedding_tables
@@ -300,12 +324,13 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         # whichever rank owns it (_pools_with_kernel), which checks its ids there.
         self._kernel_checked_features = frozenset(
             f for f, feature in enumerate(self.features)
-            if not feature.one_hot and len(self.plan.table_slices(self.feature_tables[f])) == 1 and self.use_kernel
+            if not feature.one_hot and not feature.weighted and len(self.plan.table_slices(self.feature_tables[f])) == 1 and self.use_kernel
             and bag_kernel() is not None and not self.split_embedding_tables)
         # One process with a multi-hot feature and no column-sliced table: every variable, the
         # one-hot features' included, is pooled by one kernel op writing feature order directly (no
         # per-width blocks, concat or permutation, forward or backward).
         self._single_op = (not self.env.distributed and not self.data_parallel_input and bool(self._kernel_checked_features)
+                          and not any(f.weighted for f in self.features)
                           and all(len(self.plan.table_slices(t)) == 1 for t in set(self.feature_tables)))
         if self.single_op:
             for variable in self.shard_variables + self.replicated_variables:
@@ -360,7 +385,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
     def _normalized(self, features, categorical) -> dict:
         # Ids the kernel pools are checked by it, on the rank that looks them up (one pass fewer).
         return {f: normalize_ids(ids, self.features[f], self.cardinalities[self.feature_tables[f]],
-                                 self.validate_ids and f not in self.kernel_checked_features)
+                                 self.validate_ids and f not in self.kernel_checked_features and f not in self.checked_on_input)
                 for f, ids in zip(features, categorical)}
 
     def _kernel_checks(self, entries) -> list[tuple]:
@@ -377,17 +402,22 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         """``{feature name: "global" or "local"}``: the ids this rank must be given in :meth:`call`, each for
         the global batch (the model-parallel loader: a rank reads the global batch of the features whose
         tables it owns, with ``data_parallel_input=False``) or for its local batch."""
-        modes = {self.features[f].name: "global" for f in self.global_categorical}
-        modes.update({self.features[f].name: "local" for f in self.local_categorical})
+        user = {f: j for j, positions in enumerate(self.feature_positions) for f in positions} if not self.dynamic_only else {}
+        name = (lambda f: self.static_features[user[f]].name) if user else (lambda f: self.features[f].name)
+        modes = {name(f): "global" for f in self.global_categorical}
+        modes.update({name(f): "local" for f in self.local_categorical})
         if not self.dynamic_only:
             modes.update({f.name: "local" for f in getattr(self, "dynamic_features", ())})
         return modes
 
-    def call(self, inputs, local_batch=None, training=None, stacked=False):
-        """``inputs``: ``{feature name: ids}`` of the features in :attr:`input_modes` (others are ignored).
-        ``local_batch`` (the local batch size) is needed only by a rank that reads no local ids.
+    def call(self, inputs, weights=None, local_batch=None, training=None, stacked=False):
+        """``inputs``: ``{feature name: ids}`` of the features in :attr:`input_modes` (others are ignored);
+        ``weights``: ``{feature name: weights}`` of the weighted ones among them (the ids' shape; keras-rs's
+        form: the same structure as ``inputs``). ``local_batch`` (the local batch size) is needed only by a
+        rank that reads no local ids.
 
-        Returns ``{feature name: [b, width]}``; with ``stacked``, one tensor in feature order instead:
+        Returns ``{feature name: [b, width]}`` (a sequence feature: ``[b, hotness, width]``); with ``stacked``,
+        one tensor in feature order instead, a sequence feature counting as ``hotness`` features:
         ``[b, F, D]`` when every feature has width ``D``, else ``[b, sum of widths]``."""
         if not isinstance(inputs, Mapping):
             raise TypeError(f"Expected a dict of ids by feature name ({list(self.input_modes)}). "
@@ -396,10 +426,16 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         missing = [name for name in self.input_modes if name not in inputs]
         if missing:
             raise ValueError(f"Expected ids of every feature {list(self.input_modes)}. Missing: {missing}")
+        weights = dict(weights or {})
+        unweighted = sorted(set(weights) - {f.name for f in self.output_features if f.weighted})
+        if unweighted:
+            raise ValueError(f"Expected weights of weighted features only. Received: weights of {unweighted}, which are "
+                             "not FeatureConfig(weighted=True) features of this layer")
         if self.dynamic_only:
             vectors = self.dynamic_layer({f.table_name: inputs[f.name] for f in self.features}, training=bool(training))
             return vectors if stacked else {f.name: vectors[:, i] for i, f in enumerate(self.features)}
-        pooled = self._lookup([inputs[self.features[f].name] for f in self._input_features()], local_batch)
+        categorical, weight_values = self._internal_inputs(inputs, weights)
+        pooled = self._lookup(categorical, local_batch, weight_values)
         if self.dynamic_layer is None:
             return pooled if stacked else self.split_features(pooled)
         pieces = self.split_features(pooled)
@@ -409,34 +445,65 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             pieces[feature.name] = vectors[:, index]
         if not stacked:
             return {f.name: pieces[f.name] for f in self.output_features}
-        joined = tf.concat([tf.cast(pieces[f.name], self.compute_dtype) for f in self.output_features], axis=1)
-        widths = {int(p.shape[-1]) for p in pieces.values()}
-        return tf.reshape(joined, [-1, len(self.output_features), widths.pop()]) if len(widths) == 1 else joined
+        # A sequence feature's [b, H, w] joins as its H positions, flat.
+        flat = [tf.reshape(tf.cast(pieces[f.name], self.compute_dtype), [-1, int(np.prod(pieces[f.name].shape[1:]))])
+                for f in self.output_features]
+        joined = tf.concat(flat, axis=1)
+        return joined if self.output_dim is None else tf.reshape(joined, [-1, len(self.output_widths), self.output_dim])
 
-    def _lookup(self, categorical, local_batch=None):
-        """The ids of :meth:`_input_features`, in that order -> the stacked output of :meth:`call`."""
+    def _internal_inputs(self, inputs, weights) -> tuple[list, dict]:
+        """The ids of :meth:`_input_features` in that order, and ``{internal feature: weights}`` (float32 values
+        aligned with the ids' values) of the weighted ones: a sequence feature cut into its positions."""
+        ids, values = {}, {}
+        wanted = set(self._input_features())
+        for j, feature in enumerate(self.static_features):
+            positions = self.feature_positions[j]
+            if positions[0] not in wanted:
+                continue
+            given = inputs[feature.name]
+            if not (feature.weighted or feature.sequence):
+                ids[positions[0]] = given
+                continue
+            table_rows = self.cardinalities[self.feature_tables[positions[0]]]
+            ragged = normalize_ids(given, feature, table_rows, self.validate_ids)
+            if feature.weighted:
+                values[positions[0]] = normalize_weights(weights.get(feature.name), ragged, feature)
+            if not feature.sequence:
+                ids[positions[0]] = ragged
+                continue
+            for f, (at, at_weights) in zip(positions, split_positions(ragged, values.pop(positions[0], None), feature.hotness)):
+                ids[f] = at
+                if at_weights is not None:
+                    values[f] = at_weights
+        return [ids[f] for f in self._input_features()], values
+
+    def _lookup(self, categorical, local_batch=None, weights=None):
+        """The ids of :meth:`_input_features`, in that order (and ``{feature: weights}`` of the weighted ones,
+        see :meth:`_internal_inputs`) -> the stacked output of :meth:`call`."""
         categorical = list(categorical)
         if local_batch is None:
             local_batch = self._local_batch_from(categorical)
         ids = self._normalized(self._input_features(), categorical)
+        weights = dict(weights or {})
         if self.single_op:
             return self._single_op_lookup(ids)
         if self.data_parallel_input and self.exchanges:
-            global_ids, unread = exchange_ids(self.env, ids, self.features_on_rank, self.env.rank, f"{self.name}_id_exchange")
+            global_ids, global_weights, unread = exchange_ids(self.env, ids, self.features_on_rank, self.env.rank,
+                                                              f"{self.name}_id_exchange", weights)
             if unread and self.id_sink is not None:
                 self.id_sink.assign(tf.add_n([tf.reduce_sum(tf.cast(u, tf.int64)) for u in unread]))
         else:
-            global_ids = ids
+            global_ids, global_weights = ids, weights
         assemble = self.use_kernel and assemble_kernel() is not None
         parts, part_chunks = [], []
         if self.exchanges:
-            block = self._model_parallel_lookup(global_ids, local_batch, flat_received=assemble)
+            block = self._model_parallel_lookup(global_ids, local_batch, flat_received=assemble, weights=global_weights)
             parts.append(block)
             # Flat: one [b, W_s] chunk per source; else [b, sum_s W_s] (one process: W_0).
             part_chunks.append(list(self.send_widths) if block.shape.rank == 1 else [sum(self.send_widths)])
         for variable, offsets, entries, kernel in zip(self.replicated_variables, self.replicated_offsets,
                                                       self.replicated_entries, self.replicated_kernel):
-            looked_up = pooled_lookup(variable, [(ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
+            looked_up = pooled_lookup(variable, [(ids[f], offsets[p], self.features[f].combiner, weights.get(f)) for f, p in entries],
                                       tf.as_dtype(offsets.dtype), kernel=kernel, checks=self._kernel_checks(entries))
             parts.append(tf.cast(looked_up, self.compute_dtype))
             part_chunks.append([int(variable.shape[1]) * len(entries)])
@@ -476,10 +543,16 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         return list(self.global_categorical) + list(self.local_categorical)
 
     def split_features(self, pooled) -> dict:
-        """The output of :meth:`call` as ``{feature name: [b, width]}``."""
+        """The output of :meth:`call` as ``{feature name: [b, width]}`` (a sequence feature ``[b, hotness, width]``)."""
         flat = tf.reshape(pooled, [-1, sum(self.feature_widths)])
         pieces = tf.split(flat, list(self.feature_widths), axis=1)
-        return {feature.name: piece for feature, piece in zip(self.features, pieces)}
+        result = {}
+        for feature, positions in zip(self.static_features, self.feature_positions):
+            if feature.sequence:
+                result[feature.name] = tf.stack([pieces[f] for f in positions], axis=1)
+            else:
+                result[feature.name] = pieces[positions[0]]
+        return result
 
     def _local_batch_from(self, categorical):
         if self.data_parallel_input or len(categorical) > len(self.global_categorical):
@@ -502,14 +575,17 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             for e, (f, p) in enumerate(entries):
                 yield block[:, e * width:(e + 1) * width], f, p, slices[p], offsets
 
-    def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch, flat_received: bool = False):
+    def _model_parallel_lookup(self, global_ids: Mapping[int, tf.Tensor], local_batch, flat_received: bool = False,
+                               weights=None):
         """The owned tables' pooled lookups of this rank's samples, ``[b, sum_s W_s]``; with
-        ``flat_received``, after the plain exchange, what arrived as it is: flat, source by source."""
+        ``flat_received``, after the plain exchange, what arrived as it is: flat, source by source
+        (``weights``: ``{feature: weights}`` of the weighted features among ``global_ids``)."""
         packed = []
+        weights = weights or {}
         for variable, offsets, entries, kernel in zip(self.shard_variables, self.group_offsets, self.entries, self.group_kernel):
             if entries:
                 packed.append(self._shard_lookup(
-                    variable, [(global_ids[f], offsets[p], self.features[f].combiner) for f, p in entries],
+                    variable, [(global_ids[f], offsets[p], self.features[f].combiner, weights.get(f)) for f, p in entries],
                     tf.as_dtype(offsets.dtype), kernel, self._kernel_checks(entries)))
         if self.hot_tables and self.env.distributed:
             return tf.cast(self._hot_row_lookup(packed, global_ids, local_batch), self.compute_dtype)
@@ -538,11 +614,12 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
 
     def compute_output_shape(self, input_shape):
         if isinstance(input_shape, Mapping):
-            return {f.name: (None, f.table.embedding_dim if hasattr(f.table, "embedding_dim") else None)
-                    for f in self.output_features}
+            width = lambda f: f.table.embedding_dim if hasattr(f.table, "embedding_dim") else None  # noqa: E731
+            return {f.name: (None, f.hotness, width(f)) if f.sequence else (None, width(f)) for f in self.output_features}
+        # Stacked: a sequence feature counts as its positions (output_widths has one width per position).
         if self.output_dim is None:
             return (None, sum(self.output_widths))
-        return (None, len(self.output_features), self.output_dim)
+        return (None, len(self.output_widths), self.output_dim)
 
     def get_config(self):
         # Never the rank or the world size: a saved layer is rebuilt for the run that loads it.

@@ -3,8 +3,10 @@
 It has the interface of :class:`tf_dlrm.embedding.DistributedEmbedding` that models use:
 
 - ``input_modes``: every feature's ids for the local batch (one process holds every table);
-- ``call({feature name: ids}) -> {feature name: [b, width]}``, or with ``stacked=True`` one tensor in feature
-  order: ``[b, F, D]``, or ``[b, sum of widths]`` when the widths differ (compute dtype);
+- ``call({feature name: ids}, weights) -> {feature name: [b, width]}`` (a sequence feature ``[b, hotness, width]``,
+  weighted features' weights in ``weights``), or with ``stacked=True`` one tensor in feature order: ``[b, F, D]``,
+  or ``[b, sum of widths]`` when the widths differ (compute dtype; a sequence feature counts as ``hotness``
+  features);
 - ``sparse_variables`` (every table) and ``dense_variables`` (none), each variable also marked with its kind
   (:mod:`tf_dlrm.embedding.variable_kind`), which is what the trainer reads;
 - ``get_full_table(t)`` / ``set_full_table(t, values)``: one full table as numpy; with ``state_of`` and
@@ -80,8 +82,9 @@ class EmbeddingBank(keras.layers.Layer):
 
     @property
     def output_widths(self) -> tuple:
-        """The width of each feature, in feature order (as :attr:`DistributedEmbedding.output_widths`)."""
-        return self.feature_widths
+        """The width of each feature (of each position of a sequence feature), in feature order (as
+        :attr:`DistributedEmbedding.output_widths`)."""
+        return tuple(w for f, w in zip(self.features, self.feature_widths) for _ in range(f.hotness if f.sequence else 1))
 
     @property
     def output_dim(self) -> int | None:
@@ -111,16 +114,31 @@ class EmbeddingBank(keras.layers.Layer):
     def dense_variables(self) -> list:
         return []
 
-    def _pool(self, feature, ids):
+    def _pool(self, feature, ids, weights=None):
         table = self.tables[self.feature_tables[feature]]
+        config = self.features[feature]
         if not isinstance(ids, tf.RaggedTensor) and ids.shape.rank == 1:
-            return tf.gather(table, ids)
+            if config.one_hot:
+                return tf.gather(table, ids)
+            ids = ids[:, None]
         if not isinstance(ids, tf.RaggedTensor):
             ids = tf.RaggedTensor.from_tensor(ids)
         vectors = tf.gather(table, ids)  # [n, None, w]
+        if config.weighted:
+            if not isinstance(weights, tf.RaggedTensor):
+                weights = tf.convert_to_tensor(weights, tf.float32)
+                weights = tf.RaggedTensor.from_tensor(weights if weights.shape.rank == 2 else weights[:, None])
+            weights = tf.cast(weights, tf.float32)
+            vectors = vectors * weights[:, :, None]
+        if config.sequence:
+            return vectors.to_tensor(shape=[None, config.hotness, table.shape[1]])
         total = tf.reduce_sum(vectors, axis=1)
+        if config.weighted:
+            count = tf.reduce_sum(weights, axis=1)[:, None]
+            count = tf.sqrt(tf.reduce_sum(weights * weights, axis=1))[:, None] if config.combiner == "sqrtn" else count
+            return total if config.combiner == "sum" else tf.math.divide_no_nan(total, count)
         count = tf.cast(ids.row_lengths(), tf.float32)[:, None]
-        combiner = self.features[feature].combiner
+        combiner = config.combiner
         if combiner == "mean":
             return tf.math.divide_no_nan(total, count)
         if combiner == "sqrtn":
@@ -132,22 +150,27 @@ class EmbeddingBank(keras.layers.Layer):
         """Every feature's ids for the local batch (one process holds every table)."""
         return {feature.name: "local" for feature in self.features}
 
-    def call(self, inputs, local_batch=None, training=None, stacked=False):
-        """``{feature name: ids}`` -> ``{feature name: [b, width]}``, or with ``stacked`` the
-        :class:`DistributedEmbedding`'s stacked form (``[b, F, D]``, or ``[b, sum of widths]``)."""
+    def call(self, inputs, weights=None, local_batch=None, training=None, stacked=False):
+        """``{feature name: ids}`` (and ``{feature name: weights}`` of the weighted ones) -> ``{feature name:
+        [b, width]}``, or with ``stacked`` the :class:`DistributedEmbedding`'s stacked form (``[b, F, D]``, or
+        ``[b, sum of widths]``)."""
         if not isinstance(inputs, Mapping):
             raise TypeError(f"Expected a dict of feature name -> ids. Received: {type(inputs).__name__}")
-        vectors = [self._pool(f, inputs[feature.name]) for f, feature in enumerate(self.features)]
+        weights = weights or {}
+        vectors = [self._pool(f, inputs[feature.name], weights.get(feature.name)) for f, feature in enumerate(self.features)]
         if not stacked:
             return {feature.name: tf.cast(v, self.compute_dtype) for feature, v in zip(self.features, vectors)}
+        # A sequence feature's positions count as features in the stacked form.
+        vectors = [piece for v, feature in zip(vectors, self.features)
+                   for piece in (tf.unstack(v, feature.hotness, axis=1) if feature.sequence else [v])]
         if self.embedding_dim is None:
             return tf.cast(tf.concat(vectors, axis=1), self.compute_dtype)
         return tf.cast(tf.stack(vectors, axis=1), self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
         if self.embedding_dim is None:
-            return (None, sum(self.table_widths[t] for t in self.feature_tables))
-        return (None, len(self.features), self.embedding_dim)
+            return (None, sum(self.output_widths))
+        return (None, len(self.output_widths), self.embedding_dim)
 
     def get_full_table(self, table: int, state_of=None, row_wise: bool = False) -> np.ndarray:
         """``state_of`` maps a table variable to its optimizer state (see DistributedEmbedding)."""

@@ -14,6 +14,13 @@ an id (duplicates within a sample and across the batch accumulated) into one row
 and the gradient of the gather is ``IndexedSlices`` over the distinct rows: the sparse update
 touches each row of an entry once (rows of a table read by several features once per feature).
 
+A weighted entry (``(ids, row_offset, combiner, weights)``, the weights aligned with ``ids.values``)
+gathers a row per id, scales it by its weight and sums each sample's rows; ``mean`` divides by the
+sample's sum of weights, ``sqrtn`` by the square root of its sum of squared weights. The gradient of
+the scaling multiplies each id's pooled gradient by its weight; the gather's gradient keeps a row per
+id (duplicates accumulated by the sparse update). The kernel has no weights: weighted entries take
+TensorFlow's ops.
+
 With ``kernel=True`` the whole function is one op of tf_dlrm's kernel library instead
 (:func:`tf_dlrm.ops.embedding_bag.bag_lookup`: same values; a gradient over distinct rows).
 """
@@ -53,6 +60,9 @@ def normalize_ids(ids, feature: FeatureConfig, rows: int, validate: bool = True)
                 ids = tf.RaggedTensor.from_row_splits(tf.identity(ids.values), ids.row_splits, validate=False)
         return ids
     ids = tf.convert_to_tensor(ids)
+    if ids.shape.rank == 1 and feature.hotness == 1 and not feature.ragged and not feature.one_hot:
+        # A weighted or sequence feature of one id per sample pools like a multi-hot one of length 1.
+        ids = ids[:, None]
     if ids.shape.rank == 2 and ids.shape[1] == 1 and feature.one_hot:
         ids = tf.reshape(ids, [-1])
     if ids.shape.rank == 1:
@@ -72,6 +82,55 @@ def normalize_ids(ids, feature: FeatureConfig, rows: int, validate: bool = True)
     if validate:
         ids = _checked(ids, feature, rows)
     return tf.RaggedTensor.from_uniform_row_length(tf.reshape(ids, [-1]), hotness, validate=False)
+
+
+def normalize_weights(weights, ids: tf.RaggedTensor, feature: FeatureConfig) -> tf.Tensor:
+    """The weights of a weighted ``feature`` as float32 values aligned with ``ids.values`` (``ids`` from
+    :func:`normalize_ids`): a ragged tensor with the ids' row lengths, or a dense one of their shape.
+
+    Raises (at trace time when the shapes tell, else when run) naming the feature when the weights do not
+    match the ids one for one."""
+    if weights is None:
+        raise ValueError(f"Feature {feature.name!r} is weighted: expected its weights beside its ids "
+                         "(call the layer with weights={name: weights}). Received: no weights")
+    if isinstance(weights, tf.SparseTensor):
+        weights = tf.RaggedTensor.from_sparse(weights)
+    message = f"feature {feature.name!r}: the weights do not match the ids one for one (row lengths differ)"
+    if isinstance(weights, tf.RaggedTensor):
+        if weights.shape.rank != 2:
+            raise ValueError(f"Expected ragged weights of feature {feature.name!r} with shape [batch, None]. "
+                             f"Received: shape={weights.shape}")
+        check = tf.debugging.assert_equal(tf.cast(weights.row_splits, tf.int64), tf.cast(ids.row_splits, tf.int64),
+                                          message=message)
+        values = weights.values
+    else:
+        weights = tf.convert_to_tensor(weights)
+        if weights.shape.rank not in (1, 2):
+            raise ValueError(f"Expected weights of feature {feature.name!r} of shape [batch] or [batch, hotness]. "
+                             f"Received: shape={weights.shape}")
+        # Dense weights: every sample has as many ids as the weights' row.
+        width = 1 if weights.shape.rank == 1 else tf.shape(weights, out_type=tf.int64)[1]
+        count = tf.shape(weights, out_type=tf.int64)[0]
+        check = tf.debugging.assert_equal(tf.cast(ids.row_splits, tf.int64), tf.range(count + 1, dtype=tf.int64) * width,
+                                          message=message)
+        values = tf.reshape(weights, [-1])
+    with tf.control_dependencies([check]):
+        return tf.cast(tf.identity(values), tf.float32)
+
+
+def weighted_pool(rows: tf.Tensor, ids: tf.RaggedTensor, weights: tf.Tensor, combiner: str) -> tf.Tensor:
+    """``[n, w]``: ``rows`` (``[ids, w]``, one per id of ``ids``) times their ``weights``, summed per sample
+    and scaled by the weighted combiner's factor (an all-zero-weight sample gives zeros)."""
+    samples = tf.cast(ids.value_rowids(), tf.int32)
+    n = batch_size(ids)
+    summed = tf.math.unsorted_segment_sum(rows * weights[:, None], samples, n)
+    if combiner == "sum":
+        return summed
+    if combiner == "mean":
+        total = tf.math.unsorted_segment_sum(weights, samples, n)
+    else:
+        total = tf.sqrt(tf.math.unsorted_segment_sum(weights * weights, samples, n))
+    return tf.math.divide_no_nan(summed, total[:, None])
 
 
 def _range_check(values, feature: FeatureConfig, rows: int):
@@ -101,26 +160,31 @@ def combiner_scale(ids: tf.RaggedTensor, combiner: str) -> tf.Tensor | None:
 
 
 def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType, kernel: bool = False, checks=None) -> tf.Tensor:
-    """``[n, E * w]``: entry ``e = (ids, row_offset, combiner)`` pooled into columns ``[e*w, (e+1)*w)``.
+    """``[n, E * w]``: entry ``e = (ids, row_offset, combiner[, weights])`` pooled into columns ``[e*w, (e+1)*w)``.
 
     All entries share one batch size ``n``; ``variable`` is ``[rows of all slices, w]``. ``kernel``:
     pool with tf_dlrm's embedding-bag kernel (the caller checked that it is loaded), which checks
     the ids itself (``checks``: see :func:`tf_dlrm.ops.embedding_bag.bag_lookup`).
     """
     if kernel:
-        return bag_lookup(variable, entries, index_dtype, checks)
+        # The layer sends no weighted entry to the kernel (it takes no weights): their weights are None.
+        return bag_lookup(variable, [entry[:3] for entry in entries], index_dtype, checks)
     width = int(variable.shape[1])
     count = len(entries)
-    if all(not isinstance(ids, tf.RaggedTensor) for ids, _, _ in entries):
-        fused = tf.stack([tf.cast(ids, index_dtype) + offset for ids, offset, _ in entries], axis=1)
+    if all(not isinstance(entry[0], tf.RaggedTensor) for entry in entries):
+        fused = tf.stack([tf.cast(ids, index_dtype) + offset for ids, offset, *_ in entries], axis=1)
         vectors = gather_rows(variable, fused)  # [n, E, w]
         return tf.reshape(vectors, [-1, count * width])
     pooled = []
     # A split bf16 table's rows are pooled in float32 (bf16 sums of many rows would lose bits).
     pool_dtype = tf.float32
-    for ids, offset, combiner in entries:
+    for ids, offset, combiner, *weights in entries:
         if not isinstance(ids, tf.RaggedTensor):  # one-hot
             pooled.append(tf.cast(gather_rows(variable, tf.cast(ids, index_dtype) + offset), pool_dtype))
+            continue
+        if weights and weights[0] is not None:
+            rows = tf.cast(gather_rows(variable, tf.cast(ids.values, index_dtype) + offset), pool_dtype)
+            pooled.append(weighted_pool(rows, ids, weights[0], combiner))
             continue
         # Per entry, not over the whole fused variable: one entry's distinct ids span one table,
         # so unique's hash map, the gathered rows and the gradient's scattered sums stay small

@@ -2,7 +2,8 @@
 
 A *table* is a ``[vocabulary_size, embedding_dim]`` matrix of trainable vectors with its own
 initializer, optimizer and placement; a *feature* is one input of ids that reads one table and
-pools the vectors of a sample's ids into one vector (``sum``, ``mean`` or ``sqrtn``). A feature holds
+pools the vectors of a sample's ids into one vector (``sum``, ``mean`` or ``sqrtn``), or, with no
+combiner (``combiner=None``, a *sequence* feature), returns them unpooled as ``[batch, hotness, dim]``. A feature holds
 its table object, so several features share a table by holding the same one (a user's clicked
 items and the candidate item). The split follows keras-rs and TF's TPU embedding API.
 
@@ -15,6 +16,17 @@ Ids of a feature arrive as one of:
 
 There is no pad id: every id must lie in ``[0, vocabulary_size)``; an id outside it is an error
 naming the feature, never a silent read of a neighbouring table's row.
+
+A ``weighted`` feature takes a float weight per id beside its ids (the same shape: ``[batch]``,
+``[batch, hotness]`` or a ragged tensor with the ids' row lengths). Its combiners are weighted:
+``sum`` is ``sum_i w_i e_i``, ``mean`` is ``sum_i w_i e_i / sum_i w_i``, ``sqrtn`` is
+``sum_i w_i e_i / sqrt(sum_i w_i^2)`` (TensorFlow's ``safe_embedding_lookup_sparse``); a sequence
+feature returns ``w_i e_i`` at position ``i``. The gradient reaching row ``e_i`` is the pooled
+gradient times ``w_i`` (times the combiner's factor). A sample whose weights sum to zero pools to zeros.
+
+A sequence feature's output is padded, not ragged: position ``i >= `` a sample's id count holds
+zeros, and receives no gradient (a model masks it with the ids' row lengths). Padding keeps the
+exchange's blocks rectangular: a sequence feature of hotness ``H`` travels as ``H`` one-id features.
 
 Placement (where a table lives and how it is stored) is a request the sharding plan honours:
 
@@ -290,14 +302,17 @@ class FeatureConfig:
             that builds layers from a sharding plan may name the table instead.
         hotness: ids per sample (fixed), or the most ids a sample may have (``ragged``).
         ragged: ids come as a ``tf.RaggedTensor`` with a variable count per sample.
-        combiner: a :class:`Combiner` value.
+        combiner: a :class:`Combiner` value, or None for a sequence feature (its vectors unpooled,
+            ``[batch, hotness, dim]``, zeros past a sample's last id).
+        weighted: the feature takes a weight per id beside its ids (see the module docstring).
     """
 
     name: str
     table: object
     hotness: int = 1
     ragged: bool = False
-    combiner: str = Combiner.SUM.value
+    combiner: str | None = Combiner.SUM.value
+    weighted: bool = False
 
     def __post_init__(self):
         _check_name("feature", self.name)
@@ -307,15 +322,19 @@ class FeatureConfig:
             _check_name("table", self.table)
         _check_positive_int(f"feature {self.name!r}", "hotness", self.hotness)
         try:
-            object.__setattr__(self, "combiner", Combiner(self.combiner).value)
+            if self.combiner is not None:
+                object.__setattr__(self, "combiner", Combiner(self.combiner).value)
         except ValueError:
-            allowed = [c.value for c in Combiner]
+            allowed = [c.value for c in Combiner] + [None]
             raise ValueError(f"Expected combiner in {allowed} for feature {self.name!r}. "
                              f"Received: combiner={self.combiner!r}") from None
         # Refused, not coerced: FeatureConfig(name, table, hotness, "mean") would read "mean" as ragged.
         if not isinstance(self.ragged, (bool, np.bool_)):
             raise ValueError(f"Expected ragged True or False for feature {self.name!r}. Received: ragged={self.ragged!r}")
         object.__setattr__(self, "ragged", bool(self.ragged))
+        if not isinstance(self.weighted, (bool, np.bool_)):
+            raise ValueError(f"Expected weighted True or False for feature {self.name!r}. Received: weighted={self.weighted!r}")
+        object.__setattr__(self, "weighted", bool(self.weighted))
 
     @property
     def table_name(self) -> str:
@@ -323,13 +342,18 @@ class FeatureConfig:
 
     @property
     def one_hot(self) -> bool:
-        """One id per sample, given as a ``[batch]`` tensor: no pooling at all."""
-        return self.hotness == 1 and not self.ragged
+        """One id per sample, given as a ``[batch]`` tensor, unweighted and pooled: no pooling at all."""
+        return self.hotness == 1 and not self.ragged and not self.weighted and not self.sequence
+
+    @property
+    def sequence(self) -> bool:
+        """No combiner: the vectors come back unpooled, ``[batch, hotness, dim]``."""
+        return self.combiner is None
 
     def to_dict(self) -> dict:
         table = self.table.to_dict() if isinstance(self.table, TableConfig) else self.table
         return {"name": self.name, "table": table, "hotness": self.hotness, "ragged": self.ragged,
-                "combiner": self.combiner}
+                "combiner": self.combiner, "weighted": self.weighted}
 
 
 def as_feature_config(value) -> FeatureConfig:

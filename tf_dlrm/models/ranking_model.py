@@ -213,8 +213,8 @@ class RankingModel(Model):
         """The embedding's stacked output (``[b, F, D]``, or ``[b, sum of widths]``) for the features of
         ``inputs``: what :meth:`dense_call` takes."""
         numerical = inputs[NUMERICAL_CHANNEL]
-        return self.embedding(self.embedding_inputs(inputs), local_batch=tf.shape(numerical)[0], training=training,
-                              stacked=True)
+        return self.embedding(self.embedding_inputs(inputs), self.embedding_weights(inputs) or None,
+                              local_batch=tf.shape(numerical)[0], training=training, stacked=True)
 
     @property
     def input_modes(self) -> dict[str, str]:
@@ -249,6 +249,14 @@ class RankingModel(Model):
             # stacks the features' ids together.
             ids[feature.name] = tf.cast(crossed, tf.convert_to_tensor(first).dtype)
         return ids
+
+    def embedding_weights(self, inputs) -> dict:
+        """``{feature name: weights}`` of the weighted features, from ``<column>_weights`` in ``inputs`` (the
+        reader's name for a weighted column's weights; a feature reading a column reads its weights too)."""
+        columns = self.column_names
+        return {feature.name: inputs[f"{columns[source[1]]}_weights"]
+                for feature, source in zip(self.embedding.features, self.sources)
+                if feature.weighted and source[0] == "column" and f"{columns[source[1]]}_weights" in inputs}
 
     def _check_sources(self) -> None:
         features = self.embedding.output_features

@@ -30,7 +30,7 @@ def linear_tables(deep: Sequence[TableConfig]) -> list[TableConfig]:
 def linear_features(deep: Sequence[FeatureConfig]) -> tuple[list[FeatureConfig], list[tuple]]:
     """One width-1 feature per deep feature, read with its column's ids."""
     features = [FeatureConfig(name=f"{LINEAR_PREFIX}{f.name}", table=f"{LINEAR_PREFIX}{f.table_name}", hotness=f.hotness,
-                              combiner=f.combiner, ragged=f.ragged) for f in deep]
+                              combiner=f.combiner, ragged=f.ragged, weighted=f.weighted) for f in deep]
     return features, [("column", index) for index in range(len(deep))]
 
 

@@ -75,9 +75,14 @@ class SplitFiles:
     num_samples: int
     # Per categorical feature, the lengths file of a variable-length one (chunk key `lengths`), else None.
     lengths: tuple = ()
+    # Per categorical feature, the weights file of a weighted one (chunk key `weights`), else None.
+    weights: tuple = ()
 
     def lengths_of(self, index: int) -> str | None:
         return self.lengths[index] if self.lengths else None
+
+    def weights_of(self, index: int) -> str | None:
+        return self.weights[index] if self.weights else None
 
 
 class FeatureSpec:
@@ -209,6 +214,10 @@ class FeatureSpec:
     def combiner(self, feature: str) -> str:
         return str(self.feature_spec[feature].get("combiner", "sum"))
 
+    def weighted(self, feature: str) -> bool:
+        """Whether a categorical feature has a weight per id (``weighted: true``, a ``weights`` file)."""
+        return self.feature_spec[feature].get("weighted", False) is True
+
     def embedding_dims(self, default: int) -> list[int]:
         """The table width of every categorical feature: its ``embedding_dim`` or ``default``."""
         return [int(self.feature_spec[name].get("embedding_dim", default)) for name in self.categorical_features]
@@ -244,7 +253,8 @@ class FeatureSpec:
         found = []
         for split in self.splits:
             for chunk in self.chunks(split):
-                for relative in list(chunk.get("files", [])) + ([chunk["lengths"]] if chunk.get("lengths") else []):
+                extra = [chunk[key] for key in ("lengths", "weights") if chunk.get(key)]
+                for relative in list(chunk.get("files", [])) + extra:
                     if self.is_outside(relative):
                         names = ", ".join(repr(f) for f in chunk.get("features", []))
                         found.append(f"{names} (split '{split}'): {relative} -> {self.resolve(relative)}")
@@ -261,12 +271,14 @@ class FeatureSpec:
                 f"{self.source}: split '{split}' has chunks of type '{self.chunk_type(split)}'; "
                 f"training reads only '{SPLIT_BINARY}'. Convert it with `python -m tf_dlrm.data.transcode`."
             )
-        by_feature, lengths = {}, {}
+        by_feature, lengths, weights = {}, {}, {}
         for chunk in self.chunks(split):
             for feature in chunk["features"]:
                 by_feature[feature] = self.resolve(chunk["files"][0])
                 if chunk.get("lengths"):
                     lengths[feature] = self.resolve(chunk["lengths"])
+                if chunk.get("weights"):
+                    weights[feature] = self.resolve(chunk["weights"])
         counts = check_split_binary_files(self, split)
         numerical = by_feature[self.numerical_features[0]] if self.numerical_features else None
         return SplitFiles(
@@ -276,6 +288,7 @@ class FeatureSpec:
             categorical=tuple(by_feature[name] for name in self.categorical_features),
             num_samples=counts,
             lengths=tuple(lengths.get(name) for name in self.categorical_features),
+            weights=tuple(weights.get(name) for name in self.categorical_features),
         )
 
     # ------------------------------------------------------------------ validation

@@ -23,15 +23,16 @@ CHUNK_TYPES = (SPLIT_BINARY, CSV, PARQUET)
 # Optional chunk keys; `header` and `delimiter` only mean something for csv chunks, `encode` (raw
 # categorical values -> keys) and `transform` for csv and parquet chunks (see tf_dlrm.data.transcode).
 # `lengths` marks a split_binary chunk of a variable-length categorical feature: the file of its row
-# lengths beside `files` (its ids), see tf_dlrm.data.ragged_split_binary.
-CHUNK_KEYS = ("type", "features", "files", "lengths", "header", "delimiter", "encode", "transform")
+# lengths beside `files` (its ids), see tf_dlrm.data.ragged_split_binary; `weights`, beside `lengths`, the file of a
+# weighted feature's float32 weights, one per id.
+CHUNK_KEYS = ("type", "features", "files", "lengths", "weights", "header", "delimiter", "encode", "transform")
 
 # The keys a feature entry may hold besides a dynamic table's (tf_dlrm.spec.dynamic.KEYS). NVIDIA's
 # DLRM_and_DCNv2 specs hold dtype, cardinality, hotness (the most ids a sample holds) and alpha (the
 # power-law exponent of their synthetic generator, unused here); tf_dlrm adds embedding_dim and
-# combiner and ragged (a sample holds 0 to hotness ids), and transcode records how it encoded a
-# feature (encoded, vocabulary, oov_id, transform).
-FEATURE_KEYS = ("dtype", "cardinality", "hotness", "alpha", "embedding_dim", "combiner", "ragged",
+# combiner and ragged (a sample holds 0 to hotness ids) and weighted (a weight per id, in a weights file),
+# and transcode records how it encoded a feature (encoded, vocabulary, oov_id, transform).
+FEATURE_KEYS = ("dtype", "cardinality", "hotness", "alpha", "embedding_dim", "combiner", "ragged", "weighted",
                 "encoded", "vocabulary", "oov_id", "transform")
 
 COMBINERS = ("sum", "mean", "sqrtn")

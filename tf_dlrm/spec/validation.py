@@ -124,8 +124,9 @@ def _validate_categorical(spec, name: str, properties: Mapping[str, Any]) -> Non
         value = properties.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             _fail(spec, f"{where}.{key}: expected a positive integer. Received: {value!r}")
-    if not isinstance(properties.get("ragged", False), bool):
-        _fail(spec, f"{where}.ragged: expected true or false. Received: {properties.get('ragged')!r}")
+    for key in ("ragged", "weighted"):
+        if not isinstance(properties.get(key, False), bool):
+            _fail(spec, f"{where}.{key}: expected true or false. Received: {properties.get(key)!r}")
     if properties.get("combiner", "sum") not in COMBINERS:
         _fail(spec, f"{where}.combiner: expected one of {list(COMBINERS)}. Received: {properties.get('combiner')!r}")
     if cardinality - 1 > np.iinfo(np.dtype(dtype)).max:
@@ -177,6 +178,48 @@ def _validate_chunk(spec, where: str, chunk) -> None:
         _validate_split_binary_chunk(spec, where, chunk)
     if "lengths" in chunk:
         _validate_lengths_key(spec, where, chunk)
+    if chunk["type"] == SPLIT_BINARY:
+        _validate_weights_key(spec, where, chunk)
+    else:
+        _validate_weights_columns(spec, where, chunk)
+
+
+def _validate_weights_columns(spec, where: str, chunk: Mapping[str, Any]) -> None:
+    """A csv or parquet chunk names the column of each weighted feature's weights: ``weights: {feature: column}``,
+    the column one of the chunk's, a float feature no channel reads."""
+    weights = chunk.get("weights", {})
+    if not isinstance(weights, Mapping):
+        _fail(spec, f"{where}.weights: expected a mapping {{weighted feature: its weights column}}. Received: {weights!r}")
+    used = set(spec.categorical_features) | set(spec.numerical_features) | set(spec.channel_spec.get(LABEL_CHANNEL, []))
+    for feature in chunk["features"]:
+        if feature in spec.categorical_features and spec.feature_spec[feature].get("weighted") is True and feature not in weights:
+            _fail(spec, f"{where}.weights: feature '{feature}' says 'weighted: true': name the column of its weights "
+                        f"(weights: {{{feature}: COLUMN}}, a float32 feature of the chunk that no channel reads)")
+    for feature, column in weights.items():
+        properties = spec.feature_spec.get(feature, {})
+        if feature not in chunk["features"] or properties.get("weighted") is not True or properties.get("ragged") is not True:
+            _fail(spec, f"{where}.weights: '{feature}' is not a weighted ragged feature of the chunk "
+                        "('weighted: true' and 'ragged: true')")
+        if column not in chunk["features"] or column in used or spec.feature_spec.get(column, {}).get("dtype") not in FLOAT_DTYPES:
+            _fail(spec, f"{where}.weights.{feature}: column {column!r} must be a feature of the chunk with a float dtype "
+                        "that no channel reads")
+
+
+def _validate_weights_key(spec, where: str, chunk: Mapping[str, Any]) -> None:
+    """A ``weights`` file belongs to the split_binary chunk (with a lengths file) of a ``weighted: true`` feature,
+    and such a feature's chunk has one."""
+    feature = chunk["features"][0]
+    weighted = feature in spec.categorical_features and spec.feature_spec[feature].get("weighted") is True
+    if "weights" not in chunk:
+        if weighted:
+            _fail(spec, f"{where}: feature '{feature}' says 'weighted: true': its chunk needs a weights file "
+                        "(key 'weights', float32, one weight per id, beside its lengths file)")
+        return
+    if not isinstance(chunk["weights"], str) or not chunk["weights"]:
+        _fail(spec, f"{where}.weights: expected the relative path of the feature's weights file. Received: {chunk['weights']!r}")
+    if not weighted or not chunk.get("lengths"):
+        _fail(spec, f"{where}.weights: feature '{feature}' has a weights file: it must be a categorical feature with "
+                    "'weighted: true' and 'ragged: true', its chunk a lengths file")
 
 
 def _validate_lengths_key(spec, where: str, chunk: Mapping[str, Any]) -> None:
@@ -249,6 +292,14 @@ def split_binary_problems(spec, split: str, prefix=None) -> tuple[list[str], int
     problems, counts, chunks = [], {}, {}
     for index, chunk in enumerate(spec.chunks(split)):
         path = spec.resolve(chunk["files"][0])
+        if chunk.get("weights"):
+            # Whole float32 weights; their count (the ids' count) is checked by the reader.
+            weights = spec.resolve(chunk["weights"])
+            if not files.isfile(weights):
+                problems.append(f"{prefix(index)}: data file not found: {weights} (features {chunk['features']})")
+            elif files.getsize(weights) % 4:
+                problems.append(f"{prefix(index)}: file {weights} has {files.getsize(weights)} bytes, not a whole number "
+                                f"of float32 weights (features {chunk['features']}); it may be truncated")
         if chunk.get("lengths"):
             # A variable-length feature: its ids file holds whole ids (their count is the sum of the
             # lengths, checked by the reader), its lengths file one length per sample.
