@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from tf_dlrm.sharding.plan import ColumnSlice, ShardingPlan, Strategy, TableSpec
+from tf_dlrm.sharding.plan import TableSlice, ShardingPlan, Strategy, TableSpec
+from tf_dlrm.sharding.packing import band_permutations, output_permutation, received_labels
 from tf_dlrm.sharding.planner import make_plan, split_columns
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -37,12 +38,20 @@ TABLE_SETS = {
 
 
 def column_owners(plan):
-    """(table, column) -> list of ranks, computed from rank_slices without plan methods."""
-    owners = {}
+    """(table, column) -> list of ranks, computed from rank_slices without plan methods; a column
+    of a row-sliced table counts once when its row bands (owned by distinct ranks) tile its rows."""
+    owners, bands = {}, {}
     for rank, slices in enumerate(plan.rank_slices):
         for piece in slices:
             for column in range(piece.column_start, piece.column_end):
-                owners.setdefault((piece.table, column), []).append(rank)
+                end = plan.tables[piece.table].rows if piece.row_end is None else piece.row_end
+                bands.setdefault((piece.table, column), []).append((piece.row_start, end, rank))
+    for (table, column), spans in bands.items():
+        spans.sort()
+        tiled = [end for _, end, _ in spans[:-1]] == [start for start, _, _ in spans[1:]]
+        whole = spans[0][0] == 0 and spans[-1][1] == plan.tables[table].rows and tiled
+        ranks = [rank for _, _, rank in spans]
+        owners[table, column] = ranks[:1] if whole and len(set(ranks)) == len(ranks) else ranks
     return owners
 
 
@@ -131,7 +140,7 @@ def test_split_columns_rejects_bad_counts():
 
 
 def whole(table, dim=8):
-    return ColumnSlice(table, 0, dim)
+    return TableSlice(table, 0, dim)
 
 
 def test_table_wise_greedy_assignment():
@@ -154,7 +163,7 @@ def test_table_wise_allows_idle_ranks_and_respects_column_slice_threshold():
     assert [p.width for _, p in plan.table_slices(0)] == [4, 4, 4, 4]
     assert [p.width for _, p in plan.table_slices(1)] == [8, 8]
     assert make_plan(tables, 1, "table_wise", column_slice_threshold=50000).rank_slices == (
-        (ColumnSlice(0, 0, 16), ColumnSlice(1, 0, 16)),)
+        (TableSlice(0, 0, 16), TableSlice(1, 0, 16)),)
 
 
 def test_column_wise_splits_dim_7_over_3_distinct_ranks():
@@ -171,8 +180,8 @@ def test_column_wise_splits_dim_7_over_3_distinct_ranks():
 def test_world_size_one_holds_whole_tables():
     for strategy in STRATEGIES:
         plan = make_plan(TABLE_SETS["mixed_dims"], 1, strategy)
-        assert plan.rank_slices == ((ColumnSlice(0, 0, 32), ColumnSlice(1, 0, 64),
-                                     ColumnSlice(2, 0, 5), ColumnSlice(3, 0, 3)),)
+        assert plan.rank_slices == ((TableSlice(0, 0, 32), TableSlice(1, 0, 64),
+                                     TableSlice(2, 0, 5), TableSlice(3, 0, 3)),)
         assert plan.imbalance() == 1.0
 
 
@@ -189,7 +198,6 @@ def test_all_replicated_plan_has_no_slices():
     for strategy in STRATEGIES:
         plan = make_plan(TABLE_SETS["all_replicated"], 3, strategy)
         assert plan.replicated == (0, 1) and plan.rank_slices == ((), (), ())
-        assert plan.received_column_order() == ()
         assert plan.imbalance() == 1.0
         assert plan.alltoall_bytes_per_step(6) == 0
 
@@ -199,15 +207,18 @@ def hand_plan():
     return ShardingPlan(
         world_size=2, tables=tables_of((5000, 3), (100, 2), (4000, 2)), strategy="auto",
         replicated=(1,),
-        rank_slices=((ColumnSlice(0, 1, 3),), (ColumnSlice(0, 0, 1), ColumnSlice(2, 0, 2))))
+        rank_slices=((TableSlice(0, 1, 3),), (TableSlice(0, 0, 1), TableSlice(2, 0, 2))))
 
 
 def test_hand_plan_accessors():
     plan = hand_plan()
-    # Received columns: [t0c1, t0c2 | t0c0, t2c0, t2c1] -> t0c0 t0c1 t0c2 t2c0 t2c1.
-    assert plan.received_column_order() == (2, 0, 1, 3, 4)
+    # Received columns (one feature per table; rank 1 packs its width-2 slice first):
+    # [t0c1, t0c2 | t2c0, t2c1, t0c0] -> t0c0 t0c1 t0c2 t2c0 t2c1.
+    labels = received_labels(plan, [0, 2])
+    assert output_permutation(plan, [0, 2], labels) == [4, 0, 1, 2, 3]
+    assert [labels[i] for i in [4, 0, 1, 2, 3]] == [(0, 0, 0), (0, 1, 0), (0, 2, 0), (1, 0, 0), (1, 1, 0)]
     assert plan.model_parallel == (0, 2)
-    assert plan.table_slices(0) == ((1, ColumnSlice(0, 0, 1)), (0, ColumnSlice(0, 1, 3)))
+    assert plan.table_slices(0) == ((1, TableSlice(0, 0, 1)), (0, TableSlice(0, 1, 3)))
     assert plan.table_slices(1) == ()
     assert plan.tables_on_rank(0) == (0,) and plan.tables_on_rank(1) == (0, 2)
     assert [plan.rank_width(r) for r in range(2)] == [2, 3]
@@ -222,7 +233,9 @@ def test_hand_plan_accessors():
         plan.alltoall_bytes_per_step(7)
 
 
-def test_received_column_order_reassembles_tables_for_many_plans():
+def test_exchange_labels_reassemble_every_feature_for_many_plans():
+    """The received block's labels, permuted by output_permutation and each further band's permutation,
+    give every feature's columns once per row band of its table (the layer sums the bands)."""
     generator = random.Random(1234)
     plans = [plan for _, plan in all_plans()]
     for _ in range(40):
@@ -230,14 +243,25 @@ def test_received_column_order_reassembles_tables_for_many_plans():
                   for _ in range(generator.randint(1, 7))]
         world_size, strategy = generator.randint(1, 9), generator.choice(STRATEGIES)
         plans.append(make_plan(tables_of(*shapes), world_size, strategy,
-                               column_slice_threshold=generator.choice([None, 20000])))
+                               column_slice_threshold=generator.choice([None, 20000]),
+                               row_slice_threshold=generator.choice([None, 50000])))
+    assert any(plan.row_sliced for plan in plans)
     for plan in plans:
-        received = [(p.table, column) for slices in plan.rank_slices for p in slices
-                    for column in range(p.column_start, p.column_end)]
-        perm = plan.received_column_order()
-        expected = [(t, c) for t in plan.model_parallel for c in range(plan.tables[t].dim)]
-        assert [received[index] for index in perm] == expected
-        assert sorted(perm) == list(range(len(received)))
+        features = list(plan.model_parallel) + list(plan.model_parallel[:1])  # a table read twice
+        if not features:
+            continue
+        labels = received_labels(plan, features)
+        if len(labels) and labels[-1][0] == "padding":
+            labels = [label for label in labels if label[0] != "padding"] + labels[-1:]
+        permutations = [output_permutation(plan, features, labels)] + band_permutations(plan, features, labels)
+        chosen = [labels[i] for perm in permutations for i in perm if i < len(labels)]
+        expected = [(f, c, start) for f, t in enumerate(features) for start, _ in plan.row_bands(t)
+                    for c in range(plan.tables[t].dim)]
+        assert sorted(chosen) == sorted(expected)
+        for perm in permutations:  # feature order within every band
+            assert [labels[i][:2] for i in perm if i < len(labels)] == \
+                [(f, c) for f, t in enumerate(features) for c in range(plan.tables[t].dim)
+                 if len(plan.row_bands(t)) > permutations.index(perm)]
 
 
 def test_dict_round_trip_through_json():
@@ -269,15 +293,15 @@ def test_from_dict_rejects_malformed_input(change, message):
 
 
 @pytest.mark.parametrize("rank_slices, message", [
-    (((ColumnSlice(0, 1, 3),), (ColumnSlice(2, 0, 2),)),
+    (((TableSlice(0, 1, 3),), (TableSlice(2, 0, 2),)),
      r"Columns \[0:1\) of table 't0' \(id 0, dim 3\) are owned by no rank"),
-    (((ColumnSlice(0, 0, 3),), (ColumnSlice(0, 2, 3), ColumnSlice(2, 0, 2))),
+    (((TableSlice(0, 0, 3),), (TableSlice(0, 2, 3), TableSlice(2, 0, 2))),
      r"Columns \[2:3\) of table 't0' .* more than one rank \(ranks 0 and 1\)"),
-    (((ColumnSlice(0, 0, 4),), (ColumnSlice(2, 0, 2),)), r"Columns \[3:4\) of table 't0'"),
-    (((ColumnSlice(0, 0, 3), ColumnSlice(1, 0, 2)), (ColumnSlice(2, 0, 2),)),
+    (((TableSlice(0, 0, 4),), (TableSlice(2, 0, 2),)), r"Columns \[3:4\) of table 't0'"),
+    (((TableSlice(0, 0, 3), TableSlice(1, 0, 2)), (TableSlice(2, 0, 2),)),
      r"model-parallel tables only.*table 1 't1' is replicated"),
-    (((ColumnSlice(0, 0, 3),), (ColumnSlice(2, 0, 2),), ()), r"one slice list per rank \(2\)"),
-    (((ColumnSlice(0, 0, 2), ColumnSlice(0, 2, 3)), (ColumnSlice(2, 0, 2),)),
+    (((TableSlice(0, 0, 3),), (TableSlice(2, 0, 2),), ()), r"one slice list per rank \(2\)"),
+    (((TableSlice(0, 0, 2), TableSlice(0, 2, 3)), (TableSlice(2, 0, 2),)),
      r"sorted by table, at most one per table"),
 ])
 def test_plan_validation_names_table_and_columns(rank_slices, message):
@@ -309,8 +333,8 @@ def test_table_spec_and_slice_validation():
     with pytest.raises(ValueError, match=r"Expected dim to be an integer for table 'x'"):
         TableSpec("x", 10, True)
     with pytest.raises(ValueError, match=r"Expected column_end >= 3"):
-        ColumnSlice(0, 2, 2)
-    assert TableSpec("x", 10, 4).elements == 40 and ColumnSlice(1, 2, 7).width == 5
+        TableSlice(0, 2, 2)
+    assert TableSpec("x", 10, 4).elements == 40 and TableSlice(1, 2, 7).width == 5
     assert make_plan(tables_of((5000, 4)), 2, Strategy.COLUMN_WISE).strategy == "column_wise"
 
 
@@ -343,8 +367,8 @@ def test_a_table_read_by_two_features_counts_two_exchange_vectors():
     assert readers == (2, 1, 1)
     blind = make_plan(tables, 2, data_parallel_threshold=0)
     counted = make_plan(tables, 2, data_parallel_threshold=0, readers=readers)
-    assert blind.rank_slices == ((ColumnSlice(0, 0, 16), ColumnSlice(1, 0, 4)), (ColumnSlice(2, 0, 16),))
-    assert counted.rank_slices == ((ColumnSlice(0, 0, 16),), (ColumnSlice(1, 0, 4), ColumnSlice(2, 0, 16)))
+    assert blind.rank_slices == ((TableSlice(0, 0, 16), TableSlice(1, 0, 4)), (TableSlice(2, 0, 16),))
+    assert counted.rank_slices == ((TableSlice(0, 0, 16),), (TableSlice(1, 0, 4), TableSlice(2, 0, 16)))
     assert counted.imbalance() == pytest.approx(blind.imbalance()) == pytest.approx(68 / 66)
     # What the layer really sends (tf_dlrm.sharding.packing, which DistributedEmbedding uses).
     assert [send_width(blind, r, feature_tables) for r in range(2)] == [36, 16]
