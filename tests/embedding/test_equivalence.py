@@ -121,7 +121,7 @@ CASES += [
 # into N bands of rows): ids spread over every band, every embedding optimizer (each band updates its own
 # rows; row-wise Adagrad's state is whole per row), multi-hot sum / mean / sqrtn (a band pools the ids in
 # its rows, scaled by the whole sample's count: the bands' partial vectors add up on the receiver), ids
-# exchanged, the frequency regularizer's counts, and a grid (row bands of column slices: 2 x 2 at N = 4;
+# exchanged, the frequency regularizer's counts, hot rows, and a grid (row bands of column slices: 2 x 2 at N = 4;
 # at N = 2 and 3, a prime number of ranks, a grid is column slices). The receiver adds N partial sums in
 # another order than one process's single sum: the forward's sums stay under 16 terms (1e-6 holds).
 ROWS = {**STATEFUL, "row_slice_threshold": 1000, "spread_ids": True, "strategy": "table_wise", "optimizer": "adam",
@@ -134,6 +134,9 @@ CASES += [
      "strategy": "table_wise", "data_parallel_input": True, "dim": 7, "steps": 4, "embedding_optimizer": "lazy_adam"},
     {**ROWS, "name": "rows_frequency_lazy_adam", "embedding_optimizer": "lazy_adam",
      "frequency_regularizer": {"l2": 2.0, "min_count": 2}},
+    # Hot rows of row-sliced tables: a band's owner sends only its own cold rows, the receiver reads the hot ones
+    # from its replica once (not once per band).
+    {**ROWS, "name": "rows_hot_lazy_adam", "embedding_optimizer": "lazy_adam", "hot_ids": "spread"},
     {**ROWS, "name": "grid_adagrad", "row_slice_threshold": None, "placements": ["auto", "grid", "grid", "table_wise"],
      "embedding_optimizer": "adagrad"},
 ]

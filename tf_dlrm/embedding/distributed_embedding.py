@@ -198,7 +198,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         # Row-sliced tables: every band's pooled vectors arrive; the output adds them (band 0 is permuted above).
         self.row_sliced = frozenset(self.plan.row_sliced)
         self.band_permutations = [np.array(p, np.int32) for p in band_permutations(self.plan, self.feature_tables, labels)]
-        self._check_row_bands(hot_rows, storage, deduplicate_exchange)
+        self._check_row_bands(storage, deduplicate_exchange)
         self.deduplicate_exchange = bool(deduplicate_exchange)
         if self.deduplicate_exchange:
             self.source_entry_widths = [[slices[p].width for _, slices in packing_groups(self.plan, r)
@@ -215,12 +215,12 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if self.split_embedding_tables:
             check_split_options(self.compute_dtype, bool(self.hot_rows), self.deduplicate_exchange)
 
-    def _check_row_bands(self, hot_rows, storage, deduplicate_exchange) -> None:
-        """Row-sliced tables take the plain exchange and float32 storage, and no hot rows: refused in one line."""
+    def _check_row_bands(self, storage, deduplicate_exchange) -> None:
+        """Row-sliced tables take float32 storage and no deduplicated exchange: refused in one line."""
         if not self.row_sliced:
             return
         names = [self.plan.tables[t].name for t in sorted(self.row_sliced)]
-        problems = [f"hot rows of {self.plan.tables[t].name!r}" for t in sorted(self.row_sliced) if t in hot_rows]
+        problems = []
         if deduplicate_exchange:
             problems.append("deduplicate_exchange (--deduplicate_exchange)")
         if storage == {"split_bfloat16"}:
