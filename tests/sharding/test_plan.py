@@ -420,3 +420,95 @@ def test_placements_are_honoured_whatever_the_strategy():
 def test_bad_reader_counts_are_refused(readers, message):
     with pytest.raises(ValueError, match=message):
         make_plan(tables_of((4000, 16), (1000, 4), (4000, 16)), 2, data_parallel_threshold=0, readers=readers)
+
+
+# ---------------------------------------------------------------- row bands
+
+
+def test_row_slice_threshold_cuts_tables_into_bands_over_every_rank():
+    """NVIDIA's rule: a table of more elements than --row_slice_threshold is cut into N row bands (whole columns),
+    before any column slicing; smaller tables are planned as before."""
+    tables = tables_of((10_000, 8), (1000, 8), (2000, 8))
+    for strategy in STRATEGIES:
+        plan = make_plan(tables, 3, strategy, data_parallel_threshold=0, row_slice_threshold=20_000)
+        assert plan.row_sliced == (0,), strategy
+        assert plan.row_bands(0) == ((0, 3334), (3334, 6667), (6667, 10_000))
+        assert sorted(rank for rank, _ in plan.table_slices(0)) == [0, 1, 2]
+        assert all(p.width == 8 for _, p in plan.table_slices(0))
+        assert len(plan.row_bands(1)) == len(plan.row_bands(2)) == 1
+    # The bands' bytes are each rank's third; memory lines count rows of the band only.
+    plan = make_plan(tables_of((9000, 4)), 3, data_parallel_threshold=0, row_slice_threshold=1)
+    assert [plan.rank_bytes(r) for r in range(3)] == [3000 * 4 * 4] * 3
+    with pytest.raises(ValueError, match=r"Expected row_slice_threshold >= 1"):
+        make_plan(tables, 2, row_slice_threshold=0)
+
+
+def test_row_wise_and_grid_placements():
+    tables = tables_of((8000, 6), (500, 4))
+    plan = make_plan(tables, 4, data_parallel_threshold=0, placements=("row_wise", "auto"))
+    assert plan.row_bands(0) == ((0, 2000), (2000, 4000), (4000, 6000), (6000, 8000))
+    plan = make_plan(tables, 4, data_parallel_threshold=0, placements=("grid", "auto"))
+    assert plan.row_bands(0) == ((0, 4000), (4000, 8000)) and plan.column_split(0)
+    assert sorted((p.row_start, p.column_start, p.column_end) for _, p in plan.table_slices(0)) == \
+        [(0, 0, 3), (0, 3, 6), (4000, 0, 3), (4000, 3, 6)]
+    # A prime number of ranks has no grid: column slices only. One process: the table whole.
+    assert make_plan(tables, 3, data_parallel_threshold=0, placements=("grid", "auto")).row_bands(0) == ((0, 8000),)
+    assert make_plan(tables, 1, data_parallel_threshold=0, placements=("row_wise", "auto")).rank_slices == ((TableSlice(0, 0, 6), TableSlice(1, 0, 4)),)
+    # A table kept whole (row-wise optimizer state) may be cut into bands, not into a grid.
+    kept = ("row-wise state", None)
+    assert make_plan(tables, 2, data_parallel_threshold=0, placements=("row_wise", "auto"), kept_whole=kept).row_sliced == (0,)
+    with pytest.raises(ValueError, match="Table 't0' cannot be placed grid: row-wise state"):
+        make_plan(tables, 4, placements=("grid", "auto"), kept_whole=kept)
+
+
+def test_auto_cuts_a_tall_narrow_table_into_bands_where_columns_cannot_spread_it():
+    """A 40M-row table of width 4 on 8 ranks: column slices give at most 4 pieces (half the ranks hold a quarter of it
+    each); row bands give every rank an eighth. The tables that column slices spread well stay whole or column-sliced."""
+    tables = tables_of((40_000_000, 4), (100_000, 4), (50_000, 4))
+    before = make_plan(tables, 8, placements=("column_wise", "auto", "auto"))
+    after = make_plan(tables, 8)
+    assert after.row_sliced == (0,) and len(after.row_bands(0)) == 8
+    assert max(after.rank_bytes(r) for r in range(8)) < 0.55 * max(before.rank_bytes(r) for r in range(8))
+    # Wide tables on few ranks: column slices are enough, no bands (each band would send the whole width).
+    assert make_plan(tables_of((40_000_000, 128), (100_000, 128)), 8).row_sliced == ()
+    # A table kept whole (a row-wise optimizer with several readers) is cut into bands instead of left on one rank.
+    kept = make_plan(tables_of((1_000_000, 16), (1000, 16), (2000, 16)), 4, data_parallel_threshold=0,
+                     kept_whole=("row-wise state", None, None))
+    assert kept.row_sliced == (0,) and not kept.column_split(0)
+
+
+def test_row_bands_round_trip_and_are_described():
+    plan = make_plan(tables_of((9000, 4), (100, 2)), 3, data_parallel_threshold=0, row_slice_threshold=1000)
+    config = plan.to_dict()
+    assert sorted(s for slices in config["rank_slices"] for s in slices if s[0] == 0) == \
+        [[0, 0, 4, 0, 3000], [0, 0, 4, 3000, 6000], [0, 0, 4, 6000, 9000]]
+    assert ShardingPlan.from_dict(json.loads(json.dumps(config))) == plan
+    # A band ending at the table's last row equals the same band written with row_end=None.
+    assert TableSlice(0, 0, 4, 6000, 9000).canonical(9000) == TableSlice(0, 0, 4, 6000)
+    assert "t0[0:4] rows [3000:6000)" in plan.describe()
+
+
+@pytest.mark.parametrize("rank_slices, message", [
+    (((TableSlice(0, 0, 3, 0, 2000),), (TableSlice(0, 0, 3, 3000), TableSlice(2, 0, 2))),
+     r"Rows \[2000:3000\) of table 't0' \(id 0, 5000 rows\) are owned by no rank"),
+    (((TableSlice(0, 0, 3, 0, 3000),), (TableSlice(0, 0, 3, 2000), TableSlice(2, 0, 2))),
+     r"Rows \[2000:3000\) of table 't0' .* are in two row bands"),
+    (((TableSlice(0, 0, 3, 0, 6000),), (TableSlice(2, 0, 2),)), r"Rows \[5000:6000\) of table 't0' .* do not exist"),
+    (((TableSlice(0, 0, 2, 0, 2500),), (TableSlice(0, 0, 3, 2500), TableSlice(2, 0, 2))),
+     r"Columns \[2:3\) of table 't0' \(id 0, dim 3\) in rows \[0:2500\) are owned by no rank"),
+])
+def test_plan_validation_names_the_rows_of_a_band(rank_slices, message):
+    with pytest.raises(ValueError, match=message):
+        ShardingPlan(world_size=2, tables=hand_plan().tables, strategy="auto", replicated=(1,), rank_slices=rank_slices)
+
+
+def test_a_grid_placement_is_refused_with_a_row_wise_optimizer():
+    from tf_dlrm.embedding.optimizers import RowWiseAdagrad
+    from tf_dlrm.embedding.planning import plan_tables
+    from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig
+
+    grid = TableConfig("item", 8000, 8, placement="grid", optimizer=RowWiseAdagrad(0.1))
+    with pytest.raises(ValueError, match=r"Tables \['item'\] cannot be placed 'grid': the model keeps row-wise optimizer state"):
+        plan_tables([grid], [FeatureConfig("item", grid)], 4)
+    rows = TableConfig("item", 8000, 8, placement="row_wise", optimizer=RowWiseAdagrad(0.1))
+    assert plan_tables([rows], [FeatureConfig("item", rows)], 4).row_sliced == (0,)

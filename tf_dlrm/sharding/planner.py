@@ -186,8 +186,9 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
     `column_wise` cuts every table into `min(world_size, dim)` slices on distinct ranks; `auto`
     starts table-wise and cuts the largest tables into more slices while that improves the
     memory balance or fills an empty rank, then cuts tall tables into `world_size` row bands
-    (largest first, while that lowers the fullest rank's bytes by more than 5%; only a table that
-    column slices cannot spread over every rank: fewer columns than ranks, or kept whole), then moves small pieces off the rank with the most
+    (largest first, while the fullest rank holds over 1.25 times the mean and a cut lowers its bytes
+    by more than 5%; only a table that column slices cannot spread over every rank: fewer columns
+    than ranks, or kept whole: each band sends the table's whole width), then moves small pieces off the rank with the most
     exchange columns while the memory imbalance stays within max(its own, 1.05); a table read by
     several features counts `readers * width` exchange columns (each feature sends its own pooled
     vector, and each row band its own). In every strategy a table of more than
@@ -275,19 +276,27 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
                         bytes_per_element=bytes_per_element)
 
 
-# Row bands send a whole table's columns each: the auto planner cuts a table into bands only when the
-# fullest rank then holds at least this much less.
+# Row bands send a whole table's columns each (a band's owner pools every sample's ids in its rows): the
+# auto planner cuts tables into bands only while the fullest rank holds more than this much over the mean,
+# and only when the fullest rank then holds at least _ROW_BAND_GAIN less.
+_ROW_BAND_IMBALANCE = 1.25
 _ROW_BAND_GAIN = 0.95
 
 
 def _auto_row_bands(tables, fewest: dict, most: dict, world_size: int, base: int, bands: dict, owned: list, free: list):
     """Cuts the largest `free` tables (auto placement, not yet banded) into `world_size` row bands, one at
-    a time, while the fullest rank's elements fall below :data:`_ROW_BAND_GAIN` of what they were."""
+    a time, while the plan's memory imbalance exceeds :data:`_ROW_BAND_IMBALANCE` and the fullest rank's
+    elements fall below :data:`_ROW_BAND_GAIN` of what they were."""
+    def loads(slices):
+        return [sum((lambda r: r[1] - r[0])(p.rows_in(tables[p.table].rows)) * p.width for p in mine) for mine in slices]
+
     def fullest(slices):
-        return max(sum((lambda r: r[1] - r[0])(p.rows_in(tables[p.table].rows)) * p.width for p in mine) for mine in slices)
+        return max(loads(slices))
 
     bands = dict(bands)
     for table in sorted(free, key=lambda t: (-tables[t].elements, t)):
+        if _imbalance(loads(owned), base) <= _ROW_BAND_IMBALANCE:
+            break
         # Only where column slices cannot spread the table over every rank (fewer columns than ranks, or
         # kept whole): bands cost the exchange a whole table's columns each.
         if tables[table].rows < world_size or most[table] >= world_size:
