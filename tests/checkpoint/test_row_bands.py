@@ -46,6 +46,7 @@ def test_row_bands_are_saved_as_bands_and_reshard_to_other_bands(tmp_path_factor
 
     column_wise = straight(tmp_path_factory)
     difference, where = max_difference(ckpt(save, STEPS), ckpt(column_wise["save"], STEPS))
+    print(f"2 row bands vs 2 column slices, step {STEPS}: largest difference {difference:.3g} in {where}")
     assert difference <= 1e-5, f"row bands vs column slices: largest difference {difference} in {where}"
 
     resumed_out = str(tmp_path_factory.mktemp("row_bands_np3"))
@@ -56,6 +57,7 @@ def test_row_bands_are_saved_as_bands_and_reshard_to_other_bands(tmp_path_factor
     thirds = checkpoint_store.read_manifest(ckpt(resumed, STEPS))["tables"]
     assert all(len({tuple(s["rows"]) for s in entry["slices"]}) == 3 for entry in thirds if entry.get("slices") and len(entry["slices"]) > 1)
     difference, where = max_difference(ckpt(resumed, STEPS), ckpt(save, STEPS))
+    print(f"2 bands -> 3 bands from step {EVERY}, step {STEPS}: largest difference {difference:.3g} in {where}")
     assert difference <= 1e-5, f"2 bands -> 3 bands: largest difference {difference} in {where}"
 
     single_out = str(tmp_path_factory.mktemp("row_bands_single"))
@@ -68,4 +70,6 @@ def test_row_bands_are_saved_as_bands_and_reshard_to_other_bands(tmp_path_factor
     assert "error" not in results["export"] and os.path.isdir(saved_model)
     expected = np.load(os.path.join(out, "predict_predictions.npy"))
     actual = np.load(os.path.join(single_out, "predict_predictions.npy"))
+    print(f"one process from the 2-band checkpoint vs its 2-rank restore: max |difference| "
+          f"{np.max(np.abs(actual - expected)):.3g} over {expected.size} predictions")
     np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-6)
