@@ -237,7 +237,8 @@ def killed_and_resumed(tmp_path_factory) -> dict:
 
 def checkpoint_arrays(directory: str) -> dict[str, np.ndarray]:
     """Every array of a checkpoint (loaded the safe way): a table or embedding state by its entry's
-    name, its column slices joined (the sharded layout depends on the saving plan), others by file."""
+    name, its column slices joined side by side and its row bands one under the other (the sharded
+    layout depends on the saving plan), others by file."""
     with open(os.path.join(directory, "manifest.json")) as handle:
         manifest = json.load(handle)
     arrays, sliced = {}, set()
@@ -245,8 +246,12 @@ def checkpoint_arrays(directory: str) -> dict[str, np.ndarray]:
         for entry in manifest.get(key, []):
             parts = entry.get("slices") or [{"file": entry["file"]}]
             sliced.update(part["file"] for part in parts)
+            bands = {}
+            for part in sorted(parts, key=lambda p: (p.get("rows", [0])[0], p.get("columns", [0])[0])):
+                bands.setdefault(part.get("rows", [0])[0], []).append(
+                    np.load(os.path.join(directory, part["file"]), allow_pickle=False))
             arrays[f"{key}/{entry['name']}"] = np.concatenate(
-                [np.load(os.path.join(directory, part["file"]), allow_pickle=False) for part in parts], axis=1)
+                [np.concatenate(columns, axis=1) for _, columns in sorted(bands.items())], axis=0)
     for name in manifest["files"]:
         if name.endswith(".npy") and name not in sliced:
             arrays[name] = np.load(os.path.join(directory, name), allow_pickle=False)

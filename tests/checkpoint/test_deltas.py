@@ -2,6 +2,7 @@
 replicated tables, hot rows) and on 1, ``--mode=export`` of checkpoints, ``python -m tf_dlrm.cli.apply_deltas``, and the
 SavedModels served by a process that cannot import tf_dlrm.
 
+Also row bands (``--row_slice_threshold``: each band's owner writes its rows).
 The claim: an export of step S0 with the deltas of steps S0 -> S applied serves what an export of the checkpoint of
 step S serves, bit for bit (both hold the same float32 bits: the deltas carry the rows as the run held them, as the
 checkpoint does). Also: the refusals (a gap, a delta older than the export, an unreachable step) and the
@@ -91,6 +92,12 @@ def two_ranks(tmp_path_factory) -> dict:
                 "rowwise_adagrad", (4, STEPS))
 
 
+def row_bands(tmp_path_factory) -> dict:
+    # Every model-parallel table cut into 2 row bands (--row_slice_threshold): each band owner writes its rows' changes.
+    return _run(tmp_path_factory, "row_bands", 2, ["--row_slice_threshold=1", "--delta_every_steps=2",
+                                                   "--checkpoint_every_steps=2"], "lazy_adam", (4, STEPS))
+
+
 def one_rank(tmp_path_factory) -> dict:
     # Deltas every 3 steps, a checkpoint every step: the checkpoint of step 6 starts a chain (6 -> 9), the one of
     # step 4 does not (the delta after it holds 3 -> 6).
@@ -152,14 +159,16 @@ def _apply(export: str, deltas: str, output: str, *more: str, check: bool = True
 def _served(tmp_path_factory) -> dict:
     """Every SavedModel compared, scored on the validation rows by one plain-TensorFlow process."""
     if "served" not in _cache:
-        two, one = two_ranks(tmp_path_factory), one_rank(tmp_path_factory)
+        two, one, rows = two_ranks(tmp_path_factory), one_rank(tmp_path_factory), row_bands(tmp_path_factory)
         _apply(f"{two['out']}/export_4", two["deltas"], f"{two['out']}/applied_{STEPS}")
+        _apply(f"{rows['out']}/export_4", rows["deltas"], f"{rows['out']}/applied_{STEPS}")
         _apply(f"{one['out']}/export_6", one["deltas"], f"{one['out']}/applied_9")
         out = str(tmp_path_factory.mktemp("delta_served"))
         batch = _batch(_dataset(tmp_path_factory), os.path.join(out, "batch.npz"))
         models = {"two_applied": f"{two['out']}/applied_{STEPS}", "two_full": f"{two['out']}/export_{STEPS}",
                   "two_base": f"{two['out']}/export_4", "one_applied": f"{one['out']}/applied_9",
-                  "one_full": f"{one['out']}/export_9"}
+                  "one_full": f"{one['out']}/export_9", "rows_applied": f"{rows['out']}/applied_{STEPS}",
+                  "rows_full": f"{rows['out']}/export_{STEPS}"}
         arguments = []
         for name, model in models.items():
             arguments += [model, batch, os.path.join(out, f"{name}.npy"), "--"]
@@ -168,7 +177,7 @@ def _served(tmp_path_factory) -> dict:
     return _cache["served"]
 
 
-@pytest.mark.parametrize("run", ["two", "one"])
+@pytest.mark.parametrize("run", ["two", "one", "rows"])
 def test_an_export_brought_forward_by_deltas_serves_as_the_full_export(tmp_path_factory, run):
     scores = _served(tmp_path_factory)
     applied, full = scores[f"{run}_applied"], scores[f"{run}_full"]
@@ -206,6 +215,15 @@ def test_deltas_hold_only_changed_rows(tmp_path_factory):
     assert largest["rows"] == 5000
     assert {tuple(piece["columns"]) for piece in largest["pieces"]} == {(0, 4), (4, 8)}  # written by both ranks
     assert 0 < max(piece["count"] for piece in largest["pieces"]) < 1000
+    # Row bands: each band's owner writes the changed rows of its band, as table row ids.
+    with open(os.path.join(row_bands(tmp_path_factory)["deltas"], "delta-00000004", "manifest.json")) as handle:
+        banded = json.load(handle)["tables"][-1]
+    files = sorted(piece["rows"] for piece in banded["pieces"])
+    assert files == ["tables/table_007.rows_0-2500.cols_0-8.rows.npy", "tables/table_007.rows_2500-5000.cols_0-8.rows.npy"], files
+    for piece in banded["pieces"]:
+        ids = np.load(os.path.join(row_bands(tmp_path_factory)["deltas"], "delta-00000004", piece["rows"]))
+        low = 0 if "rows_0-" in piece["rows"] else 2500
+        assert ids.size and low <= ids.min() and ids.max() < low + 2500
 
 
 def test_a_gap_is_refused_naming_the_delta(tmp_path_factory):

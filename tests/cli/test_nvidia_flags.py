@@ -257,11 +257,11 @@ def test_nvidia_readme_command_lines_train_what_they_mean(tmp_path):
 
 def test_refused_flag_stops_main_before_any_work(tmp_path):
     log = tmp_path / "log.json"
-    completed = run_python(["main.py", "--dataset_path", str(tmp_path), "--row_slice_threshold", "1000",
+    completed = run_python(["main.py", "--dataset_path", str(tmp_path), "--cpu_offloading_threshold_gb", "10",
                             "--log_path", str(log)], check=False)
     assert completed.returncode == 2
     assert completed.stderr.strip().splitlines()[-1] == (
-        f"error (rank 0): --row_slice_threshold (NVIDIA's flag) is not supported: {REFUSED['row_slice_threshold']}")
+        f"error (rank 0): --cpu_offloading_threshold_gb (NVIDIA's flag) is not supported: {REFUSED['cpu_offloading_threshold_gb']}")
     assert not log.exists()
 
 

@@ -132,6 +132,7 @@ def main(argv=None) -> None:
         if args.placements == "auto":  # what the planner chose
             plan = model.embedding.plan
             arrays["slices_per_table"] = np.array([len(plan.table_slices(t)) for t in range(len(plan.tables))])
+            arrays["bands_per_table"] = np.array([len(plan.row_bands(t)) for t in range(len(plan.tables))])
         np.savez(args.output, **arrays)
 
 

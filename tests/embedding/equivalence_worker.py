@@ -57,15 +57,29 @@ def make_model(case, env):
     tables = [TableSpec(f"t{i}", rows, width) for i, (rows, width) in enumerate(zip(case["cardinalities"], widths))]
     plan = make_plan(
         tables, env.world_size, case["strategy"], data_parallel_threshold=case["data_parallel_threshold"],
-        column_slice_threshold=case.get("column_slice_threshold"),
+        column_slice_threshold=case.get("column_slice_threshold"), row_slice_threshold=case.get("row_slice_threshold"),
+        placements=case.get("placements"),
     )
     embedding = plan_layer(plan, rank=env.rank, seed=case["seed"], data_parallel_input=case["data_parallel_input"],
                            features=case.get("features"), deduplicate_exchange=case.get("deduplicate_exchange", False),
-                           hot_rows={t: case["hot_ids"] for t in plan.model_parallel} if case.get("hot_ids") else None,
+                           hot_rows={t: hot_ids(case, t) for t in plan.model_parallel} if case.get("hot_ids") else None,
                            frequency_regularizer=case.get("frequency_regularizer"))
     model = DLRM(embedding, **model_kwargs(case))
     model.build(None)  # from the widths (DLRM.build): no eager forward with its collectives
     return plan, model
+
+
+def id_choices(case, table: int) -> np.ndarray:
+    """The few distinct ids of a table's features (see :func:`make_batches`)."""
+    rows = case["cardinalities"][table]
+    distinct = min(rows, 6)
+    return np.linspace(0, rows - 1, distinct).astype(np.int32) if case.get("spread_ids") else np.arange(distinct, dtype=np.int32)
+
+
+def hot_ids(case, table: int) -> list[int]:
+    """The case's hot rows of ``table``: its ``hot_ids``, or ``"spread"``: every other id of the table's choices
+    (in every row band)."""
+    return [int(i) for i in id_choices(case, table)[::2]] if case["hot_ids"] == "spread" else case["hot_ids"]
 
 
 def make_models(case, env):
@@ -97,17 +111,18 @@ def make_batches(case, count):
         numerical = rng.random((size, NUM_NUMERICAL), dtype=np.float32)
         ids = {}
         for feature in feature_list(case):
-            rows = case["cardinalities"][int(feature["table"][1:])]
-            # Few distinct ids so that rows repeat within a sample and a batch (duplicate sparse updates).
-            distinct = min(rows, 6)
+            # Few distinct ids so that rows repeat within a sample and a batch (duplicate sparse updates);
+            # spread over the table's rows (every row band) when the case cuts tables into bands.
+            choices = id_choices(case, int(feature["table"][1:]))
+            distinct = choices.size
             hotness = feature.get("hotness", 1)
             if feature.get("ragged"):
                 lengths = rng.integers(0, hotness + 1, size)
-                ids[feature["name"]] = (rng.integers(0, distinct, int(lengths.sum())).astype(np.int32), lengths)
+                ids[feature["name"]] = (choices[rng.integers(0, distinct, int(lengths.sum()))], lengths)
             elif hotness == 1:
-                ids[feature["name"]] = rng.integers(0, distinct, size).astype(np.int32)
+                ids[feature["name"]] = choices[rng.integers(0, distinct, size)]
             else:
-                ids[feature["name"]] = rng.integers(0, distinct, (size, hotness)).astype(np.int32)
+                ids[feature["name"]] = choices[rng.integers(0, distinct, (size, hotness))]
         label = rng.integers(0, 2, (size, 1)).astype(np.float32)
         batches.append((numerical, ids, label))
     return batches

@@ -81,7 +81,7 @@ def check_trained_like(many: dict, one_process: dict, world_size: int) -> None:
     for index, feature in enumerate(dict.fromkeys(f.table for f in make_features() if not f.table.dynamic)):
         start = initial_table_slice(5, index, feature.vocabulary_size, feature.embedding_dim, init_bound=feature.init_bound)
         assert np.abs(one_process[f"table/{feature.name}"] - start).max() > 1e-3, f"{feature.name} did not train"
-    for name in sorted(set(one_process) - {"slices_per_table"}):
+    for name in sorted(set(one_process) - {"slices_per_table", "bands_per_table"}):
         assert relative(many[name], one_process[name], floor_of(name)) <= 1e-5, f"{name} differs on {world_size} ranks"
 
 
@@ -96,15 +96,17 @@ def one_process_auto(tmp_path_factory):
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_every_placement_auto_trains_on_n_ranks_like_one_process(one_process_auto, world_size, tmp_path):
     """The model from the library's names with every placement left to the planner: a row-wise Adagrad table read
-    by a one-hot and a ragged feature, lazy Adam, Adagrad, a replicated and a dynamic table. The planner keeps the
-    row-wise table whole (its state would not stay exact on column slices read by several lookups per sample) and
-    may cut the others: it trains on every N, to the same weights and optimizer state as one process."""
+    by a one-hot and a ragged feature, lazy Adam, Adagrad, a replicated and a dynamic table. The planner never cuts
+    the row-wise table's columns (its state would not stay exact on column slices read by several lookups per
+    sample; at N = 4 it cuts it into row bands, each row whole on one rank) and may cut the others: it trains on
+    every N, to the same weights and optimizer state as one process."""
     path = tmp_path / f"auto_np{world_size}.npz"
     launch(world_size, [WORKER, f"--output={path}", "--placements=auto"], timeout=600)
     many = dict(np.load(path))
     assert sorted(many) == sorted(one_process_auto)
     items, categories = 0, 2  # in the order of first use in make_features (the dynamic table is not planned)
-    assert many["slices_per_table"][items] == 1 and many["slices_per_table"][categories] == 0  # whole; replicated
+    # Columns whole (one slice per band); replicated.
+    assert many["slices_per_table"][items] == many["bands_per_table"][items] and many["slices_per_table"][categories] == 0
     check_trained_like(many, one_process_auto, world_size)
 
 

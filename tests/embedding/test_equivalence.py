@@ -117,12 +117,36 @@ CASES += [
     for optimizer, strategy in (("lazy_adam", "table_wise"), ("lazy_adam", "column_wise"), ("adagrad", "column_wise"))
 ] + [{**FREQUENCY, **HOT, "name": "frequency_hot_lazy_adam_column_wise", "strategy": "column_wise",
       "embedding_optimizer": "lazy_adam"}]
+# Row bands (--row_slice_threshold, NVIDIA's rule: every model-parallel table of more than 1000 elements cut
+# into N bands of rows): ids spread over every band, every embedding optimizer (each band updates its own
+# rows; row-wise Adagrad's state is whole per row), multi-hot sum / mean / sqrtn (a band pools the ids in
+# its rows, scaled by the whole sample's count: the bands' partial vectors add up on the receiver), ids
+# exchanged, the frequency regularizer's counts, hot rows, and a grid (row bands of column slices: 2 x 2 at N = 4;
+# at N = 2 and 3, a prime number of ranks, a grid is column slices). The receiver adds N partial sums in
+# another order than one process's single sum: the forward's sums stay under 16 terms (1e-6 holds).
+ROWS = {**STATEFUL, "row_slice_threshold": 1000, "spread_ids": True, "strategy": "table_wise", "optimizer": "adam",
+        "dense_learning_rate": 0.01, "adam_epsilon": 1e-4, "magnitude_floor": BASE["learning_rate"]}
+CASES += [
+    {**ROWS, "name": f"rows_{optimizer}", "embedding_optimizer": optimizer}
+    for optimizer in ("sgd", "adagrad", "rowwise_adagrad", "lazy_adam", "ftrl")
+] + [
+    {**ROWS, **MULTI_HOT_BASE, "name": "rows_multi_hot_dp_input", "row_slice_threshold": 1000, "spread_ids": True,
+     "strategy": "table_wise", "data_parallel_input": True, "dim": 7, "steps": 4, "embedding_optimizer": "lazy_adam"},
+    {**ROWS, "name": "rows_frequency_lazy_adam", "embedding_optimizer": "lazy_adam",
+     "frequency_regularizer": {"l2": 2.0, "min_count": 2}},
+    # Hot rows of row-sliced tables: a band's owner sends only its own cold rows, the receiver reads the hot ones
+    # from its replica once (not once per band).
+    {**ROWS, "name": "rows_hot_lazy_adam", "embedding_optimizer": "lazy_adam", "hot_ids": "spread"},
+    {**ROWS, "name": "grid_adagrad", "row_slice_threshold": None, "placements": ["auto", "grid", "grid", "table_wise"],
+     "embedding_optimizer": "adagrad"},
+]
+ROW_CASES = {c["name"] for c in CASES if c.get("row_slice_threshold") or c.get("placements")}
 # Launches of 3 and 4 ranks on 2 cores cost the most, so not every case runs at every N. Every layout
 # (an empty rank, odd 3-way and 4-way slices, auto slicing, multi-hot, mixed widths) runs at 2, 3 and 4.
 # At N = 4, one case per stateful family (the hard one, row-wise Adagrad across column slices). At N = 3,
 # every embedding optimizer's state across odd 3-way column slices (widths 3, 2, 2), one deduplicated
 # and one hot-row exchange. Every optimizer meets every exchange, table-wise and column-wise, at N = 2.
-AT_FOUR_RANKS = {"rowwise_adagrad_column_wise", "dedup_rowwise_adagrad_column_wise", "hot_lazy_adam_column_wise"}
+AT_FOUR_RANKS = {"rowwise_adagrad_column_wise", "dedup_rowwise_adagrad_column_wise", "hot_lazy_adam_column_wise"} | ROW_CASES
 AT_THREE_RANKS = AT_FOUR_RANKS | {"adagrad_column_wise", "lazy_adam_column_wise", "ftrl_column_wise",
                                   "rowwise_adagrad_auto_sliced_dp_input", "frequency_lazy_adam_column_wise",
                                   "frequency_hot_lazy_adam_column_wise"}
@@ -167,7 +191,8 @@ def test_n_ranks_equal_one_process(world_size, case, tmp_path_factory):
         assert record["embedding_state"]["rel"] <= 1e-5, f"{where}: embedding optimizer state differs {record['embedding_state']}"
         assert record["dense_state"]["rel"] <= 1e-5, f"{where}: dense optimizer state differs {record['dense_state']}"
         assert record["tables_moved"] > 1e-4, f"{where}: training did not change the tables"
-        plain_exchange = not CASE_BY_NAME[case].get("hot_ids") and not CASE_BY_NAME[case].get("deduplicate_exchange")
+        plain_exchange = not CASE_BY_NAME[case].get("hot_ids") and not CASE_BY_NAME[case].get("deduplicate_exchange") \
+            and case not in ROW_CASES  # row bands are added up by TensorFlow's ops, not the assembly kernel
         if record["exchanges"] and plain_exchange:  # what arrives is put in feature order by the kernel, both ways
             assert record["assembly_ops"] == ["TfDlrmAssembleColumns", "TfDlrmAssembleColumnsGrad"], f"{where}: {record['assembly_ops']}"
         if CASE_BY_NAME[case].get("hot_ids"):  # the hot rows really are replicated and trained
@@ -193,3 +218,7 @@ def test_cases_cover_the_hard_layouts(world_size, tmp_path_factory):
         assert len(slices_of_table_1) == 3
     auto = [r for r in records if r["case"] == "auto_few_tables"]
     assert all(r["rank_slices"] for r in auto), "auto left a rank without any slice"
+    # Every row case cuts its tables into N bands (a grid at N = 4: 2 bands of 2 column slices).
+    for name in ROW_CASES:
+        bands = {s.split("row_start=")[1].split(",")[0] for r in records if r["case"] == name for s in r["rank_slices"] if "table=2," in s}
+        assert len(bands) == (2 if name.startswith("grid") and world_size == 4 else 1 if name.startswith("grid") else world_size), (name, bands)

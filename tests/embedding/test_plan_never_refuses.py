@@ -26,7 +26,7 @@ OPTIMIZERS = {
     "dense_adam": optimizers.DenseAdam(learning_rate=0.01),
     "ftrl": optimizers.FTRL(learning_rate=0.1),
 }
-PLACEMENTS = ("auto", "table_wise", "column_wise", "replicated")
+PLACEMENTS = ("auto", "table_wise", "column_wise", "row_wise", "grid", "replicated")
 READERS = ("one_hot", "multi_hot", "ragged", "shared")
 
 
@@ -47,8 +47,8 @@ def features_of(optimizer: str, placement: str, readers: str) -> list[FeatureCon
 
 
 def outcome(features, world_size: int):
-    """The message of the refusal, or the slices of the target table (after every rank built its layer
-    and its sparse update)."""
+    """The message of the refusal, or ``(slices, row bands)`` of the target table (after every rank built its
+    layer and its sparse update)."""
     slices = None
     for rank in range(world_size):
         env = DistributedEnv(rank=rank, world_size=world_size)
@@ -60,7 +60,7 @@ def outcome(features, world_size: int):
         sparse_optimizer, table_optimizers, _ = table_optimizer_groups([layer])
         SparseUpdater(sparse_optimizer, env, layer.sparse_variables, layer.replicated_variables, layer.padding_variables,
                       table_optimizers=table_optimizers)  # raises on row-wise state it could not keep exact
-        slices = len(layer.plan.table_slices(0))
+        slices = (len(layer.plan.table_slices(0)), len(layer.plan.row_bands(0)))
     return slices
 
 
@@ -73,6 +73,11 @@ def test_a_model_is_accepted_or_refused_the_same_way_on_every_n(optimizer, place
         # The dynamic table's row-wise Adagrad makes row-wise state the step's: every table a sample looks
         # up several times stays whole, whatever its own optimizer.
         row_wise_several = readers != "one_hot"
+        if refused and placement == "grid":
+            # Row-wise state is exact on bands or on column slices, not both: a grid is refused on every N.
+            assert len(refused) == 4 and len(set(refused.values())) == 1, (readers, outcomes)
+            assert refused[1].startswith("Tables ['target'] cannot be placed 'grid': the model keeps row-wise optimizer state"), refused
+            continue
         if refused:
             assert len(refused) == 4 and len(set(refused.values())) == 1, (readers, outcomes)
             assert placement == "column_wise" and row_wise_several, (readers, outcomes)
@@ -83,14 +88,17 @@ def test_a_model_is_accepted_or_refused_the_same_way_on_every_n(optimizer, place
             assert "placement='auto'" in message and "--" not in message, message
             continue
         if placement == "replicated":
-            assert set(outcomes.values()) == {0}, (readers, outcomes)  # on every rank, no slice
+            assert set(outcomes.values()) == {(0, 0)}, (readers, outcomes)  # on every rank, no slice
+        elif placement == "row_wise":
+            assert outcomes == {n: (n, n) for n in (1, 2, 3, 4)}, (readers, outcomes)  # rows whole: allowed
         elif row_wise_several:
-            assert set(outcomes.values()) == {1}, (readers, outcomes)  # kept whole
+            # Kept whole: its columns never cut (auto may cut its rows into bands, each row whole on one rank).
+            assert all(slices == bands for slices, bands in outcomes.values()), (readers, outcomes)
         elif placement == "column_wise":
-            assert outcomes == {1: 1, 2: 2, 3: 3, 4: 4}, (readers, outcomes)
+            assert outcomes == {1: (1, 1), 2: (2, 1), 3: (3, 1), 4: (4, 1)}, (readers, outcomes)
 
 
 def test_the_planner_still_cuts_a_row_wise_table_one_one_hot_feature_reads():
     """Kept whole only where needed: one one-hot reader keeps row-wise state exact on slices."""
     features = features_of("rowwise_adagrad", "column_wise", "one_hot")
-    assert [outcome(features, n) for n in (1, 2, 3, 4)] == [1, 2, 3, 4]
+    assert [outcome(features, n) for n in (1, 2, 3, 4)] == [(1, 1), (2, 1), (3, 1), (4, 1)]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tf_dlrm.sharding.memory_plan import check_budget, parse_bytes, plan_memory, with_dense
-from tf_dlrm.sharding.plan import ColumnSlice, ShardingPlan, TableSpec
+from tf_dlrm.sharding.plan import TableSlice, ShardingPlan, TableSpec
 
 # t0: 100 x 8 replicated; t1: 1000 x 8 on rank 0; t2: 500 x 16 split 8/8 over ranks 0 and 1.
 PLAN = ShardingPlan(
     world_size=2, tables=[TableSpec("t0", 100, 8), TableSpec("t1", 1000, 8), TableSpec("t2", 500, 16)],
     strategy="column_wise", replicated=(0,),
-    rank_slices=[[ColumnSlice(1, 0, 8), ColumnSlice(2, 0, 8)], [ColumnSlice(2, 8, 16)]],
+    rank_slices=[[TableSlice(1, 0, 8), TableSlice(2, 0, 8)], [TableSlice(2, 8, 16)]],
 )
 
 

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from tf_dlrm.sharding.plan import ColumnSlice, ShardingPlan, Strategy, TableSpec
+from tf_dlrm.sharding.plan import TableSlice, ShardingPlan, Strategy, TableSpec
+from tf_dlrm.sharding.packing import band_permutations, output_permutation, received_labels
 from tf_dlrm.sharding.planner import make_plan, split_columns
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -37,12 +38,20 @@ TABLE_SETS = {
 
 
 def column_owners(plan):
-    """(table, column) -> list of ranks, computed from rank_slices without plan methods."""
-    owners = {}
+    """(table, column) -> list of ranks, computed from rank_slices without plan methods; a column
+    of a row-sliced table counts once when its row bands (owned by distinct ranks) tile its rows."""
+    owners, bands = {}, {}
     for rank, slices in enumerate(plan.rank_slices):
         for piece in slices:
             for column in range(piece.column_start, piece.column_end):
-                owners.setdefault((piece.table, column), []).append(rank)
+                end = plan.tables[piece.table].rows if piece.row_end is None else piece.row_end
+                bands.setdefault((piece.table, column), []).append((piece.row_start, end, rank))
+    for (table, column), spans in bands.items():
+        spans.sort()
+        tiled = [end for _, end, _ in spans[:-1]] == [start for start, _, _ in spans[1:]]
+        whole = spans[0][0] == 0 and spans[-1][1] == plan.tables[table].rows and tiled
+        ranks = [rank for _, _, rank in spans]
+        owners[table, column] = ranks[:1] if whole and len(set(ranks)) == len(ranks) else ranks
     return owners
 
 
@@ -131,7 +140,7 @@ def test_split_columns_rejects_bad_counts():
 
 
 def whole(table, dim=8):
-    return ColumnSlice(table, 0, dim)
+    return TableSlice(table, 0, dim)
 
 
 def test_table_wise_greedy_assignment():
@@ -154,7 +163,7 @@ def test_table_wise_allows_idle_ranks_and_respects_column_slice_threshold():
     assert [p.width for _, p in plan.table_slices(0)] == [4, 4, 4, 4]
     assert [p.width for _, p in plan.table_slices(1)] == [8, 8]
     assert make_plan(tables, 1, "table_wise", column_slice_threshold=50000).rank_slices == (
-        (ColumnSlice(0, 0, 16), ColumnSlice(1, 0, 16)),)
+        (TableSlice(0, 0, 16), TableSlice(1, 0, 16)),)
 
 
 def test_column_wise_splits_dim_7_over_3_distinct_ranks():
@@ -171,8 +180,8 @@ def test_column_wise_splits_dim_7_over_3_distinct_ranks():
 def test_world_size_one_holds_whole_tables():
     for strategy in STRATEGIES:
         plan = make_plan(TABLE_SETS["mixed_dims"], 1, strategy)
-        assert plan.rank_slices == ((ColumnSlice(0, 0, 32), ColumnSlice(1, 0, 64),
-                                     ColumnSlice(2, 0, 5), ColumnSlice(3, 0, 3)),)
+        assert plan.rank_slices == ((TableSlice(0, 0, 32), TableSlice(1, 0, 64),
+                                     TableSlice(2, 0, 5), TableSlice(3, 0, 3)),)
         assert plan.imbalance() == 1.0
 
 
@@ -189,7 +198,6 @@ def test_all_replicated_plan_has_no_slices():
     for strategy in STRATEGIES:
         plan = make_plan(TABLE_SETS["all_replicated"], 3, strategy)
         assert plan.replicated == (0, 1) and plan.rank_slices == ((), (), ())
-        assert plan.received_column_order() == ()
         assert plan.imbalance() == 1.0
         assert plan.alltoall_bytes_per_step(6) == 0
 
@@ -199,15 +207,18 @@ def hand_plan():
     return ShardingPlan(
         world_size=2, tables=tables_of((5000, 3), (100, 2), (4000, 2)), strategy="auto",
         replicated=(1,),
-        rank_slices=((ColumnSlice(0, 1, 3),), (ColumnSlice(0, 0, 1), ColumnSlice(2, 0, 2))))
+        rank_slices=((TableSlice(0, 1, 3),), (TableSlice(0, 0, 1), TableSlice(2, 0, 2))))
 
 
 def test_hand_plan_accessors():
     plan = hand_plan()
-    # Received columns: [t0c1, t0c2 | t0c0, t2c0, t2c1] -> t0c0 t0c1 t0c2 t2c0 t2c1.
-    assert plan.received_column_order() == (2, 0, 1, 3, 4)
+    # Received columns (one feature per table; rank 1 packs its width-2 slice first):
+    # [t0c1, t0c2 | t2c0, t2c1, t0c0] -> t0c0 t0c1 t0c2 t2c0 t2c1.
+    labels = received_labels(plan, [0, 2])
+    assert output_permutation(plan, [0, 2], labels) == [4, 0, 1, 2, 3]
+    assert [labels[i] for i in [4, 0, 1, 2, 3]] == [(0, 0, 0), (0, 1, 0), (0, 2, 0), (1, 0, 0), (1, 1, 0)]
     assert plan.model_parallel == (0, 2)
-    assert plan.table_slices(0) == ((1, ColumnSlice(0, 0, 1)), (0, ColumnSlice(0, 1, 3)))
+    assert plan.table_slices(0) == ((1, TableSlice(0, 0, 1)), (0, TableSlice(0, 1, 3)))
     assert plan.table_slices(1) == ()
     assert plan.tables_on_rank(0) == (0,) and plan.tables_on_rank(1) == (0, 2)
     assert [plan.rank_width(r) for r in range(2)] == [2, 3]
@@ -222,7 +233,9 @@ def test_hand_plan_accessors():
         plan.alltoall_bytes_per_step(7)
 
 
-def test_received_column_order_reassembles_tables_for_many_plans():
+def test_exchange_labels_reassemble_every_feature_for_many_plans():
+    """The received block's labels, permuted by output_permutation and each further band's permutation,
+    give every feature's columns once per row band of its table (the layer sums the bands)."""
     generator = random.Random(1234)
     plans = [plan for _, plan in all_plans()]
     for _ in range(40):
@@ -230,14 +243,25 @@ def test_received_column_order_reassembles_tables_for_many_plans():
                   for _ in range(generator.randint(1, 7))]
         world_size, strategy = generator.randint(1, 9), generator.choice(STRATEGIES)
         plans.append(make_plan(tables_of(*shapes), world_size, strategy,
-                               column_slice_threshold=generator.choice([None, 20000])))
+                               column_slice_threshold=generator.choice([None, 20000]),
+                               row_slice_threshold=generator.choice([None, 50000])))
+    assert any(plan.row_sliced for plan in plans)
     for plan in plans:
-        received = [(p.table, column) for slices in plan.rank_slices for p in slices
-                    for column in range(p.column_start, p.column_end)]
-        perm = plan.received_column_order()
-        expected = [(t, c) for t in plan.model_parallel for c in range(plan.tables[t].dim)]
-        assert [received[index] for index in perm] == expected
-        assert sorted(perm) == list(range(len(received)))
+        features = list(plan.model_parallel) + list(plan.model_parallel[:1])  # a table read twice
+        if not features:
+            continue
+        labels = received_labels(plan, features)
+        if len(labels) and labels[-1][0] == "padding":
+            labels = [label for label in labels if label[0] != "padding"] + labels[-1:]
+        permutations = [output_permutation(plan, features, labels)] + band_permutations(plan, features, labels)
+        chosen = [labels[i] for perm in permutations for i in perm if i < len(labels)]
+        expected = [(f, c, start) for f, t in enumerate(features) for start, _ in plan.row_bands(t)
+                    for c in range(plan.tables[t].dim)]
+        assert sorted(chosen) == sorted(expected)
+        for perm in permutations:  # feature order within every band
+            assert [labels[i][:2] for i in perm if i < len(labels)] == \
+                [(f, c) for f, t in enumerate(features) for c in range(plan.tables[t].dim)
+                 if len(plan.row_bands(t)) > permutations.index(perm)]
 
 
 def test_dict_round_trip_through_json():
@@ -269,15 +293,15 @@ def test_from_dict_rejects_malformed_input(change, message):
 
 
 @pytest.mark.parametrize("rank_slices, message", [
-    (((ColumnSlice(0, 1, 3),), (ColumnSlice(2, 0, 2),)),
+    (((TableSlice(0, 1, 3),), (TableSlice(2, 0, 2),)),
      r"Columns \[0:1\) of table 't0' \(id 0, dim 3\) are owned by no rank"),
-    (((ColumnSlice(0, 0, 3),), (ColumnSlice(0, 2, 3), ColumnSlice(2, 0, 2))),
+    (((TableSlice(0, 0, 3),), (TableSlice(0, 2, 3), TableSlice(2, 0, 2))),
      r"Columns \[2:3\) of table 't0' .* more than one rank \(ranks 0 and 1\)"),
-    (((ColumnSlice(0, 0, 4),), (ColumnSlice(2, 0, 2),)), r"Columns \[3:4\) of table 't0'"),
-    (((ColumnSlice(0, 0, 3), ColumnSlice(1, 0, 2)), (ColumnSlice(2, 0, 2),)),
+    (((TableSlice(0, 0, 4),), (TableSlice(2, 0, 2),)), r"Columns \[3:4\) of table 't0'"),
+    (((TableSlice(0, 0, 3), TableSlice(1, 0, 2)), (TableSlice(2, 0, 2),)),
      r"model-parallel tables only.*table 1 't1' is replicated"),
-    (((ColumnSlice(0, 0, 3),), (ColumnSlice(2, 0, 2),), ()), r"one slice list per rank \(2\)"),
-    (((ColumnSlice(0, 0, 2), ColumnSlice(0, 2, 3)), (ColumnSlice(2, 0, 2),)),
+    (((TableSlice(0, 0, 3),), (TableSlice(2, 0, 2),), ()), r"one slice list per rank \(2\)"),
+    (((TableSlice(0, 0, 2), TableSlice(0, 2, 3)), (TableSlice(2, 0, 2),)),
      r"sorted by table, at most one per table"),
 ])
 def test_plan_validation_names_table_and_columns(rank_slices, message):
@@ -309,8 +333,8 @@ def test_table_spec_and_slice_validation():
     with pytest.raises(ValueError, match=r"Expected dim to be an integer for table 'x'"):
         TableSpec("x", 10, True)
     with pytest.raises(ValueError, match=r"Expected column_end >= 3"):
-        ColumnSlice(0, 2, 2)
-    assert TableSpec("x", 10, 4).elements == 40 and ColumnSlice(1, 2, 7).width == 5
+        TableSlice(0, 2, 2)
+    assert TableSpec("x", 10, 4).elements == 40 and TableSlice(1, 2, 7).width == 5
     assert make_plan(tables_of((5000, 4)), 2, Strategy.COLUMN_WISE).strategy == "column_wise"
 
 
@@ -343,8 +367,8 @@ def test_a_table_read_by_two_features_counts_two_exchange_vectors():
     assert readers == (2, 1, 1)
     blind = make_plan(tables, 2, data_parallel_threshold=0)
     counted = make_plan(tables, 2, data_parallel_threshold=0, readers=readers)
-    assert blind.rank_slices == ((ColumnSlice(0, 0, 16), ColumnSlice(1, 0, 4)), (ColumnSlice(2, 0, 16),))
-    assert counted.rank_slices == ((ColumnSlice(0, 0, 16),), (ColumnSlice(1, 0, 4), ColumnSlice(2, 0, 16)))
+    assert blind.rank_slices == ((TableSlice(0, 0, 16), TableSlice(1, 0, 4)), (TableSlice(2, 0, 16),))
+    assert counted.rank_slices == ((TableSlice(0, 0, 16),), (TableSlice(1, 0, 4), TableSlice(2, 0, 16)))
     assert counted.imbalance() == pytest.approx(blind.imbalance()) == pytest.approx(68 / 66)
     # What the layer really sends (tf_dlrm.sharding.packing, which DistributedEmbedding uses).
     assert [send_width(blind, r, feature_tables) for r in range(2)] == [36, 16]
@@ -396,3 +420,95 @@ def test_placements_are_honoured_whatever_the_strategy():
 def test_bad_reader_counts_are_refused(readers, message):
     with pytest.raises(ValueError, match=message):
         make_plan(tables_of((4000, 16), (1000, 4), (4000, 16)), 2, data_parallel_threshold=0, readers=readers)
+
+
+# ---------------------------------------------------------------- row bands
+
+
+def test_row_slice_threshold_cuts_tables_into_bands_over_every_rank():
+    """NVIDIA's rule: a table of more elements than --row_slice_threshold is cut into N row bands (whole columns),
+    before any column slicing; smaller tables are planned as before."""
+    tables = tables_of((10_000, 8), (1000, 8), (2000, 8))
+    for strategy in STRATEGIES:
+        plan = make_plan(tables, 3, strategy, data_parallel_threshold=0, row_slice_threshold=20_000)
+        assert plan.row_sliced == (0,), strategy
+        assert plan.row_bands(0) == ((0, 3334), (3334, 6667), (6667, 10_000))
+        assert sorted(rank for rank, _ in plan.table_slices(0)) == [0, 1, 2]
+        assert all(p.width == 8 for _, p in plan.table_slices(0))
+        assert len(plan.row_bands(1)) == len(plan.row_bands(2)) == 1
+    # The bands' bytes are each rank's third; memory lines count rows of the band only.
+    plan = make_plan(tables_of((9000, 4)), 3, data_parallel_threshold=0, row_slice_threshold=1)
+    assert [plan.rank_bytes(r) for r in range(3)] == [3000 * 4 * 4] * 3
+    with pytest.raises(ValueError, match=r"Expected row_slice_threshold >= 1"):
+        make_plan(tables, 2, row_slice_threshold=0)
+
+
+def test_row_wise_and_grid_placements():
+    tables = tables_of((8000, 6), (500, 4))
+    plan = make_plan(tables, 4, data_parallel_threshold=0, placements=("row_wise", "auto"))
+    assert plan.row_bands(0) == ((0, 2000), (2000, 4000), (4000, 6000), (6000, 8000))
+    plan = make_plan(tables, 4, data_parallel_threshold=0, placements=("grid", "auto"))
+    assert plan.row_bands(0) == ((0, 4000), (4000, 8000)) and plan.column_split(0)
+    assert sorted((p.row_start, p.column_start, p.column_end) for _, p in plan.table_slices(0)) == \
+        [(0, 0, 3), (0, 3, 6), (4000, 0, 3), (4000, 3, 6)]
+    # A prime number of ranks has no grid: column slices only. One process: the table whole.
+    assert make_plan(tables, 3, data_parallel_threshold=0, placements=("grid", "auto")).row_bands(0) == ((0, 8000),)
+    assert make_plan(tables, 1, data_parallel_threshold=0, placements=("row_wise", "auto")).rank_slices == ((TableSlice(0, 0, 6), TableSlice(1, 0, 4)),)
+    # A table kept whole (row-wise optimizer state) may be cut into bands, not into a grid.
+    kept = ("row-wise state", None)
+    assert make_plan(tables, 2, data_parallel_threshold=0, placements=("row_wise", "auto"), kept_whole=kept).row_sliced == (0,)
+    with pytest.raises(ValueError, match="Table 't0' cannot be placed grid: row-wise state"):
+        make_plan(tables, 4, placements=("grid", "auto"), kept_whole=kept)
+
+
+def test_auto_cuts_a_tall_narrow_table_into_bands_where_columns_cannot_spread_it():
+    """A 40M-row table of width 4 on 8 ranks: column slices give at most 4 pieces (half the ranks hold a quarter of it
+    each); row bands give every rank an eighth. The tables that column slices spread well stay whole or column-sliced."""
+    tables = tables_of((40_000_000, 4), (100_000, 4), (50_000, 4))
+    before = make_plan(tables, 8, placements=("column_wise", "auto", "auto"))
+    after = make_plan(tables, 8)
+    assert after.row_sliced == (0,) and len(after.row_bands(0)) == 8
+    assert max(after.rank_bytes(r) for r in range(8)) < 0.55 * max(before.rank_bytes(r) for r in range(8))
+    # Wide tables on few ranks: column slices are enough, no bands (each band would send the whole width).
+    assert make_plan(tables_of((40_000_000, 128), (100_000, 128)), 8).row_sliced == ()
+    # A table kept whole (a row-wise optimizer with several readers) is cut into bands instead of left on one rank.
+    kept = make_plan(tables_of((1_000_000, 16), (1000, 16), (2000, 16)), 4, data_parallel_threshold=0,
+                     kept_whole=("row-wise state", None, None))
+    assert kept.row_sliced == (0,) and not kept.column_split(0)
+
+
+def test_row_bands_round_trip_and_are_described():
+    plan = make_plan(tables_of((9000, 4), (100, 2)), 3, data_parallel_threshold=0, row_slice_threshold=1000)
+    config = plan.to_dict()
+    assert sorted(s for slices in config["rank_slices"] for s in slices if s[0] == 0) == \
+        [[0, 0, 4, 0, 3000], [0, 0, 4, 3000, 6000], [0, 0, 4, 6000, 9000]]
+    assert ShardingPlan.from_dict(json.loads(json.dumps(config))) == plan
+    # A band ending at the table's last row equals the same band written with row_end=None.
+    assert TableSlice(0, 0, 4, 6000, 9000).canonical(9000) == TableSlice(0, 0, 4, 6000)
+    assert "t0[0:4] rows [3000:6000)" in plan.describe()
+
+
+@pytest.mark.parametrize("rank_slices, message", [
+    (((TableSlice(0, 0, 3, 0, 2000),), (TableSlice(0, 0, 3, 3000), TableSlice(2, 0, 2))),
+     r"Rows \[2000:3000\) of table 't0' \(id 0, 5000 rows\) are owned by no rank"),
+    (((TableSlice(0, 0, 3, 0, 3000),), (TableSlice(0, 0, 3, 2000), TableSlice(2, 0, 2))),
+     r"Rows \[2000:3000\) of table 't0' .* are in two row bands"),
+    (((TableSlice(0, 0, 3, 0, 6000),), (TableSlice(2, 0, 2),)), r"Rows \[5000:6000\) of table 't0' .* do not exist"),
+    (((TableSlice(0, 0, 2, 0, 2500),), (TableSlice(0, 0, 3, 2500), TableSlice(2, 0, 2))),
+     r"Columns \[2:3\) of table 't0' \(id 0, dim 3\) in rows \[0:2500\) are owned by no rank"),
+])
+def test_plan_validation_names_the_rows_of_a_band(rank_slices, message):
+    with pytest.raises(ValueError, match=message):
+        ShardingPlan(world_size=2, tables=hand_plan().tables, strategy="auto", replicated=(1,), rank_slices=rank_slices)
+
+
+def test_a_grid_placement_is_refused_with_a_row_wise_optimizer():
+    from tf_dlrm.embedding.optimizers import RowWiseAdagrad
+    from tf_dlrm.embedding.planning import plan_tables
+    from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig
+
+    grid = TableConfig("item", 8000, 8, placement="grid", optimizer=RowWiseAdagrad(0.1))
+    with pytest.raises(ValueError, match=r"Tables \['item'\] cannot be placed 'grid': the model keeps row-wise optimizer state"):
+        plan_tables([grid], [FeatureConfig("item", grid)], 4)
+    rows = TableConfig("item", 8000, 8, placement="row_wise", optimizer=RowWiseAdagrad(0.1))
+    assert plan_tables([rows], [FeatureConfig("item", rows)], 4).row_sliced == (0,)

@@ -123,7 +123,7 @@ class DeltaWriter:
         self.synchronize, self.say = synchronize, say or (lambda line: None)
         self.tables = [] if self.layer.plan is None else list(self.layer.plan.tables)
         self.dense = [(dense_name(v), v) for v in dense_variables(model)]
-        self.fingerprints: dict[tuple[int, int], np.ndarray] = {}
+        self.fingerprints: dict[tuple[int, int, int], np.ndarray] = {}  # (table, first row, first column)
         # Dynamic tables: per table, this rank's live keys (ascending) and their rows' fingerprints.
         self.key_prints: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.last_step: int | None = None
@@ -139,15 +139,16 @@ class DeltaWriter:
     def _scan(self, table: int, piece):
         """``(fingerprints, changed ids, their values)`` of one piece against its last fingerprints (all rows
         count as changed when there are none)."""
-        rows = self.layer.cardinalities[table]
-        known = self.fingerprints.get((table, piece.column_start))
+        first = piece.row_start  # a row band's fingerprints start at its first row; the ids written are the table's
+        known = self.fingerprints.get((table, piece.row_start, piece.column_start))
         step = chunk_rows(piece.width)
-        prints, ids, values = np.empty(rows, np.uint64), [], []
-        for start in range(0, rows, step):
-            stop = min(rows, start + step)
+        prints, ids, values = np.empty(piece.rows, np.uint64), [], []
+        for start in range(piece.row_start, piece.row_end, step):
+            stop = min(piece.row_end, start + step)
             chunk = self.layer.read_piece_rows(piece, start, stop)
-            prints[start:stop] = row_fingerprints(chunk)
-            changed = np.arange(start, stop) if known is None else start + np.flatnonzero(prints[start:stop] != known[start:stop])
+            prints[start - first:stop - first] = row_fingerprints(chunk)
+            changed = np.arange(start, stop) if known is None else \
+                start + np.flatnonzero(prints[start - first:stop - first] != known[start - first:stop - first])
             if changed.size:
                 ids.append(changed)
                 values.append(chunk[changed - start])
@@ -175,7 +176,7 @@ class DeltaWriter:
             self.say(f"deltas: removed {', '.join(sorted(removed))} under {self.directory}: they are later than step {step}, "
                      "where this run starts")
         for table, piece in self._pieces():
-            self.fingerprints[(table, piece.column_start)] = self._scan(table, piece)[0]
+            self.fingerprints[(table, piece.row_start, piece.column_start)] = self._scan(table, piece)[0]
         for table in self._dynamic_tables():
             self.key_prints[table] = self._scan_keys(table)[0]
         self.last_step = step
@@ -229,10 +230,12 @@ class DeltaWriter:
             try:
                 for table, piece in self._pieces():
                     prints, ids, values = self._scan(table, piece)
-                    fresh[(table, piece.column_start)] = prints
+                    fresh[(table, piece.row_start, piece.column_start)] = prints
                     if not ids.size:
                         continue
-                    stem = f"tables/table_{table:03d}.cols_{piece.column_start}-{piece.column_end}"
+                    band = "" if (piece.row_start, piece.row_end) == (0, self.layer.cardinalities[table]) else \
+                        f".rows_{piece.row_start}-{piece.row_end}"
+                    stem = f"tables/table_{table:03d}{band}.cols_{piece.column_start}-{piece.column_end}"
                     written[f"{stem}.rows.npy"] = _write_npy(temporary, f"{stem}.rows.npy", ids)
                     written[f"{stem}.values.npy"] = _write_npy(temporary, f"{stem}.values.npy", values)
                     records.append({"table": table, "columns": [piece.column_start, piece.column_end], "count": int(ids.size),

@@ -163,6 +163,9 @@ def _check_manifest(manifest, path: str) -> None:
             if sliced and not all(isinstance(s.get("columns"), list) and len(s["columns"]) == 2
                                   and all(isinstance(c, int) for c in s["columns"]) for s in item["slices"]):
                 fail(f"every slice of a {key} entry needs integer 'columns' [start, end]. Received: {item!r}")
+            if sliced and not all("rows" not in s or (isinstance(s["rows"], list) and len(s["rows"]) == 2
+                                                      and all(isinstance(r, int) for r in s["rows"])) for s in item["slices"]):
+                fail(f"a row band of a {key} entry needs integer 'rows' [start, end]. Received: {item!r}")
     for name in (MODEL_CONFIG, SPEC_COPY) if manifest["model"] is not None else ():
         if name not in manifest["files"]:
             fail(f"{name} is not listed")

@@ -145,6 +145,7 @@ def make_sharding_plan(spec: FeatureSpec, model: ModelConfig, sharding: Sharding
         strategy=sharding.strategy,
         data_parallel_threshold=sharding.data_parallel_threshold if world_size > 1 else 0,
         column_slice_threshold=sharding.column_slice_threshold,
+        row_slice_threshold=sharding.row_slice_threshold,
         readers=table_readers(feature_tables(features, names), len(tables)),
         placements=placements,
         kept_whole=kept_whole,

@@ -117,6 +117,8 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise", *nvidia_flags.VALUE_ALIASES["dist_strategy"]],
                       "How embedding tables are sharded (NVIDIA's memory_balanced, basic and memory_optimized mean auto).")
         f.DEFINE_integer("column_slice_threshold", None, "Tables with more elements than this are column-sliced.")
+        f.DEFINE_integer("row_slice_threshold", None, "Tables with more elements than this are cut into row bands over every "
+                         "rank (NVIDIA's flag and meaning; before column slicing); none by default (NVIDIA's scripts: 10^10).")
         f.DEFINE_integer("data_parallel_threshold", None, "Tables with fewer elements (rows x width) than this are "
                          "replicated (data-parallel), as NVIDIA's flag; given, --data_parallel_rows applies only if given too "
                          "(--data_parallel_rows counts rows).")
@@ -398,6 +400,7 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
             data_parallel_threshold=values.data_parallel_rows if elements is None or values["data_parallel_rows"].present else 0,
             data_parallel_elements=elements,
             column_slice_threshold=values.column_slice_threshold,
+            row_slice_threshold=values.row_slice_threshold,
             data_parallel_input=values.data_parallel_input,
             deduplicate_exchange=values.deduplicate_exchange,
             hot_rows_budget=values.hot_rows_budget,

@@ -100,6 +100,7 @@ class ShardingConfig:
     # NVIDIA's --data_parallel_threshold: tables of fewer elements (rows x width) are replicated too; None: no such rule.
     data_parallel_elements: int | None = None
     column_slice_threshold: int | None = None
+    row_slice_threshold: int | None = None  # NVIDIA's: tables of more elements are cut into row bands over every rank
     data_parallel_input: bool = False
     deduplicate_exchange: bool = False
     hot_rows_budget: float = 0.0

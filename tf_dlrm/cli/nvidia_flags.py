@@ -26,8 +26,6 @@ REFUSED = {
     "tfdata_debug": "debugging switch of NVIDIA's script; tf_dlrm has none",
     "embedding_zeros_initializer": "zero tables are not offered; use --embedding_init=B (uniform in [-B, B]) "
                                    "or --embedding_init=sqrt_rows",
-    "row_slice_threshold": "tables are not row-sliced here; use --column_slice_threshold (elements above which "
-                           "a table is column-sliced)",
     "cpu_offloading_threshold_gb": "tables are not offloaded by size here; --memory_per_rank refuses a plan that "
                                    "needs more than a rank may hold",
     "profiler_start_step": "no profiler flag here; use --tensorboard_dir for scalars, or run under a profiler",

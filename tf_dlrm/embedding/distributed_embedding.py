@@ -54,6 +54,7 @@ from tf_dlrm.embedding.hot_row_layer import HotRowReplicas
 from tf_dlrm.embedding.exchange import exchange_block, permute
 from tf_dlrm.embedding.id_exchange import exchange_ids
 from tf_dlrm.sharding.packing import (
+    band_permutations,
     group_entries,
     output_permutation,
     packing_groups,
@@ -63,7 +64,7 @@ from tf_dlrm.sharding.packing import (
     send_width,
 )
 from tf_dlrm.sharding.plan import ShardingPlan
-from tf_dlrm.embedding.pooling import normalize_ids, normalize_weights, pooled_lookup
+from tf_dlrm.embedding.pooling import band_entry, normalize_ids, normalize_weights, pooled_lookup
 from tf_dlrm.embedding.split_tables import check_split_options
 from tf_dlrm.embedding.dynamic.layer import DynamicEmbedding
 from tf_dlrm.embedding.planning import DEFAULT_DATA_PARALLEL_ROWS, plan_tables
@@ -74,7 +75,7 @@ from tf_dlrm.embedding.variable_kind import VariableKind, mark, set_layout
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
 class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, keras.layers.Layer):
-    """Embedding tables sharded table-wise and column-wise over ranks, pooled per feature.
+    """Embedding tables sharded table-wise, column-wise and row-wise over ranks, pooled per feature.
 
     Args:
         feature_configs: :class:`FeatureConfig` (or dicts), a list in input order or a dict of them; each
@@ -87,8 +88,10 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             sample; one-hot features only, every rank owning a slice; the rows travel in float32.
         use_kernel: pool with tf_dlrm's embedding-bag kernel when it is built (see module doc);
             False keeps plain TensorFlow ops (the same values; benchmarks compare the two).
-        strategy, data_parallel_threshold, column_slice_threshold: how the planner places the tables whose
-            placement is ``auto`` (:func:`tf_dlrm.sharding.planner.make_plan`); unused when ``plan`` is given.
+        strategy, data_parallel_threshold, column_slice_threshold, row_slice_threshold: how the planner places the
+            tables whose placement is ``auto`` (:func:`tf_dlrm.sharding.planner.make_plan`; a table of more than
+            ``row_slice_threshold`` elements is cut into row bands over every rank, as NVIDIA's
+            distributed-embeddings does); unused when ``plan`` is given.
             On several ranks, tables of fewer than ``data_parallel_threshold`` rows (default 2048, as
             ``main.py``'s ``--data_parallel_rows``) are replicated.
         plan: a :class:`ShardingPlan` (or its ``to_dict()``) of the features' tables, in their order, to execute
@@ -101,7 +104,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
     def __init__(self, feature_configs, *, seed: int = 0, data_parallel_input: bool = True, validate_ids: bool = True,
                  deduplicate_exchange: bool = False, use_kernel: bool = True, strategy: str = "auto",
                  data_parallel_threshold: int = DEFAULT_DATA_PARALLEL_ROWS, column_slice_threshold: int | None = None,
-                 plan=None, env=None, dynamic_shards: int | None = None, **kwargs):
+                 plan=None, env=None, dynamic_shards: int | None = None, row_slice_threshold: int | None = None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(feature_configs, Mapping):
             feature_configs = list(feature_configs.values())
@@ -119,7 +122,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         self.features, self.feature_positions = expand_sequences(self.features)
         self.env = env if env is not None else current_env()
         self.strategy, self.data_parallel_threshold = strategy, int(data_parallel_threshold)
-        self.column_slice_threshold = column_slice_threshold
+        self.column_slice_threshold, self.row_slice_threshold = column_slice_threshold, row_slice_threshold
         self.table_configs, self.dynamic_layer = None, None
         # Set by the training step while it traces: a user's model need not pass ``training`` down.
         self.training_default = None
@@ -141,7 +144,7 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         if plan is None:
             plan = plan_tables(self.table_configs, self.features, self.env.world_size, strategy=strategy,
                                data_parallel_threshold=data_parallel_threshold,
-                               column_slice_threshold=column_slice_threshold,
+                               column_slice_threshold=column_slice_threshold, row_slice_threshold=row_slice_threshold,
                                unplanned=getattr(self, "dynamic_table_configs", ()))
         plan = plan if isinstance(plan, ShardingPlan) else ShardingPlan.from_dict(plan)
         given = [(t.name, t.rows, t.dim) for t in plan.tables]
@@ -192,6 +195,10 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         labels = (received_labels(self.plan, self.feature_tables) if self.exchanges else [])
         labels += replicated_labels(self.plan, self.feature_tables)
         self.permutation = np.array(output_permutation(self.plan, self.feature_tables, labels), dtype=np.int32)
+        # Row-sliced tables: every band's pooled vectors arrive; the output adds them (band 0 is permuted above).
+        self.row_sliced = frozenset(self.plan.row_sliced)
+        self.band_permutations = [np.array(p, np.int32) for p in band_permutations(self.plan, self.feature_tables, labels)]
+        self._check_row_bands(storage, deduplicate_exchange)
         self.deduplicate_exchange = bool(deduplicate_exchange)
         if self.deduplicate_exchange:
             self.source_entry_widths = [[slices[p].width for _, slices in packing_groups(self.plan, r)
@@ -207,6 +214,20 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         self.split_embedding_tables = storage == {"split_bfloat16"}
         if self.split_embedding_tables:
             check_split_options(self.compute_dtype, bool(self.hot_rows), self.deduplicate_exchange)
+
+    def _check_row_bands(self, storage, deduplicate_exchange) -> None:
+        """Row-sliced tables take float32 storage and no deduplicated exchange: refused in one line."""
+        if not self.row_sliced:
+            return
+        names = [self.plan.tables[t].name for t in sorted(self.row_sliced)]
+        problems = []
+        if deduplicate_exchange:
+            problems.append("deduplicate_exchange (--deduplicate_exchange)")
+        if storage == {"split_bfloat16"}:
+            problems.append("split bfloat16 storage (--split_embedding_tables)")
+        if problems:
+            raise ValueError(f"Row-sliced tables {names} cannot be combined with {', '.join(problems)}: keep them whole "
+                             "or column-sliced (placement 'auto' without --row_slice_threshold, or 'column_wise')")
 
     def _make_dynamic_layer(self, seed: int, num_shards: int | None) -> None:
         """Dynamic tables (``Placement(dynamic=...)``) live in a :class:`DynamicEmbedding` inside this
@@ -494,7 +515,8 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
                 self.id_sink.assign(tf.add_n([tf.reduce_sum(tf.cast(u, tf.int64)) for u in unread]))
         else:
             global_ids, global_weights = ids, weights
-        assemble = self.use_kernel and assemble_kernel() is not None
+        # Row bands are added up after the permutation: the assembly kernel only moves columns.
+        assemble = self.use_kernel and assemble_kernel() is not None and not self.band_permutations
         parts, part_chunks = [], []
         if self.exchanges:
             block = self._model_parallel_lookup(global_ids, local_batch, flat_received=assemble, weights=global_weights)
@@ -515,6 +537,11 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         else:
             joined = tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
             pooled = permute(joined, self.permutation, axis=1)
+            if self.band_permutations:
+                # Each further row band's partial vectors, added; a zero column stands in for tables with fewer bands.
+                padded = tf.concat([joined, tf.zeros_like(joined[:, :1])], axis=1)
+                for permutation in self.band_permutations:
+                    pooled = pooled + tf.gather(padded, permutation, axis=1)
         if self.embedding_dim is None:
             return pooled
         return tf.reshape(pooled, [-1, self.num_features, self.embedding_dim])
@@ -582,10 +609,11 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         (``weights``: ``{feature: weights}`` of the weighted features among ``global_ids``)."""
         packed = []
         weights = weights or {}
-        for variable, offsets, entries, kernel in zip(self.shard_variables, self.group_offsets, self.entries, self.group_kernel):
+        for (_, slices), variable, offsets, entries, kernel in zip(self.groups, self.shard_variables, self.group_offsets,
+                                                                   self.entries, self.group_kernel):
             if entries:
                 packed.append(self._shard_lookup(
-                    variable, [(global_ids[f], offsets[p], self.features[f].combiner, weights.get(f)) for f, p in entries],
+                    variable, [self._entry(f, slices[p], global_ids[f], weights.get(f), offsets[p]) for f, p in entries],
                     tf.as_dtype(offsets.dtype), kernel, self._kernel_checks(entries)))
         if self.hot_tables and self.env.distributed:
             return tf.cast(self._hot_row_lookup(packed, global_ids, local_batch), self.compute_dtype)
@@ -607,6 +635,15 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         # Every source s sends this rank b rows of its width; b is the same for all sources.
         chunks = tf.split(received, [local_batch * w for w in self.send_widths], num=len(self.send_widths))
         return tf.concat([tf.reshape(c, [local_batch, w]) for c, w in zip(chunks, self.send_widths)], axis=1)
+
+    def _entry(self, feature: int, piece, ids, weights, offset) -> tuple:
+        """``(ids, row offset, combiner, weights)`` of one feature on one owned slice: of a row band, the
+        ids inside it as a ``sum`` (:func:`tf_dlrm.embedding.pooling.band_entry`)."""
+        combiner = self.features[feature].combiner
+        if piece.table not in self.row_sliced:
+            return ids, offset, combiner, weights
+        kept, kept_weights = band_entry(ids, weights, combiner, *self.plan.row_range(piece))
+        return kept, offset, "sum", kept_weights
 
     def _shard_lookup(self, variable, entries, index_dtype, kernel, checks) -> tf.Tensor:
         # One owned variable's pooled lookup; the split-table tests' float32 reference truncates here.
@@ -634,5 +671,6 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
             "strategy": self.strategy,
             "data_parallel_threshold": self.data_parallel_threshold,
             "column_slice_threshold": self.column_slice_threshold,
+            "row_slice_threshold": self.row_slice_threshold,
         }
         return config

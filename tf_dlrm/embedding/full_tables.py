@@ -29,11 +29,11 @@ from tf_dlrm.embedding.split_tables import gather_float32, read_float32, write_f
 
 @dataclasses.dataclass(frozen=True)
 class TablePiece:
-    """Columns ``[column_start, column_end)`` of one table as this rank holds them.
+    """Columns ``[column_start, column_end)`` of rows ``[row_start, row_end)`` of one table as this rank holds them.
 
     ``replicated``: the table is whole on every rank (``variable`` indexes the replicated
-    variables), else ``variable`` indexes the shard variables; the table's rows start at row
-    ``offset`` of that fused variable.
+    variables), else ``variable`` indexes the shard variables; the piece's first row (``row_start``)
+    is row ``offset`` of that fused variable.
     """
     table: int
     column_start: int
@@ -41,10 +41,16 @@ class TablePiece:
     variable: int
     offset: int
     replicated: bool = False
+    row_start: int = 0
+    row_end: int = 0
 
     @property
     def width(self) -> int:
         return self.column_end - self.column_start
+
+    @property
+    def rows(self) -> int:
+        return self.row_end - self.row_start
 
 
 class FullTableAccess:
@@ -92,7 +98,8 @@ class FullTableAccess:
             index, offset = self._replicated_place(table)
             return read_float32(state_of(self.replicated_variables[index]), offset, offset + rows).numpy() if self.env.is_chief else None
         # Split bf16 tables are read as their float32 values (both halves joined): checkpoints hold float32.
-        mine = [tf.reshape(read_float32(state_of(self.shard_variables[i]), o, o + rows), [-1]) for i, o, _ in self._my_pieces(table)]
+        mine = [tf.reshape(read_float32(state_of(self.shard_variables[i]), o, o + self.plan.slice_rows(p)), [-1])
+                for i, o, p in self._my_pieces(table)]
         if self.env.distributed:
             # Everything goes to rank 0: an alltoall whose splits send all to rank 0 gathers to
             # the root. A rank holding none of this table sends one padding value (Horovod's
@@ -113,8 +120,9 @@ class FullTableAccess:
                 position += 1
             for piece in pieces:
                 start, end = (0, 1) if row_wise else (piece.column_start, piece.column_end)
-                size = rows * (end - start)
-                full[:, start:end] = values[position:position + size].reshape(rows, end - start)
+                first, last = self.plan.row_range(piece)
+                size = (last - first) * (end - start)
+                full[first:last, start:end] = values[position:position + size].reshape(last - first, end - start)
                 position += size
         # Hot rows: the replicas hold the model's values, the owner's copies are stale.
         self._overlay_hot_rows(table, full, state_of)
@@ -141,7 +149,8 @@ class FullTableAccess:
             per_rank = [[] for _ in range(self.plan.world_size)]
             for rank, piece in self._table_layout(table):
                 start, end = (0, 1) if row_wise else (piece.column_start, piece.column_end)
-                per_rank[rank].append(values[:, start:end].reshape(-1))
+                first, last = self.plan.row_range(piece)
+                per_rank[rank].append(values[first:last, start:end].reshape(-1))
             # One padding value to ranks holding none of the table: Horovod hangs on empty sends.
             sends = [np.concatenate(p) if p else np.zeros(1, np.float32) for p in per_rank]
             flat, splits = np.concatenate(sends), [s.shape[0] for s in sends]
@@ -153,30 +162,33 @@ class FullTableAccess:
             received = flat
         position = 0
         for index, offset, piece in self._my_pieces(table):
-            piece_width = 1 if row_wise else piece.width
-            size = rows * piece_width
+            piece_width, piece_rows = 1 if row_wise else piece.width, self.plan.slice_rows(piece)
+            size = piece_rows * piece_width
             variable = state_of(self.shard_variables[index])
-            self._assign_rows(variable, offset, received[position:position + size].reshape(rows, piece_width))
+            self._assign_rows(variable, offset, received[position:position + size].reshape(piece_rows, piece_width))
             position += size
         self._set_hot_rows(table, values, state_of, dim)
 
     # ------------------------------------------------------------------ pieces on their owners
 
     def table_pieces(self, table: int) -> list[TablePiece]:
-        """What this rank holds of ``table``: its column slices, or the whole replicated table."""
+        """What this rank holds of ``table``: its slices (column slices, row bands), or the whole replicated table."""
         if table in self.replicated:
             index, offset = self._replicated_place(table)
-            return [TablePiece(table, 0, self.plan.tables[table].dim, index, offset, replicated=True)]
-        return [TablePiece(table, s.column_start, s.column_end, index, offset) for index, offset, s in self._my_pieces(table)]
+            return [TablePiece(table, 0, self.plan.tables[table].dim, index, offset, replicated=True, row_start=0,
+                               row_end=self.cardinalities[table])]
+        return [TablePiece(table, s.column_start, s.column_end, index, offset, False, *self.plan.row_range(s))
+                for index, offset, s in self._my_pieces(table)]
 
     def _piece_variable(self, piece: TablePiece, state_of=None):
         variable = (self.replicated_variables if piece.replicated else self.shard_variables)[piece.variable]
         return (state_of or (lambda v: v))(variable)  # the marked variable: a split table reads float32
 
     def read_piece_rows(self, piece: TablePiece, start: int, stop: int, state_of=None, row_wise: bool = False) -> np.ndarray:
-        """Rows ``[start, stop)`` of ``piece`` (``[n, width]``, or ``[n, 1]`` row-wise state), the
-        hot-row replicas written over the owner's stale copies. Reads those rows only."""
-        rows = tf.range(piece.offset + start, piece.offset + stop, dtype=tf.int64)
+        """Table rows ``[start, stop)`` (inside the piece's ``[row_start, row_end)``) of ``piece`` (``[n, width]``, or
+        ``[n, 1]`` row-wise state), the hot-row replicas written over the owner's stale copies. Reads those rows only."""
+        first = piece.offset - piece.row_start
+        rows = tf.range(first + start, first + stop, dtype=tf.int64)
         values = gather_float32(self._piece_variable(piece, state_of), rows).numpy()
         if not piece.replicated and piece.table in getattr(self, "hot_index", {}):
             ids = np.asarray(self.hot_rows[piece.table], np.int64)
@@ -189,8 +201,8 @@ class FullTableAccess:
         return values
 
     def assign_piece_rows(self, piece: TablePiece, start: int, values, state_of=None) -> None:
-        """Writes ``values`` (``[n, width]`` or row-wise ``[n, 1]``) into rows ``[start, start + n)`` of ``piece``."""
-        self._assign_rows(self._piece_variable(piece, state_of), piece.offset + start, values)
+        """Writes ``values`` (``[n, width]`` or row-wise ``[n, 1]``) into table rows ``[start, start + n)`` of ``piece``."""
+        self._assign_rows(self._piece_variable(piece, state_of), piece.offset - piece.row_start + start, values)
 
     def set_hot_rows_from(self, table: int, read_rows, state_of=None) -> None:
         """Fills this rank's replica of ``table``'s hot rows (or their state) with ``read_rows(ids)``

@@ -1,7 +1,8 @@
 """The fused table variables of a :class:`~tf_dlrm.embedding.DistributedEmbedding` (a mixin).
 
 The model-parallel slices a rank owns are fused by width: all slices of width ``w`` live in one
-``[sum of their rows, w]`` variable, each at a row offset, so one gather serves them all.
+``[sum of their rows, w]`` variable (a row band: its own rows), each at a row offset, so one gather
+serves them all.
 Replicated (small) tables are fused the same way into data-parallel variables.
 
 Every variable is filled with its slices' initial values (:mod:`tf_dlrm.embedding.table_init`: they
@@ -34,16 +35,17 @@ def _in_stateless_scope() -> bool:
 class FusedVariables:
     """Makes the fused, initialised and marked variables of the layer it is mixed into."""
 
-    def _row_offsets(self, tables) -> tuple[np.ndarray, int]:
-        rows = [self.cardinalities[t] for t in tables]
+    def _row_offsets(self, slices) -> tuple[np.ndarray, int]:
+        rows = [self.plan.slice_rows(s) for s in slices]
         dtype = index_dtype(int(sum(rows))).as_numpy_dtype
         offsets = np.concatenate([[0], np.cumsum(rows)[:-1]]).astype(dtype) if rows else np.zeros(0, dtype)
         return offsets, int(sum(rows))
 
     def _layout(self, slices, offsets=()) -> SliceLayout:
         """What the fused variable's rows hold, for optimizers whose state spans a whole row."""
-        split = [t for t in self.model_parallel if len(self.plan.table_slices(t)) > 1]
-        problems = []
+        split = [t for t in self.model_parallel if self.plan.column_split(t)]
+        problems = [f"table {self.plan.tables[t].name!r} is cut into row bands and column slices (a grid)"
+                    for t in split if t in self.plan.row_sliced]
         for table in split:
             readers = [self.features[f] for f, t in enumerate(self.feature_tables) if t == table]
             if len(readers) != 1 or not readers[0].one_hot:
@@ -56,7 +58,7 @@ class FusedVariables:
             # Plans from make_plan keep such tables whole (kept_whole); a plan given by hand, or a row-wise
             # optimizer the step was given while the tables name none, may still cut one.
             problem = ("row-wise optimizer state stays exact on a column-sliced table only when one one-hot feature "
-                       f"reads it: {'; '.join(problems)}. Keep the table whole (a plan from plan_tables, its TableConfig's "
+                       f"reads it and its rows are not also cut into bands: {'; '.join(problems)}. Keep the table whole (a plan from plan_tables, its TableConfig's "
                        "placement 'auto' or 'table_wise'; in main.py --dist_strategy=table_wise or a higher "
                        "--column_slice_threshold), or use an optimizer with state per element (Adagrad)")
         return SliceLayout([s.table for s in slices], [(s.column_start, s.column_end) for s in slices],
@@ -64,7 +66,7 @@ class FusedVariables:
                            row_offsets=list(offsets) if len(offsets) else None, row_wise_problem=problem)
 
     def _fused_variable(self, name: str, slices, kind: VariableKind, trainable: bool = True):
-        offsets, total_rows = self._row_offsets([s.table for s in slices])
+        offsets, total_rows = self._row_offsets(slices)
         width = slices[0].width if slices else 0
         split = self.split_embedding_tables and kind is VariableKind.SHARDED
         if split and _in_stateless_scope():
@@ -103,8 +105,9 @@ class FusedVariables:
 
     def _initial_blocks(self, piece):
         spec = self.plan.tables[piece.table]
+        start, end = self.plan.row_range(piece)
         return initial_table_blocks(self.seed, piece.table, spec.rows, spec.dim, piece.column_start, piece.column_end,
-                                    self.table_init_bound(piece.table))
+                                    self.table_init_bound(piece.table), start, end)
 
     def _initial_values(self, shape, slices, offsets) -> np.ndarray:
         values = np.empty(shape, np.float32)

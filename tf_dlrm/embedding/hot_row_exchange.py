@@ -11,6 +11,9 @@ Forward, per (owner, destination, entry) with ``b`` samples of the destination (
 - the owner, which looks up the global batch of its entries anyway, marks each sample's id with its
   hot slot (or ``-1`` when cold) and sends the ``b`` codes (int32, one alltoall for all entries),
   then only the **cold** samples' rows (float, one alltoall with run-time splits);
+- the owner of a row band marks the ids outside its band ``-2`` (:data:`OUTSIDE`): another band
+  holds them, hot or cold, so nothing is sent for them and the receiver puts zeros in their place
+  (the bands' blocks are added up);
 - the receiver rebuilds the plain ``[b, w]`` block: hot samples from its own replica (the entry's
   columns of the full hot row), cold samples from the received rows, in sample order
   (``tf.dynamic_stitch``).
@@ -38,12 +41,24 @@ from tf_dlrm.parallel.env import DistributedEnv
 from tf_dlrm.optimizers.sparse_optimizer import deduplicate
 
 
-def hot_codes(ids: tf.Tensor, hot_ids: tf.Tensor) -> tf.Tensor:
-    """int32 hot slot of each id (its position in the sorted ``hot_ids``), ``-1`` for cold ids."""
+COLD = -1
+OUTSIDE = -2  # an id of another row band: neither sent nor read from the replica here
+
+
+def hot_codes(ids: tf.Tensor, hot_ids: tf.Tensor | None, band: tuple[int, int] | None = None) -> tf.Tensor:
+    """int32 hot slot of each id (its position in the sorted ``hot_ids``; None: no hot rows), :data:`COLD` for
+    cold ids, :data:`OUTSIDE` for ids outside ``band`` (``[row_start, row_end)`` of a row band; None: every row)."""
     ids = tf.cast(ids, tf.int64)
-    slots = tf.searchsorted(hot_ids, ids, side="left", out_type=tf.int32)
-    found = tf.gather(tf.concat([hot_ids, tf.constant([-1], tf.int64)], axis=0), slots)
-    return tf.where(tf.equal(found, ids), slots, -tf.ones_like(slots))
+    if hot_ids is None:
+        codes = tf.fill(tf.shape(ids), tf.constant(COLD, tf.int32))
+    else:
+        slots = tf.searchsorted(hot_ids, ids, side="left", out_type=tf.int32)
+        found = tf.gather(tf.concat([hot_ids, tf.constant([-1], tf.int64)], axis=0), slots)
+        codes = tf.where(tf.equal(found, ids), slots, tf.fill(tf.shape(slots), tf.constant(COLD, tf.int32)))
+    if band is None:
+        return codes
+    inside = tf.logical_and(ids >= band[0], ids < band[1])
+    return tf.where(inside, codes, tf.fill(tf.shape(codes), tf.constant(OUTSIDE, tf.int32)))
 
 
 def _pieces(tensor: tf.Tensor, sizes) -> list[tf.Tensor]:
@@ -65,7 +80,8 @@ def hot_row_exchange(env: DistributedEnv, local_batch, mine: Sequence[tuple], so
         mine: this rank's entries in packing order: ``(rows [N * b, w], codes [N * b] int32)``, the
             looked-up rows of the global batch and each sample's hot slot (``-1``: cold).
         sources: for every rank s, its entries in packing order: ``(hot rows [H, D] or None,
-            column_start, column_end)``; ``None`` for a table without hot rows (every sample cold).
+            column_start, column_end, banded)``; ``None`` for a table without hot rows (every sample cold);
+            ``banded``: the slice is a row band (its codes may be :data:`OUTSIDE`).
         name: a prefix for the two collectives.
         padding: on a rank owning no slice, a ``[1, 1]`` read of its padding variable, sent as the
             padding value so that its backward alltoall stays in the graph (as in the plain exchange).
@@ -79,7 +95,7 @@ def hot_row_exchange(env: DistributedEnv, local_batch, mine: Sequence[tuple], so
         for looked_up, codes in mine:
             block_codes = codes[part]
             codes_out.append(block_codes)
-            rows.append(tf.reshape(tf.boolean_mask(looked_up[part], block_codes < 0), [-1]))
+            rows.append(tf.reshape(tf.boolean_mask(looked_up[part], tf.equal(block_codes, COLD)), [-1]))
         # One padding value per destination: every cold row may be hot this step, and Horovod's
         # alltoall hangs on an empty send.
         pad = tf.reshape(tf.cast(padding, tf.float32), [1]) if padding is not None else tf.zeros([1], tf.float32)
@@ -104,8 +120,8 @@ def hot_row_exchange(env: DistributedEnv, local_batch, mine: Sequence[tuple], so
             cold_sizes.append(tf.constant(1, tf.int32))
             continue
         codes = tf.reshape(codes, [len(entries), -1])
-        sizes = [tf.reduce_sum(tf.cast(codes[e] < 0, tf.int32)) * (end - start)
-                 for e, (_, start, end) in enumerate(entries)]
+        sizes = [tf.reduce_sum(tf.cast(tf.equal(codes[e], COLD), tf.int32)) * (end - start)
+                 for e, (_, start, end, *_) in enumerate(entries)]
         layouts.append((codes, sizes))
         cold_sizes.append(tf.add_n(sizes) + 1)
     per_source_values = _pieces(received_values, cold_sizes)
@@ -116,16 +132,21 @@ def hot_row_exchange(env: DistributedEnv, local_batch, mine: Sequence[tuple], so
             continue
         codes, sizes = layout
         pieces = _pieces(flat[:-1], sizes)
-        for e, ((hot, start, end), piece) in enumerate(zip(entries, pieces)):
+        for e, ((hot, start, end, *band), piece) in enumerate(zip(entries, pieces)):
+            banded = bool(band and band[0])
             cold_rows = tf.reshape(piece, [-1, end - start])
-            if hot is None:
+            if hot is None and not banded:
                 blocks.append(cold_rows)
                 continue
-            hot_position = tf.cast(tf.where(codes[e] >= 0)[:, 0], tf.int32)
-            cold_position = tf.cast(tf.where(codes[e] < 0)[:, 0], tf.int32)
-            hot_rows = tf.gather(hot, tf.gather(codes[e], hot_position))[:, start:end]
-            blocks.append(tf.dynamic_stitch([hot_position, cold_position], [hot_rows, cold_rows]))
-    width = sum(sum(end - start for _, start, end in entries) if entries else 1 for entries in sources)
+            cold_position = tf.cast(tf.where(tf.equal(codes[e], COLD))[:, 0], tf.int32)
+            outside = tf.cast(tf.where(tf.equal(codes[e], OUTSIDE))[:, 0], tf.int32)
+            positions, parts = [cold_position, outside], [cold_rows, tf.zeros([tf.size(outside), end - start], cold_rows.dtype)]
+            if hot is not None:
+                hot_position = tf.cast(tf.where(codes[e] >= 0)[:, 0], tf.int32)
+                positions.append(hot_position)
+                parts.append(tf.gather(hot, tf.gather(codes[e], hot_position))[:, start:end])
+            blocks.append(tf.dynamic_stitch(positions, parts))
+    width = sum(sum(end - start for _, start, end, *_ in entries) if entries else 1 for entries in sources)
     return tf.reshape(tf.concat(blocks, axis=1), [-1, width])  # a static width for the permutation
 
 

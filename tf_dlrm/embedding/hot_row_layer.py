@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_dlrm.parallel import collectives
-from tf_dlrm.embedding.hot_row_exchange import hot_codes, hot_row_exchange
+from tf_dlrm.embedding.hot_row_exchange import OUTSIDE, hot_codes, hot_row_exchange
 from tf_dlrm.sharding.packing import group_entries, packing_groups
 from tf_dlrm.embedding.table_init import initial_table_rows
 from tf_dlrm.embedding.variable_kind import VariableKind, mark
@@ -83,8 +83,10 @@ class HotRowReplicas:
         entries) and ids in, ``[b, sum_s W_s]`` out."""
         mine, counts = [], []
         for rows, f, _, piece, _ in self._entry_blocks(packed):
-            if piece.table in self.hot_index:
-                codes = hot_codes(global_ids[f], self._hot_ids(piece.table))
+            band = self.plan.row_range(piece) if piece.table in self.row_sliced else None
+            if piece.table in self.hot_index or band is not None:
+                hot = self._hot_ids(piece.table) if piece.table in self.hot_index else None
+                codes = hot_codes(global_ids[f], hot, band)
             else:  # every sample cold: one code per pooled row (a multi-hot feature has several ids per row)
                 codes = -tf.ones(tf.shape(rows)[:1], tf.int32)
             mine.append((rows, codes))
@@ -96,7 +98,7 @@ class HotRowReplicas:
                 for _, p in group_entries(slices, self.feature_tables):
                     piece = slices[p]
                     hot = self.hot_variables[self.hot_index[piece.table]].value if piece.table in self.hot_index else None
-                    entries.append((hot, piece.column_start, piece.column_end))
+                    entries.append((hot, piece.column_start, piece.column_end, piece.table in self.row_sliced))
             sources.append(entries)
         if counts:
             self.hot_counters.assign_add(tf.add_n(counts))
@@ -110,7 +112,8 @@ class HotRowReplicas:
         others = tf.constant([r != self.env.rank for r in range(world)])
         cold = tf.reduce_sum(tf.cast(per_destination < 0, tf.int64), axis=1)
         sent = tf.reduce_sum(tf.where(others, cold, tf.zeros_like(cold))) * width
-        lookups = tf.size(codes, out_type=tf.int64) if first_slice else tf.constant(0, tf.int64)
+        # A row band counts the lookups of its own rows (the others are another band's).
+        lookups = tf.reduce_sum(tf.cast(codes != OUTSIDE, tf.int64)) if first_slice else tf.constant(0, tf.int64)
         hot = tf.reduce_sum(tf.cast(codes >= 0, tf.int64)) if first_slice else tf.constant(0, tf.int64)
         local = tf.size(per_destination[0], out_type=tf.int64)
         return tf.stack([hot, lookups, sent, local * (world - 1) * width, local * (world - 1)])

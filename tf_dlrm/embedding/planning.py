@@ -21,19 +21,25 @@ def table_specs(tables: Sequence[TableConfig]) -> list[TableSpec]:
 
 def plan_tables(tables: Sequence[TableConfig], features: Sequence[FeatureConfig], world_size: int, strategy: str = "auto",
                 data_parallel_threshold: int = DEFAULT_DATA_PARALLEL_ROWS, column_slice_threshold: int | None = None,
-                unplanned: Sequence[TableConfig] = ()) -> ShardingPlan:
+                unplanned: Sequence[TableConfig] = (), row_slice_threshold: int | None = None) -> ShardingPlan:
     """The plan of ``tables`` (in order) on ``world_size`` ranks, honouring each table's placement
     (see :func:`make_plan`); a table read by several ``features`` costs the planner one exchanged
     vector per feature. With a row-wise optimizer in the model, a table which several lookups per
     sample read stays whole (:func:`row_wise_kept_whole`); ``unplanned``: the model's tables outside
-    the plan (dynamic tables), whose optimizers count too."""
+    the plan (dynamic tables), whose optimizers count too. With a row-wise optimizer in the model a
+    ``grid`` placement is refused: row-wise state is exact on row bands and on column slices, not on both."""
     names = [t.name for t in tables]
     readers = table_readers(feature_tables(features, names), len(names))
     row_wise = [t for t in (*tables, *unplanned) if t.optimizer is not None and t.optimizer.make().row_wise]
     source = f"table {row_wise[0].name!r}: {type(row_wise[0].optimizer).__name__}" if row_wise else None
+    grids = [t.name for t in tables if t.placement.sharding == "grid"]
+    if row_wise and grids:
+        raise ValueError(f"Tables {grids} cannot be placed 'grid': the model keeps row-wise optimizer state ({source}), "
+                         "exact on row bands or on column slices but not on both. Place them 'row_wise' or 'column_wise', "
+                         "or train them with an optimizer keeping state per element (Adagrad instead of RowWiseAdagrad)")
     return make_plan(table_specs(tables), world_size,
                      strategy=strategy, data_parallel_threshold=data_parallel_threshold if world_size > 1 else 0,
-                     column_slice_threshold=column_slice_threshold, readers=readers,
+                     column_slice_threshold=column_slice_threshold, row_slice_threshold=row_slice_threshold, readers=readers,
                      placements=[t.placement.sharding for t in tables],
                      kept_whole=row_wise_kept_whole(names, features, source))
 

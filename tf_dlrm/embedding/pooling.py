@@ -133,6 +133,35 @@ def weighted_pool(rows: tf.Tensor, ids: tf.RaggedTensor, weights: tf.Tensor, com
     return tf.math.divide_no_nan(summed, total[:, None])
 
 
+def band_entry(ids, weights, combiner: str, row_start: int, row_end: int) -> tuple[tf.RaggedTensor, tf.Tensor | None]:
+    """The part of an entry that a row band ``[row_start, row_end)`` of its table pools, as a ``sum`` entry:
+    ``(ragged ids - row_start, weights or None)`` keeping the ids inside the band.
+
+    The bands' pooled vectors add up to the entry's own: the combiner's factor is the whole sample's
+    (``1 / count`` or ``1 / sqrt(count)``, or the weighted ones of :func:`weighted_pool`), carried as a
+    weight per kept id. Ids outside the band are dropped, so their rows here get no gradient (a zero
+    gradient would still move an Adam or Adagrad row)."""
+    if not isinstance(ids, tf.RaggedTensor):  # one-hot: one id per sample
+        ids = tf.RaggedTensor.from_uniform_row_length(tf.reshape(ids, [-1]), 1, validate=False)
+        combiner = "sum"
+    values = ids.values
+    inside = tf.logical_and(values >= tf.cast(row_start, values.dtype), values < tf.cast(row_end, values.dtype))
+    samples = tf.cast(ids.value_rowids(), tf.int32)
+    n = batch_size(ids)
+    factor = None
+    if weights is None and combiner != "sum":
+        factor = combiner_scale(ids, combiner)
+    elif weights is not None and combiner != "sum":
+        total = tf.math.unsorted_segment_sum(weights if combiner == "mean" else weights * weights, samples, n)
+        factor = tf.math.divide_no_nan(tf.ones_like(total), total if combiner == "mean" else tf.sqrt(total))
+    if factor is not None:
+        weights = tf.gather(factor, samples) * (1.0 if weights is None else weights)
+    kept = tf.RaggedTensor.from_value_rowids(tf.boolean_mask(values, inside) - tf.cast(row_start, values.dtype),
+                                             tf.boolean_mask(ids.value_rowids(), inside), nrows=tf.cast(n, ids.row_splits.dtype),
+                                             validate=False)
+    return kept, None if weights is None else tf.boolean_mask(weights, inside)
+
+
 def _range_check(values, feature: FeatureConfig, rows: int):
     # One unsigned compare catches negative ids (e.g. a -1 pad) and ids >= rows alike.
     inside = tf.reduce_all(tf.cast(values, tf.uint64) < tf.constant(rows, tf.uint64))

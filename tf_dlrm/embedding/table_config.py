@@ -31,8 +31,11 @@ exchange's blocks rectangular: a sequence feature of hotness ``H`` travels as ``
 Placement (where a table lives and how it is stored) is a request the sharding plan honours:
 
 - ``"auto"``: the planner decides (replicated under the layer's ``data_parallel_threshold`` rows,
-  else table-wise or cut into column slices to balance memory and exchanged bytes);
+  else table-wise, cut into column slices, or, when its columns are fewer than the ranks, into row
+  bands, to balance memory and exchanged bytes);
 - ``"table_wise"``: whole on one rank; ``"column_wise"``: cut into ``min(ranks, dim)`` column slices;
+  ``"row_wise"``: cut into ``min(ranks, rows)`` row bands (each band sends the pooled vectors of its
+  own ids, the receiver adds them); ``"grid"``: row bands each cut into column slices;
 - ``"replicated"``: whole on every rank, its gradient averaged like a dense weight's;
 - :class:`Placement` adds storage options to a sharding: ``hot_rows`` (ids replicated on every
   rank, so only the other rows travel), ``storage="split_bfloat16"`` (the table kept as two 16-bit
@@ -69,6 +72,8 @@ class Sharding(str, enum.Enum):
     AUTO = "auto"
     TABLE_WISE = "table_wise"
     COLUMN_WISE = "column_wise"
+    ROW_WISE = "row_wise"
+    GRID = "grid"
     REPLICATED = "replicated"
 
 

@@ -40,16 +40,22 @@ def _block_values(seed: int, table: int, block: int, rows_in_block: int, dim: in
 
 
 def initial_table_blocks(seed: int, table: int, rows: int, dim: int, column_start: int = 0, column_end: int | None = None,
-                         init_bound: float | None = None):
-    """Yields ``(first row, [n, w] values)`` of columns ``[column_start, column_end)``, block by block:
-    a table larger than memory is initialised holding one block beside it."""
+                         init_bound: float | None = None, row_start: int = 0, row_end: int | None = None):
+    """Yields ``(first row, [n, w] values)`` of columns ``[column_start, column_end)`` of rows ``[row_start,
+    row_end)`` (a row band; ``first row`` counts from ``row_start``), block by block: a table larger than
+    memory is initialised holding one block beside it."""
     column_end = dim if column_end is None else column_end
+    row_end = rows if row_end is None else row_end
     if not 0 <= column_start < column_end <= dim:
         raise ValueError(f"Expected 0 <= column_start < column_end <= dim={dim}. Received: [{column_start}, {column_end})")
+    if not 0 <= row_start < row_end <= rows:
+        raise ValueError(f"Expected 0 <= row_start < row_end <= rows={rows}. Received: [{row_start}, {row_end})")
     bound = table_bound(rows, init_bound)
-    for block, start in enumerate(range(0, rows, ROW_BLOCK)):
-        stop = min(rows, start + ROW_BLOCK)
-        yield start, _block_values(seed, table, block, stop - start, dim, bound)[:, column_start:column_end]
+    for block in range(row_start // ROW_BLOCK, (row_end - 1) // ROW_BLOCK + 1):
+        start, stop = block * ROW_BLOCK, min(rows, (block + 1) * ROW_BLOCK)
+        low, high = max(start, row_start), min(stop, row_end)
+        values = _block_values(seed, table, block, stop - start, dim, bound)
+        yield low - row_start, values[low - start:high - start, column_start:column_end]
 
 
 def initial_table_slice(

@@ -6,7 +6,7 @@ numbers, and prints what each rank will hold.
 
 What a rank holds, in float32 values (4 bytes):
 
-- tables: its column slices (``rows * width``) and every replicated table whole;
+- tables: its slices (``rows of the slice * width``) and every replicated table whole;
 - optimizer state: per-element slots (Adagrad 1, lazy Adam 2, FTRL 2) shaped like each of those,
   row-wise slots (row-wise Adagrad) one value per row of each slice it holds;
 - hot-row replicas: whole rows (``D`` values) of every hot row of every table, plus their state
@@ -92,11 +92,11 @@ def plan_memory(plan: ShardingPlan, element_slots: int = 0, row_slots: int = 0, 
     hot_row_count = sum(hot_rows.values())
     found = []
     for rank, slices in enumerate(plan.rank_slices):
-        values = sum(plan.tables[s.table].rows * s.width for s in slices) + replicated_values
-        rows = sum(plan.tables[s.table].rows for s in slices) + replicated_rows
+        values = sum(plan.slice_rows(s) * s.width for s in slices) + replicated_values
+        rows = sum(plan.slice_rows(s) for s in slices) + replicated_rows
         per_table = {}
-        for table, width in [(s.table, s.width) for s in slices] + [(t, plan.tables[t].dim) for t in plan.replicated]:
-            table_rows = plan.tables[table].rows
+        for table, width, table_rows in [(s.table, s.width, plan.slice_rows(s)) for s in slices] + \
+                [(t, plan.tables[t].dim, plan.tables[t].rows) for t in plan.replicated]:
             held = (table_rows * width * (1 + element_slots) + table_rows * row_slots) * BYTES
             per_table[plan.tables[table].name] = per_table.get(plan.tables[table].name, 0) + held
         largest = tuple(sorted(per_table.items(), key=lambda item: (-item[1], item[0]))[:LARGEST])

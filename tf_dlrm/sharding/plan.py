@@ -1,9 +1,10 @@
-"""Sharding plans: which rank holds which columns of which embedding table.
+"""Sharding plans: which rank holds which rows and columns of which embedding table.
 
 Pure Python on purpose (no TensorFlow, Horovod or numpy): a plan is computed, printed,
 serialised and tested without starting a framework; the distributed embedding layer only
 executes it. Small tables are replicated on every rank (data-parallel); the others are
-model-parallel, held whole (table-wise) or cut into contiguous column slices (column-wise).
+model-parallel, held whole (table-wise), cut into contiguous column slices (column-wise), into
+contiguous row bands (row-wise), or both (each row band cut into column slices: a grid).
 """
 
 from __future__ import annotations
@@ -60,22 +61,46 @@ class TableSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class ColumnSlice:
-    """Columns `[column_start, column_end)` of table number `table` (all rows)."""
+class TableSlice:
+    """Columns `[column_start, column_end)` of rows `[row_start, row_end)` of table number `table`.
+
+    `row_end=None` means every row from `row_start` on; a `ShardingPlan` writes a band that ends at
+    the table's last row that way, so that equal slices compare equal (`ShardingPlan.row_range`
+    gives the numbers).
+    """
     table: int
     column_start: int
     column_end: int
+    row_start: int = 0
+    row_end: int | None = None
 
     def __post_init__(self):
         _check_int("table", self.table, 0)
         _check_int("column_start", self.column_start, 0, f" in a slice of table {self.table}")
         _check_int("column_end", self.column_end, self.column_start + 1,
                    f" (column_start + 1) in a slice of table {self.table}")
+        _check_int("row_start", self.row_start, 0, f" in a slice of table {self.table}")
+        if self.row_end is not None:
+            _check_int("row_end", self.row_end, self.row_start + 1, f" (row_start + 1) in a slice of table {self.table}")
 
     @property
     def width(self) -> int:
         """Number of columns in the slice."""
         return self.column_end - self.column_start
+
+    def rows_in(self, table_rows: int) -> tuple[int, int]:
+        """`(row_start, row_end)` of the slice in a table of `table_rows` rows."""
+        return self.row_start, table_rows if self.row_end is None else self.row_end
+
+    def canonical(self, table_rows: int) -> TableSlice:
+        """The slice with `row_end=None` when it ends at the table's last row."""
+        return dataclasses.replace(self, row_end=None) if self.row_end == table_rows else self
+
+    def label(self, table_rows: int) -> str:
+        """`t3[0:64]`, or `t3[0:64] rows [0:5000)` for a row band."""
+        start, end = self.rows_in(table_rows)
+        rows = "" if (start, end) == (0, table_rows) else f" rows [{start}:{end})"
+        return f"t{self.table}[{self.column_start}:{self.column_end}]{rows}"
 
 
 def _check_tables(tables: tuple) -> None:
@@ -107,19 +132,23 @@ class ShardingPlan:
         tables: Table specs in feature-spec order; the index is the table id.
         strategy: The `Strategy` value that produced the plan.
         replicated: Sorted ids of tables every rank holds whole (data-parallel).
-        rank_slices: Per rank, its model-parallel slices sorted by `(table, column_start)`, at
-            most one slice per table. This order is the alltoall packing order.
+        rank_slices: Per rank, its model-parallel slices sorted by table, at most one slice per
+            table. This order is the alltoall packing order.
         bytes_per_element: Bytes of one stored table value.
 
+    A model-parallel table's slices tile it: its row bands (the distinct `[row_start, row_end)` of
+    its slices) cover every row once, and within each band the column ranges cover every column
+    once. A table with one band is whole or column-sliced; with several, row-sliced.
+
     Raises:
-        ValueError: If some column of a model-parallel table is owned by no rank or by more
+        ValueError: If some row or column of a model-parallel table is owned by no rank or by more
             than one, a replicated table has slices, or `len(rank_slices) != world_size`.
     """
     world_size: int
     tables: tuple[TableSpec, ...]
     strategy: str
     replicated: tuple[int, ...]
-    rank_slices: tuple[tuple[ColumnSlice, ...], ...]
+    rank_slices: tuple[tuple[TableSlice, ...], ...]
     bytes_per_element: int = 4
 
     def __post_init__(self):
@@ -128,10 +157,12 @@ class ShardingPlan:
         # Accept lists (hand-written plans); store tuples so the plan stays hashable and equal.
         object.__setattr__(self, "tables", tuple(self.tables))
         object.__setattr__(self, "replicated", tuple(self.replicated))
-        object.__setattr__(self, "rank_slices", tuple(tuple(r) for r in self.rank_slices))
         object.__setattr__(self, "strategy", _parse_strategy(self.strategy).value)
         _check_tables(self.tables)
         count = len(self.tables)
+        object.__setattr__(self, "rank_slices", tuple(
+            tuple(p.canonical(self.tables[p.table].rows) if isinstance(p, TableSlice) and p.table < count else p for p in r)
+            for r in self.rank_slices))
         for index, table in enumerate(self.replicated):
             _check_int("replicated table id", table, 0)
             if table >= count or (index and table <= self.replicated[index - 1]):
@@ -144,7 +175,7 @@ class ShardingPlan:
         for rank, slices in enumerate(self.rank_slices):
             tables = [getattr(piece, "table", None) for piece in slices]
             if None in tables or tables != sorted(set(tables)):
-                raise ValueError(f"Expected the ColumnSlices of rank {rank} sorted by table, at "
+                raise ValueError(f"Expected the TableSlices of rank {rank} sorted by table, at "
                                  f"most one per table. Received: {slices}")
             for piece in slices:
                 if piece.table not in owners:
@@ -152,13 +183,32 @@ class ShardingPlan:
                     raise ValueError(f"Expected slices of model-parallel tables only. Received: "
                                      f"{piece} on rank {rank}; table {piece.table} {name!r} is "
                                      f"replicated or not in [0, {count})")
-                owners[piece.table].append((piece.column_start, piece.column_end, rank))
+                owners[piece.table].append((*piece.rows_in(self.tables[piece.table].rows), piece.column_start,
+                                            piece.column_end, rank))
         for table, spans in owners.items():
-            self._check_coverage(table, sorted(spans))
+            self._check_rows(table, spans)
 
-    def _check_coverage(self, table: int, spans: list) -> None:
+    def _check_rows(self, table: int, spans: list) -> None:
+        spec, covered = self.tables[table], 0
+        bands = sorted({(start, end) for start, end, *_ in spans})
+        for start, end in bands:
+            where = f"of table {spec.name!r} (id {table}, {spec.rows} rows)"
+            if end > spec.rows:
+                raise ValueError(f"Rows [{max(start, spec.rows)}:{end}) {where} do not exist")
+            if start > covered:
+                raise ValueError(f"Rows [{covered}:{start}) {where} are owned by no rank")
+            if start < covered:
+                raise ValueError(f"Rows [{start}:{min(end, covered)}) {where} are in two row bands: "
+                                 f"the slices of a table must cut its rows into bands")
+            self._check_coverage(table, sorted((a, b, rank) for s, e, a, b, rank in spans if (s, e) == (start, end)),
+                                 "" if (start, end) == (0, spec.rows) else f" in rows [{start}:{end})")
+            covered = end
+        if covered < spec.rows:
+            raise ValueError(f"Rows [{covered}:{spec.rows}) of table {spec.name!r} (id {table}) are owned by no rank")
+
+    def _check_coverage(self, table: int, spans: list, band: str = "") -> None:
         spec, covered, last_rank = self.tables[table], 0, None
-        where = f"of table {spec.name!r} (id {table}, dim {spec.dim})"
+        where = f"of table {spec.name!r} (id {table}, dim {spec.dim}){band}"
         for start, end, rank in spans:
             if end > spec.dim:
                 raise ValueError(f"Columns [{max(start, spec.dim)}:{end}) {where} do not exist "
@@ -184,7 +234,7 @@ class ShardingPlan:
 
     def rank_bytes(self, rank: int) -> int:
         """Bytes of table values `rank` holds: its slices plus every replicated table."""
-        sliced = sum(self.tables[p.table].rows * p.width for p in self.rank_slices[rank])
+        sliced = sum(self.slice_rows(p) * p.width for p in self.rank_slices[rank])
         whole = sum(self.tables[t].elements for t in self.replicated)
         return (sliced + whole) * self.bytes_per_element
 
@@ -197,38 +247,39 @@ class ShardingPlan:
         loads = [self.rank_bytes(rank) for rank in range(self.world_size)]
         return max(loads) * self.world_size / sum(loads)
 
-    def table_slices(self, table: int) -> tuple[tuple[int, ColumnSlice], ...]:
-        """`(rank, slice)` pairs of a model-parallel table in column order (empty if replicated)."""
+    def table_slices(self, table: int) -> tuple[tuple[int, TableSlice], ...]:
+        """`(rank, slice)` pairs of a model-parallel table in row-band, then column order (empty if
+        replicated)."""
         pairs = [(rank, p) for rank, slices in enumerate(self.rank_slices)
                  for p in slices if p.table == table]
-        return tuple(sorted(pairs, key=lambda pair: pair[1].column_start))
+        return tuple(sorted(pairs, key=lambda pair: (pair[1].row_start, pair[1].column_start)))
+
+    def row_range(self, piece: TableSlice) -> tuple[int, int]:
+        """`(row_start, row_end)` of a slice of this plan."""
+        return piece.rows_in(self.tables[piece.table].rows)
+
+    def slice_rows(self, piece: TableSlice) -> int:
+        """Number of rows of a slice of this plan."""
+        start, end = self.row_range(piece)
+        return end - start
+
+    def row_bands(self, table: int) -> tuple[tuple[int, int], ...]:
+        """The `[row_start, row_end)` bands of a model-parallel table, in row order (one: not row-sliced)."""
+        return tuple(sorted({self.row_range(p) for _, p in self.table_slices(table)}))
+
+    def column_split(self, table: int) -> bool:
+        """Whether some row band of `table` is cut into several column slices (held by several ranks)."""
+        bands = [self.row_range(p) for _, p in self.table_slices(table)]
+        return len(bands) > len(set(bands))
+
+    @property
+    def row_sliced(self) -> tuple[int, ...]:
+        """Sorted ids of the tables cut into several row bands."""
+        return tuple(t for t in self.model_parallel if len(self.row_bands(t)) > 1)
 
     def tables_on_rank(self, rank: int) -> tuple[int, ...]:
         """Sorted ids of the model-parallel tables with a slice on `rank`."""
         return tuple(piece.table for piece in self.rank_slices[rank])
-
-    def received_column_order(self) -> tuple[int, ...]:
-        """Column permutation that turns the alltoall output into table order.
-
-        A receiver gets from each source rank r (in rank order) a `[local_batch, W_r]` block
-        holding r's slices in packing order; side by side these form `received` of shape
-        `[local_batch, sum_r W_r]`.
-
-        Returns:
-            `perm` such that `received[:, perm]` is the model-parallel tables in id order,
-            each table's columns `0..dim-1` consecutively.
-        """
-        position, offset = {}, 0
-        for slices in self.rank_slices:
-            for piece in slices:
-                position[piece.table, piece.column_start] = offset
-                offset += piece.width
-        perm = []
-        for table in self.model_parallel:
-            for _, piece in self.table_slices(table):
-                start = position[table, piece.column_start]
-                perm.extend(range(start, start + piece.width))
-        return tuple(perm)
 
     def alltoall_bytes_per_step(self, global_batch_size: int, bytes_per_value: int = 4) -> int:
         """Bytes the busiest rank sends to other ranks in one forward embedding exchange.
@@ -258,8 +309,8 @@ class ShardingPlan:
             "bytes_per_element": self.bytes_per_element,
             "tables": [{"name": s.name, "rows": s.rows, "dim": s.dim} for s in self.tables],
             "replicated": list(self.replicated),
-            "rank_slices": [[[p.table, p.column_start, p.column_end] for p in slices]
-                            for slices in self.rank_slices],
+            "rank_slices": [[_slice_list(p, self.tables[p.table].rows) for p in slices]
+                             for slices in self.rank_slices],
         }
 
     @classmethod
@@ -283,7 +334,7 @@ class ShardingPlan:
                 if not isinstance(entry, Mapping) or set(entry) != {"name", "rows", "dim"}:
                     raise ValueError(f"expected each table as {{name, rows, dim}}, got {entry!r}")
                 tables.append(TableSpec(entry["name"], entry["rows"], entry["dim"]))
-            rank_slices = [[ColumnSlice(*_as_list(item, "a slice [table, start, end]", 3))
+            rank_slices = [[TableSlice(*_slice_items(item))
                             for item in _as_list(slices, f"rank_slices[{rank}]")]
                            for rank, slices in enumerate(
                                _as_list(config["rank_slices"], "rank_slices"))]
@@ -299,7 +350,7 @@ class ShardingPlan:
                  f"{len(self.tables)} tables ({len(self.model_parallel)} model-parallel, "
                  f"{len(self.replicated)} replicated), {_format_bytes(self.total_bytes())} in all"]
         for rank, slices in enumerate(self.rank_slices):
-            pieces = " ".join(f"t{p.table}[{p.column_start}:{p.column_end}]" for p in slices)
+            pieces = " ".join(p.label(self.tables[p.table].rows) for p in slices)
             lines.append(f"  rank {rank}: {_format_bytes(self.rank_bytes(rank))}, "
                          f"width {self.rank_width(rank)}: {pieces or '(no slices)'}")
         replicated_bytes = sum(self.tables[t].elements for t in self.replicated)
@@ -308,6 +359,19 @@ class ShardingPlan:
                      f"({_format_bytes(replicated_bytes * self.bytes_per_element)}): {names}")
         lines.append(f"  imbalance (max/mean rank bytes): {self.imbalance():.3f}")
         return "\n".join(lines)
+
+
+def _slice_list(piece: TableSlice, table_rows: int) -> list[int]:
+    """`[table, column_start, column_end]`, with `row_start, row_end` after them for a row band."""
+    columns = [piece.table, piece.column_start, piece.column_end]
+    start, end = piece.rows_in(table_rows)
+    return columns if (start, end) == (0, table_rows) else columns + [start, end]
+
+
+def _slice_items(item) -> list:
+    if isinstance(item, (list, tuple)) and len(item) == 5:
+        return list(item)
+    return _as_list(item, "a slice [table, start, end] or [table, start, end, row_start, row_end]", 3)
 
 
 def _as_list(value, what: str, length: int | None = None) -> list:

@@ -1,7 +1,8 @@
 """Planning: from table sizes, world size and thresholds to a :class:`ShardingPlan`.
 
-Pure Python like the plan itself. Pieces (whole tables or column slices) are placed largest first
-on the least-loaded rank; ``auto`` searches over how finely to slice the largest tables.
+Pure Python like the plan itself. Pieces (whole tables, column slices, row bands or both) are placed
+largest first on the least-loaded rank; ``auto`` searches over how finely to slice the largest tables
+by columns, then cuts tall tables into row bands while that lowers the fullest rank's memory.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import itertools
 from collections.abc import Iterator, Mapping, Sequence
 
 from tf_dlrm.sharding.plan import (
-    ColumnSlice,
+    TableSlice,
     ShardingPlan,
     Strategy,
     TableSpec,
@@ -49,27 +50,44 @@ def split_columns(dim: int, num_slices: int, *, table_name: str | None = None
     return tuple(zip(starts[:-1], starts[1:]))
 
 
-def _assign(tables, counts: Mapping[int, int], world_size: int):
+def split_rows(rows: int, num_bands: int) -> tuple[tuple[int, int], ...]:
+    """Cuts `rows` into `num_bands` contiguous `[start, end)` bands, evenly (as :func:`split_columns`)."""
+    return split_columns(rows, num_bands)
+
+
+def grid_shape(world_size: int, dim: int, rows: int) -> tuple[int, int]:
+    """`(row bands, column slices)` of a ``grid`` placement on `world_size` ranks: the most nearly square
+    factorisation of `world_size` with no more bands than columns, capped by the table's rows and
+    columns (a prime number of ranks gives column slices only)."""
+    bands = max(d for d in range(1, int(world_size ** 0.5) + 1) if world_size % d == 0)
+    columns = min(world_size // bands, dim)
+    return min(bands, rows), columns
+
+
+def _assign(tables, counts: Mapping[int, int], world_size: int, bands: Mapping[int, int] | None = None):
     """Greedy placement: pieces largest first onto the least-loaded rank, ties to the lowest
-    rank, never two pieces of one table on one rank. Returns (slices per rank, loads)."""
+    rank, never two pieces of one table on one rank. A table cut into `bands[t]` row bands has
+    `bands[t] * counts[t]` pieces. Returns (slices per rank, loads)."""
+    bands = bands or {}
     pieces = []
     for table, count in counts.items():
         spec = tables[table]
-        for start, end in split_columns(spec.dim, count, table_name=spec.name):
-            pieces.append((spec.rows * (end - start), table, start, end))
-    pieces.sort(key=lambda piece: (-piece[0], piece[1], piece[2]))
+        for row_start, row_end in split_rows(spec.rows, bands.get(table, 1)):
+            for start, end in split_columns(spec.dim, count, table_name=spec.name):
+                pieces.append(((row_end - row_start) * (end - start), table, row_start, start, end, row_end))
+    pieces.sort(key=lambda piece: (-piece[0], piece[1], piece[2], piece[3]))
     heap = [(0, rank) for rank in range(world_size)]
     holders = {table: set() for table in counts}
     owned = [[] for _ in range(world_size)]
     loads = [0] * world_size
-    for size, table, start, end in pieces:
+    for size, table, row_start, start, end, row_end in pieces:
         skipped = []
         load, rank = heapq.heappop(heap)
         while rank in holders[table]:  # at most world_size pieces per table, so one is free
             skipped.append((load, rank))
             load, rank = heapq.heappop(heap)
         holders[table].add(rank)
-        owned[rank].append(ColumnSlice(table, start, end))
+        owned[rank].append(TableSlice(table, start, end, row_start, row_end).canonical(tables[table].rows))
         loads[rank] = load + size
         heapq.heappush(heap, (loads[rank], rank))
         for entry in skipped:
@@ -95,15 +113,16 @@ def _auto_counts(tables, fewest: dict, most: dict) -> Iterator[dict]:
         yield dict(counts)
 
 
-def _auto_assign(tables, fewest: dict, most: dict, world_size: int, base: int):
+def _auto_assign(tables, fewest: dict, most: dict, world_size: int, base: int, bands: Mapping[int, int] | None = None):
     """Tries piece-size caps from "no slicing" down to "fully sliced" and keeps the best plan:
     fewest empty ranks, then lowest imbalance, then (by search order) fewest slices."""
-    fewest_empty = max(0, world_size - sum(most.values()))
+    bands = bands or {}
+    fewest_empty = max(0, world_size - sum(most[t] * bands.get(t, 1) for t in most))
     candidates = itertools.chain(
         itertools.islice(_auto_counts(tables, fewest, most), _MAX_AUTO_CANDIDATES), [most])
     best = best_key = None
     for counts in candidates:
-        owned, loads = _assign(tables, counts, world_size)
+        owned, loads = _assign(tables, counts, world_size, bands)
         imbalance = _imbalance(loads, base)
         key = (sum(not slices for slices in owned), imbalance)
         if best_key is None or key < best_key:
@@ -127,7 +146,8 @@ def _balance_widths(tables, owned: list, base: int, readers: Sequence[int]) -> l
     owned = [list(slices) for slices in owned]
 
     def size(piece):
-        return tables[piece.table].rows * piece.width
+        start, end = piece.rows_in(tables[piece.table].rows)
+        return (end - start) * piece.width
 
     def columns(piece):
         return piece.width * readers[piece.table]
@@ -156,7 +176,8 @@ def _balance_widths(tables, owned: list, base: int, readers: Sequence[int]) -> l
 def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Strategy = "auto",
               data_parallel_threshold: int = 2048, column_slice_threshold: int | None = None,
               bytes_per_element: int = 4, readers: Sequence[int] | None = None,
-              placements: Sequence[str] | None = None, kept_whole: Sequence[str | None] | None = None) -> ShardingPlan:
+              placements: Sequence[str] | None = None, kept_whole: Sequence[str | None] | None = None,
+              row_slice_threshold: int | None = None) -> ShardingPlan:
     """Plans where each table lives on `world_size` ranks.
 
     Tables with fewer than `data_parallel_threshold` rows are replicated on every rank; the
@@ -164,11 +185,17 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
     puts whole tables, largest first, on the least-loaded rank (ties to the lowest rank);
     `column_wise` cuts every table into `min(world_size, dim)` slices on distinct ranks; `auto`
     starts table-wise and cuts the largest tables into more slices while that improves the
-    memory balance or fills an empty rank, then moves small pieces off the rank with the most
+    memory balance or fills an empty rank, then cuts tall tables into `world_size` row bands
+    (largest first, while the fullest rank holds over 1.25 times the mean and a cut lowers its bytes
+    by more than 5%; only a table that column slices cannot spread over every rank: fewer columns
+    than ranks, or kept whole: each band sends the table's whole width), then moves small pieces off the rank with the most
     exchange columns while the memory imbalance stays within max(its own, 1.05); a table read by
     several features counts `readers * width` exchange columns (each feature sends its own pooled
-    vector). In every strategy a table of more than `column_slice_threshold` elements gets at
-    least `ceil(elements / threshold)` slices.
+    vector, and each row band its own). In every strategy a table of more than
+    `row_slice_threshold` elements is cut into `min(world_size, rows)` row bands, whole columns
+    (NVIDIA distributed-embeddings' rule: row slicing comes before column slicing), and any other
+    table of more than `column_slice_threshold` elements gets at least `ceil(elements / threshold)`
+    column slices.
 
     Args:
         tables: Table specs in feature-spec order.
@@ -181,26 +208,30 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
             :func:`table_readers`.
         placements: Per table, ``auto`` (the strategy and thresholds decide), or a request the plan
             honours whatever the strategy: ``replicated`` (every rank, at any world size),
-            ``table_wise`` (one slice) or ``column_wise`` (``min(world_size, dim)`` slices).
+            ``table_wise`` (one slice), ``column_wise`` (``min(world_size, dim)`` slices),
+            ``row_wise`` (``min(world_size, rows)`` row bands) or ``grid`` (row bands of column
+            slices, :func:`grid_shape`).
         kept_whole: Per table, None, or why its columns must not be cut (its optimizer's state
             could not stay exact on slices): such a table is never column-sliced, whatever the
-            strategy and the slice threshold, and a ``column_wise`` placement of it is refused at
-            every world size, one process included, so that a model is accepted or refused the
-            same way on any number of ranks.
+            strategy and the slice threshold (row bands keep every row whole and stay allowed), and
+            a ``column_wise`` or ``grid`` placement of it is refused at every world size, one process
+            included, so that a model is accepted or refused the same way on any number of ranks.
+        row_slice_threshold: Elements above which a table is cut into row bands; None for no limit.
 
     Returns:
         A `ShardingPlan`; the same arguments always give the same plan.
 
     Raises:
         ValueError: On a bad world size, strategy, threshold or table list, or a ``column_wise``
-            placement of a table kept whole.
+            or ``grid`` placement of a table kept whole.
     """
     tables = tuple(tables)
     _check_int("world_size", world_size, 1)
     strategy = _parse_strategy(strategy)
     _check_int("data_parallel_threshold", data_parallel_threshold, 0)
-    if column_slice_threshold is not None:
-        _check_int("column_slice_threshold", column_slice_threshold, 1)
+    for name, threshold in (("column_slice_threshold", column_slice_threshold), ("row_slice_threshold", row_slice_threshold)):
+        if threshold is not None:
+            _check_int(name, threshold, 1)
     _check_int("bytes_per_element", bytes_per_element, 1)
     _check_tables(tables)
     readers = _check_readers(readers, tables)
@@ -210,29 +241,73 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
                        if placements[t] == "replicated" or (placements[t] == "auto" and s.rows < data_parallel_threshold))
     model_parallel = [t for t in range(len(tables)) if t not in set(replicated)]
     if world_size == 1:
-        rank_slices = [[ColumnSlice(t, 0, tables[t].dim) for t in model_parallel]]
+        rank_slices = [[TableSlice(t, 0, tables[t].dim) for t in model_parallel]]
     else:
         most = {t: min(world_size, tables[t].dim) for t in model_parallel}
         fewest = {t: 1 for t in model_parallel}
+        bands = {}
         if column_slice_threshold is not None:
             # Integer ceiling: float division would round for tables above 2**53 elements.
             fewest = {t: min(most[t], -(-tables[t].elements // column_slice_threshold))
                       for t in model_parallel}
         for t in model_parallel:
-            if placements[t] == "table_wise" or kept_whole[t] is not None:
+            tall = row_slice_threshold is not None and tables[t].elements > row_slice_threshold
+            if placements[t] == "row_wise" or (placements[t] == "auto" and tall):
+                bands[t], fewest[t], most[t] = min(world_size, tables[t].rows), 1, 1
+            elif placements[t] == "grid":
+                bands[t], columns = grid_shape(world_size, tables[t].dim, tables[t].rows)
+                fewest[t] = most[t] = columns
+            elif placements[t] == "table_wise" or kept_whole[t] is not None:
                 fewest[t] = most[t] = 1
             elif placements[t] == "column_wise":
-                fewest[t] = most[t]
+                fewest[t] = most[t] = most[t]
         if strategy is Strategy.TABLE_WISE:
-            rank_slices, _ = _assign(tables, fewest, world_size)
+            rank_slices, _ = _assign(tables, fewest, world_size, bands)
         elif strategy is Strategy.COLUMN_WISE:
-            rank_slices, _ = _assign(tables, most, world_size)
+            rank_slices, _ = _assign(tables, most, world_size, bands)
         else:
             base = sum(tables[t].elements for t in replicated)
-            rank_slices = _balance_widths(tables, _auto_assign(tables, fewest, most, world_size, base), base, readers)
+            free = [t for t in model_parallel if placements[t] == "auto" and t not in bands]
+            owned = _auto_assign(tables, fewest, most, world_size, base, bands)
+            owned, bands = _auto_row_bands(tables, fewest, most, world_size, base, bands, owned, free)
+            rank_slices = _balance_widths(tables, owned, base, readers)
     return ShardingPlan(world_size=world_size, tables=tables, strategy=strategy.value,
                         replicated=replicated, rank_slices=rank_slices,
                         bytes_per_element=bytes_per_element)
+
+
+# Row bands send a whole table's columns each (a band's owner pools every sample's ids in its rows): the
+# auto planner cuts tables into bands only while the fullest rank holds more than this much over the mean,
+# and only when the fullest rank then holds at least _ROW_BAND_GAIN less.
+_ROW_BAND_IMBALANCE = 1.25
+_ROW_BAND_GAIN = 0.95
+
+
+def _auto_row_bands(tables, fewest: dict, most: dict, world_size: int, base: int, bands: dict, owned: list, free: list):
+    """Cuts the largest `free` tables (auto placement, not yet banded) into `world_size` row bands, one at
+    a time, while the plan's memory imbalance exceeds :data:`_ROW_BAND_IMBALANCE` and the fullest rank's
+    elements fall below :data:`_ROW_BAND_GAIN` of what they were."""
+    def loads(slices):
+        return [sum((lambda r: r[1] - r[0])(p.rows_in(tables[p.table].rows)) * p.width for p in mine) for mine in slices]
+
+    def fullest(slices):
+        return max(loads(slices))
+
+    bands = dict(bands)
+    for table in sorted(free, key=lambda t: (-tables[t].elements, t)):
+        if _imbalance(loads(owned), base) <= _ROW_BAND_IMBALANCE:
+            break
+        # Only where column slices cannot spread the table over every rank (fewer columns than ranks, or
+        # kept whole): bands cost the exchange a whole table's columns each.
+        if tables[table].rows < world_size or most[table] >= world_size:
+            continue
+        trial_bands = {**bands, table: world_size}
+        trial_fewest, trial_most = {**fewest, table: 1}, {**most, table: 1}
+        trial = _auto_assign(tables, trial_fewest, trial_most, world_size, base, trial_bands)
+        if fullest(trial) >= _ROW_BAND_GAIN * fullest(owned):
+            break
+        owned, bands, fewest, most = trial, trial_bands, trial_fewest, trial_most
+    return owned, bands
 
 
 def table_readers(feature_tables: Sequence[int], num_tables: int) -> tuple[int, ...]:
@@ -243,7 +318,7 @@ def table_readers(feature_tables: Sequence[int], num_tables: int) -> tuple[int, 
     return tuple(counts)
 
 
-PLACEMENTS = ("auto", "table_wise", "column_wise", "replicated")
+PLACEMENTS = ("auto", "table_wise", "column_wise", "row_wise", "grid", "replicated")
 
 
 def _check_placements(placements, tables) -> tuple[str, ...]:
@@ -266,8 +341,8 @@ def _check_kept_whole(kept_whole, tables, placements) -> tuple[str | None, ...]:
     if len(kept_whole) != len(tables):
         raise ValueError(f"Expected one kept_whole entry per table ({len(tables)}). Received: kept_whole={list(kept_whole)}")
     for table, placement, reason in zip(tables, placements, kept_whole):
-        if reason is not None and placement == "column_wise":
-            raise ValueError(f"Table {table.name!r} cannot be placed column_wise: {reason}")
+        if reason is not None and placement in ("column_wise", "grid"):
+            raise ValueError(f"Table {table.name!r} cannot be placed {placement}: {reason}")
     return kept_whole
 
 
