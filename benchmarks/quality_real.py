@@ -72,9 +72,12 @@ Cases (``impl``), each for seeds 0, 1, 2:
   ones (Keras, Adam 0.01), L2 on the id weights chosen on ``valid`` from {0, 1e-6, 1e-5, 1e-4}.
 
 Each line: ``{"benchmark": "quality_real", "config": DATASET, "impl": ..., "seed": ..., "epochs": chosen,
-"valid_auc": ..., "auc": test AUC, "auc_se": Hanley-McNeil standard error, "logloss": ..., "ne": ...}``
-and, per (dataset, impl), a summary line with ``"seed": "mean"`` (mean AUC and the standard error of
-that mean over seeds). NE (normalized entropy) = logloss / the entropy of the test split's base rate.
+"valid_auc": ..., "auc": test AUC, "auc_se": Hanley-McNeil standard error, "logloss": ..., "ne": ...,
+"calibration": ...}`` and, per (dataset, impl), a summary line with ``"seed": "mean"`` (mean AUC and the
+standard error of that mean over seeds). NE (normalized entropy) = logloss / the entropy of the test split's
+base rate; calibration = mean predicted probability / observed positive rate on test (1: calibrated; for
+tf_dlrm, main.py's figure, with its post-hoc calibration when one is fitted). ``--label`` names a variant
+(``--main_flags``) apart: it is appended to ``impl``.
 """
 
 from __future__ import annotations
@@ -232,14 +235,15 @@ def scores_record(labels: np.ndarray, scores: np.ndarray) -> dict:
     from tf_dlrm.metrics import exact_auc, logloss
 
     auc, loss = float(exact_auc(labels, scores)), float(logloss(labels, scores))
-    return finish_record(auc, loss, labels)
+    return finish_record(auc, loss, labels, float(np.mean(scores) / np.mean(labels)))
 
 
-def finish_record(auc: float, loss: float, labels: np.ndarray) -> dict:
+def finish_record(auc: float, loss: float, labels: np.ndarray, calibration: float | None) -> dict:
+    """The test figures of one run; ``calibration``: mean predicted probability over observed positive rate."""
     positives = int(labels.sum())
     negatives = len(labels) - positives
     return {"auc": auc, "auc_se": hanley_mcneil_se(auc, positives, negatives), "logloss": loss,
-            "ne": loss / base_entropy(positives / len(labels))}
+            "ne": loss / base_entropy(positives / len(labels)), "calibration": calibration}
 
 
 # ---- tf_dlrm via main.py ----------------------------------------------------------------------------
@@ -285,7 +289,7 @@ def run_tf_dlrm(path: str, impl: str, optimizer: str, seed: int, max_epochs: int
     if completed.returncode:
         raise RuntimeError(f"main.py eval failed: {' '.join(command)}\n{(completed.stdout + completed.stderr)[-3000:]}")
     final = [json.loads(line) for line in open(test_log)][-1]
-    record = finish_record(final["auc"], final["logloss"], test_labels)
+    record = finish_record(final["auc"], final["logloss"], test_labels, final.get("calibration"))
     shutil.rmtree(os.path.join(run_dir, "ckpt"), ignore_errors=True)
     return {**record, "valid_auc": best["auc"], "epochs": round(best["step"] / steps_per_epoch, 2),
             "valid_curve": [round(e["auc"], 4) for e in evals]}
@@ -313,7 +317,7 @@ def run_tf_dlrm_defaults(path: str, impl: str, seed: int, max_epochs: int, patie
     events = [json.loads(line) for line in open(log)]
     evals = [e for e in events if e.get("event") == "eval"]
     test = [e for e in events if e.get("event") == "final_test"][-1]
-    record = finish_record(test["auc"], test["logloss"], test_labels)
+    record = finish_record(test["auc"], test["logloss"], test_labels, test.get("calibration"))
     return {**record, "valid_auc": max(e["auc"] for e in evals), "epochs": round(test["step"] / steps_per_epoch, 2),
             "epochs_run": len(evals), "valid_curve": [round(e["auc"], 4) for e in evals]}
 
@@ -532,16 +536,22 @@ def summarize(paths: list[str], only: list[str] | None = None) -> str:
     for dataset in sorted({key[0] for key in runs}):
         out += [f"\n**{dataset}** (test split; mean over seeds; AUC s.e.: Hanley-McNeil of one run, and of the mean "
                 "over seeds from their spread)\n", "| impl | seeds | test AUC | s.e. (H-M) | s.e. over seeds | logloss | NE "
-                "| epochs chosen | per-seed AUC |", "|---|---|---|---|---|---|---|---|---|"]
+                "| calibration | epochs chosen | per-seed AUC | per-seed NE | per-seed calibration |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         impls = sorted({key[1] for key in runs if key[0] == dataset},
                        key=lambda i: -np.mean([r["auc"] for k, r in runs.items() if k[:2] == (dataset, i)]))
         for impl in impls:
             records = [r for k, r in sorted(runs.items(), key=lambda kv: str(kv[0][2])) if k[:2] == (dataset, impl)]
             aucs = np.array([r["auc"] for r in records])
             spread = f"{aucs.std(ddof=1) / np.sqrt(len(aucs)):.4f}" if len(aucs) > 1 else "-"
+            per_seed_ne = ", ".join(f"{r['ne']:.4f}" for r in records)
+            calibrations = [r.get("calibration") for r in records]
+            per_seed_calibration = ", ".join("-" if c is None else f"{c:.4f}" for c in calibrations)
+            calibration = "-" if None in calibrations else f"{np.mean(calibrations):.4f}"
             out.append(f"| {impl} | {len(records)} | {aucs.mean():.4f} | {np.mean([r['auc_se'] for r in records]):.4f} | "
                        f"{spread} | {np.mean([r['logloss'] for r in records]):.4f} | {np.mean([r['ne'] for r in records]):.4f} | "
-                       f"{', '.join(str(r['epochs']) for r in records)} | {', '.join(f'{a:.4f}' for a in aucs)} |")
+                       f"{calibration} | {', '.join(str(r['epochs']) for r in records)} | "
+                       f"{', '.join(f'{a:.4f}' for a in aucs)} | {per_seed_ne} | {per_seed_calibration} |")
     return "\n".join(out)
 
 
@@ -558,6 +568,8 @@ def main():
     parser.add_argument("--patience", type=int, default=2, help="--early_stopping_patience of the tf_dlrm_defaults cases")
     parser.add_argument("--work_dir", default="/tmp/tf_dlrm_quality_real")
     parser.add_argument("--main_flags", default="", help="more main.py flags for every tf_dlrm run, space separated")
+    parser.add_argument("--label", default="", help="appended to each case's name in the output lines and run "
+                        "directories (e.g. _rare_ids for a run with --main_flags), so variants stay apart")
     parser.add_argument("--deepctr_path", default="", help="a directory where `pip install --no-deps --target=DIR "
                         "deepctr` put DeepCTR (kept out of the project's environment)")
     args = parser.parse_args()
@@ -584,11 +596,11 @@ def main():
                     model = impl[len("tf_dlrm_defaults_"):]
                     flags = [f"--model={model}", "--deep_mlp_dims=64,64"] if model in ("deepfm", "dcnv2", "wide_deep") else \
                         [f"--model={model}"] if model else []
-                    record = run_tf_dlrm_defaults(path, impl, seed, args.max_epochs, args.patience, os.path.join(args.work_dir, dataset),
+                    record = run_tf_dlrm_defaults(path, impl + args.label, seed, args.max_epochs, args.patience, os.path.join(args.work_dir, dataset),
                                                   data["test"][2], flags + args.main_flags.split())
                 elif impl.startswith("tf_dlrm_"):
                     optimizer, flags = tf_dlrm_case(impl)
-                    record = run_tf_dlrm(path, impl, optimizer, seed, args.max_epochs, os.path.join(args.work_dir, dataset),
+                    record = run_tf_dlrm(path, impl + args.label, optimizer, seed, args.max_epochs, os.path.join(args.work_dir, dataset),
                                          data["test"][2], flags + args.main_flags.split())
                 elif impl.startswith("deepctr_"):
                     record = run_deepctr(impl, data, spec, seed, args.max_epochs)
@@ -598,14 +610,16 @@ def main():
                 else:
                     record = run_keras(impl, data, cardinalities, seed, args.max_epochs)
                 results.append(record)
-                emit({"benchmark": "quality_real", "config": dataset, "impl": impl, "seed": seed,
+                emit({"benchmark": "quality_real", "config": dataset, "impl": impl + args.label, "seed": seed,
                       "train_rows": len(data["train"][2]), "test_rows": len(data["test"][2]),
                       **record, "seconds": round(time.time() - started, 1)})
             aucs = np.array([r["auc"] for r in results])
-            emit({"benchmark": "quality_real", "config": dataset, "impl": impl, "seed": "mean",
+            emit({"benchmark": "quality_real", "config": dataset, "impl": impl + args.label, "seed": "mean",
                   "auc": float(aucs.mean()), "auc_se_of_mean": float(aucs.std(ddof=1) / np.sqrt(len(aucs))) if len(aucs) > 1 else None,
                   "auc_se": float(np.mean([r["auc_se"] for r in results])),
                   "logloss": float(np.mean([r["logloss"] for r in results])), "ne": float(np.mean([r["ne"] for r in results])),
+                  "calibration": None if any(r["calibration"] is None for r in results)
+                  else float(np.mean([r["calibration"] for r in results])),
                   "epochs": [r["epochs"] for r in results]})
 
 

@@ -47,3 +47,19 @@ def test_every_table_of_main_py_gets_the_regularizer():
                    "--embedding_frequency_l2=0.1"]).model
     tables = make_table_configs(spec, None, model)
     assert tables and {t.frequency_regularizer for t in tables} == {FrequencyRegularizer(l2=0.1, min_count=2)}
+
+
+@pytest.mark.parametrize("argv,expected", [
+    # DCNv2's default (its default_frequency_regularizer) when neither flag is given ...
+    (["--model=dcnv2"], FrequencyRegularizer(l2=25.0, min_count=2)),
+    # ... which either flag replaces, the other keeping its flag's default
+    (["--model=dcnv2", "--embedding_frequency_l2=0"], None),
+    (["--model=dcnv2", "--embedding_min_count=3"], FrequencyRegularizer(l2=0.0, min_count=3)),
+    (["--model=dcnv2", "--embedding_frequency_l2=0.5"], FrequencyRegularizer(l2=0.5, min_count=1)),
+    # The other models have none.
+    (["--model=dlrm"], None),
+    (["--model=deepfm"], None),
+    (["--model=wide_deep"], None),
+])
+def test_a_model_may_default_to_its_own_regularizer(argv, expected):
+    assert parse(argv).model.frequency_regularizer == expected

@@ -107,11 +107,12 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
                         "tables too.")
         f.DEFINE_integer("embedding_min_count", 1, "Rare ids: a table row is updated only from the training step that "
                          "looks it up for the min_count-th time (before, it keeps its initial values); 1: from the first. Not on "
-                         "dynamic tables (a dynamic feature's min_count admits its keys).")
+                         "dynamic tables (a dynamic feature's min_count admits its keys). Neither this nor --embedding_frequency_l2 "
+                         "given, a model may choose both (--model=dcnv2: 2 and 25; its default_frequency_regularizer).")
         f.DEFINE_float("embedding_frequency_l2", 0.0, "Rare ids: l2 * w / (count * global batch) added to the gradient "
                        "of each touched table row, count = the training steps that looked the row up (rare rows pulled "
                        "towards zero; per sample, as the loss is a batch mean); 0: off. 25 with --embedding_min_count=2 did best on the "
-                       "KDD 2012 sample (benchmarks/results/quality_real.md).")
+                       "KDD 2012 sample (benchmarks/results/quality_real.md), and is --model=dcnv2's default when neither flag is given.")
         define_model_flags(argv, flag_values=flag_values)
     with _topic("sharding", flag_values):
         f.DEFINE_enum("dist_strategy", "auto", ["auto", "table_wise", "column_wise", *nvidia_flags.VALUE_ALIASES["dist_strategy"]],
@@ -292,6 +293,16 @@ def family_rate(values: flags.FlagValues, name: str, model_default: float | None
     return values[name].value if model_default is None else model_default
 
 
+def rare_id_settings(values: flags.FlagValues, model_class) -> tuple[int, float]:
+    """``(--embedding_min_count, --embedding_frequency_l2)``: the flags when either is given (the other keeps
+    its flag's default), else the model's ``default_frequency_regularizer`` (a model by import path may have
+    none), else the flags' defaults."""
+    default = getattr(model_class, "default_frequency_regularizer", None)
+    if default is None or values["embedding_min_count"].present or values["embedding_frequency_l2"].present:
+        return values.embedding_min_count, values.embedding_frequency_l2
+    return default.min_count, default.l2
+
+
 _TRUE_WORDS = ("true", "t", "1", "yes", "y")
 
 
@@ -358,6 +369,8 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
     embedding_dim, embedding_widths = nvidia_flags.parse_embedding_dim(values.embedding_dim)
     embedding_optimizer = nvidia_flags.embedding_optimizer_of(values)
     elements = values.data_parallel_threshold
+    model_class = registry.lookup(name)
+    min_count, frequency_l2 = rare_id_settings(values, model_class)
     model = ModelConfig(
         embedding_dim=embedding_dim,
         embedding_widths=embedding_widths,
@@ -365,10 +378,10 @@ def config_from_flags(values: flags.FlagValues) -> RunConfig:
         params=params,
         embedding_dims=tuple(parse_width_mapping(values.embedding_dims).items()),
         embedding_init_bound=parse_embedding_init(values.embedding_init),
-        embedding_min_count=values.embedding_min_count,
-        embedding_frequency_l2=values.embedding_frequency_l2,
+        embedding_min_count=min_count,
+        embedding_frequency_l2=frequency_l2,
     )
-    model_rate = getattr(registry.lookup(name), "embedding_learning_rates", {}).get(embedding_optimizer)
+    model_rate = getattr(model_class, "embedding_learning_rates", {}).get(embedding_optimizer)
     schedule = LearningRateSchedule(values.learning_rate, values.warmup_steps, values.decay_start_step, values.decay_steps)
     return RunConfig(
         mode=values.mode,

@@ -45,7 +45,7 @@ import keras
 import tensorflow as tf
 
 from tf_dlrm.embedding.model import Model
-from tf_dlrm.embedding.table_config import FeatureConfig, TableConfig
+from tf_dlrm.embedding.table_config import FeatureConfig, FrequencyRegularizer, TableConfig
 from tf_dlrm.models.layers.crossed_ids import crossed_ids
 from tf_dlrm.spec.format import NUMERICAL_CHANNEL
 
@@ -108,6 +108,10 @@ class RankingModel(Model):
     # Base rate of the embedding optimizer, per optimizer name, when no rate flag is given (see
     # tf_dlrm.cli.flags.family_rate); a model whose embeddings learn slower than DLRM's sets it.
     embedding_learning_rates: ClassVar[Mapping[str, float]] = {}
+    # The rare-id regularizer of every table when neither --embedding_frequency_l2 nor --embedding_min_count is
+    # given (tf_dlrm.cli.flags.rare_id_settings); None: those flags' defaults (off). A model whose tables
+    # memorize ids seen once or twice sets it.
+    default_frequency_regularizer: ClassVar[FrequencyRegularizer | None] = None
 
     def __init__(self, embedding, num_numerical: int, num_categorical: int | None = None, seed: int = 0, config=None,
                  sources=None, **kwargs):
