@@ -68,12 +68,12 @@ CONFIGS = {
     # Criteo 1TB's shape, every table capped at 100k rows; NVIDIA's DLRM MLPs.
     "criteo_capped": BenchConfig("feature_specs/criteo_capped.yaml", 128, (512, 256, 128), (1024, 1024, 512, 256, 1), 2048),
     # The same tables with dim 16 and small MLPs: the embedding path weighs more.
-    # MLPerf Training's DLRM-DCNv2 shape (multi-hot, sum pooling) on the same capped tables, as tf_dlrm's DCNv2
-    # builds it: three cross layers of rank 512, then the 1024-1024-512-256 MLP and the logit. tf_dlrm's DCNv2
-    # crosses the raw numerical features where MLPerf's runs them through a 512-256-128 bottom MLP first.
-    "dlrm_dcnv2_capped": BenchConfig("feature_specs/dlrm_dcnv2_capped.yaml", 128, (), (1024, 1024, 512, 256, 1), 2048,
-                                     model="dcnv2", params=(("num_cross_layers", 3), ("cross_low_rank", 512),
-                                                            ("cross_structure", "stacked"), ("deep_mlp_dims", (1024, 1024, 512, 256)))),
+    # MLPerf Training's DLRM-DCNv2 (multi-hot, sum pooling) on the same capped tables, as NVIDIA's dcnv2.py builds
+    # it (main.py --interaction=cross): the 512-256-128 bottom MLP on the numerical features, three cross layers of
+    # rank 512 over its output and the 26 embeddings (27 x 128 = 3,456 wide), then 1024-1024-512-256 and the logit.
+    "dlrm_dcnv2_capped": BenchConfig("feature_specs/dlrm_dcnv2_capped.yaml", 128, (512, 256, 128), (1024, 1024, 512, 256, 1), 2048,
+                                     params=(("bottom_mlp_dims", (512, 256, 128)), ("top_mlp_dims", (1024, 1024, 512, 256, 1)),
+                                             ("interaction", "cross"), ("num_cross_layers", 3), ("cross_low_rank", 512))),
     "small": BenchConfig("feature_specs/criteo_capped.yaml", 16, (512, 256, 64, 16), (512, 256, 1), 2048),
     # For smoke tests only.
     "tiny": BenchConfig("feature_specs/synthetic_small.yaml", 8, (16, 8), (16, 1), 256),
