@@ -64,6 +64,12 @@ def grid_shape(world_size: int, dim: int, rows: int) -> tuple[int, int]:
     return min(bands, rows), columns
 
 
+def _elements(tables, piece: TableSlice) -> int:
+    """Values a slice holds: its rows times its width."""
+    start, end = piece.rows_in(tables[piece.table].rows)
+    return (end - start) * piece.width
+
+
 def _assign(tables, counts: Mapping[int, int], world_size: int, bands: Mapping[int, int] | None = None):
     """Greedy placement: pieces largest first onto the least-loaded rank, ties to the lowest
     rank, never two pieces of one table on one rank. A table cut into `bands[t]` row bands has
@@ -146,8 +152,7 @@ def _balance_widths(tables, owned: list, base: int, readers: Sequence[int]) -> l
     owned = [list(slices) for slices in owned]
 
     def size(piece):
-        start, end = piece.rows_in(tables[piece.table].rows)
-        return (end - start) * piece.width
+        return _elements(tables, piece)
 
     def columns(piece):
         return piece.width * readers[piece.table]
@@ -260,7 +265,7 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
             elif placements[t] == "table_wise" or kept_whole[t] is not None:
                 fewest[t] = most[t] = 1
             elif placements[t] == "column_wise":
-                fewest[t] = most[t] = most[t]
+                fewest[t] = most[t]
         if strategy is Strategy.TABLE_WISE:
             rank_slices, _ = _assign(tables, fewest, world_size, bands)
         elif strategy is Strategy.COLUMN_WISE:
@@ -269,7 +274,7 @@ def make_plan(tables: Sequence[TableSpec], world_size: int, strategy: str | Stra
             base = sum(tables[t].elements for t in replicated)
             free = [t for t in model_parallel if placements[t] == "auto" and t not in bands]
             owned = _auto_assign(tables, fewest, most, world_size, base, bands)
-            owned, bands = _auto_row_bands(tables, fewest, most, world_size, base, bands, owned, free)
+            owned = _auto_row_bands(tables, fewest, most, world_size, base, bands, owned, free)
             rank_slices = _balance_widths(tables, owned, base, readers)
     return ShardingPlan(world_size=world_size, tables=tables, strategy=strategy.value,
                         replicated=replicated, rank_slices=rank_slices,
@@ -288,12 +293,11 @@ def _auto_row_bands(tables, fewest: dict, most: dict, world_size: int, base: int
     a time, while the plan's memory imbalance exceeds :data:`_ROW_BAND_IMBALANCE` and the fullest rank's
     elements fall below :data:`_ROW_BAND_GAIN` of what they were."""
     def loads(slices):
-        return [sum((lambda r: r[1] - r[0])(p.rows_in(tables[p.table].rows)) * p.width for p in mine) for mine in slices]
+        return [sum(_elements(tables, p) for p in mine) for mine in slices]
 
     def fullest(slices):
         return max(loads(slices))
 
-    bands = dict(bands)
     for table in sorted(free, key=lambda t: (-tables[t].elements, t)):
         if _imbalance(loads(owned), base) <= _ROW_BAND_IMBALANCE:
             break
@@ -307,7 +311,7 @@ def _auto_row_bands(tables, fewest: dict, most: dict, world_size: int, base: int
         if fullest(trial) >= _ROW_BAND_GAIN * fullest(owned):
             break
         owned, bands, fewest, most = trial, trial_bands, trial_fewest, trial_most
-    return owned, bands
+    return owned
 
 
 def table_readers(feature_tables: Sequence[int], num_tables: int) -> tuple[int, ...]:
