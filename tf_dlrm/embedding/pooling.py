@@ -126,11 +126,15 @@ def weighted_pool(rows: tf.Tensor, ids: tf.RaggedTensor, weights: tf.Tensor, com
     summed = tf.math.unsorted_segment_sum(rows * weights[:, None], samples, n)
     if combiner == "sum":
         return summed
+    return tf.math.divide_no_nan(summed, weight_total(weights, samples, n, combiner)[:, None])
+
+
+def weight_total(weights: tf.Tensor, samples: tf.Tensor, n, combiner: str) -> tf.Tensor:
+    """``[n]``: what a weighted ``mean`` (the sum of a sample's weights) or ``sqrtn`` (the square root of the
+    sum of their squares) divides the sample's weighted sum by."""
     if combiner == "mean":
-        total = tf.math.unsorted_segment_sum(weights, samples, n)
-    else:
-        total = tf.sqrt(tf.math.unsorted_segment_sum(weights * weights, samples, n))
-    return tf.math.divide_no_nan(summed, total[:, None])
+        return tf.math.unsorted_segment_sum(weights, samples, n)
+    return tf.sqrt(tf.math.unsorted_segment_sum(weights * weights, samples, n))
 
 
 def band_entry(ids, weights, combiner: str, row_start: int, row_end: int) -> tuple[tf.RaggedTensor, tf.Tensor | None]:
@@ -152,8 +156,8 @@ def band_entry(ids, weights, combiner: str, row_start: int, row_end: int) -> tup
     if weights is None and combiner != "sum":
         factor = combiner_scale(ids, combiner)
     elif weights is not None and combiner != "sum":
-        total = tf.math.unsorted_segment_sum(weights if combiner == "mean" else weights * weights, samples, n)
-        factor = tf.math.divide_no_nan(tf.ones_like(total), total if combiner == "mean" else tf.sqrt(total))
+        total = weight_total(weights, samples, n, combiner)
+        factor = tf.math.divide_no_nan(tf.ones_like(total), total)
     if factor is not None:
         weights = tf.gather(factor, samples) * (1.0 if weights is None else weights)
     kept = tf.RaggedTensor.from_value_rowids(tf.boolean_mask(values, inside) - tf.cast(row_start, values.dtype),
