@@ -26,7 +26,8 @@ that run's world size and batch and prints predicted vs measured samples/s (goal
 With ``--check_emulated`` (``benchmarks/emulated_cluster.py --breakdown`` output: ranks in network
 namespaces on links shaped to a bandwidth) it predicts each run at its link's bandwidth and latency
 (:class:`Link`), with ``--cores`` the cores those ranks shared, and prints predicted vs measured
-step, phase by phase.
+step, phase by phase. The checks predict the config the rates were measured on (``criteo_capped``, or
+``dlrm_dcnv2_capped``: multi-hot ids, NVIDIA's DCNv2 cross layers; :func:`config_shape`).
 
 With hot-row replication (``with_hot_rows``, one entry per id distribution): the hottest rows of the
 model-parallel tables, chosen as the planner does under ``--hot_rows_budget`` (a fraction of their
@@ -41,6 +42,7 @@ exponent fitted on the shared Criteo sample (``--criteo_sample``; least squares 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -68,66 +70,109 @@ NUM_NUMERICAL = 13
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def criteo_capped_cardinalities() -> tuple[int, ...]:
-    """The tables of feature_specs/criteo_capped.yaml (what the benchmarks train), in its order."""
-    import yaml
-
-    with open(os.path.join(REPOSITORY, "feature_specs", "criteo_capped.yaml")) as handle:
-        spec = yaml.safe_load(handle)
-    return tuple(int(spec["feature_spec"][name]["cardinality"]) for name in spec["channel_spec"]["categorical"])
-
-
 class DenseModel:
-    """FLOPs and parameters of DLRM's dense part (bottom MLP, dot interaction, top MLP)."""
+    """FLOPs and parameters of DLRM's dense part: bottom MLP, interaction (``dot``: the pairwise dot products,
+    ``cross``: NVIDIA's DCNv2, ``cross_layers`` low-rank cross layers over the bottom output and the
+    embeddings), top MLP."""
 
-    def __init__(self, tables: int, dim: int, bottom: Sequence[int] = MLPERF_BOTTOM, top: Sequence[int] = MLPERF_TOP):
+    def __init__(self, tables: int, dim: int, bottom: Sequence[int] = MLPERF_BOTTOM, top: Sequence[int] = MLPERF_TOP,
+                 interaction: str = "dot", cross_layers: int = 3, cross_rank: int = 512):
+        if interaction not in ("dot", "cross"):
+            raise ValueError(f"Expected interaction 'dot' or 'cross'. Received: {interaction!r}")
         vectors = tables + 1
-        self.interaction_width = dim + vectors * (vectors - 1) // 2
+        cross = interaction == "cross"
+        self.interaction_width = vectors * dim if cross else dim + vectors * (vectors - 1) // 2
+        # A cross layer x0 * (V (U x) + b) + x: two matmuls through the rank, one bias of the width.
+        self.cross = [(self.interaction_width, cross_rank, self.interaction_width)] * (cross_layers if cross else 0)
         self.layers = list(zip((NUM_NUMERICAL, *bottom[:-1]), bottom)) + list(zip((self.interaction_width, *top[:-1]), top))
         self.vectors, self.dim = vectors, dim
 
     @property
     def parameters(self) -> int:
-        return sum(fan_in * fan_out + fan_out for fan_in, fan_out in self.layers)
+        cross = sum(width * rank + rank * width + width for width, rank, _ in self.cross)
+        return sum(fan_in * fan_out + fan_out for fan_in, fan_out in self.layers) + cross
 
     def flops_per_sample(self) -> float:
-        """Forward 2 in out per layer; backward twice that (input and weight gradients); the
+        """Forward 2 in out per layer; backward twice that (input and weight gradients); the dot
         interaction's lower triangle F^2 D / 2 multiply-adds forward and F^2 D backward."""
         mlp = sum(2 * fan_in * fan_out for fan_in, fan_out in self.layers)
-        interaction = self.vectors**2 * self.dim
+        mlp += sum(2 * (width * rank + rank * width) for width, rank, _ in self.cross)
+        interaction = 0 if self.cross else self.vectors**2 * self.dim
         return 3 * mlp + 3 * interaction
 
 
-def plan_figures(cardinalities: Sequence[int], dim: int, world_size: int, global_batch: int, value_bytes: int = 4,
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """What the model predicts from: the tables (rows, ids per sample) and the dense part."""
+
+    name: str
+    cardinalities: tuple[int, ...]
+    dim: int
+    dense: DenseModel
+    hotness: tuple[int, ...] = ()  # ids per sample of each table; () for one each
+
+    def ids(self, table: int) -> int:
+        return self.hotness[table] if self.hotness else 1
+
+
+def mlperf_shape() -> Shape:
+    """The MLPerf Criteo 1TB tables and DLRM (the projections' model)."""
+    return Shape("mlperf_criteo_1tb", MLPERF_CRITEO_1TB_CARDINALITIES, 128, DenseModel(len(MLPERF_CRITEO_1TB_CARDINALITIES), 128))
+
+
+def config_shape(config: str) -> Shape:
+    """A benchmark config's shape (``train_throughput.CONFIGS``: its feature spec's tables and hotness,
+    its MLPs and interaction), read without TensorFlow."""
+    import yaml
+
+    from train_throughput import CONFIGS
+
+    if config not in CONFIGS:
+        raise SystemExit(f"Expected a config of train_throughput.CONFIGS {sorted(CONFIGS)}. Received: {config!r}")
+    bench = CONFIGS[config]
+    with open(os.path.join(REPOSITORY, bench.feature_spec)) as handle:
+        spec = yaml.safe_load(handle)
+    features = [spec["feature_spec"][name] for name in spec["channel_spec"]["categorical"]]
+    params = dict(bench.params)
+    dense = DenseModel(len(features), bench.embedding_dim, params.get("bottom_mlp_dims", bench.bottom_mlp_dims),
+                       params.get("top_mlp_dims", bench.top_mlp_dims), interaction=params.get("interaction", "dot"),
+                       cross_layers=params.get("num_cross_layers", 3), cross_rank=params.get("cross_low_rank", 512))
+    return Shape(config, tuple(int(f["cardinality"]) for f in features), bench.embedding_dim, dense,
+                 tuple(int(f.get("hotness", 1)) for f in features))
+
+
+def plan_figures(shape: Shape, world_size: int, global_batch: int, value_bytes: int = 4,
                  data_parallel_threshold: int = 2048) -> dict:
     """Memory, bytes and gathered values per rank of tf_dlrm's plan for these tables."""
-    tables = [TableSpec(f"table_{i}", rows, dim) for i, rows in enumerate(cardinalities)]
+    tables = [TableSpec(f"table_{i}", rows, shape.dim) for i, rows in enumerate(shape.cardinalities)]
     plan = make_plan(tables, world_size, "auto", data_parallel_threshold=data_parallel_threshold)
-    dense = DenseModel(len(tables), dim)
     feature_tables = list(range(len(tables)))
     widths = [send_width(plan, r, feature_tables) for r in range(world_size)]
     replicated_values = sum(plan.tables[t].elements for t in plan.replicated)
-    payload = (dense.parameters + replicated_values) * 4 if world_size > 1 else 0
+    payload = (shape.dense.parameters + replicated_values) * 4 if world_size > 1 else 0
     traffic = step_traffic(widths if world_size > 1 else [0], global_batch, value_bytes, payload)
     local = global_batch // world_size
-    replicated_width = sum(plan.tables[t].dim for t in plan.replicated)
+    # Rows each rank reads per sample: a slice's width once per id of its table (multi-hot: several).
+    looked_up = [sum(piece.width * shape.ids(piece.table) for piece in plan.rank_slices[r]) for r in range(world_size)]
+    replicated_looked_up = sum(plan.tables[t].dim * shape.ids(t) for t in plan.replicated)
     return {
         "plan": plan,
         "rank_bytes": [plan.rank_bytes(r) for r in range(world_size)],
         "traffic": traffic,
         # Values each rank gathers (and updates): its slices for the global batch, replicated tables locally.
-        "gathered_values": [global_batch * w + local * replicated_width for w in widths],
-        "dense_flops": dense.flops_per_sample() * local,
+        "gathered_values": [global_batch * w + local * replicated_looked_up for w in looked_up],
+        "dense_flops": shape.dense.flops_per_sample() * local,
     }
 
 
-def rates_from_breakdown(records: list[dict], dim: int = 128) -> dict:
-    """Per-rank rates from ``step_breakdown`` records of the criteo_capped config (Horovod ranks)."""
+def rates_from_breakdown(records: list[dict]) -> dict:
+    """Per-rank rates from ``step_breakdown`` records (Horovod ranks) of one config."""
     ranks = [r for r in records if r.get("benchmark") == "step_breakdown" and r.get("mode") == "horovod"]
     if not ranks:
         raise SystemExit("--rates: no step_breakdown record with mode 'horovod' in the file")
+    config = ranks[0].get("config", "criteo_capped")
     world_size, global_batch = ranks[0]["world_size"], ranks[0]["global_batch_size"]
-    figures = plan_figures(criteo_capped_cardinalities(), dim, world_size, global_batch)
+    figures = plan_figures(config_shape(config), world_size, global_batch)
     flops, a2a, ar, per_value = [], [], [], []
     for record in ranks:
         rank, ms = record["rank"], record["ms"]
@@ -136,7 +181,7 @@ def rates_from_breakdown(records: list[dict], dim: int = 128) -> dict:
         a2a.append(sent / (ms["exchange"] / 1e3))
         ar.append(record["bytes_per_step"]["allreduce_sent"] / (ms["allreduce"] / 1e3))
         per_value.append((ms["lookup"] + ms["update"]) / 1e3 / figures["gathered_values"][rank])
-    return {"calibrated_on": {"world_size": world_size, "global_batch_size": global_batch},
+    return {"calibrated_on": {"config": config, "world_size": world_size, "global_batch_size": global_batch},
             "dense_flop_per_s": statistics.median(flops), "alltoall_bytes_per_s": statistics.median(a2a),
             "allreduce_bytes_per_s": statistics.median(ar), "seconds_per_gathered_value": statistics.median(per_value)}
 
@@ -155,7 +200,7 @@ class Link:
         return sent_bytes / self.bytes_per_s + messages * self.latency_s
 
 
-def predict(cardinalities: Sequence[int], dim: int, world_size: int, global_batch: int, rates: dict,
+def predict(shape: Shape, world_size: int, global_batch: int, rates: dict,
             exchange_bytes: Sequence[float] | None = None, link: Link | None = None, cores: int = 0) -> dict:
     """The slowest rank's step; ``exchange_bytes`` (per rank) replaces the plan's alltoall bytes
     (hot-row replication: cold rows plus the hot-gradient allgather, at the alltoall's rate).
@@ -167,7 +212,7 @@ def predict(cardinalities: Sequence[int], dim: int, world_size: int, global_batc
     With ``cores`` (ranks sharing one machine's cores, as in an emulated cluster), the compute of a
     rank slows by ``max(1, N / cores)`` against the calibration run's ``max(1, N_calibrated / cores)``.
     """
-    figures = plan_figures(cardinalities, dim, world_size, global_batch)
+    figures = plan_figures(shape, world_size, global_batch)
     shared = 1.0
     if cores:
         shared = max(1.0, world_size / cores) / max(1.0, rates["calibrated_on"]["world_size"] / cores)
@@ -200,20 +245,22 @@ def predict(cardinalities: Sequence[int], dim: int, world_size: int, global_batc
 def check_emulated(records: list[dict], rates: dict, cores: int) -> list[dict]:
     """Predicted against measured step of each emulated-cluster run (``benchmarks/emulated_cluster.py
     --breakdown``: world size x link), the measured phases of its slowest rank beside them."""
+    config = rates["calibrated_on"]["config"]
+    shape = config_shape(config)
     runs = {}
     for record in records:
-        if record.get("emulated_cluster") and record.get("benchmark") == "step_breakdown":
+        # Rates are a config's own (its matmul shapes, its ids per sample): other configs' runs are left out.
+        if record.get("emulated_cluster") and record.get("benchmark") == "step_breakdown" and record.get("config") == config:
             runs.setdefault((record["world_size"], record["bandwidth_mbit"], record["latency_us"],
                              record["global_batch_size"]), []).append(record)
     out = []
     for (world_size, bandwidth, latency, batch), ranks in sorted(runs.items()):
         slowest = max(ranks, key=lambda r: r["phase_sum_ms"])
-        prediction = predict(criteo_capped_cardinalities(), 128, world_size, batch, rates, link=Link(bandwidth, latency),
-                             cores=cores)["slowest_rank"]
+        prediction = predict(shape, world_size, batch, rates, link=Link(bandwidth, latency), cores=cores)["slowest_rank"]
         predicted_ms = prediction["step_s"] * 1e3
         ms = slowest["ms"]
         out.append({
-            "benchmark": "scaling_model_emulated", "config": "criteo_capped", "world_size": world_size,
+            "benchmark": "scaling_model_emulated", "config": config, "world_size": world_size,
             "bandwidth_mbit": bandwidth, "latency_us": latency, "global_batch_size": batch, "cores": cores,
             "measured_ms": {"compute": slowest["compute_ms"], "exchange": ms["exchange"], "allreduce": ms["allreduce"],
                             "phase_sum": slowest["phase_sum_ms"], "fused_step": max(r["step_ms"] for r in ranks)},
@@ -249,13 +296,13 @@ def synthetic_refit(exponent: float, rows: int = 1_000_000, draws: int = 1_000_0
     return fit_exponent(np.bincount(ranks, minlength=rows))
 
 
-def with_hot_rows(prediction: dict, exponents, budget: float, batch: int, rates: dict, min_count_per_step: float = 0.0) -> dict:
-    """Hot-row figures of the prediction's plan under Zipf ``exponents`` and the step they predict."""
+def with_hot_rows(shape: Shape, prediction: dict, exponents, budget: float, batch: int, rates: dict,
+                  min_count_per_step: float = 0.0) -> dict:
+    """Hot-row figures of the prediction's plan (of ``shape``) under Zipf ``exponents`` and the step they predict."""
     figures = prediction["figures"]
     plan = figures["plan"]
     hot = hot_row_figures(plan, exponents, budget, batch, min_count_per_step=min_count_per_step)
-    predicted = predict(MLPERF_CRITEO_1TB_CARDINALITIES, plan.tables[0].dim, plan.world_size, batch, rates,
-                        exchange_bytes=hot["exchange_bytes_per_rank"])
+    predicted = predict(shape, plan.world_size, batch, rates, exchange_bytes=hot["exchange_bytes_per_rank"])
     return {
         "budget": budget, "hot_rows": hot["hot_rows"], "expected_hit_rate": round(hot["expected_hit_rate"], 4),
         "table_bytes_per_rank_max": max(figures["rank_bytes"]) + hot["hot_bytes_per_rank"],
@@ -276,13 +323,15 @@ def read_jsonl(path: str) -> list[dict]:
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rates", required=True, help="step_breakdown.py output (JSON lines) of criteo_capped")
-    parser.add_argument("--check_measured", default="", help="scaling.py output (JSON lines) of criteo_capped to predict")
+    parser.add_argument("--rates", required=True,
+                        help="step_breakdown.py output (JSON lines) of one config (criteo_capped, dlrm_dcnv2_capped): "
+                             "the rates, and the config the --check_* files are predicted as")
+    parser.add_argument("--check_measured", default="", help="scaling.py output (JSON lines) to predict")
     parser.add_argument("--check_breakdown", default="",
-                        help="step_breakdown.py output (JSON lines) of criteo_capped at another batch: its fused train "
+                        help="step_breakdown.py output (JSON lines) at another batch: its fused train "
                              "step (step_ms, slowest rank) is the measured figure")
     parser.add_argument("--check_emulated", default="",
-                        help="benchmarks/emulated_cluster.py --breakdown output (JSON lines) of criteo_capped to predict, "
+                        help="benchmarks/emulated_cluster.py --breakdown output (JSON lines) to predict (the rates' config's runs), "
                              "each run at its link's bandwidth and latency")
     parser.add_argument("--cores", type=int, default=0,
                         help="cores the emulated cluster's ranks shared (their compute slows beyond that many ranks)")
@@ -303,7 +352,8 @@ def main(argv=None) -> list[dict]:
     rates = rates_from_breakdown(read_jsonl(args.rates))
     links = [float(b) for b in args.links.split(",") if b]
     out = [{"benchmark": "scaling_model_rates", **{k: (round(v, 12) if isinstance(v, float) else v) for k, v in rates.items()}}]
-    tables = len(MLPERF_CRITEO_1TB_CARDINALITIES)
+    mlperf, calibrated = mlperf_shape(), config_shape(rates["calibrated_on"]["config"])
+    tables = len(mlperf.cardinalities)
     distributions = {}
     for exponent in (float(e) for e in args.zipf_exponents.split(",") if e):
         distributions[f"zipf_{exponent:g}"] = [exponent] * tables
@@ -315,7 +365,7 @@ def main(argv=None) -> list[dict]:
         distributions["criteo_sample_fit"] = [fitted[f"cat_{i}"] or 0.0 for i in range(tables)]
     for world_size in (int(w) for w in args.world_sizes.split(",")):
         for batch in (int(b) for b in args.batch_sizes.split(",")):
-            prediction = predict(MLPERF_CRITEO_1TB_CARDINALITIES, 128, world_size, batch, rates)
+            prediction = predict(mlperf, world_size, batch, rates)
             figures = prediction["figures"]
             traffic = figures["traffic"]
             out.append({
@@ -330,24 +380,24 @@ def main(argv=None) -> list[dict]:
                 # The same ranks on a network of each --links rate (bytes at the link's rate on top of their CPU cost).
                 "predicted_on_links": {
                     f"{bandwidth:g}": {**linked["slowest_rank"], "samples_per_s": round(linked["samples_per_s"], 1)}
-                    for bandwidth, linked in ((b, predict(MLPERF_CRITEO_1TB_CARDINALITIES, 128, world_size, batch, rates,
-                                                          link=Link(b, args.latency_us))) for b in links)},
+                    for bandwidth, linked in ((b, predict(mlperf, world_size, batch, rates, link=Link(b, args.latency_us))) for b in links)},
                 # Two choices of hot rows: the budget's hottest, and of those only rows expected at
                 # least N times per step (the ones whose replication saves bytes; see scaling_hot_rows).
-                "with_hot_rows": {name: with_hot_rows(prediction, exponents, args.hot_rows_budget, batch, rates)
+                "with_hot_rows": {name: with_hot_rows(mlperf, prediction, exponents, args.hot_rows_budget, batch, rates)
                                   for name, exponents in distributions.items()},
                 "with_hot_rows_seen_n_times": {
-                    name: with_hot_rows(prediction, exponents, args.hot_rows_budget, batch, rates, min_count_per_step=world_size)
+                    name: with_hot_rows(mlperf, prediction, exponents, args.hot_rows_budget, batch, rates,
+                                  min_count_per_step=world_size)
                     for name, exponents in distributions.items()},
             })
     if args.check_measured:
         for record in read_jsonl(args.check_measured):
             if record.get("benchmark") != "scaling" or record.get("variant", "default") != "default" or record["world_size"] < 2:
                 continue
-            prediction = predict(criteo_capped_cardinalities(), 128, record["world_size"], record["global_batch_size"], rates)
+            prediction = predict(calibrated, record["world_size"], record["global_batch_size"], rates)
             measured = record["samples_per_s"]["median"]
             ratio = prediction["samples_per_s"] / measured
-            out.append({"benchmark": "scaling_model_check", "config": "criteo_capped", "world_size": record["world_size"],
+            out.append({"benchmark": "scaling_model_check", "config": calibrated.name, "world_size": record["world_size"],
                         "global_batch_size": record["global_batch_size"], "measured_by": "scaling.py",
                         "load_average_1m": record.get("load_average_1m"), "predicted_samples_per_s": round(prediction["samples_per_s"], 1),
                         "measured_samples_per_s": measured, "predicted_over_measured": round(ratio, 3),
@@ -357,9 +407,9 @@ def main(argv=None) -> list[dict]:
         if ranks:
             world_size, batch = ranks[0]["world_size"], ranks[0]["global_batch_size"]
             measured = batch / (max(r["step_ms"] for r in ranks) / 1e3)
-            prediction = predict(criteo_capped_cardinalities(), 128, world_size, batch, rates)
+            prediction = predict(calibrated, world_size, batch, rates)
             ratio = prediction["samples_per_s"] / measured
-            out.append({"benchmark": "scaling_model_check", "config": "criteo_capped", "world_size": world_size,
+            out.append({"benchmark": "scaling_model_check", "config": calibrated.name, "world_size": world_size,
                         "global_batch_size": batch, "measured_by": "step_breakdown train_step",
                         "predicted_samples_per_s": round(prediction["samples_per_s"], 1), "measured_samples_per_s": round(measured, 1),
                         "predicted_over_measured": round(ratio, 3), "within_25_percent": abs(ratio - 1) <= 0.25,

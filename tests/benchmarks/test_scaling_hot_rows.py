@@ -79,7 +79,7 @@ def test_fit_recovers_the_generator_exponent_roughly():
 
 
 def test_the_model_prints_hot_row_columns(tmp_path, generated_criteo):
-    figures = scaling_model.plan_figures(scaling_model.criteo_capped_cardinalities(), 128, 2, 4096)
+    figures = scaling_model.plan_figures(scaling_model.config_shape("criteo_capped"), 2, 4096)
     records = [{"benchmark": "step_breakdown", "mode": "horovod", "rank": rank, "world_size": 2, "global_batch_size": 4096,
                 "ms": {"dense_forward_backward": 1000.0, "exchange": 100.0, "allreduce": 10.0, "lookup": 5.0, "update": 5.0},
                 "bytes_per_step": traffic.to_dict()} for rank, traffic in enumerate(figures["traffic"])]

@@ -28,7 +28,7 @@ def test_mlperf_dense_model_hand_computed():
 
 
 def test_plan_figures_bytes_follow_the_plan():
-    figures = scaling_model.plan_figures(scaling_model.MLPERF_CRITEO_1TB_CARDINALITIES, 128, 8, 32768)
+    figures = scaling_model.plan_figures(scaling_model.mlperf_shape(), 8, 32768)
     assert sum(figures["rank_bytes"]) >= figures["plan"].total_bytes()  # replicated tables counted on every rank
     sent = [t.alltoall_forward_sent for t in figures["traffic"]]
     received = [t.alltoall_forward_received for t in figures["traffic"]]
@@ -38,7 +38,7 @@ def test_plan_figures_bytes_follow_the_plan():
 
 def test_prediction_is_the_sum_of_its_parts():
     rates = {"dense_flop_per_s": 1e11, "alltoall_bytes_per_s": 1e9, "allreduce_bytes_per_s": 1e9, "seconds_per_gathered_value": 1e-9}
-    prediction = scaling_model.predict(scaling_model.criteo_capped_cardinalities(), 128, 2, 16384, rates)
+    prediction = scaling_model.predict(scaling_model.config_shape("criteo_capped"), 2, 16384, rates)
     step = prediction["slowest_rank"]
     parts = step["dense_s"] + step["embedding_s"] + step["exchange_s"] + step["allreduce_s"]
     assert math.isclose(step["step_s"], parts, rel_tol=1e-3)
@@ -50,12 +50,12 @@ def test_prediction_is_the_sum_of_its_parts():
 def test_a_link_adds_its_bytes_and_latency_and_shared_cores_slow_compute():
     rates = {"dense_flop_per_s": 1e11, "alltoall_bytes_per_s": 1e9, "allreduce_bytes_per_s": 1e9,
              "seconds_per_gathered_value": 1e-9, "calibrated_on": {"world_size": 2}}
-    cardinalities = scaling_model.criteo_capped_cardinalities()
-    alone = scaling_model.predict(cardinalities, 128, 4, 4096, rates)
-    linked = scaling_model.predict(cardinalities, 128, 4, 4096, rates, link=scaling_model.Link(800, 10), cores=2)
+    shape = scaling_model.config_shape("criteo_capped")
+    alone = scaling_model.predict(shape, 4, 4096, rates)
+    linked = scaling_model.predict(shape, 4, 4096, rates, link=scaling_model.Link(800, 10), cores=2)
     traffic = max(linked["figures"]["traffic"], key=lambda t: t.alltoall_forward_sent + t.alltoall_backward_sent)
     rank = linked["figures"]["traffic"].index(traffic)
-    alone_rank = scaling_model.predict(cardinalities, 128, 4, 4096, rates)["figures"]["traffic"][rank]
+    alone_rank = scaling_model.predict(shape, 4, 4096, rates)["figures"]["traffic"][rank]
     assert alone_rank.allreduce_sent == traffic.allreduce_sent
     # 800 Mbit/s is 1e8 bytes/s; 6 messages of 10 us per collective on 4 ranks.
     allreduce_link = traffic.allreduce_sent / 1e8 + 6 * 10e-6
@@ -86,7 +86,7 @@ def test_the_model_imports_no_tensorflow():
 
 
 def test_rates_from_a_breakdown_record(tmp_path):
-    figures = scaling_model.plan_figures(scaling_model.criteo_capped_cardinalities(), 128, 2, 4096)
+    figures = scaling_model.plan_figures(scaling_model.config_shape("criteo_capped"), 2, 4096)
     records = []
     for rank, traffic in enumerate(figures["traffic"]):
         records.append({"benchmark": "step_breakdown", "mode": "horovod", "rank": rank, "world_size": 2, "global_batch_size": 4096,
@@ -97,5 +97,33 @@ def test_rates_from_a_breakdown_record(tmp_path):
     rates = scaling_model.rates_from_breakdown(scaling_model.read_jsonl(str(path)))
     assert rates["dense_flop_per_s"] == pytest.approx(figures["dense_flops"])  # FLOPs in one second
     # Predicting the calibration point gives back its own phase sum.
-    prediction = scaling_model.predict(scaling_model.criteo_capped_cardinalities(), 128, 2, 4096, rates)
+    prediction = scaling_model.predict(scaling_model.config_shape("criteo_capped"), 2, 4096, rates)
     assert prediction["slowest_rank"]["step_s"] == pytest.approx(1.12, rel=0.02)
+
+
+def test_nvidias_dcnv2_dense_model_hand_computed():
+    dense = scaling_model.config_shape("dlrm_dcnv2_capped").dense
+    width = 27 * 128  # the bottom MLP's output beside the 26 embeddings
+    assert dense.interaction_width == width
+    bottom = 13 * 512 + 512 + 512 * 256 + 256 + 256 * 128 + 128
+    cross = 3 * (width * 512 + 512 * width + width)  # U, V and the bias of three rank-512 layers
+    top = width * 1024 + 1024 + 1024 * 1024 + 1024 + 1024 * 512 + 512 + 512 * 256 + 256 + 256 + 1
+    assert dense.parameters == bottom + cross + top
+    macs = (13 * 512 + 512 * 256 + 256 * 128 + 3 * 2 * width * 512 + width * 1024 + 1024 * 1024 + 1024 * 512
+            + 512 * 256 + 256)
+    assert dense.flops_per_sample() == 3 * 2 * macs  # no dot interaction
+    with pytest.raises(ValueError, match="Expected interaction 'dot' or 'cross'"):
+        scaling_model.DenseModel(26, 128, interaction="dcn")
+
+
+def test_multi_hot_ids_multiply_the_gathered_values_not_the_exchange():
+    multi, single = scaling_model.config_shape("dlrm_dcnv2_capped"), scaling_model.config_shape("criteo_capped")
+    assert multi.cardinalities == single.cardinalities and sum(multi.hotness) == 214 and single.hotness == (1,) * 26
+    one_hot = scaling_model.Shape("one_hot", multi.cardinalities, 128, multi.dense)
+    with_ids, without = (scaling_model.plan_figures(shape, 2, 4096) for shape in (multi, one_hot))
+    assert with_ids["traffic"] == without["traffic"]  # pooled vectors cross the wire, not ids' rows
+    for rank in range(2):
+        looked_up = sum(piece.width * multi.hotness[piece.table] for piece in with_ids["plan"].rank_slices[rank])
+        replicated = sum(128 * multi.hotness[t] for t in with_ids["plan"].replicated)
+        assert with_ids["gathered_values"][rank] == 4096 * looked_up + 2048 * replicated
+        assert with_ids["gathered_values"][rank] > without["gathered_values"][rank]
