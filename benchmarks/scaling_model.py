@@ -173,6 +173,11 @@ def rates_from_breakdown(records: list[dict]) -> dict:
     config = ranks[0].get("config", "criteo_capped")
     world_size, global_batch = ranks[0]["world_size"], ranks[0]["global_batch_size"]
     figures = plan_figures(config_shape(config), world_size, global_batch)
+    measured_payload = ranks[0]["bytes_per_step"]["allreduce_payload"]
+    # Within 1%: the trainer may average a scalar or two beyond the model's weights.
+    if abs(measured_payload - figures["traffic"][0].allreduce_payload) > 0.01 * figures["traffic"][0].allreduce_payload:
+        raise SystemExit(f"--rates: the breakdown of {config} averaged {measured_payload} bytes of dense gradients a step, "
+                         f"where {config}'s model has {figures['traffic'][0].allreduce_payload}: it measured another model")
     flops, a2a, ar, per_value = [], [], [], []
     for record in ranks:
         rank, ms = record["rank"], record["ms"]

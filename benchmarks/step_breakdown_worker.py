@@ -74,8 +74,7 @@ def main(argv=None) -> None:
     from tf_dlrm.embedding.pooling import pooled_lookup
     from tf_dlrm.spec.feature_spec import FeatureSpec
     from tf_dlrm.cli import builder
-    from tf_dlrm.cli.model_config import ModelConfig, ShardingConfig
-    from tf_dlrm.models.dlrm import DLRMConfig
+    from tf_dlrm.cli.model_config import ShardingConfig
     from tf_dlrm.optimizers.settings import LearningRateSchedule
     from tf_dlrm.optimizers.settings import OptimizerConfig
     from tf_dlrm.spec.format import NUMERICAL_CHANNEL
@@ -84,7 +83,7 @@ def main(argv=None) -> None:
     config = CONFIGS[args.config]
     global_batch = (args.batch_size or config.batch_size) // count
     spec = FeatureSpec.load(args.spec)
-    model_config = ModelConfig(config.embedding_dim, params=DLRMConfig(config.bottom_mlp_dims, config.top_mlp_dims))
+    model_config = config.model_config()  # the config's model (dlrm_dcnv2_capped: NVIDIA's DCNv2 cross layers)
     plan = builder.make_sharding_plan(spec, model_config, ShardingConfig(), env.world_size)
     model = builder.build_model(spec, plan, model_config, env, args.seed)
     trainer = Trainer(model, env, OptimizerConfig(LearningRateSchedule(0.05)))

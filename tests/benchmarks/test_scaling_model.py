@@ -127,3 +127,16 @@ def test_multi_hot_ids_multiply_the_gathered_values_not_the_exchange():
         replicated = sum(128 * multi.hotness[t] for t in with_ids["plan"].replicated)
         assert with_ids["gathered_values"][rank] == 4096 * looked_up + 2048 * replicated
         assert with_ids["gathered_values"][rank] > without["gathered_values"][rank]
+
+
+def test_rates_refuse_a_breakdown_of_another_model(tmp_path):
+    """A breakdown whose dense gradients are not the config's model's (criteo_capped's MLPs measured under
+    dlrm_dcnv2_capped's name) would calibrate a FLOP rate for FLOPs never run."""
+    figures = scaling_model.plan_figures(scaling_model.config_shape("criteo_capped"), 2, 2048)
+    records = [{"benchmark": "step_breakdown", "mode": "horovod", "config": "dlrm_dcnv2_capped", "rank": rank, "world_size": 2,
+                "global_batch_size": 2048, "ms": {"dense_forward_backward": 300.0, "exchange": 30.0, "allreduce": 30.0,
+                                                  "lookup": 5.0, "update": 5.0},
+                "bytes_per_step": traffic.to_dict()} for rank, traffic in enumerate(figures["traffic"])]
+    with pytest.raises(SystemExit, match="the breakdown of dlrm_dcnv2_capped averaged 10966532 bytes of dense gradients a step, "
+                                         "where dlrm_dcnv2_capped's model has 65669124: it measured another model"):
+        scaling_model.rates_from_breakdown(records)
