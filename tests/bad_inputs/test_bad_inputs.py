@@ -92,6 +92,9 @@ CASES = [
     Case("--embedding_min_count of 0", _nothing, ("--embedding_min_count=0",),
          r"Expected --embedding_min_count >= 1 \(steps that looked a row up before it is updated\)\. "
          r"Received: --embedding_min_count=0"),
+    Case("--top_mlp_dropout of 1", _nothing, ("--top_mlp_dropout=1",),
+         re.escape("Expected --top_mlp_dropout in [0, 1) (the fraction of hidden units zeroed in training). "
+                   "Received: --top_mlp_dropout=1.0")),
     Case("typo in --valid_split", _nothing, ("--valid_split=tset",),
          r"--valid_split=tset is not a split of \S+feature_spec.yaml \(its splits: \['train', 'test'\]\); name one of them, "
          r"or give --valid_split='' to train without evaluation"),

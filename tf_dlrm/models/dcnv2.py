@@ -10,7 +10,7 @@ import tensorflow as tf
 from tf_dlrm.embedding.table_config import FrequencyRegularizer
 from tf_dlrm.models.layers.cross_network import CrossNetwork
 from tf_dlrm.models.layers.mlp import MLP
-from tf_dlrm.models.ranking_model import RankingModel, check_cross, check_widths, option
+from tf_dlrm.models.ranking_model import RankingModel, check_cross, check_dropout, check_widths, option
 from tf_dlrm.models.registry import register
 
 STACKED, PARALLEL = "stacked", "parallel"
@@ -23,12 +23,15 @@ class DCNv2Config:
     cross_structure: str = option(STACKED, "Deep MLP after the cross network (stacked) or beside it (parallel).",
                                   choices=[STACKED, PARALLEL])
     deep_mlp_dims: tuple[int, ...] = option((512, 256), "Hidden widths of the deep MLP (a one-unit logit layer follows).")
+    deep_mlp_dropout: float = option(0.0, "Dropout rate after each hidden layer of the deep MLP, in training only (0: none).")
+    deep_mlp_layer_norm: bool = option(False, "Layer normalization of each hidden layer of the deep MLP, before its ReLU.")
 
     def __post_init__(self):
         check_cross(self.num_cross_layers, self.cross_low_rank)
         if self.cross_structure not in (STACKED, PARALLEL):
             raise ValueError(f"Expected --cross_structure in {[STACKED, PARALLEL]}. Received: --cross_structure={self.cross_structure!r}")
         object.__setattr__(self, "deep_mlp_dims", check_widths(self.deep_mlp_dims, "deep_mlp_dims"))
+        object.__setattr__(self, "deep_mlp_dropout", check_dropout(self.deep_mlp_dropout, "deep_mlp_dropout"))
 
 
 @register
@@ -49,10 +52,14 @@ class DCNv2(RankingModel):
         self.cross_network = CrossNetwork(config.num_cross_layers, config.cross_low_rank, seed=self.seed * 2 + 1,
                                           name="cross_network")
         if config.cross_structure == STACKED:
-            self.deep_mlp = MLP(config.deep_mlp_dims + (1,), final_activation=None, seed=self.seed * 2 + 2, name="deep_mlp")
+            self.deep_mlp = MLP(config.deep_mlp_dims + (1,), final_activation=None, seed=self.seed * 2 + 2,
+                            dropout=config.deep_mlp_dropout,
+                            layer_norm=config.deep_mlp_layer_norm, name="deep_mlp")
             self.logit = None
         else:
-            self.deep_mlp = MLP(config.deep_mlp_dims, final_activation="relu", seed=self.seed * 2 + 2, name="deep_mlp")
+            self.deep_mlp = MLP(config.deep_mlp_dims, final_activation="relu", seed=self.seed * 2 + 2,
+                            dropout=config.deep_mlp_dropout,
+                            layer_norm=config.deep_mlp_layer_norm, name="deep_mlp")
             self.logit = MLP((1,), final_activation=None, seed=self.seed * 2 + 3, name="logit")
 
     def build_dense(self, x0_shape):
@@ -61,13 +68,13 @@ class DCNv2(RankingModel):
         if self.logit is not None:
             self.logit.build((None, x0_shape[-1] + self.model_config.deep_mlp_dims[-1]))
 
-    def dense_call(self, numerical, embeddings):
+    def dense_call(self, numerical, embeddings, training=None):
         deep, _ = self.split_embeddings(embeddings)
         x0 = self.deep_input(numerical, deep)
         crossed = self.cross_network(x0)
         if self.logit is None:
-            logits = self.deep_mlp(crossed)
+            logits = self.deep_mlp(crossed, training=training)
         else:
-            logits = self.logit(tf.concat([crossed, self.deep_mlp(x0)], axis=1))
+            logits = self.logit(tf.concat([crossed, self.deep_mlp(x0, training=training)], axis=1))
         # Logits in float32 under mixed precision: the sigmoid saturates early in bf16.
         return tf.cast(logits, tf.float32)

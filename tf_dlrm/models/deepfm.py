@@ -11,16 +11,19 @@ import tensorflow as tf
 from tf_dlrm.models.layers.factorization_machine import FactorizationMachine, LinearTerm
 from tf_dlrm.models.layers.mlp import MLP
 from tf_dlrm.models.width_one_tables import FirstOrderTables
-from tf_dlrm.models.ranking_model import RankingModel, check_widths, option
+from tf_dlrm.models.ranking_model import RankingModel, check_dropout, check_widths, option
 from tf_dlrm.models.registry import register
 
 
 @dataclasses.dataclass(frozen=True)
 class DeepFMConfig:
     deep_mlp_dims: tuple[int, ...] = option((512, 256), "Hidden widths of the deep MLP (a one-unit logit layer follows).")
+    deep_mlp_dropout: float = option(0.0, "Dropout rate after each hidden layer of the deep MLP, in training only (0: none).")
+    deep_mlp_layer_norm: bool = option(False, "Layer normalization of each hidden layer of the deep MLP, before its ReLU.")
 
     def __post_init__(self):
         object.__setattr__(self, "deep_mlp_dims", check_widths(self.deep_mlp_dims, "deep_mlp_dims"))
+        object.__setattr__(self, "deep_mlp_dropout", check_dropout(self.deep_mlp_dropout, "deep_mlp_dropout"))
 
 
 @register
@@ -56,16 +59,18 @@ class DeepFM(FirstOrderTables, RankingModel):
         # slows the term's per-step change by the same factor.
         self.factorization_machine = FactorizationMachine(scale=1.0 / math.sqrt(self.vector_width), name="factorization_machine")
         self.first_order = LinearTerm(name="first_order")
-        self.deep_mlp = MLP(self.model_config.deep_mlp_dims + (1,), final_activation=None, seed=self.seed * 2 + 2, name="deep_mlp")
+        self.deep_mlp = MLP(self.model_config.deep_mlp_dims + (1,), final_activation=None, seed=self.seed * 2 + 2,
+                            dropout=self.model_config.deep_mlp_dropout,
+                            layer_norm=self.model_config.deep_mlp_layer_norm, name="deep_mlp")
 
     def build_dense(self, x0_shape):
         self.factorization_machine.build((None, self.num_categorical, self.vector_width))
         self.first_order.build((None, self.extra_width))
         self.deep_mlp.build(x0_shape)
 
-    def dense_call(self, numerical, embeddings):
+    def dense_call(self, numerical, embeddings, training=None):
         deep, first_order = self.split_embeddings(embeddings)
         vectors = tf.reshape(deep, [-1, self.num_categorical, self.vector_width])
         logits = (self.first_order(first_order) + self.factorization_machine(vectors)
-                  + self.deep_mlp(self.deep_input(numerical, deep)))
+                  + self.deep_mlp(self.deep_input(numerical, deep), training=training))
         return tf.cast(logits, tf.float32)

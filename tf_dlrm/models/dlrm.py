@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tf_dlrm.models.layers.interaction import InteractionKind, interaction_paths, make_interaction
 from tf_dlrm.models.layers.mlp import MLP
-from tf_dlrm.models.ranking_model import RankingModel, check_cross, check_widths, option
+from tf_dlrm.models.ranking_model import RankingModel, check_cross, check_dropout, check_widths, option
 from tf_dlrm.models.registry import register
 
 
@@ -25,6 +25,8 @@ class DLRMConfig:
     include_diagonal: bool = option(False, "Keep self dot products in the dot interaction.", flag="dot_include_diagonal")
     num_cross_layers: int = option(3, "Cross layers.")
     cross_low_rank: int = option(0, "Rank r of each cross matrix W = U V (0: full rank).")
+    top_mlp_dropout: float = option(0.0, "Dropout rate after each hidden layer of the top MLP, in training only (0: none).")
+    top_mlp_layer_norm: bool = option(False, "Layer normalization of each hidden layer of the top MLP, before its ReLU.")
 
     def __post_init__(self):
         object.__setattr__(self, "bottom_mlp_dims", check_widths(self.bottom_mlp_dims, "bottom_mlp_dims"))
@@ -34,6 +36,7 @@ class DLRMConfig:
         if self.interaction not in [k.value for k in InteractionKind]:
             raise ValueError(f"Expected --interaction in {[k.value for k in InteractionKind]}. Received: {self.interaction!r}")
         check_cross(self.num_cross_layers, self.cross_low_rank)
+        object.__setattr__(self, "top_mlp_dropout", check_dropout(self.top_mlp_dropout, "top_mlp_dropout"))
 
 
 @register
@@ -42,7 +45,8 @@ class DLRM(RankingModel):
     """DLRM: ``{"numerical": [b, n_num], feature: ids, ...} -> logits [b, 1]`` (float32).
 
     Config (:class:`DLRMConfig`): ``bottom_mlp_dims`` (for ``dot`` its last width must equal the
-    embedding dim), ``top_mlp_dims`` (the last is 1, the logit), ``interaction`` (``dot``, ``cat`` or
+    embedding dim), ``top_mlp_dims`` (the last is 1, the logit), ``top_mlp_dropout`` (dropout after each of its
+    hidden layers in training), ``top_mlp_layer_norm`` (layer normalization of them), ``interaction`` (``dot``, ``cat`` or
     ``cross``), ``include_diagonal`` (keep the self dot products of ``dot``), ``num_cross_layers`` and
     ``cross_low_rank`` (``cross``). Without numerical features there is no bottom MLP (``cat`` or ``cross``).
     """
@@ -83,7 +87,8 @@ class DLRM(RankingModel):
                            if self.num_numerical else None)
         self.interaction = make_interaction(config.interaction, config.include_diagonal, num_cross_layers=config.num_cross_layers,
                                             cross_low_rank=config.cross_low_rank, seed=self.seed * 2 + 3)
-        self.top_mlp = MLP(config.top_mlp_dims, final_activation=None, seed=self.seed * 2 + 2, name="top_mlp")
+        self.top_mlp = MLP(config.top_mlp_dims, final_activation=None, seed=self.seed * 2 + 2, dropout=config.top_mlp_dropout,
+                           layer_norm=config.top_mlp_layer_norm, name="top_mlp")
 
     def build(self, input_shape=None):
         """Builds every part from the widths the model already knows. Without it Keras builds a
@@ -98,7 +103,7 @@ class DLRM(RankingModel):
         self.interaction.build((bottom_shape, embedding_shape))
         self.top_mlp.build(tuple(self.interaction.compute_output_shape((bottom_shape, embedding_shape))))
 
-    def dense_call(self, numerical, embeddings):
+    def dense_call(self, numerical, embeddings, training=None):
         """Bottom MLP, interaction, top MLP: ``embeddings [b, T, D]`` -> logits ``[b, 1]`` (float32)."""
         if self.bottom_mlp is not None:
             bottom = self.bottom_mlp(tf.cast(numerical, self.compute_dtype))
@@ -106,7 +111,7 @@ class DLRM(RankingModel):
             bottom = tf.zeros([tf.shape(embeddings)[0], 0], embeddings.dtype)
         interactions = self.interaction((bottom, embeddings))
         # Logits and loss in float32 under mixed precision: the sigmoid saturates early in bf16.
-        return tf.cast(self.top_mlp(interactions), tf.float32)
+        return tf.cast(self.top_mlp(interactions, training=training), tf.float32)
 
     def describe(self, xla: bool = False) -> dict[str, dict]:
         """The interaction's implementation in training and evaluation, and why when it falls back."""

@@ -38,6 +38,7 @@ its own. A minimal model::
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -65,6 +66,14 @@ def check_widths(widths, flag: str) -> tuple[int, ...]:
     return widths
 
 
+def check_dropout(rate, flag: str) -> float:
+    """``rate`` as a float in [0, 1); a ValueError names ``--flag``."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+        raise ValueError(f"Expected --{flag} in [0, 1) (the fraction of hidden units zeroed in training). "
+                         f"Received: --{flag}={rate!r}")
+    return float(rate)
+
+
 def check_cross(num_layers, low_rank) -> None:
     """``--num_cross_layers`` >= 1 and ``--cross_low_rank`` >= 0 (0: full rank), integers; a ValueError names the flag."""
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
@@ -76,6 +85,15 @@ def check_cross(num_layers, low_rank) -> None:
 @dataclasses.dataclass(frozen=True)
 class NoOptions:
     """The ``Config`` of a model without hyper-parameters of its own."""
+
+
+def dense_forward(model, numerical, embeddings, training: bool):
+    """``model.dense_call(numerical, embeddings)``, in training or not: ``training`` is passed where its
+    ``dense_call`` takes it. The trainer's ``--xla`` path calls it outside any Keras layer call, where no
+    call context would tell the model's dropout that it trains."""
+    if "training" in inspect.signature(model.dense_call).parameters:
+        return model.dense_call(numerical, embeddings, training=training)
+    return model.dense_call(numerical, embeddings)
 
 
 def column_sources(count: int) -> tuple[tuple, ...]:
@@ -186,7 +204,8 @@ class RankingModel(Model):
 
     def dense_call(self, numerical, embeddings):  # pragma: no cover - every model defines it
         """Everything after the embedding lookup (the data-parallel part, which ``--xla`` compiles):
-        ``embeddings`` as the embedding returns them -> logits ``[b, 1]`` float32."""
+        ``embeddings`` as the embedding returns them -> logits ``[b, 1]`` float32. A model whose layers
+        behave differently in training (dropout) takes a keyword ``training=None`` and passes it on."""
         raise NotImplementedError(f"{type(self).__name__} must define dense_call(numerical, embeddings)")
 
     @classmethod
@@ -211,7 +230,7 @@ class RankingModel(Model):
         self.build_dense((None, self.num_numerical + self.deep_width))
 
     def call(self, inputs, training=False):
-        return self.dense_call(inputs[NUMERICAL_CHANNEL], self.embed(inputs, training=training))
+        return dense_forward(self, inputs[NUMERICAL_CHANNEL], self.embed(inputs, training=training), training)
 
     def embed(self, inputs, training=None):
         """The embedding's stacked output (``[b, F, D]``, or ``[b, sum of widths]``) for the features of

@@ -11,7 +11,7 @@ from tf_dlrm.embedding import optimizers as table_optimizers
 from tf_dlrm.models.layers.factorization_machine import LinearTerm
 from tf_dlrm.models.layers.mlp import MLP
 from tf_dlrm.models import width_one_tables
-from tf_dlrm.models.ranking_model import RankingModel, check_widths, option
+from tf_dlrm.models.ranking_model import RankingModel, check_dropout, check_widths, option
 from tf_dlrm.models.registry import register
 
 # Sparse optimizers the wide tables may use instead of the embedding optimizer ("": the embedding
@@ -25,9 +25,12 @@ class WideDeepConfig:
     wide_optimizer: str = option("", "Sparse optimizer of the wide tables, ftrl or adagrad (empty: --embedding_optimizer); "
                                  "the Wide & Deep paper used FTRL.")
     wide_learning_rate: float = option(0.0, "Base rate of --wide_optimizer on the schedule (0: the embedding optimizer's rate).")
+    deep_mlp_dropout: float = option(0.0, "Dropout rate after each hidden layer of the deep MLP, in training only (0: none).")
+    deep_mlp_layer_norm: bool = option(False, "Layer normalization of each hidden layer of the deep MLP, before its ReLU.")
 
     def __post_init__(self):
         object.__setattr__(self, "deep_mlp_dims", check_widths(self.deep_mlp_dims, "deep_mlp_dims"))
+        object.__setattr__(self, "deep_mlp_dropout", check_dropout(self.deep_mlp_dropout, "deep_mlp_dropout"))
         if self.wide_optimizer not in WIDE_OPTIMIZERS:
             raise ValueError(f"Expected --wide_optimizer in {[o for o in WIDE_OPTIMIZERS if o]} (or empty: the embedding "
                              f"optimizer). Received: --wide_optimizer={self.wide_optimizer!r}")
@@ -68,15 +71,17 @@ class WideDeep(RankingModel):
             raise ValueError(f"Wide & Deep needs one width-1 (wide) feature per categorical feature. Received: "
                              f"{self.extra_width} wide columns for {self.num_categorical} features")
         self.wide = LinearTerm(name="wide")
-        self.deep_mlp = MLP(self.model_config.deep_mlp_dims + (1,), final_activation=None, seed=self.seed * 2 + 2, name="deep_mlp")
+        self.deep_mlp = MLP(self.model_config.deep_mlp_dims + (1,), final_activation=None, seed=self.seed * 2 + 2,
+                            dropout=self.model_config.deep_mlp_dropout,
+                            layer_norm=self.model_config.deep_mlp_layer_norm, name="deep_mlp")
 
     def build_dense(self, x0_shape):
         self.wide.build((None, self.extra_width))
         self.deep_mlp.build(x0_shape)
 
-    def dense_call(self, numerical, embeddings):
+    def dense_call(self, numerical, embeddings, training=None):
         deep, wide = self.split_embeddings(embeddings)
-        logits = self.wide(wide) + self.deep_mlp(self.deep_input(numerical, deep))
+        logits = self.wide(wide) + self.deep_mlp(self.deep_input(numerical, deep), training=training)
         return tf.cast(logits, tf.float32)
 
     @classmethod

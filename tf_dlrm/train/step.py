@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from tf_dlrm.embedding import optimizers as table_optimizers
 from tf_dlrm.embedding.training_step import TrainingStep, embedding_layers, table_optimizer_groups
+from tf_dlrm.models.ranking_model import dense_forward
 from tf_dlrm.ops import kernels_off
 from tf_dlrm.optimizers.config import make_dense_optimizer
 from tf_dlrm.optimizers.settings import OptimizerConfig
@@ -103,7 +104,7 @@ class Trainer(TrainingStep):
         with tf.GradientTape() as tape, kernels_off():
             tape.watch(embeddings)
             tape.watch(mlp)
-            loss = binary_cross_entropy(label, self.model.dense_call(numerical, embeddings))
+            loss = binary_cross_entropy(label, dense_forward(self.model, numerical, embeddings, training=True))
             scaled = self._scaled(loss)
         gradients = tape.gradient(scaled, [embeddings] + mlp)
         return loss, gradients[0], gradients[1:]

@@ -6,6 +6,7 @@ import math
 from typing import Sequence
 
 import keras
+import tensorflow as tf
 
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
@@ -19,10 +20,16 @@ class MLP(keras.layers.Layer):
         units: widths of the layers, e.g. ``(512, 256, 128)``.
         final_activation: activation of the last layer (``"relu"`` for the bottom MLP, ``None`` for
             the top MLP, whose last unit is the logit).
-        seed: base seed of the initialisers.
+        seed: base seed of the initialisers (and of the dropout masks).
+        dropout: the rate at which each hidden layer's outputs (every layer's but the last) are zeroed
+            in training, the kept ones scaled by ``1 / (1 - dropout)``; never in evaluation or export.
+            0 (the default) adds no operation at all.
+        layer_norm: normalize each hidden layer's pre-activations over its units (Ba et al. 2016, learnt
+            scale and offset) before its ReLU; per sample, so it is the same on any split of a batch.
     """
 
-    def __init__(self, units: Sequence[int], final_activation: str | None = "relu", seed: int = 0, **kwargs):
+    def __init__(self, units: Sequence[int], final_activation: str | None = "relu", seed: int = 0, dropout: float = 0.0,
+                 layer_norm: bool = False, **kwargs):
         super().__init__(**kwargs)
         units = tuple(int(u) for u in units)
         if not units or any(u <= 0 for u in units):
@@ -30,7 +37,13 @@ class MLP(keras.layers.Layer):
         self.units = units
         self.final_activation = final_activation
         self.seed = int(seed)
+        dropout = float(dropout)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"Expected an MLP dropout rate in [0, 1). Received: dropout={dropout}")
+        self.dropout = dropout
+        self.layer_norm = bool(layer_norm)
         self.dense_layers = []
+        self.norm_layers = []
 
     def build(self, input_shape):
         fan_in = int(input_shape[-1])
@@ -38,7 +51,7 @@ class MLP(keras.layers.Layer):
             last = index == len(self.units) - 1
             layer = keras.layers.Dense(
                 width,
-                activation=self.final_activation if last else "relu",
+                activation=self.final_activation if last else (None if self.layer_norm else "relu"),
                 kernel_initializer=keras.initializers.RandomNormal(
                     stddev=math.sqrt(2.0 / (fan_in + width)), seed=self.seed * 1009 + 2 * index
                 ),
@@ -50,16 +63,29 @@ class MLP(keras.layers.Layer):
             )
             layer.build((None, fan_in))
             self.dense_layers.append(layer)
+            if self.layer_norm and not last:
+                norm = keras.layers.LayerNormalization(dtype=self.dtype_policy, name=f"layer_norm_{index}")
+                norm.build((None, width))
+                self.norm_layers.append(norm)
             fan_in = width
 
-    def call(self, inputs):
+    def call(self, inputs, training=None):
         outputs = inputs
-        for layer in self.dense_layers:
+        last = len(self.dense_layers) - 1
+        for index, layer in enumerate(self.dense_layers):
             outputs = layer(outputs)
+            if self.layer_norm and index < last:
+                outputs = keras.activations.relu(self.norm_layers[index](outputs))
+            if self.dropout and training and index < last:
+                # tf.nn.dropout holds no variable (keras.layers.Dropout keeps its seed generator's state in one), so
+                # the model's variables, checkpoints and their resharding stay those of a model without dropout.
+                # Its op seed is fixed per layer; keras.utils.set_random_seed (the builder's) sets the graph seed.
+                outputs = tf.nn.dropout(outputs, rate=self.dropout, seed=self.seed * 1009 + 2 * index)
         return outputs
 
     def compute_output_shape(self, input_shape):
         return (*input_shape[:-1], self.units[-1])
 
     def get_config(self):
-        return {**super().get_config(), "units": list(self.units), "final_activation": self.final_activation, "seed": self.seed}
+        return {**super().get_config(), "units": list(self.units), "final_activation": self.final_activation, "seed": self.seed,
+                "dropout": self.dropout, "layer_norm": self.layer_norm}
