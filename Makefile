@@ -7,6 +7,9 @@ DEMO_RANKS ?= 2
 # `make test` runs the suite in this many pytest-xdist workers (each test file is one unit; see tests/conftest.py).
 TEST_WORKERS ?= 2
 export TF_CPP_MIN_LOG_LEVEL ?= 2
+# Bytecode is cached (git ignores __pycache__): with PYTHONDONTWRITEBYTECODE set, every pytest worker rewrites the
+# asserts of every test file it collects, and every process a test starts compiles tf_dlrm again.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install install-spark demo test test-unit bench clean
 

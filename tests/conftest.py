@@ -219,6 +219,10 @@ SLOWEST_UNITS = (
     "tests/benchmarks/test_benchmarks_smoke.py", "tests/embedding/dynamic/test_dynamic_checkpoint.py",
     "tests/benchmarks/test_step_breakdown.py", "tests/bad_inputs/test_signals.py",
     "tests/embedding/test_dedup_exchange.py", "tests/bad_inputs/test_checkpoint_safety.py",
+    # The unit tier's slowest (`make test-unit` balances on these too).
+    "tests/embedding/test_plan_never_refuses.py", "tests/preprocessing/test_criteo_local.py",
+    "tests/ops/test_repeated_rows_kernels.py", "tests/embedding/test_embedding_bag_training.py",
+    "tests/data/test_split_tfrecords.py", "tests/embedding/test_weighted_sequence.py",
 )
 
 

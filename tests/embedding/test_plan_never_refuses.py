@@ -64,7 +64,15 @@ def outcome(features, world_size: int):
     return slices
 
 
-@pytest.mark.parametrize("optimizer, placement", list(itertools.product(OPTIMIZERS, PLACEMENTS)))
+# The unit tier keeps a row-wise optimizer at every placement and an element-wise one where the planner may cut
+# the table's columns; `make test` runs them all.
+UNIT_TIER = {"rowwise_adagrad": PLACEMENTS, "sgd": ("auto", "column_wise")}
+CASES = [pytest.param(optimizer, placement,
+                      marks=() if placement in UNIT_TIER.get(optimizer, ()) else pytest.mark.slow)
+         for optimizer, placement in itertools.product(OPTIMIZERS, PLACEMENTS)]
+
+
+@pytest.mark.parametrize("optimizer, placement", CASES)
 def test_a_model_is_accepted_or_refused_the_same_way_on_every_n(optimizer, placement):
     for readers in READERS:
         features = features_of(optimizer, placement, readers)

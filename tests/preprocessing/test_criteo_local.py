@@ -116,6 +116,7 @@ def test_days_split_gzip_and_small_blocks(tmp_path, criteo):
     assert report["inputs"][1]["compressed"] is True
 
 
+@pytest.mark.slow  # five full runs of the engine; the unit tier keeps the other format tests
 def test_block_size_gzip_and_line_endings_do_not_change_output(tmp_path, criteo):
     run_local([criteo.tsv], tmp_path / "plain", frequency_threshold=2)
     data = open(criteo.tsv, "rb").read()
