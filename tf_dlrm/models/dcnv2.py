@@ -53,13 +53,11 @@ class DCNv2(RankingModel):
                                           name="cross_network")
         if config.cross_structure == STACKED:
             self.deep_mlp = MLP(config.deep_mlp_dims + (1,), final_activation=None, seed=self.seed * 2 + 2,
-                            dropout=config.deep_mlp_dropout,
-                            layer_norm=config.deep_mlp_layer_norm, name="deep_mlp")
+                                dropout=config.deep_mlp_dropout, layer_norm=config.deep_mlp_layer_norm, name="deep_mlp")
             self.logit = None
         else:
             self.deep_mlp = MLP(config.deep_mlp_dims, final_activation="relu", seed=self.seed * 2 + 2,
-                            dropout=config.deep_mlp_dropout,
-                            layer_norm=config.deep_mlp_layer_norm, name="deep_mlp")
+                                dropout=config.deep_mlp_dropout, layer_norm=config.deep_mlp_layer_norm, name="deep_mlp")
             self.logit = MLP((1,), final_activation=None, seed=self.seed * 2 + 3, name="logit")
 
     def build_dense(self, x0_shape):
