@@ -10,7 +10,9 @@ TorchRec, the script says so in one line and exits 0.
 
 The model is DLRM with the dot interaction (``torchrec.models.dlrm.DLRM``: the bottom MLP, ReLU on every
 layer, the strict lower triangle of pairwise dot products next to the bottom output, the top MLP with a linear
-logit) on an ``EmbeddingBagCollection`` of the config's tables (sum pooling), sharded by
+logit), or for ``--config=dlrm_dcnv2_capped`` MLPerf's DLRM-DCNv2 (``torchrec.models.dlrm.DLRM_DCN``: low-rank
+cross layers over the bottom output and the pooled embeddings, as tf_dlrm's ``--interaction=cross``), on an
+``EmbeddingBagCollection`` of the config's tables (sum pooling), sharded by
 ``DistributedModelParallel`` on a one-process gloo group, every table table-wise with the table optimizer fused into
 the backward (``apply_optimizer_in_backward``: FBGEMM's CPU TBE); the MLPs train with plain SGD, as tf_dlrm's do. The
 batches are the config's synthetic dataset (``train_throughput.py``'s, seed ``--seed``), read once and
@@ -98,10 +100,13 @@ def write_batches(config_name: str, config, work_dir: str, num_batches: int, see
         arrays[f"ids_{t}"] = np.stack([np.asarray(ids[t]).reshape(config.batch_size, -1) for _, ids, _ in batches]).astype(np.int64)
     path = os.path.join(work_dir, f"{config_name}_batches.npz")
     np.savez(path, **arrays)
+    params = dict(config.params)
     shape = {"rows": spec.cardinalities(), "hotness": [spec.hotness(f) for f in features],
              "combiners": [spec.combiner(f) for f in features], "embedding_dim": config.embedding_dim,
              "num_numerical": len(spec.numerical_features), "bottom_mlp_dims": list(config.bottom_mlp_dims),
-             "top_mlp_dims": list(config.top_mlp_dims), "batch_size": config.batch_size}
+             "top_mlp_dims": list(config.top_mlp_dims), "batch_size": config.batch_size,
+             "interaction": params.get("interaction", "dot"), "num_cross_layers": params.get("num_cross_layers", 0),
+             "cross_low_rank": params.get("cross_low_rank", 0)}
     return path, shape
 
 
@@ -157,8 +162,11 @@ def drive(args) -> list[dict]:
         print(f"peer_torchrec: skipped, TorchRec is not set up ({missing}); see benchmarks/README.md")
         return []
     config = CONFIGS[args.config]
-    if config.model != "dlrm":
-        raise SystemExit(f"Expected a DLRM config (TorchRec's DLRM is the same model only for those). Received: --config={args.config}")
+    params = dict(config.params)
+    if config.model != "dlrm" or params.get("interaction", "dot") not in ("dot", "cross") or (
+            params.get("interaction") == "cross" and not params.get("cross_low_rank")):
+        raise SystemExit(f"Expected a DLRM config with the dot interaction or low-rank cross layers (TorchRec's DLRM and "
+                         f"DLRM_DCN are the same models only for those). Received: --config={args.config}")
     if args.batch_size:
         import dataclasses
 
@@ -249,7 +257,7 @@ def torchrec_worker(args) -> None:
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import ShardingType
-    from torchrec.models.dlrm import DLRM
+    from torchrec.models.dlrm import DLRM, DLRM_DCN
     from torchrec.modules.embedding_configs import PoolingType
     from torchrec.optim import RowWiseAdagrad
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -282,8 +290,13 @@ def torchrec_worker(args) -> None:
                                               feature_names=[keys[t]], pooling=PoolingType.SUM)
                   for t, rows in enumerate(shape["rows"])]
         collection = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-        model = DLRM(embedding_bag_collection=collection, dense_in_features=shape["num_numerical"],
-                     dense_arch_layer_sizes=shape["bottom_mlp_dims"], over_arch_layer_sizes=shape["top_mlp_dims"])
+        if shape["interaction"] == "cross":  # MLPerf's DLRM-DCNv2, as NVIDIA's dcnv2.py and tf_dlrm's --interaction=cross
+            model = DLRM_DCN(embedding_bag_collection=collection, dense_in_features=shape["num_numerical"],
+                             dense_arch_layer_sizes=shape["bottom_mlp_dims"], over_arch_layer_sizes=shape["top_mlp_dims"],
+                             dcn_num_layers=shape["num_cross_layers"], dcn_low_rank_dim=shape["cross_low_rank"])
+        else:
+            model = DLRM(embedding_bag_collection=collection, dense_in_features=shape["num_numerical"],
+                         dense_arch_layer_sizes=shape["bottom_mlp_dims"], over_arch_layer_sizes=shape["top_mlp_dims"])
         optimizer_class, keywords = table_optimizers[optimizer]
         apply_optimizer_in_backward(optimizer_class, model.sparse_arch.parameters(), keywords)
         # Every table table-wise on the fused kernel: the planner's own choice replicates small tables
