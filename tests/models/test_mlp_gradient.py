@@ -1,0 +1,71 @@
+"""The MLP's own dense step: the same values and gradients as Keras's ``Dense``, and a bias gradient
+summed in float32 under mixed bfloat16 (TensorFlow's ``BiasAddGrad`` sums bfloat16 in bfloat16)."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_dlrm.models.layers.mlp import MLP
+
+
+def gradients(mlp, inputs, upstream, through_keras: bool):
+    """``d sum(mlp(inputs) * upstream)`` for the inputs and every variable, through the MLP's own dense
+    step or through each Keras ``Dense`` called as a layer (activations as the MLP sets them)."""
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        if through_keras:
+            outputs = inputs
+            for layer in mlp.dense_layers:
+                outputs = layer(outputs)
+        else:
+            outputs = mlp(inputs)
+        loss = tf.reduce_sum(tf.cast(outputs, tf.float32) * upstream)
+    return outputs, tape.gradient(loss, [inputs, *mlp.trainable_variables])
+
+
+@pytest.mark.parametrize("final_activation", ["relu", None])
+def test_values_and_gradients_equal_keras_dense_in_float32(final_activation):
+    mlp = MLP((16, 8, 4), final_activation=final_activation, seed=3)
+    mlp.build((None, 5))
+    rng = np.random.default_rng(0)
+    inputs = tf.constant(rng.normal(size=(64, 5)).astype(np.float32))
+    upstream = tf.constant(rng.normal(size=(64, 4)).astype(np.float32))
+    ours, our_gradients = gradients(mlp, inputs, upstream, through_keras=False)
+    keras_outputs, keras_gradients = gradients(mlp, inputs, upstream, through_keras=True)
+    # Same products, summed in another order at most: float32 rounding of sums of ~64 terms of unit size.
+    np.testing.assert_allclose(ours.numpy(), keras_outputs.numpy(), rtol=1e-5, atol=1e-5)
+    assert len(our_gradients) == 1 + 6
+    for mine, theirs in zip(our_gradients, keras_gradients):
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_mixed_bfloat16_bias_gradient_is_summed_in_float32():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        mlp = MLP((32,), final_activation=None, seed=1)
+        mlp.build((None, 4))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    batch = 16384
+    rng = np.random.default_rng(1)
+    inputs = tf.constant(rng.normal(size=(batch, 4)).astype(np.float32))
+    # Upstream values exact in bfloat16, so the true bias gradient is their float64 column sums.
+    upstream = tf.cast(tf.cast(rng.normal(size=(batch, 32)).astype(np.float32), tf.bfloat16), tf.float32)
+    _, (_, _, bias_gradient) = gradients(mlp, inputs, upstream, through_keras=False)
+    exact = upstream.numpy().astype(np.float64).sum(axis=0)
+    # float32 sums of 16,384 unit terms, rounded once to bfloat16 (8 bits): within half an ulp of 2^-8 relative,
+    # plus the float32 sum's own error. A sum kept in bfloat16 drifts by tens at this batch (|exact| ~ 128).
+    tolerance = np.abs(exact) * 2.0 ** -8 + 1e-2
+    assert np.all(np.abs(bias_gradient.numpy() - exact) <= tolerance), np.max(np.abs(bias_gradient.numpy() - exact))
+
+
+def test_rejects_other_activations():
+    from tf_dlrm.models.layers.mlp import dense
+
+    layer = keras.layers.Dense(3, activation="tanh")
+    layer.build((None, 2))
+    with pytest.raises(ValueError, match="ReLU or no activation"):
+        dense(tf.zeros([1, 2]), layer)
