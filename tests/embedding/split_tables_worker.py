@@ -66,7 +66,7 @@ class TruncatingEmbedding(DistributedEmbedding):
     """float32 model-parallel shards whose lookups read the weights truncated to bf16 (one-hot features:
     the pooled row is the looked-up row)."""
 
-    def _shard_lookup(self, variable, entries, index_dtype, kernel, checks):
+    def _shard_lookup(self, variable, entries, index_dtype, kernel, checks, dtype=None):
         return read_truncated(super()._shard_lookup(variable, entries, index_dtype, kernel, checks))
 
 

@@ -609,12 +609,15 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         (``weights``: ``{feature: weights}`` of the weighted features among ``global_ids``)."""
         packed = []
         weights = weights or {}
+        # The plain exchange carries the compute dtype: the rows may leave the tables in it.
+        plain = not (self.env.distributed and (self.hot_tables or self.deduplicate_exchange))
         for (_, slices), variable, offsets, entries, kernel in zip(self.groups, self.shard_variables, self.group_offsets,
                                                                    self.entries, self.group_kernel):
             if entries:
                 packed.append(self._shard_lookup(
                     variable, [self._entry(f, slices[p], global_ids[f], weights.get(f), offsets[p]) for f, p in entries],
-                    tf.as_dtype(offsets.dtype), kernel, self._kernel_checks(entries)))
+                    tf.as_dtype(offsets.dtype), kernel, self._kernel_checks(entries),
+                    dtype=tf.as_dtype(self.compute_dtype) if plain else tf.float32))
         if self.hot_tables and self.env.distributed:
             return tf.cast(self._hot_row_lookup(packed, global_ids, local_batch), self.compute_dtype)
         if self.deduplicate_exchange and self.env.distributed:
@@ -645,9 +648,9 @@ class DistributedEmbedding(FusedVariables, FullTableAccess, HotRowReplicas, kera
         kept, kept_weights = band_entry(ids, weights, combiner, *self.plan.row_range(piece))
         return kept, offset, "sum", kept_weights
 
-    def _shard_lookup(self, variable, entries, index_dtype, kernel, checks) -> tf.Tensor:
+    def _shard_lookup(self, variable, entries, index_dtype, kernel, checks, dtype=tf.float32) -> tf.Tensor:
         # One owned variable's pooled lookup; the split-table tests' float32 reference truncates here.
-        return pooled_lookup(variable, entries, index_dtype, kernel=kernel, checks=checks)
+        return pooled_lookup(variable, entries, index_dtype, kernel=kernel, checks=checks, dtype=dtype)
 
     def compute_output_shape(self, input_shape):
         if isinstance(input_shape, Mapping):

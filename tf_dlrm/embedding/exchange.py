@@ -11,19 +11,27 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from tf_dlrm.ops.embedding_bag import bag_kernel, gather_rows_as
 from tf_dlrm.parallel import collectives
 from tf_dlrm.parallel.env import DistributedEnv
 
 
-def gather_rows(variable, ids: tf.Tensor) -> tf.Tensor:
-    """``variable[ids]`` with one ``ResourceGather`` that reads only the rows asked for.
+def gather_rows(variable, ids: tf.Tensor, dtype: tf.DType = tf.float32) -> tf.Tensor:
+    """``variable[ids]`` with one op that reads only the rows asked for.
 
     ``tf.gather`` on a Keras variable first reads the whole variable (``ReadVariableOp``), and once
     a variable has been updated by scatter ops TensorFlow keeps it in copy-on-read mode: that read
     copies the whole table every step. The underlying ``tf.Variable`` is gathered from directly
     (the tables are created with ``autocast=False``, so ``.value`` is never a cast copy).
+
+    ``dtype``: bfloat16 rows of a float32 table come from tf_dlrm's kernel in one pass, rounded as a
+    cast rounds, with a bfloat16 gradient (:func:`tf_dlrm.ops.embedding_bag.gather_rows_as`); without
+    the kernel library, or for other dtypes, the rows are gathered and cast. Either way the same values.
     """
-    return tf.gather(variable.value, ids)
+    if dtype == tf.bfloat16 and tf.as_dtype(variable.dtype) == tf.float32 and bag_kernel() is not None:
+        return gather_rows_as(variable, ids, dtype)
+    rows = tf.gather(variable.value, ids)
+    return rows if dtype == rows.dtype else tf.cast(rows, dtype)
 
 
 def index_dtype(total_rows: int) -> tf.DType:

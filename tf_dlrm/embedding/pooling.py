@@ -192,12 +192,15 @@ def combiner_scale(ids: tf.RaggedTensor, combiner: str) -> tf.Tensor | None:
     return 1.0 / count if combiner == "mean" else tf.math.rsqrt(count)
 
 
-def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType, kernel: bool = False, checks=None) -> tf.Tensor:
+def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType, kernel: bool = False, checks=None,
+                  dtype: tf.DType = tf.float32) -> tf.Tensor:
     """``[n, E * w]``: entry ``e = (ids, row_offset, combiner[, weights])`` pooled into columns ``[e*w, (e+1)*w)``.
 
     All entries share one batch size ``n``; ``variable`` is ``[rows of all slices, w]``. ``kernel``:
     pool with tf_dlrm's embedding-bag kernel (the caller checked that it is loaded), which checks
-    the ids itself (``checks``: see :func:`tf_dlrm.ops.embedding_bag.bag_lookup`).
+    the ids itself (``checks``: see :func:`tf_dlrm.ops.embedding_bag.bag_lookup`). ``dtype``: the
+    dtype the caller casts the result to; when every entry is one-hot the rows may arrive in it (see
+    :func:`tf_dlrm.embedding.exchange.gather_rows`), otherwise the result is float32.
     """
     if kernel:
         # The layer sends no weighted entry to the kernel (it takes no weights): their weights are None.
@@ -206,7 +209,7 @@ def pooled_lookup(variable, entries: Sequence[tuple], index_dtype: tf.DType, ker
     count = len(entries)
     if all(not isinstance(entry[0], tf.RaggedTensor) for entry in entries):
         fused = tf.stack([tf.cast(ids, index_dtype) + offset for ids, offset, *_ in entries], axis=1)
-        vectors = gather_rows(variable, fused)  # [n, E, w]
+        vectors = gather_rows(variable, fused, dtype)  # [n, E, w]
         return tf.reshape(vectors, [-1, count * width])
     pooled = []
     # A split bf16 table's rows are pooled in float32 (bf16 sums of many rows would lose bits).

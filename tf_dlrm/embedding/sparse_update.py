@@ -171,7 +171,8 @@ class SparseUpdater:
             return
         updates = []  # (variable, slots, layout, rows, summed gradient, position of each entry)
         for variable, slots, gradient in zip(self.shards, self.shard_slots, shard_gradients):
-            gradient = float32_gradient(gradient) if id(variable) in self.split_updates else gradient
+            # A split table's, and a float32 table's rows read in bfloat16 (exchange.gather_rows): summed in float32.
+            gradient = float32_gradient(gradient)
             if distinct_rows(variable):
                 # Summed per distinct row by the embedding-bag kernel's gradient already. No
                 # position: such a variable holds no slice of a column-sliced table (the layer checks),

@@ -20,6 +20,12 @@
 // TfDlrmSparseApplySgd(table, rows, gradient, learning_rate): table[rows[u]] -= rate * gradient[u],
 // multi-threaded over u when the rows are distinct (as TfDlrmEmbeddingBagGrad's are); with
 // distinct_rows=false, repeated rows get their entries in order, the threads sharing out blocks of rows.
+// The gradient may be bfloat16 (widened exactly to float32 before the product).
+//
+// TfDlrmGatherRows(table, indices [n]) -> [n, width] of T: table[indices[i]] as T (bfloat16 rounded to
+// nearest even, as a Cast does). Under mixed precision the rows leave the float32 table straight in
+// the compute dtype, and their gradient comes back as bfloat16 IndexedSlices that TfDlrmSparseApplySgd
+// takes as they are: no float32 copy of the rows is written and read again, either way.
 
 #include <algorithm>
 #include <atomic>
@@ -52,6 +58,7 @@ using ::tensorflow::TensorShape;
 using ::tensorflow::Var;
 using ::tensorflow::errors::InvalidArgument;
 using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
 
 enum class Combiner { kSum, kMean, kSqrtn };
 
@@ -657,9 +664,12 @@ class SparseApplyCatchUpAdamOp : public OpKernel {
 void SubtractScaled(float* __restrict target, const float* __restrict source, float rate, int64_t width) {
   for (int64_t j = 0; j < width; ++j) target[j] -= rate * source[j];
 }
+void SubtractScaled(float* __restrict target, const ::tensorflow::bfloat16* __restrict source, float rate, int64_t width) {
+  for (int64_t j = 0; j < width; ++j) target[j] -= rate * static_cast<float>(source[j]);
+}
 #pragma GCC pop_options
 
-template <typename Index>
+template <typename Index, typename Gradient>
 class SparseApplySgdOp : public OpKernel {
  public:
   explicit SparseApplySgdOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -692,7 +702,7 @@ class SparseApplySgdOp : public OpKernel {
     }
     const float rate = rate_tensor.scalar<float>()();
     float* data = table->flat<float>().data();
-    const float* values = gradient.flat<float>().data();
+    const Gradient* values = gradient.flat<Gradient>().data();
     if (!distinct_rows_) {
       // A repeated row gets its entries one after another, in their order (as TensorFlow's
       // sequential sparse SGD); the threads share out blocks of rows.
@@ -705,8 +715,8 @@ class SparseApplySgdOp : public OpKernel {
       for (int64_t u = begin; u < end; ++u) {
         if (u + kPrefetch < end) PrefetchRow(data + static_cast<int64_t>(row[u + kPrefetch]) * width, width);
         float* __restrict target = data + static_cast<int64_t>(row[u]) * width;
-        const float* __restrict source = values + u * width;
-        for (int64_t j = 0; j < width; ++j) target[j] -= rate * source[j];
+        const Gradient* __restrict source = values + u * width;
+        for (int64_t j = 0; j < width; ++j) target[j] -= rate * static_cast<float>(source[j]);
       }
     };
     auto* threads = context->device()->tensorflow_cpu_worker_threads();
@@ -778,14 +788,65 @@ REGISTER_OP("TfDlrmEmbeddingBagGrad")
       return ::tensorflow::OkStatus();
     });
 
+REGISTER_OP("TfDlrmGatherRows")
+    .Input("table: resource")
+    .Input("indices: Tindices")
+    .Output("rows: T")
+    .Attr("Tindices: {int32, int64}")
+    .Attr("T: {float, bfloat16}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle indices;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &indices));
+      c->set_output(0, c->Matrix(c->Dim(indices, 0), InferenceContext::kUnknownDim));
+      return ::tensorflow::OkStatus();
+    });
+
 REGISTER_OP("TfDlrmSparseApplySgd")
     .Input("table: resource")
     .Input("rows: Tindices")
-    .Input("gradient: float")
+    .Input("gradient: Tgradient")
     .Input("learning_rate: float")
     .Attr("Tindices: {int32, int64}")
+    .Attr("Tgradient: {float, bfloat16} = DT_FLOAT")
     .Attr("distinct_rows: bool = true")
     .SetShapeFn([](InferenceContext* c) { return ::tensorflow::OkStatus(); });
+
+// table[indices[i]] converted to T, one thread per block of rows, under the variable's shared lock.
+template <typename Index, typename T>
+class GatherRowsOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& indices = context->input(1);
+    OP_REQUIRES(context, indices.dims() == 1,
+                InvalidArgument("Expected indices [n]. Received: ", indices.shape().DebugString()));
+    ::tensorflow::core::RefCountPtr<Var> variable;
+    OP_REQUIRES_OK(context, LookupTable(context, 0, &variable));
+    ::tensorflow::tf_shared_lock lock(*variable->mu());
+    const Tensor& table = *variable->tensor();
+    const int64_t count = indices.NumElements(), width = table.dim_size(1), limit = table.dim_size(0);
+    const Index* index = indices.flat<Index>().data();
+    for (int64_t i = 0; i < count; ++i) {
+      OP_REQUIRES(context, static_cast<uint64_t>(static_cast<int64_t>(index[i])) < static_cast<uint64_t>(limit),
+                  InvalidArgument("indices[", i, "] = ", static_cast<int64_t>(index[i]), " is not in [0, ", limit, ")"));
+    }
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({count, width}), &output));
+    const float* data = table.flat<float>().data();
+    T* out = output->flat<T>().data();
+    auto work = [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        if (i + kPrefetch < end) PrefetchRow(data + static_cast<int64_t>(index[i + kPrefetch]) * width, width);
+        const float* __restrict source = data + static_cast<int64_t>(index[i]) * width;
+        T* __restrict target = out + i * width;
+        for (int64_t j = 0; j < width; ++j) target[j] = static_cast<T>(source[j]);
+      }
+    };
+    auto* threads = context->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(threads->num_threads, threads->workers, count, 2 * width, work);
+  }
+};
 
 #define TF_DLRM_REGISTER_BAG(index, split)                                                                  \
   REGISTER_KERNEL_BUILDER(Name("TfDlrmEmbeddingBag")                                                        \
@@ -847,9 +908,22 @@ REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplyCatchUpAdam").Device(::tensorflow
                         SparseApplyCatchUpAdamOp<int32_t>);
 REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplyCatchUpAdam").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tindices"),
                         SparseApplyCatchUpAdamOp<int64_t>);
-REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplySgd").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int32_t>("Tindices"),
-                        SparseApplySgdOp<int32_t>);
-REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplySgd").Device(::tensorflow::DEVICE_CPU).TypeConstraint<int64_t>("Tindices"),
-                        SparseApplySgdOp<int64_t>);
+#define TF_DLRM_REGISTER_ROWS(index, value)                                                                 \
+  REGISTER_KERNEL_BUILDER(Name("TfDlrmSparseApplySgd")                                                      \
+                              .Device(::tensorflow::DEVICE_CPU)                                             \
+                              .TypeConstraint<index>("Tindices")                                            \
+                              .TypeConstraint<value>("Tgradient"),                                          \
+                          SparseApplySgdOp<index, value>);                                                  \
+  REGISTER_KERNEL_BUILDER(Name("TfDlrmGatherRows")                                                          \
+                              .Device(::tensorflow::DEVICE_CPU)                                             \
+                              .HostMemory("table")                                                          \
+                              .TypeConstraint<index>("Tindices")                                            \
+                              .TypeConstraint<value>("T"),                                                  \
+                          GatherRowsOp<index, value>);
+TF_DLRM_REGISTER_ROWS(int32_t, float)
+TF_DLRM_REGISTER_ROWS(int64_t, float)
+TF_DLRM_REGISTER_ROWS(int32_t, ::tensorflow::bfloat16)
+TF_DLRM_REGISTER_ROWS(int64_t, ::tensorflow::bfloat16)
+#undef TF_DLRM_REGISTER_ROWS
 
 }  // namespace tf_dlrm

@@ -121,6 +121,26 @@ def _bag_gradient(op, upstream):
     return gradients + [None] * (2 * count)
 
 
+def gather_rows_as(variable, ids: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """``tf.cast(variable[ids], dtype)`` of a float32 ``[rows, w]`` variable in one op, without a float32
+    copy of the rows; its gradient is ``IndexedSlices`` of ``dtype`` values (repeated rows kept), which
+    :func:`apply_sgd_to_repeated_rows` and :func:`apply_sgd_to_distinct_rows` take as they are (the
+    other optimizers cast them to float32 first). Needs the kernel library (:func:`bag_kernel`)."""
+    table = _tf_variable(variable)
+    variable_accessed(table)  # the op reads the handle: tell active tapes, as a variable's own reads do
+    ids = tf.convert_to_tensor(ids)
+    rows = bag_kernel().tf_dlrm_gather_rows(table=table.handle, indices=tf.reshape(ids, [-1]), T=dtype)
+    width = int(variable.shape[1])
+    return tf.ensure_shape(tf.reshape(rows, tf.concat([tf.shape(ids), [width]], axis=0)), ids.shape.concatenate([width]))
+
+
+@tf.RegisterGradient("TfDlrmGatherRows")
+def _gather_rows_gradient(op, upstream):
+    ids = op.inputs[1]
+    shape = tf.raw_ops.VariableShape(input=op.inputs[0], out_type=ids.dtype)
+    return [tf.IndexedSlices(upstream, ids, shape), None]
+
+
 def apply_sgd_to_distinct_rows(variable, gradient: tf.IndexedSlices, learning_rate) -> None:
     """``variable[rows] -= learning_rate * values`` for a gradient whose rows are distinct (from
     :func:`bag_lookup`), on all CPU threads: distinct rows are written by one thread each."""

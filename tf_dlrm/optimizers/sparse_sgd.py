@@ -28,9 +28,10 @@ class SparseSGD(SparseOptimizer):
         (``prox / (1 + 0)``) in one single-threaded pass, where ``scatter_sub`` would need a scaled
         copy of the values first (and TensorFlow 2.21 runs both several times slower than 2.18 did).
         """
-        if bag_kernel() is not None and gradient.values.dtype == tf.float32:
+        if bag_kernel() is not None and gradient.values.dtype in (tf.float32, tf.bfloat16):
             apply_sgd_to_repeated_rows(variable, gradient, learning_rate)
             return
+        gradient = tf.IndexedSlices(tf.cast(gradient.values, variable.dtype), gradient.indices, gradient.dense_shape)
         zero = tf.zeros([], gradient.values.dtype)
         tf.raw_ops.ResourceSparseApplyProximalGradientDescent(
             var=tf_variable(variable).handle, alpha=tf.cast(learning_rate, gradient.values.dtype), l1=zero, l2=zero,
