@@ -43,8 +43,8 @@ class CrossLayer(keras.layers.Layer):
         x0, x = inputs
         # Row vectors: x W^T in the paper's column notation is x @ kernel here.
         projected = tf.matmul(tf.matmul(x, self.down), self.up) if self.low_rank else tf.matmul(x, self.kernel)
-        # bias_add, not ``+``: Grappler fuses MatMul + BiasAdd into one kernel, and the bias gradient
-        # is one BiasAddGrad instead of a broadcast's generic reduction over the whole batch.
+        # bias_add, not ``+``: Grappler fuses MatMul + BiasAdd into one kernel. (Models train through
+        # CrossNetwork, whose own gradient sums the bias gradient in float32: see bias.bias_gradient.)
         return x0 * tf.nn.bias_add(projected, self.bias) + x
 
     def compute_output_shape(self, input_shape):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from tf_dlrm.models.layers.bias import bias_gradient
 from tf_dlrm.models.layers.cross_layer import CrossLayer
 
 
@@ -79,8 +80,7 @@ class CrossNetwork(keras.layers.Layer):
                 sum_grad = upstream * x0
                 for index in reversed(range(self.num_layers)):
                     own = layer_weights(index)
-                    # One BiasAddGrad kernel, not a generic reduction (see CrossLayer).
-                    bias_grad = tf.raw_ops.BiasAddGrad(out_backprop=sum_grad)
+                    bias_grad = bias_gradient(sum_grad)
                     if self.low_rank:
                         hidden_grad = tf.matmul(sum_grad, own[1], transpose_b=True)
                         matrix_grads = [tf.matmul(inputs[index], hidden_grad, transpose_a=True),

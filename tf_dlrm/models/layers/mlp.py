@@ -8,6 +8,8 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
+from tf_dlrm.models.layers.bias import bias_gradient
+
 
 @keras.saving.register_keras_serializable(package="tf_dlrm")
 class MLP(keras.layers.Layer):
@@ -92,15 +94,13 @@ class MLP(keras.layers.Layer):
 
 
 def dense(inputs, layer: keras.layers.Dense):
-    """``layer(inputs)`` for a Dense layer of ReLU or no activation, with the bias gradient taken as a matmul.
+    """``layer(inputs)`` for a Dense layer of ReLU or no activation, its bias gradient summed in float32
+    (:func:`tf_dlrm.models.layers.bias.bias_gradient`; Keras's would be a bfloat16 ``BiasAddGrad`` under
+    mixed precision).
 
-    TensorFlow's bias gradient (``BiasAddGrad``) sums a bfloat16 gradient over the batch in bfloat16 on
-    the CPU: at batch 16,384 its sums of unit-scale terms are off by up to ~100 (for a true spread of
-    ~128), where a matmul by a row of ones accumulates in float32 and rounds once. The matmul is also
-    the faster of the two at every width and precision measured (float32 included), so it is used
-    throughout. The forward ops are the layer's own (matmul, bias add, ReLU), which the graph optimizer
-    fuses into one oneDNN call as before; the kernel and bias arrive cast to the compute dtype, so their
-    float32 gradients come from the casts' own gradients as in ``layer(inputs)``.
+    The forward ops are the layer's own (matmul, bias add, ReLU), which the graph optimizer fuses into
+    one oneDNN call as before; the kernel and bias arrive cast to the compute dtype, so their float32
+    gradients come from the casts' own gradients as in ``layer(inputs)``.
     """
     if layer.activation not in (keras.activations.relu, keras.activations.linear):
         raise ValueError(f"Expected a Dense layer with ReLU or no activation. Received: {layer.name} with {layer.activation}")
@@ -121,10 +121,9 @@ def _dense(x, kernel, bias, relu: bool):
 
         def backward(upstream):
             pre_activation = tf.raw_ops.ReluGrad(gradients=upstream, features=outputs) if relu else upstream
-            ones = tf.ones(tf.stack([1, tf.shape(pre_activation)[0]]), pre_activation.dtype)
             return (tf.matmul(pre_activation, kernel, transpose_b=True),
                     tf.matmul(x, pre_activation, transpose_a=True),
-                    tf.reshape(tf.matmul(ones, pre_activation), [-1]))
+                    bias_gradient(pre_activation))
 
         return outputs, backward
 

@@ -1,5 +1,6 @@
-"""The MLP's own dense step: the same values and gradients as Keras's ``Dense``, and a bias gradient
-summed in float32 under mixed bfloat16 (TensorFlow's ``BiasAddGrad`` sums bfloat16 in bfloat16)."""
+"""Bias gradients summed in float32 under mixed bfloat16 (TensorFlow's ``BiasAddGrad`` sums bfloat16 in
+bfloat16 on the CPU), in the MLP and the cross network; and the MLP's own dense step gives the same values
+and gradients as Keras's ``Dense``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_dlrm.models.layers.bias import bias_gradient
+from tf_dlrm.models.layers.cross_network import CrossNetwork
 from tf_dlrm.models.layers.mlp import MLP
 
 
@@ -69,3 +72,37 @@ def test_rejects_other_activations():
     layer.build((None, 2))
     with pytest.raises(ValueError, match="ReLU or no activation"):
         dense(tf.zeros([1, 2]), layer)
+
+
+def within_one_bfloat16_rounding(got, exact):
+    # float32 sums of 16,384 unit terms, rounded once to bfloat16 (8 bits): within half an ulp, 2^-8 relative,
+    # plus the float32 sum's own error. A sum kept in bfloat16 drifts by tens here (|exact| in the hundreds).
+    return np.all(np.abs(got - exact) <= np.abs(exact) * 2.0 ** -8 + 1e-2)
+
+
+def test_bias_gradient_of_bfloat16_rows():
+    values = tf.cast(tf.random.stateless_normal([16384, 24], seed=[4, 0]), tf.bfloat16)
+    got = bias_gradient(values)
+    assert got.dtype == tf.bfloat16 and got.shape == (24,)
+    exact = values.numpy().astype(np.float64).sum(axis=0)
+    assert within_one_bfloat16_rounding(got.numpy().astype(np.float64), exact)
+    assert not within_one_bfloat16_rounding(tf.raw_ops.BiasAddGrad(out_backprop=values).numpy().astype(np.float64), exact)
+
+
+def test_mixed_bfloat16_cross_network_bias_gradient_is_summed_in_float32():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        network = CrossNetwork(1, seed=2)
+        network.build((None, 16))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    batch = 16384
+    x0 = tf.cast(tf.random.stateless_normal([batch, 16], seed=[5, 0]), tf.bfloat16)
+    upstream = tf.cast(tf.random.stateless_normal([batch, 16], seed=[6, 0]), tf.bfloat16)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.cast(network(x0) * upstream, tf.float32))
+    bias = network.cross_layers[0].bias
+    got = tape.gradient(loss, bias.value).numpy().astype(np.float64)
+    # x1 = x0 * (x0 W + b) + x0: d/db = the column sums of upstream * x0 (a bfloat16 product, as the step computes it).
+    exact = tf.cast(upstream * x0, tf.float64).numpy().sum(axis=0)
+    assert within_one_bfloat16_rounding(got, exact)
