@@ -65,13 +65,18 @@ def test_mixed_bfloat16_bias_gradient_is_summed_in_float32():
     assert np.all(np.abs(bias_gradient.numpy() - exact) <= tolerance), np.max(np.abs(bias_gradient.numpy() - exact))
 
 
-def test_rejects_other_activations():
-    from tf_dlrm.models.layers.mlp import dense
-
-    layer = keras.layers.Dense(3, activation="tanh")
-    layer.build((None, 2))
-    with pytest.raises(ValueError, match="ReLU or no activation"):
-        dense(tf.zeros([1, 2]), layer)
+def test_other_final_activations_are_applied_after():
+    mlp = MLP((6, 3), final_activation="sigmoid", seed=5)
+    mlp.build((None, 2))
+    rng = np.random.default_rng(3)
+    inputs = tf.constant(rng.normal(size=(16, 2)).astype(np.float32))
+    upstream = tf.constant(rng.normal(size=(16, 3)).astype(np.float32))
+    ours, our_gradients = gradients(mlp, inputs, upstream, through_keras=False)
+    keras_outputs, keras_gradients = gradients(mlp, inputs, upstream, through_keras=True)
+    assert np.all((ours.numpy() > 0) & (ours.numpy() < 1))
+    np.testing.assert_allclose(ours.numpy(), keras_outputs.numpy(), rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(our_gradients, keras_gradients):
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-5)
 
 
 def within_one_bfloat16_rounding(got, exact):

@@ -94,22 +94,23 @@ class MLP(keras.layers.Layer):
 
 
 def dense(inputs, layer: keras.layers.Dense):
-    """``layer(inputs)`` for a Dense layer of ReLU or no activation, its bias gradient summed in float32
-    (:func:`tf_dlrm.models.layers.bias.bias_gradient`; Keras's would be a bfloat16 ``BiasAddGrad`` under
-    mixed precision).
+    """``layer(inputs)``, its bias gradient summed in float32 (:func:`tf_dlrm.models.layers.bias.bias_gradient`;
+    Keras's would be a bfloat16 ``BiasAddGrad`` under mixed precision).
 
     The forward ops are the layer's own (matmul, bias add, ReLU), which the graph optimizer fuses into
     one oneDNN call as before; the kernel and bias arrive cast to the compute dtype, so their float32
-    gradients come from the casts' own gradients as in ``layer(inputs)``.
+    gradients come from the casts' own gradients as in ``layer(inputs)``. An activation other than ReLU
+    (a user's ``final_activation``) is applied after, with its own gradient.
     """
-    if layer.activation not in (keras.activations.relu, keras.activations.linear):
-        raise ValueError(f"Expected a Dense layer with ReLU or no activation. Received: {layer.name} with {layer.activation}")
     relu = layer.activation is keras.activations.relu
     compute = layer.compute_dtype
     x = tf.cast(inputs, compute)
     kernel = tf.cast(tf.convert_to_tensor(layer.kernel), compute)
     bias = tf.cast(tf.convert_to_tensor(layer.bias), compute)
-    return _dense(x, kernel, bias, relu)
+    outputs = _dense(x, kernel, bias, relu)
+    if relu or layer.activation is keras.activations.linear:
+        return outputs
+    return layer.activation(outputs)
 
 
 def _dense(x, kernel, bias, relu: bool):
