@@ -29,20 +29,26 @@ def gradients(mlp, inputs, upstream, through_keras: bool):
     return outputs, tape.gradient(loss, [inputs, *mlp.trainable_variables])
 
 
+def assert_same_as_keras(mlp, batch: int, width: int, seed: int, atol: float):
+    """The MLP's outputs and gradients (inputs and every variable) against each Keras ``Dense`` called in turn."""
+    rng = np.random.default_rng(seed)
+    inputs = tf.constant(rng.normal(size=(batch, width)).astype(np.float32))
+    upstream = tf.constant(rng.normal(size=(batch, mlp.units[-1])).astype(np.float32))
+    ours, our_gradients = gradients(mlp, inputs, upstream, through_keras=False)
+    keras_outputs, keras_gradients = gradients(mlp, inputs, upstream, through_keras=True)
+    # Same products, summed in another order at most: float32 rounding of sums of up to ~64 terms of unit size.
+    np.testing.assert_allclose(ours.numpy(), keras_outputs.numpy(), rtol=1e-5, atol=atol)
+    assert len(our_gradients) == 1 + 2 * len(mlp.units)
+    for mine, theirs in zip(our_gradients, keras_gradients):
+        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-4, atol=10 * atol)
+    return ours
+
+
 @pytest.mark.parametrize("final_activation", ["relu", None])
 def test_values_and_gradients_equal_keras_dense_in_float32(final_activation):
     mlp = MLP((16, 8, 4), final_activation=final_activation, seed=3)
     mlp.build((None, 5))
-    rng = np.random.default_rng(0)
-    inputs = tf.constant(rng.normal(size=(64, 5)).astype(np.float32))
-    upstream = tf.constant(rng.normal(size=(64, 4)).astype(np.float32))
-    ours, our_gradients = gradients(mlp, inputs, upstream, through_keras=False)
-    keras_outputs, keras_gradients = gradients(mlp, inputs, upstream, through_keras=True)
-    # Same products, summed in another order at most: float32 rounding of sums of ~64 terms of unit size.
-    np.testing.assert_allclose(ours.numpy(), keras_outputs.numpy(), rtol=1e-5, atol=1e-5)
-    assert len(our_gradients) == 1 + 6
-    for mine, theirs in zip(our_gradients, keras_gradients):
-        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-4)
+    assert_same_as_keras(mlp, batch=64, width=5, seed=0, atol=1e-5)
 
 
 def test_mixed_bfloat16_bias_gradient_is_summed_in_float32():
@@ -57,26 +63,15 @@ def test_mixed_bfloat16_bias_gradient_is_summed_in_float32():
     inputs = tf.constant(rng.normal(size=(batch, 4)).astype(np.float32))
     # Upstream values exact in bfloat16, so the true bias gradient is their float64 column sums.
     upstream = tf.cast(tf.cast(rng.normal(size=(batch, 32)).astype(np.float32), tf.bfloat16), tf.float32)
-    _, (_, _, bias_gradient) = gradients(mlp, inputs, upstream, through_keras=False)
-    exact = upstream.numpy().astype(np.float64).sum(axis=0)
-    # float32 sums of 16,384 unit terms, rounded once to bfloat16 (8 bits): within half an ulp of 2^-8 relative,
-    # plus the float32 sum's own error. A sum kept in bfloat16 drifts by tens at this batch (|exact| ~ 128).
-    tolerance = np.abs(exact) * 2.0 ** -8 + 1e-2
-    assert np.all(np.abs(bias_gradient.numpy() - exact) <= tolerance), np.max(np.abs(bias_gradient.numpy() - exact))
+    _, (_, _, got) = gradients(mlp, inputs, upstream, through_keras=False)
+    assert within_one_bfloat16_rounding(got.numpy().astype(np.float64), upstream.numpy().astype(np.float64).sum(axis=0))
 
 
 def test_other_final_activations_are_applied_after():
     mlp = MLP((6, 3), final_activation="sigmoid", seed=5)
     mlp.build((None, 2))
-    rng = np.random.default_rng(3)
-    inputs = tf.constant(rng.normal(size=(16, 2)).astype(np.float32))
-    upstream = tf.constant(rng.normal(size=(16, 3)).astype(np.float32))
-    ours, our_gradients = gradients(mlp, inputs, upstream, through_keras=False)
-    keras_outputs, keras_gradients = gradients(mlp, inputs, upstream, through_keras=True)
-    assert np.all((ours.numpy() > 0) & (ours.numpy() < 1))
-    np.testing.assert_allclose(ours.numpy(), keras_outputs.numpy(), rtol=1e-5, atol=1e-6)
-    for mine, theirs in zip(our_gradients, keras_gradients):
-        np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-4, atol=1e-5)
+    outputs = assert_same_as_keras(mlp, batch=16, width=2, seed=3, atol=1e-6).numpy()
+    assert np.all((outputs > 0) & (outputs < 1))
 
 
 def within_one_bfloat16_rounding(got, exact):
