@@ -24,8 +24,8 @@ TOOL = textwrap.dedent("""
         scratch = tempfile.mkdtemp(prefix="scratch_")
         stop_signals.remove_when_ending(scratch)
         child = subprocess.Popen(["sleep", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        print(scratch, child.pid, flush=True)
-        try:
+        try:  # the ready line is printed inside: a signal sent the moment it is read must land in this try
+            print(scratch, child.pid, flush=True)
             time.sleep(600)
         finally:
             if sys.argv[1] == "stuck":
