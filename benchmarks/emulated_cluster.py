@@ -31,6 +31,8 @@ of ``--config``'s shape and one JSON line per rank is printed (``step_breakdown.
 ``compute_ms`` (input + lookup + dense forward/backward + update) and ``communication_ms`` (exchange
 + allreduce) beside the phases. The machine's cores are shared by all ranks: beyond as many ranks as
 cores, compute is oversubscribed and its figures are those of the shared cores, not of N machines.
+Each rank runs on its own share of the machine's cores (one core for several ranks beyond as many ranks
+as cores; ``--no-pin`` lets them float), so it takes as many threads as it has cores.
 """
 
 from __future__ import annotations
@@ -138,6 +140,26 @@ def shape(namespace: str, device: str, bandwidth_mbit: float, delay_us: float) -
         _run(["tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "handle", "1:", *tbf_arguments(bandwidth_mbit)])
 
 
+def host_cores(ranks: int, cores: list[int]) -> list[list[int]]:
+    """The machine's cores each of ``ranks`` hosts runs on: an even share of ``cores`` when there are at least as
+    many cores as hosts, else one core for hosts r, r + len(cores), ...
+
+    Every host then has the same compute, as equal machines would, and a rank's default thread count (its cores, as
+    ``os.sched_getaffinity`` tells it) matches the cores it really has. Unpinned, each of 8 ranks on 2 cores took 2
+    intra-op threads: 16 threads time-shared 2 cores unevenly, and the slowest rank set every step.
+    """
+    if not cores:
+        raise ClusterError("no cores to pin the ranks to")
+    if ranks <= len(cores):
+        share = len(cores) // ranks
+        return [cores[rank * share:(rank + 1) * share] for rank in range(ranks)]
+    return [[cores[rank % len(cores)]] for rank in range(ranks)]
+
+
+def machine_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
 class EmulatedCluster:
     """Context manager: the namespaces, bridge and shaped links of ``ranks`` hosts; removed on exit.
 
@@ -146,9 +168,12 @@ class EmulatedCluster:
         bandwidth_mbit: every host's link rate each way, in Mbit/s.
         latency_us: one-way latency added between two hosts (0: the veths' own).
         prefix: the namespaces' name prefix (``--cleanup`` removes by it).
+        pin: run each host's rank on its own share of the machine's cores (:func:`host_cores`); False lets the
+            ranks float over all of them.
     """
 
-    def __init__(self, ranks: int, bandwidth_mbit: float, latency_us: float = 0.0, prefix: str = DEFAULT_PREFIX):
+    def __init__(self, ranks: int, bandwidth_mbit: float, latency_us: float = 0.0, prefix: str = DEFAULT_PREFIX,
+                 pin: bool = True):
         if not MIN_RANKS <= ranks <= MAX_RANKS:
             raise ClusterError(f"Expected {MIN_RANKS} <= ranks <= {MAX_RANKS}. Received: ranks={ranks}")
         if bandwidth_mbit <= 0 or latency_us < 0:
@@ -160,6 +185,7 @@ class EmulatedCluster:
         self.switch = f"{prefix}sw"
         self.hosts = [f"{prefix}{rank}" for rank in range(ranks)]
         self.addresses = [f"{SUBNET}.{rank + 1}" for rank in range(ranks)]
+        self.cores = host_cores(ranks, machine_cores()) if pin else [machine_cores()] * ranks
 
     def __enter__(self) -> "EmulatedCluster":
         check_machine()
@@ -247,7 +273,8 @@ class EmulatedCluster:
             for rank, host in enumerate(self.hosts):
                 processes.append(subprocess.Popen(["ip", "netns", "exec", host, *command], cwd=cwd,
                                                   env=self.rank_environment(rank, port, env), stdin=subprocess.DEVNULL,
-                                                  stdout=logs[rank], stderr=subprocess.STDOUT, start_new_session=True))
+                                                  stdout=logs[rank], stderr=subprocess.STDOUT, start_new_session=True,
+                                                  preexec_fn=_pinning(self.cores[rank])))
             deadline, timed_out = time.time() + timeout, False
             while any(p.poll() is None for p in processes):
                 if any(p.returncode not in (None, 0) for p in processes):
@@ -272,6 +299,11 @@ class EmulatedCluster:
             if server is not None:
                 _stop(server)
             shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def _pinning(cores: list[int]):
+    """A ``preexec_fn`` that binds the child (and all it starts: ``ip netns exec`` execs the rank) to ``cores``."""
+    return lambda: os.sched_setaffinity(0, cores)
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -341,7 +373,7 @@ def breakdown(cluster: EmulatedCluster, args) -> list[dict]:
             with open(os.path.join(out_dir, f"rank{rank}.json")) as handle:
                 record = summarize(json.load(handle), "horovod", summary_args, {})
             records.append({**split_record(record), "bandwidth_mbit": cluster.bandwidth_mbit,
-                            "latency_us": cluster.latency_us, "emulated_cluster": True})
+                            "latency_us": cluster.latency_us, "emulated_cluster": True, "cores": cluster.cores[rank]})
         return records
 
 
@@ -362,6 +394,8 @@ def main(argv=None) -> int:
     parser.add_argument("--batch_size", type=int, default=0, help="global batch (0: the config's)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="each rank on its share of the machine's cores (--no-pin: all ranks on all cores)")
     parser.add_argument("--serve_rendezvous", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port_file", help=argparse.SUPPRESS)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND run as every rank")
@@ -388,9 +422,10 @@ def main(argv=None) -> int:
             if batch % args.ranks:
                 raise ClusterError(f"--batch_size={batch} does not divide by --ranks={args.ranks}")
         signal.signal(signal.SIGTERM, _raise_interrupt)
-        with EmulatedCluster(args.ranks, args.bandwidth_mbit, args.latency_us, args.prefix) as cluster:
+        with EmulatedCluster(args.ranks, args.bandwidth_mbit, args.latency_us, args.prefix, args.pin) as cluster:
             print(f"emulated cluster: {cluster.ranks} hosts {', '.join(cluster.addresses)}, links "
-                  f"{cluster.bandwidth_mbit:g} Mbit/s each way, latency +{cluster.latency_us:g} us", file=sys.stderr)
+                  f"{cluster.bandwidth_mbit:g} Mbit/s each way, latency +{cluster.latency_us:g} us, cores "
+                  f"{' '.join(','.join(map(str, cores)) for cores in cluster.cores)}", file=sys.stderr)
             if args.breakdown:
                 for record in breakdown(cluster, args):
                     print(json.dumps(record), flush=True)

@@ -308,6 +308,8 @@ def main(argv=None) -> int:
     parser.add_argument("--id_skew", default="criteo_fit",
                         help="criteo_fit (per table, the exponents fitted on the Criteo day-0 sample) or zipf:S (every table)")
     parser.add_argument("--prefix", default="tfdlopt")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                        help="each rank on its share of the machine's cores (emulated_cluster.host_cores)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", default=os.path.join(BENCHMARKS, "results", "emulated_options.jsonl"))
     parser.add_argument("--table", metavar="JSONL", help="print the markdown table of a results file and exit")
@@ -340,7 +342,7 @@ def main(argv=None) -> int:
             dataset = make_dataset(os.path.join(work, "data"), args.batch_size, args.batches, args.seed, args.id_skew)
             control = os.path.join(work, "control")
             os.mkdir(control)
-            with EmulatedCluster(args.ranks, bandwidths[0], 0.0, args.prefix) as cluster:
+            with EmulatedCluster(args.ranks, bandwidths[0], 0.0, args.prefix, args.pin) as cluster:
                 env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
                            PYTHONPATH=REPOSITORY + os.pathsep + os.environ.get("PYTHONPATH", ""))
                 command = [sys.executable, os.path.abspath(__file__), "--worker", f"--control_dir={control}",

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(REPO, "benchmarks"))
 sys.path.insert(0, os.path.join(REPO, "tests", "checkpoint"))
 sys.path.insert(0, os.path.join(REPO, "tests", "bad_inputs"))
 from checkpoint_runs import max_difference  # noqa: E402
-from emulated_cluster import ClusterError, EmulatedCluster, namespaces, tbf_arguments  # noqa: E402
+from emulated_cluster import ClusterError, EmulatedCluster, host_cores, namespaces, tbf_arguments  # noqa: E402
 from tiny_dataset import TINY_MODEL, write_tiny  # noqa: E402
 
 pytestmark = pytest.mark.multirank
@@ -103,3 +103,20 @@ def test_a_low_link_rate_slows_the_exchange(cluster, tmp_path):
     assert low >= 0.95 * floor, (low, floor, record)
     # The high rate's floor is LOW/HIGH = 1/40 of the low one's; 3x leaves the rest to the ranks' compute and scheduling.
     assert low >= 3 * high, (low, high, record)
+
+
+def test_every_host_gets_an_equal_share_of_the_cores():
+    assert host_cores(2, [0, 1]) == [[0], [1]]
+    assert host_cores(2, [0, 1, 2, 3]) == [[0, 1], [2, 3]]
+    assert host_cores(3, [4, 5, 6, 7]) == [[4], [5], [6]]  # an even share: the fourth core stays idle
+    # More hosts than cores: each core carries ranks / cores of them, never all the ranks.
+    assert host_cores(8, [0, 1]) == [[0], [1]] * 4
+    assert [len(cores) for cores in host_cores(8, list(range(16)))] == [2] * 8
+
+
+def test_a_rank_runs_on_its_hosts_cores_and_takes_as_many_threads(cluster):
+    # The rank sees its host's cores as its own: main.py's default intra-op threads are cores // local ranks.
+    script = "import os; print(sorted(os.sched_getaffinity(0)))"
+    outputs = _run_ranks(cluster, [sys.executable, "-c", script], timeout=60)
+    assert [json.loads(output.strip()) for output in outputs] == cluster.cores == host_cores(RANKS, sorted(
+        os.sched_getaffinity(0)))
