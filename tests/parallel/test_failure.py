@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,8 +68,11 @@ def test_a_rank_that_raises_ends_the_job(tmp_path):
         pytest.fail(f"horovodrun still running {LIMIT_SECONDS} s after rank 1 raised")
     assert process.returncode != 0
     assert time.time() - failed_at < LIMIT_SECONDS
-    # Whichever rank horovodrun sees die first, the output says why the job ended.
-    assert "fails on purpose" in output or "Horovod has been shut down" in output
+    # Whichever rank horovodrun sees die first, the output says why the job ended: that rank's own lines (the
+    # traceback, or Horovod's shut-down error on the other rank), or, where horovodrun ended before forwarding them
+    # (its output threads race the exit it reports), its summary naming the first rank that exited non-zero.
+    named = re.search(r"Process name: [01]\nExit code: [1-9]", output)
+    assert "fails on purpose" in output or "Horovod has been shut down" in output or named, output[-3000:]
 
 
 @pytest.mark.multirank
