@@ -144,8 +144,8 @@ def host_cores(ranks: int, cores: list[int]) -> list[list[int]]:
     """The machine's cores each of ``ranks`` hosts runs on: an even share of ``cores`` when there are at least as
     many cores as hosts, else one core for hosts r, r + len(cores), ...
 
-    Every host then has the same compute, as equal machines would, and a rank's default thread count (its cores, as
-    ``os.sched_getaffinity`` tells it) matches the cores it really has. Unpinned, each of 8 ranks on 2 cores took 2
+    Where the ranks divide evenly among the cores every host has the same compute, as equal machines would; either
+    way a rank's default thread count (its cores, as ``os.sched_getaffinity`` tells it) matches the cores it has. Unpinned, each of 8 ranks on 2 cores took 2
     intra-op threads: 16 threads time-shared 2 cores unevenly, and the slowest rank set every step.
     """
     if not cores:

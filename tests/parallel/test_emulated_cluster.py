@@ -114,8 +114,9 @@ def test_every_host_gets_an_equal_share_of_the_cores():
     assert [len(cores) for cores in host_cores(8, list(range(16)))] == [2] * 8
 
 
-def test_a_rank_runs_on_its_hosts_cores_and_takes_as_many_threads(cluster):
-    # The rank sees its host's cores as its own: main.py's default intra-op threads are cores // local ranks.
+def test_a_rank_runs_on_its_hosts_share_of_the_cores(cluster):
+    # The rank sees its host's cores as its own, so main.py's default intra-op threads (cores // local ranks) are the
+    # cores it has.
     script = "import os; print(sorted(os.sched_getaffinity(0)))"
     outputs = _run_ranks(cluster, [sys.executable, "-c", script], timeout=60)
     assert [json.loads(output.strip()) for output in outputs] == cluster.cores == host_cores(RANKS, sorted(
