@@ -145,8 +145,7 @@ def host_cores(ranks: int, cores: list[int]) -> list[list[int]]:
     many cores as hosts, else one core for hosts r, r + len(cores), ...
 
     Where the ranks divide evenly among the cores every host has the same compute, as equal machines would; either
-    way a rank's default thread count (its cores, as ``os.sched_getaffinity`` tells it) matches the cores it has. Unpinned, each of 8 ranks on 2 cores took 2
-    intra-op threads: 16 threads time-shared 2 cores unevenly, and the slowest rank set every step.
+    way a rank's default thread count (its cores, as ``os.sched_getaffinity`` tells it) matches the cores it has.
     """
     if not cores:
         raise ClusterError("no cores to pin the ranks to")
