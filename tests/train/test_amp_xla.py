@@ -216,6 +216,9 @@ CASES = [
     {"name": "amp_column_wise_dp_input", "policy": "mixed_bfloat16", "xla": False, "strategy": "column_wise", "data_parallel_input": True},
     {"name": "amp_xla_auto", "policy": "mixed_bfloat16", "xla": True, "strategy": "auto", "data_parallel_input": False},
     {"name": "xla_column_wise", "policy": "float32", "xla": True, "strategy": "column_wise", "data_parallel_input": False},
+    # Row bands (every model-parallel table of more than 1000 elements cut over the ranks), ids spread over every band.
+    {"name": "xla_row_bands", "policy": "float32", "xla": True, "strategy": "table_wise", "data_parallel_input": False,
+     "row_slice_threshold": 1000, "spread_ids": True},
 ]
 # The equivalence worker's DLRM: bottom MLP [8, dim], top MLP [8, 4, 1].
 DENSE_LAYERS = 5
@@ -263,6 +266,8 @@ def test_two_ranks_equal_one_process_under_amp_and_xla(case, rank_records):
         where = f"{case}, rank {record['rank']}"
         assert record["forward"]["scaled"] <= forward_bound, f"{where}: forward differs {record['forward']} > {forward_bound}"
         assert record["tables_moved"] > 1e-4, f"{where}: training did not change the tables"
+        if case == "xla_row_bands":  # the three model-parallel tables really are cut into row bands
+            assert record["banded_tables"] == 3, f"{where}: {record['banded_tables']} tables in row bands, expected 3"
         if update_bound is None:
             assert record["tables"]["rel"] <= 1e-5, f"{where}: tables differ {record['tables']}"
             assert record["mlp"]["rel"] <= 1e-5, f"{where}: MLP weights differ {record['mlp']}"
@@ -308,7 +313,7 @@ def worker(cases_path: str, out_dir: str) -> None:
         reference_trainer = Trainer(reference, DistributedEnv(), config)
         batches = equivalence.make_batches(case, case["steps"] + 1)
         initial = [reference.embedding.get_full_table(t) for t in range(len(plan.tables))]
-        record = {"case": case["name"], "rank": env.rank}
+        record = {"case": case["name"], "rank": env.rank, "banded_tables": len(plan.row_sliced)}
         features, _ = equivalence.local_inputs(batches[0], model, env)
         logits = collectives.allgather(env, model(features))
         expected = reference(equivalence.reference_inputs(batches[0])[0])
