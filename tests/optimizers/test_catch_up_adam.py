@@ -48,20 +48,24 @@ def touch_pattern() -> list[np.ndarray]:
     return steps
 
 
-def dense_adam_reference(initial, touched, gradients):
+def dense_adam_reference(initial, touched, gradients, weight_decay=0.0, decayed="every"):
+    """Dense Adam in float64; ``weight_decay`` added to the gradient of every row (``decayed="every"``, as an L2
+    loss over the table gives it) or of the touched rows only (``"touched"``)."""
     w, m, v = initial.astype(np.float64), np.zeros(initial.shape), np.zeros(initial.shape)
     for t, (ids, values) in enumerate(zip(touched, gradients), start=1):
         g = np.zeros(w.shape)
         np.add.at(g, ids, values)  # untouched rows: a zero gradient, and they still move
+        rows = slice(None) if decayed == "every" else np.unique(ids)
+        g[rows] += weight_decay * w[rows]
         m = BETA_1 * m + (1 - BETA_1) * g
         v = BETA_2 * v + (1 - BETA_2) * g**2
         w -= RATE * np.sqrt(1 - BETA_2**t) / (1 - BETA_1**t) * m / (np.sqrt(v) + EPSILON)
     return w, m, v
 
 
-def train(optimizer, initial, touched, gradients):
+def train(optimizer, initial, touched, gradients, weight_decay=0.0):
     variable = set_layout(tf.Variable(initial), SliceLayout([0], [(0, WIDTH)], [WIDTH]))
-    updater = SparseUpdater(optimizer, DistributedEnv(), [variable], [])
+    updater = SparseUpdater(optimizer, DistributedEnv(), [variable], [], weight_decay=weight_decay)
     for step, (ids, values) in enumerate(zip(touched, gradients), start=1):
         gradient = tf.IndexedSlices(tf.constant(values), tf.constant(ids), tf.constant([ROWS, WIDTH]))
         updater.apply([gradient], [], tf.constant(RATE), tf.constant(step, tf.int64), global_batch=len(ids))
@@ -117,6 +121,40 @@ def test_dense_adam_equals_dense_adam_on_every_row(problem):
     actual, state = train(SparseDenseAdam(BETA_1, BETA_2, EPSILON), initial, touched[:-1], gradients[:-1])
     np.testing.assert_allclose(actual, reference[0], rtol=0, atol=TOLERANCE)
     np.testing.assert_allclose(state["m"], reference[1], rtol=1e-5, atol=1e-7)
+
+
+def test_dense_adam_decays_every_row_as_keras_adam_under_an_l2_loss(problem):
+    """``--embedding_weight_decay`` under dense Adam reaches every row at every step, not only the touched
+    ones: rows 3..7, untouched for up to 40 steps, are pulled toward zero by the decay alone."""
+    initial, touched, gradients, _ = problem
+    decay = 0.5
+    w, m, _ = dense_adam_reference(initial, touched[:-1], gradients[:-1], weight_decay=decay)
+    touched_only, _, _ = dense_adam_reference(initial, touched[:-1], gradients[:-1], weight_decay=decay, decayed="touched")
+    assert np.abs(touched_only - w).max() > 1000 * TOLERANCE, "the problem should tell the two decays apart"
+    actual, state = train(SparseDenseAdam(BETA_1, BETA_2, EPSILON), initial, touched[:-1], gradients[:-1], weight_decay=decay)
+    np.testing.assert_allclose(actual, w, rtol=0, atol=TOLERANCE)
+    # m now averages decay * w, whose w carries the weights' own error (at most TOLERANCE).
+    np.testing.assert_allclose(state["m"], m, rtol=1e-5, atol=decay * TOLERANCE)
+
+
+def test_a_whole_variable_decay_is_refused_beside_another_optimizers_tables():
+    """Two tables of one width share a variable; dense Adam's decay of every row would reach the SGD table's."""
+    from tf_dlrm.embedding import DistributedEmbedding, FeatureConfig, TableConfig, optimizers
+    from tf_dlrm.embedding.training_step import table_optimizer_groups
+
+    def updater(weight_decay, other):
+        tables = [TableConfig("a", 30, 4, optimizer=optimizers.DenseAdam(learning_rate=0.01)),
+                  TableConfig("b", 30, 4, optimizer=other)]
+        layer = DistributedEmbedding([FeatureConfig("a", tables[0]), FeatureConfig("b", tables[1])])
+        layer.build()
+        base, per_table, _ = table_optimizer_groups([layer])
+        return SparseUpdater(base, DistributedEnv(), layer.sparse_variables, layer.replicated_variables,
+                             layer.padding_variables, weight_decay=weight_decay, table_optimizers=per_table)
+
+    with pytest.raises(ValueError, match=r"tables of dense_adam alone .* --embedding_weight_decay .* \['dense_adam', 'sgd'\]"):
+        updater(0.01, optimizers.SGD(learning_rate=0.1))
+    updater(0.0, optimizers.SGD(learning_rate=0.1))  # no decay: each optimizer moves its own rows
+    updater(0.01, optimizers.DenseAdam(learning_rate=0.01))  # one optimizer: its variable is its own
 
 
 def test_skipped_step_tails_match_a_direct_sum():

@@ -182,7 +182,8 @@ def define_flags(argv=None, flag_values: flags.FlagValues = flags.FLAGS) -> None
         f.DEFINE_float("adam_beta1", 0.9, "beta_1 of adam, lazy_adam and lamb.")
         f.DEFINE_float("adam_beta2", 0.999, "beta_2 of adam, lazy_adam and lamb.")
         f.DEFINE_float("adam_epsilon", 1e-8, "Epsilon of adam, lazy_adam and lamb.")
-        f.DEFINE_float("embedding_weight_decay", 0.0, "L2 coefficient on the embedding rows touched in a step (added to their gradient, as one process does).")
+        f.DEFINE_float("embedding_weight_decay", 0.0, "L2 coefficient on the embedding rows touched in a step (added to their gradient, as one process does); "
+                       "under dense_adam on every row at every step, as Keras's Adam under an L2 loss over the table.")
         f.DEFINE_float("dense_weight_decay", 0.0, "L2 coefficient on the MLP weights (LAMB: its weight decay, inside the trust ratio).")
         f.DEFINE_integer("warmup_steps", 0, "Linear learning-rate warmup steps (NVIDIA's schedule: warmup, constant, decay).")
         f.DEFINE_integer("decay_start_step", 0, "Step at which polynomial (power 2) decay starts.")

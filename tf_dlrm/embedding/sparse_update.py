@@ -45,7 +45,8 @@ class SparseUpdater:
         shards: this rank's ``sharded`` variables (marked with a :class:`SliceLayout`).
         replicated: its ``replicated`` variables.
         padding: its ``padding`` variables (they carry the plan's split tables on a rank owning no slice).
-        weight_decay: L2 coefficient added to the gradient of each touched row (``g + wd * w``).
+        weight_decay: L2 coefficient added to the gradient of each touched row (``g + wd * w``), or of every
+            row for an optimizer that updates every row (``dense_adam``: Keras's Adam under an L2 loss).
         table_optimizers: ``{table index: (optimizer, rate scale)}`` for tables trained by another
             sparse optimizer at ``rate scale`` times the embedding rate (Wide & Deep's wide part);
             the same on every rank (:mod:`tf_dlrm.embedding.table_optimizers`).
@@ -88,6 +89,15 @@ class SparseUpdater:
             raise ValueError(f"Row-wise optimizer {optimizer.name}: {problems.pop()}")
         self.split_tables = next((layout.split_tables for layout in layouts if layout is not None), ())
         self._column_of_table = {t: i for i, t in enumerate(self.split_tables)}
+        if self.weight_decay:
+            for slots in self.shard_slots + self.replicated_slots + self.hot_slots:
+                chosen = [self.groups.choices[g][0] for g in slots]
+                if len(chosen) > 1 and any(o.decays_every_row for o in chosen):
+                    name = next(o.name for o in chosen if o.decays_every_row)
+                    raise ValueError(
+                        f"Expected the tables of {name} alone in their embedding variable under --embedding_weight_decay "
+                        f"({name} decays every row of its variable). Received: a variable holding tables of "
+                        f"{sorted(o.name for o in chosen)}; give them one optimizer, or widths of their own")
 
     def _create_slots(self, variable, groups) -> dict:
         return {int(g): self.groups.choices[g][0].create_slots(variable) for g in sorted(set(groups.tolist()))}
@@ -192,14 +202,16 @@ class SparseUpdater:
         if self.row_counts is not None:
             updates = [(v, s, lay, rows, self.row_counts.regularize(v, rows, g, global_batch), p) for v, s, lay, rows, g, p in updates]
         if self.weight_decay:
-            updates = [(v, s, lay, rows, g + self.weight_decay * gather_float32(v, rows), p) for v, s, lay, rows, g, p in updates]
+            updates = [(v, s, lay, rows, g if self._decays_every_row(v, s) else g + self.weight_decay * gather_float32(v, rows), p)
+                       for v, s, lay, rows, g, p in updates]
         means = self.row_mean_squares(updates, global_batch) if self.row_wise else [None] * len(updates)
         for (variable, slots, layout, rows, gradient, _), mean, slice_groups in zip(updates, means, groups):
             if len(slots) == 1:  # every table of the variable has one optimizer
                 group = next(iter(slots))
                 optimizer, rate_scale = self.groups.choices[group]
                 rate = learning_rate if rate_scale == 1.0 else learning_rate * rate_scale
-                self._apply(optimizer, variable, slots[group], rows, gradient, rate, step, mean)
+                decay = self.weight_decay if self._decays_every_row(variable, slots) else 0.0
+                self._apply(optimizer, variable, slots[group], rows, gradient, rate, step, mean, decay)
                 continue
             # Rows of tables trained by different optimizers: each optimizer updates its own rows.
             row_groups = tf.gather(tf.constant(slice_groups), self._slice_of_rows(layout_of(variable), rows))
@@ -210,9 +222,17 @@ class SparseUpdater:
                 self._apply(optimizer, variable, state, tf.boolean_mask(rows, mine), tf.boolean_mask(gradient, mine),
                             learning_rate * rate_scale, step, part_mean)
 
-    def _apply(self, optimizer, variable, slots, rows, gradient, rate, step, mean) -> None:
+    def _decays_every_row(self, variable, slots) -> bool:
+        """Whether the weight decay of ``variable`` is its optimizer's, on every row (a split table's update runs on
+        the touched rows' scratch copy, where every optimizer is lazy: it is decayed on those rows)."""
+        return (bool(self.weight_decay) and len(slots) == 1 and id(variable) not in self.split_updates
+                and self.groups.choices[next(iter(slots))][0].decays_every_row)
+
+    def _apply(self, optimizer, variable, slots, rows, gradient, rate, step, mean, decay: float = 0.0) -> None:
         split = self.split_updates.get(id(variable))
-        if split is None:
+        if decay:
+            optimizer.apply(variable, slots, rows, gradient, rate, step, row_mean_squares=mean, weight_decay=decay)
+        elif split is None:
             optimizer.apply(variable, slots, rows, gradient, rate, step, row_mean_squares=mean)
         else:
             split.apply(optimizer, slots, rows, gradient, rate, step, row_mean_squares=mean)

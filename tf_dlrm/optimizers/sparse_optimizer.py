@@ -45,6 +45,9 @@ class SparseOptimizer:
     name = ""
     slots: dict[str, float] = {}
     row_wise = False
+    # Whether the optimizer updates every row each step and takes the L2 decay itself, for every row
+    # (``apply(..., weight_decay=)``); otherwise the caller adds it to the touched rows' gradient.
+    decays_every_row = False
 
     def create_slots(self, variable) -> dict[str, tf.Variable]:
         """The state variables of ``variable``, shaped like it (``[rows, 1]`` if row-wise)."""
