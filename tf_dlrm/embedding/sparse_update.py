@@ -89,8 +89,10 @@ class SparseUpdater:
             raise ValueError(f"Row-wise optimizer {optimizer.name}: {problems.pop()}")
         self.split_tables = next((layout.split_tables for layout in layouts if layout is not None), ())
         self._column_of_table = {t: i for i, t in enumerate(self.split_tables)}
+        # The variables whose weight decay their optimizer applies itself, to every row (dense_adam).
+        self._decayed_whole = set()
         if self.weight_decay:
-            for slots in self.shard_slots + self.replicated_slots + self.hot_slots:
+            for variable, slots in zip(self.shards + self.replicated + self.hot, self.shard_slots + self.replicated_slots + self.hot_slots):
                 chosen = [self.groups.choices[g][0] for g in slots]
                 if len(chosen) > 1 and any(o.decays_every_row for o in chosen):
                     name = next(o.name for o in chosen if o.decays_every_row)
@@ -98,6 +100,10 @@ class SparseUpdater:
                         f"Expected the tables of {name} alone in their embedding variable under --embedding_weight_decay "
                         f"({name} decays every row of its variable). Received: a variable holding tables of "
                         f"{sorted(o.name for o in chosen)}; give them one optimizer, or widths of their own")
+                # A split table's update runs on the touched rows' scratch copy, where every optimizer is lazy:
+                # it is decayed on those rows.
+                if chosen[0].decays_every_row and id(variable) not in self.split_updates:
+                    self._decayed_whole.add(id(variable))
 
     def _create_slots(self, variable, groups) -> dict:
         return {int(g): self.groups.choices[g][0].create_slots(variable) for g in sorted(set(groups.tolist()))}
@@ -202,7 +208,7 @@ class SparseUpdater:
         if self.row_counts is not None:
             updates = [(v, s, lay, rows, self.row_counts.regularize(v, rows, g, global_batch), p) for v, s, lay, rows, g, p in updates]
         if self.weight_decay:
-            updates = [(v, s, lay, rows, g if self._decays_every_row(v, s) else g + self.weight_decay * gather_float32(v, rows), p)
+            updates = [(v, s, lay, rows, g if id(v) in self._decayed_whole else g + self.weight_decay * gather_float32(v, rows), p)
                        for v, s, lay, rows, g, p in updates]
         means = self.row_mean_squares(updates, global_batch) if self.row_wise else [None] * len(updates)
         for (variable, slots, layout, rows, gradient, _), mean, slice_groups in zip(updates, means, groups):
@@ -210,7 +216,7 @@ class SparseUpdater:
                 group = next(iter(slots))
                 optimizer, rate_scale = self.groups.choices[group]
                 rate = learning_rate if rate_scale == 1.0 else learning_rate * rate_scale
-                decay = self.weight_decay if self._decays_every_row(variable, slots) else 0.0
+                decay = self.weight_decay if id(variable) in self._decayed_whole else 0.0
                 self._apply(optimizer, variable, slots[group], rows, gradient, rate, step, mean, decay)
                 continue
             # Rows of tables trained by different optimizers: each optimizer updates its own rows.
@@ -221,12 +227,6 @@ class SparseUpdater:
                 part_mean = tf.boolean_mask(mean, mine) if mean is not None else None
                 self._apply(optimizer, variable, state, tf.boolean_mask(rows, mine), tf.boolean_mask(gradient, mine),
                             learning_rate * rate_scale, step, part_mean)
-
-    def _decays_every_row(self, variable, slots) -> bool:
-        """Whether the weight decay of ``variable`` is its optimizer's, on every row (a split table's update runs on
-        the touched rows' scratch copy, where every optimizer is lazy: it is decayed on those rows)."""
-        return (bool(self.weight_decay) and len(slots) == 1 and id(variable) not in self.split_updates
-                and self.groups.choices[next(iter(slots))][0].decays_every_row)
 
     def _apply(self, optimizer, variable, slots, rows, gradient, rate, step, mean, decay: float = 0.0) -> None:
         split = self.split_updates.get(id(variable))
